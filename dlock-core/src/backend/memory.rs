@@ -1,0 +1,233 @@
+//! An in-process backend with the Redis backend's semantics: owner-checked holds with counts,
+//! leases that expire, fencing tokens, and wake-ups on release.
+//!
+//! Time is tokio's, so tests can pause it and move it forward.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{AcquireReply, HandoffReply, ReleaseReply, RenewItem};
+use crate::name::LockKeys;
+use crate::wait::{Slots, Watch};
+
+/// A store of locks living in this process. Several `Locker`s built on clones of one store see
+/// the same locks, as several processes sharing one Redis would.
+///
+/// ```
+/// use dlock_core::{Locker, MemoryStore};
+///
+/// let store = MemoryStore::new();
+/// let a = Locker::memory_with(store.clone());
+/// let b = Locker::memory_with(store);
+/// # let _ = (a, b);
+/// ```
+#[derive(Clone, Default)]
+pub struct MemoryStore {
+    inner: Arc<StoreInner>,
+}
+
+#[derive(Default)]
+struct StoreInner {
+    state: Mutex<State>,
+    slots: Arc<Slots>,
+}
+
+#[derive(Default)]
+struct State {
+    locks: HashMap<String, Held>,
+    /// Fencing counter and last released owner, per lock key.
+    fences: HashMap<String, (u64, Option<String>)>,
+}
+
+struct Held {
+    owner: String,
+    holds: u32,
+    fence: u64,
+    expires: Instant,
+}
+
+impl fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryStore")
+            .field("locks", &self.state().locks.len())
+            .finish()
+    }
+}
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.inner.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Removes a lock as an outside actor would (`DEL` on Redis): for tests of loss handling.
+    /// `name` is the full key, as the `Locker` derives it (`<prefix>{<name>}`).
+    pub fn delete(&self, key: &str) -> bool {
+        self.state().locks.remove(key).is_some()
+    }
+
+    /// How many unexpired locks the store holds.
+    pub fn len(&self) -> usize {
+        let now = Instant::now();
+        self.state()
+            .locks
+            .values()
+            .filter(|h| h.expires > now)
+            .count()
+    }
+
+    /// Whether the store holds no unexpired lock.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The backend view of a [`MemoryStore`].
+#[derive(Clone, Debug, Default)]
+pub(crate) struct MemoryBackend {
+    store: MemoryStore,
+}
+
+impl MemoryBackend {
+    pub(crate) fn new(store: MemoryStore) -> Self {
+        Self { store }
+    }
+
+    /// The live hold for `key`, dropping it if expired.
+    fn live<'a>(state: &'a mut State, key: &str, now: Instant) -> Option<&'a mut Held> {
+        if state.locks.get(key).is_some_and(|h| h.expires <= now) {
+            state.locks.remove(key);
+        }
+        state.locks.get_mut(key)
+    }
+
+    fn next_fence(state: &mut State, key: &str) -> u64 {
+        let entry = state.fences.entry(key.to_owned()).or_insert((0, None));
+        entry.0 += 1;
+        entry.0
+    }
+
+    pub(crate) fn acquire(&self, keys: &LockKeys, owner: &str, lease: Duration) -> AcquireReply {
+        let now = Instant::now();
+        let mut state = self.store.state();
+        if let Some(held) = Self::live(&mut state, &keys.lock, now) {
+            if held.owner == owner {
+                held.holds += 1;
+                held.expires = now + lease;
+                return AcquireReply::Acquired {
+                    fence: held.fence,
+                    reentered: true,
+                };
+            }
+            return AcquireReply::Busy {
+                pttl: Some(held.expires - now),
+            };
+        }
+        let fence = Self::next_fence(&mut state, &keys.lock);
+        state.locks.insert(
+            keys.lock.clone(),
+            Held {
+                owner: owner.to_owned(),
+                holds: 1,
+                fence,
+                expires: now + lease,
+            },
+        );
+        AcquireReply::Acquired {
+            fence,
+            reentered: false,
+        }
+    }
+
+    fn release_locked(state: &mut State, keys: &LockKeys, owner: &str) -> ReleaseReply {
+        let now = Instant::now();
+        match Self::live(state, &keys.lock, now) {
+            Some(held) if held.owner == owner => {
+                held.holds -= 1;
+                if held.holds > 0 {
+                    return ReleaseReply::StillHeld(held.holds);
+                }
+                state.locks.remove(&keys.lock);
+                if let Some(f) = state.fences.get_mut(&keys.lock) {
+                    f.1 = Some(owner.to_owned());
+                }
+                ReleaseReply::Released
+            }
+            Some(_) => ReleaseReply::TakenOver,
+            None => {
+                let released_before = state
+                    .fences
+                    .get(&keys.lock)
+                    .and_then(|f| f.1.as_deref())
+                    .is_some_and(|o| o == owner);
+                if released_before {
+                    ReleaseReply::Released
+                } else {
+                    ReleaseReply::Expired
+                }
+            }
+        }
+    }
+
+    pub(crate) fn release(&self, keys: &LockKeys, owner: &str) -> ReleaseReply {
+        let reply = Self::release_locked(&mut self.store.state(), keys, owner);
+        if reply == ReleaseReply::Released {
+            self.store.inner.slots.wake(&keys.channel);
+        }
+        reply
+    }
+
+    pub(crate) fn handoff(
+        &self,
+        keys: &LockKeys,
+        from: &str,
+        to: &str,
+        lease: Duration,
+    ) -> HandoffReply {
+        let mut state = self.store.state();
+        let reply = Self::release_locked(&mut state, keys, from);
+        if reply != ReleaseReply::Released {
+            return HandoffReply::NotHandedOver(reply);
+        }
+        let fence = Self::next_fence(&mut state, &keys.lock);
+        state.locks.insert(
+            keys.lock.clone(),
+            Held {
+                owner: to.to_owned(),
+                holds: 1,
+                fence,
+                expires: Instant::now() + lease,
+            },
+        );
+        HandoffReply::HandedOver { fence }
+    }
+
+    pub(crate) fn renew(&self, items: &[RenewItem]) -> Vec<bool> {
+        let now = Instant::now();
+        let mut state = self.store.state();
+        items
+            .iter()
+            .map(|item| match Self::live(&mut state, &item.key, now) {
+                Some(held) if held.owner == item.owner => {
+                    held.expires = now + Duration::from_millis(item.lease_ms);
+                    true
+                }
+                _ => false,
+            })
+            .collect()
+    }
+
+    pub(crate) fn watch(&self, channel: &str) -> Watch {
+        let (watch, _) = Watch::new(self.store.inner.slots.clone(), channel, None);
+        watch.mark_confirmed();
+        watch
+    }
+}

@@ -1,0 +1,215 @@
+//! Errors and outcomes.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::guard::FencingToken;
+
+/// Why acquiring, holding or releasing a lock failed.
+///
+/// Use the predicates ([`is_timeout`](LockError::is_timeout), [`is_lost`](LockError::is_lost),
+/// [`is_backend`](LockError::is_backend), …) rather than matching exhaustively: new variants may
+/// be added.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LockError {
+    /// The lock stayed busy until the wait deadline (immediately, with no wait).
+    #[error("lock `{name}` is busy (waited {waited:?})")]
+    Timeout {
+        /// The lock's name.
+        name: String,
+        /// How long this call waited.
+        waited: Duration,
+        /// The holder's remaining lease when this call gave up, if known: a sensible
+        /// `Retry-After`.
+        retry_after: Option<Duration>,
+    },
+    /// The lock was lost while held: it expired, was deleted, or was taken over.
+    #[error("lock `{name}` was lost (fencing token {fencing_token})")]
+    Lost {
+        /// The lock's name.
+        name: String,
+        /// The fencing token of the hold that was lost.
+        fencing_token: FencingToken,
+    },
+    /// The lock name is not acceptable.
+    #[error("invalid lock name: {0}")]
+    InvalidName(#[from] InvalidName),
+    /// Redis could not be reached, timed out, or answered with an error.
+    #[error("lock backend unavailable: {0}")]
+    Backend(#[from] BackendError),
+    /// The `Locker` or the request is misconfigured.
+    #[error("lock configuration error: {0}")]
+    Config(String),
+}
+
+impl LockError {
+    /// The lock was busy until the deadline.
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, Self::Timeout { .. })
+    }
+
+    /// The lock was lost while held.
+    pub fn is_lost(&self) -> bool {
+        matches!(self, Self::Lost { .. })
+    }
+
+    /// The backend could not be reached or failed.
+    pub fn is_backend(&self) -> bool {
+        matches!(self, Self::Backend(_))
+    }
+
+    /// The name was rejected.
+    pub fn is_invalid_name(&self) -> bool {
+        matches!(self, Self::InvalidName(_))
+    }
+
+    /// The configuration was rejected.
+    pub fn is_config(&self) -> bool {
+        matches!(self, Self::Config(_))
+    }
+
+    /// The holder's remaining lease, for a [`Timeout`](LockError::Timeout).
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Self::Timeout { retry_after, .. } => *retry_after,
+            _ => None,
+        }
+    }
+}
+
+/// Why a lock name was rejected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum InvalidName {
+    /// The name is empty.
+    #[error("the name is empty")]
+    Empty,
+    /// The name holds a control character.
+    #[error("control character at byte {index}")]
+    ControlCharacter {
+        /// Byte offset in the (escaped) name.
+        index: usize,
+    },
+    /// Literal text holds a character reserved for the hash tag.
+    #[error("`{ch}` is reserved in literal text (values are escaped)")]
+    ReservedCharacter {
+        /// The character.
+        ch: char,
+    },
+    /// The escaped name is longer than the limit.
+    #[error("{len} bytes is longer than the limit of {max}")]
+    TooLong {
+        /// The escaped length.
+        len: usize,
+        /// The limit, [`MAX_NAME_LEN`](crate::MAX_NAME_LEN).
+        max: usize,
+    },
+}
+
+/// The backend failed: Redis unreachable, timed out, or an error reply.
+#[derive(Debug, Clone)]
+pub struct BackendError {
+    kind: BackendErrorKind,
+}
+
+#[derive(Debug, Clone)]
+enum BackendErrorKind {
+    Timeout(Duration),
+    Redis(redis::RedisError),
+    Pool(String),
+    Protocol(String),
+}
+
+impl BackendError {
+    pub(crate) fn timeout(after: Duration) -> Self {
+        Self {
+            kind: BackendErrorKind::Timeout(after),
+        }
+    }
+
+    pub(crate) fn redis(err: redis::RedisError) -> Self {
+        Self {
+            kind: BackendErrorKind::Redis(err),
+        }
+    }
+
+    pub(crate) fn pool(msg: impl fmt::Display) -> Self {
+        Self {
+            kind: BackendErrorKind::Pool(msg.to_string()),
+        }
+    }
+
+    pub(crate) fn protocol(msg: impl fmt::Display) -> Self {
+        Self {
+            kind: BackendErrorKind::Protocol(msg.to_string()),
+        }
+    }
+
+    /// The command did not complete within the configured timeout.
+    pub fn is_timeout(&self) -> bool {
+        match &self.kind {
+            BackendErrorKind::Timeout(_) => true,
+            BackendErrorKind::Redis(e) => e.is_timeout(),
+            _ => false,
+        }
+    }
+
+    /// The underlying Redis error, if there is one.
+    pub fn redis_error(&self) -> Option<&redis::RedisError> {
+        match &self.kind {
+            BackendErrorKind::Redis(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for BackendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.kind {
+            BackendErrorKind::Timeout(d) => write!(f, "no answer from redis within {d:?}"),
+            BackendErrorKind::Redis(e) => write!(f, "{e}"),
+            BackendErrorKind::Pool(m) => write!(f, "connection pool: {m}"),
+            BackendErrorKind::Protocol(m) => write!(f, "unexpected reply: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for BackendError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match &self.kind {
+            BackendErrorKind::Redis(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<redis::RedisError> for BackendError {
+    fn from(err: redis::RedisError) -> Self {
+        Self::redis(err)
+    }
+}
+
+/// What [`LockGuard::release`](crate::LockGuard::release) found.
+#[derive(Debug)]
+#[must_use = "a failed release may mean the lock was lost while held"]
+#[non_exhaustive]
+pub enum ReleaseOutcome {
+    /// The lock was released (or this hold counted down and the enclosing hold remains).
+    Released,
+    /// The lock had already expired: nobody held it any more. The work it guarded ran, at least
+    /// in part, unprotected.
+    Expired,
+    /// Another owner holds the lock now: this hold expired and someone else acquired it. A safety
+    /// incident worth logging; the fencing token is what protects the resource.
+    TakenOver,
+    /// The backend could not be reached; the lock will expire at the end of its lease.
+    Unreachable(LockError),
+}
+
+impl ReleaseOutcome {
+    /// The lock was released as expected.
+    pub fn is_released(&self) -> bool {
+        matches!(self, Self::Released)
+    }
+}

@@ -1,0 +1,333 @@
+//! What holding a lock gives you: the guard, its fencing token, its validity and its loss.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::error::{LockError, ReleaseOutcome};
+use crate::locker::Locker;
+use crate::name::{LockKeys, LockName};
+
+/// A number that strictly increases with every fresh acquisition of one lock name.
+///
+/// Hand it to the resource the lock protects and have the resource refuse writes carrying a
+/// token lower than the highest it has seen (`UPDATE … WHERE fence < $token`). That is what keeps
+/// a holder that was paused past its lease (GC, `SIGSTOP`, swap) from corrupting the resource:
+/// a lease alone cannot.
+///
+/// Tokens are monotonic per name on one Redis master (and in one memory store). A re-entered hold
+/// carries the token of the hold it re-entered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct FencingToken(u64);
+
+impl FencingToken {
+    /// Wraps a raw token (e.g. one read back from a database).
+    pub const fn new(value: u64) -> Self {
+        Self(value)
+    }
+
+    /// The raw value.
+    pub const fn get(self) -> u64 {
+        self.0
+    }
+}
+
+impl fmt::Display for FencingToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl From<FencingToken> for u64 {
+    fn from(token: FencingToken) -> Self {
+        token.0
+    }
+}
+
+/// Why a hold was lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LossReason {
+    /// The validity deadline passed without a successful renewal.
+    Expired,
+    /// A renewal or release found the lock gone or owned by another.
+    Gone,
+}
+
+/// State shared by every guard of one hold (the outer guard and the guards that re-entered it)
+/// and by the watchdog.
+pub(crate) struct HoldState {
+    pub(crate) id: u64,
+    pub(crate) name: LockName,
+    pub(crate) keys: Arc<LockKeys>,
+    pub(crate) owner: Arc<str>,
+    pub(crate) fence: FencingToken,
+    /// Renewed by the watchdog (otherwise a fixed lease).
+    pub(crate) watchdog: bool,
+    pub(crate) lease_ms: AtomicU64,
+    /// Live guards of this hold.
+    pub(crate) holds: AtomicU32,
+    deadline: Mutex<Instant>,
+    pub(crate) acquired_at: Instant,
+    lost: CancellationToken,
+    loss: OnceLock<LossReason>,
+}
+
+impl fmt::Debug for HoldState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HoldState")
+            .field("name", &self.name)
+            .field("fence", &self.fence)
+            .field("watchdog", &self.watchdog)
+            .field("holds", &self.holds.load(Ordering::Relaxed))
+            .field("lost", &self.loss.get())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The safety margin taken off every lease: clock drift between this process and Redis plus a
+/// little for the round trip.
+pub(crate) fn drift(lease: Duration) -> Duration {
+    lease / 100 + Duration::from_millis(2)
+}
+
+impl HoldState {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        id: u64,
+        name: LockName,
+        keys: Arc<LockKeys>,
+        owner: Arc<str>,
+        fence: FencingToken,
+        watchdog: bool,
+        lease: Duration,
+        sent_at: Instant,
+    ) -> Self {
+        Self {
+            id,
+            name,
+            keys,
+            owner,
+            fence,
+            watchdog,
+            lease_ms: AtomicU64::new(u64::try_from(lease.as_millis()).unwrap_or(u64::MAX)),
+            holds: AtomicU32::new(1),
+            deadline: Mutex::new(sent_at + lease.saturating_sub(drift(lease))),
+            acquired_at: Instant::now(),
+            lost: CancellationToken::new(),
+            loss: OnceLock::new(),
+        }
+    }
+
+    pub(crate) fn lease(&self) -> Duration {
+        Duration::from_millis(self.lease_ms.load(Ordering::Relaxed))
+    }
+
+    pub(crate) fn deadline(&self) -> Instant {
+        *self.deadline.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records a successful renewal sent at `sent_at` for `lease`.
+    pub(crate) fn renewed(&self, sent_at: Instant, lease: Duration) {
+        let new = sent_at + lease.saturating_sub(drift(lease));
+        let mut deadline = self.deadline.lock().unwrap_or_else(|e| e.into_inner());
+        if new > *deadline {
+            *deadline = new;
+        }
+    }
+
+    pub(crate) fn is_lost(&self) -> bool {
+        if self.lost.is_cancelled() {
+            return true;
+        }
+        if Instant::now() >= self.deadline() {
+            self.mark_lost(LossReason::Expired);
+            return true;
+        }
+        false
+    }
+
+    pub(crate) fn is_live(&self) -> bool {
+        self.holds.load(Ordering::Acquire) > 0 && !self.is_lost()
+    }
+
+    /// Marks the hold lost (once): `lost()` resolves and guarded futures are cancelled.
+    pub(crate) fn mark_lost(&self, reason: LossReason) {
+        if self.loss.set(reason).is_ok() {
+            self.lost.cancel();
+            metrics::counter!("dlock_lost_total").increment(1);
+            tracing::warn!(
+                name = %self.name,
+                fencing_token = self.fence.get(),
+                reason = ?reason,
+                "dlock: lock lost while held"
+            );
+        }
+    }
+
+    pub(crate) fn lost_error(&self) -> LockError {
+        LockError::Lost {
+            name: self.name.to_string(),
+            fencing_token: self.fence,
+        }
+    }
+
+    /// Resolves when the hold is lost, by a renewal or release finding it gone or by its
+    /// validity deadline passing.
+    pub(crate) async fn wait_lost(self: Arc<Self>) {
+        loop {
+            let deadline = self.deadline();
+            tokio::select! {
+                () = self.lost.cancelled() => return,
+                () = tokio::time::sleep_until(deadline) => {
+                    if Instant::now() >= self.deadline() {
+                        self.mark_lost(LossReason::Expired);
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A held lock.
+///
+/// Dropping the guard releases the lock in the background (a runtime must be running); prefer
+/// [`release`](LockGuard::release) to learn the outcome. The guard is `Send` and may be released
+/// from any task: ownership is the guard's random token, never a thread or task id.
+#[must_use = "the lock is released as soon as the guard is dropped"]
+pub struct LockGuard {
+    pub(crate) state: Arc<HoldState>,
+    pub(crate) locker: Locker,
+    pub(crate) reentrant: bool,
+    pub(crate) done: bool,
+}
+
+impl fmt::Debug for LockGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockGuard")
+            .field("name", &self.state.name)
+            .field("fencing_token", &self.state.fence)
+            .field("reentrant", &self.reentrant)
+            .field("remaining", &self.remaining())
+            .field("lost", &self.state.is_lost())
+            .finish()
+    }
+}
+
+impl LockGuard {
+    /// The lock's name.
+    pub fn name(&self) -> &LockName {
+        &self.state.name
+    }
+
+    /// The fencing token of this hold.
+    pub fn fencing_token(&self) -> FencingToken {
+        self.state.fence
+    }
+
+    /// Whether this guard re-entered a hold that the same task already had.
+    pub fn is_reentrant(&self) -> bool {
+        self.reentrant
+    }
+
+    /// Whether the lock is renewed by the watchdog (otherwise it has a fixed lease).
+    pub fn is_watchdog(&self) -> bool {
+        self.state.watchdog
+    }
+
+    /// The validity deadline on tokio's monotonic clock: acquisition (or last renewal) time plus
+    /// the lease, minus a drift margin.
+    pub fn valid_until(&self) -> Instant {
+        self.state.deadline()
+    }
+
+    /// How long the lock is certainly still held for, as far as this process knows; zero once
+    /// lost.
+    pub fn remaining(&self) -> Duration {
+        if self.state.is_lost() {
+            return Duration::ZERO;
+        }
+        self.state
+            .deadline()
+            .saturating_duration_since(Instant::now())
+    }
+
+    /// Whether the lock was lost (expired, deleted or taken over).
+    pub fn is_lost(&self) -> bool {
+        self.state.is_lost()
+    }
+
+    /// A future that resolves when the lock is lost. It never resolves for a lock that is
+    /// released normally; it resolves at once if the lock is already lost.
+    pub fn lost(&self) -> Lost {
+        Lost {
+            inner: Box::pin(self.state.clone().wait_lost()),
+        }
+    }
+
+    /// Runs `fut` while the lock is held and cancels it (drops it at its next `.await`) as soon
+    /// as the lock is lost, returning [`LockError::Lost`].
+    pub async fn run<F: Future>(&self, fut: F) -> Result<F::Output, LockError> {
+        if self.state.is_lost() {
+            return Err(self.state.lost_error());
+        }
+        let lost = self.lost();
+        tokio::select! {
+            biased;
+            () = lost => Err(self.state.lost_error()),
+            out = fut => Ok(out),
+        }
+    }
+
+    /// Sets the lease to `lease` from now (owner-checked). For a watchdog lock, later renewals
+    /// use the new lease too.
+    pub async fn extend(&self, lease: Duration) -> Result<(), LockError> {
+        if self.state.is_lost() {
+            return Err(self.state.lost_error());
+        }
+        self.locker.extend(&self.state, lease).await
+    }
+
+    /// Releases the lock and says what Redis found.
+    ///
+    /// A re-entered guard counts its hold down; the lock stays held by the enclosing guard.
+    pub async fn release(mut self) -> ReleaseOutcome {
+        self.done = true;
+        self.locker.release_hold(self.state.clone()).await
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        if !self.done {
+            self.locker.release_in_background(self.state.clone());
+        }
+    }
+}
+
+/// Resolves when a lock is lost. See [`LockGuard::lost`].
+#[must_use = "futures do nothing unless polled"]
+pub struct Lost {
+    inner: Pin<Box<dyn Future<Output = ()> + Send>>,
+}
+
+impl fmt::Debug for Lost {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Lost").finish_non_exhaustive()
+    }
+}
+
+impl Future for Lost {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        self.inner.as_mut().poll(cx)
+    }
+}

@@ -1,0 +1,95 @@
+//! Distributed locks for async Rust on Redis: atomic, fenced, renewed, woken, cancellable.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use dlock_core::{LockError, LockName, Locker};
+//!
+//! # async fn place_order(_: u64) {}
+//! # async fn demo(user_id: u64) -> Result<(), LockError> {
+//! let locker = Locker::connect("redis://127.0.0.1:6379/").await?;
+//!
+//! let name = LockName::builder().literal("order:").value(user_id).build()?;
+//! let guard = locker.lock(name).wait(Duration::from_secs(3)).await?;
+//!
+//! // Cancelled at its next `.await` if the lock is lost while it runs.
+//! guard.run(place_order(guard.fencing_token().get())).await?;
+//! assert!(guard.release().await.is_released());
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # What a lock is
+//!
+//! - **Acquire** is one Lua script: if the name is free (or already held by this owner inside a
+//!   [`scope`]) it records the owner with a hold count, sets the lease and returns a
+//!   [`FencingToken`]; otherwise it returns the holder's remaining lease.
+//! - **Release** is one script: only the owner counts down; the last release deletes the lock and
+//!   publishes a wake-up. [`LockGuard::release`] says whether the lock was released, had already
+//!   expired, or had been taken over — or whether Redis could not be reached.
+//! - **Leases**: by default a lock is leased for 30 s and renewed every 10 s while its guard lives
+//!   (the *watchdog*). The watchdog renews every lock of a [`Locker`] in one round trip per tick.
+//!   [`LockRequest::lease`] sets a fixed lease instead.
+//! - **Loss**: when a renewal finds the lock gone or taken, or the lease runs out without a
+//!   renewal, [`LockGuard::lost`] resolves and [`LockGuard::run`] cancels the guarded future.
+//! - **Fencing**: every fresh acquisition gets a token strictly greater than the last one for the
+//!   same name. A lease cannot protect against a holder paused past its lease; a resource that
+//!   refuses stale tokens can.
+//! - **Waiting**: [`LockRequest::wait`] waits up to a deadline. Waiters sleep on a pub/sub
+//!   wake-up (one subscriber connection per `Locker` for every waited name), with a fallback timer
+//!   bounded by the holder's remaining lease. Local waiters for one name queue in-process, so only
+//!   one of them waits in Redis, and a release hands the lock straight to the next local waiter
+//!   in the same round trip.
+//! - **Cancellation**: dropping an acquisition future at any point never leaks a lock.
+//! - **Reentrancy** is scoped to a logical task, never a thread: see [`scope`].
+//!
+//! # Keys
+//!
+//! A lock named `order:42` lives at `dlock:{order:42}` (the prefix is configurable); its fencing
+//! counter and wake-up channel share the `{order:42}` hash tag. Untrusted values go into names
+//! through [`LockName::builder`], which escapes them so that distinct values never collide.
+//!
+//! # Feature flags
+//!
+//! - `macros` (default): re-exports [`distributed_lock`], the attribute that guards an async
+//!   function.
+//! - `tls-rustls`: `rediss://` URLs.
+//!
+//! # Testing your code
+//!
+//! [`Locker::memory`] gives a `Locker` over an in-process store with the same semantics (expiry,
+//! reentrancy, fencing, waiting) whose time is tokio's, so paused-time tests work.
+//!
+//! # Supported Rust versions
+//!
+//! The minimum supported Rust version is 1.88.
+
+mod backend;
+mod error;
+mod guard;
+mod locker;
+mod name;
+mod scope;
+mod script;
+mod wait;
+mod watchdog;
+
+pub use backend::MemoryStore;
+pub use error::{BackendError, InvalidName, LockError, ReleaseOutcome};
+pub use guard::{FencingToken, LockGuard, Lost};
+pub use locker::{
+    DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_FENCE_TTL, DEFAULT_POLL_INTERVAL,
+    DEFAULT_PREFIX, DEFAULT_WATCHDOG_LEASE, LockRequest, Locker, LockerBuilder, default_locker,
+    set_default_locker,
+};
+pub use name::{IntoLockName, LockName, MAX_NAME_LEN, NameBuilder};
+pub use scope::{fencing_token, in_scope, scope};
+
+/// The `redis` crate this version of dlock is built on.
+pub use redis;
+
+/// The `bb8` pool crate and its Redis connection manager, as used by [`LockerBuilder::pool`].
+pub use bb8;
+pub use bb8_redis;
+
+#[cfg(feature = "macros")]
+pub use dlock_macros::distributed_lock;

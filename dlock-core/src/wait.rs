@@ -1,0 +1,333 @@
+//! Waking waiters: a map of watched channels, and the one subscriber connection per `Locker`
+//! that feeds it.
+//!
+//! Every waited lock name has one slot (a [`Notify`]) however many local waiters it has; the
+//! Redis subscriber subscribes to a channel when its first watcher arrives and unsubscribes when
+//! the last one leaves. All subscription changes go through one task, in order, so an
+//! unsubscribe can never overtake a later subscribe.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use tokio::sync::{Notify, mpsc, oneshot};
+
+/// The watched channels of one backend.
+#[derive(Debug, Default)]
+pub(crate) struct Slots {
+    map: Mutex<HashMap<String, SlotEntry>>,
+}
+
+#[derive(Debug)]
+struct SlotEntry {
+    slot: Arc<Slot>,
+    refs: usize,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Slot {
+    notify: Notify,
+    confirmed: AtomicBool,
+}
+
+impl Slots {
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, SlotEntry>> {
+        self.map.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Adds one watcher; returns the slot and whether it is the first.
+    fn register(&self, channel: &str) -> (Arc<Slot>, bool) {
+        let mut map = self.lock();
+        match map.get_mut(channel) {
+            Some(entry) => {
+                entry.refs += 1;
+                (entry.slot.clone(), false)
+            }
+            None => {
+                let slot = Arc::new(Slot::default());
+                map.insert(
+                    channel.to_owned(),
+                    SlotEntry {
+                        slot: slot.clone(),
+                        refs: 1,
+                    },
+                );
+                (slot, true)
+            }
+        }
+    }
+
+    /// Removes one watcher; returns whether it was the last.
+    fn unregister(&self, channel: &str) -> bool {
+        let mut map = self.lock();
+        if let Some(entry) = map.get_mut(channel) {
+            entry.refs -= 1;
+            if entry.refs == 0 {
+                map.remove(channel);
+                return true;
+            }
+        }
+        false
+    }
+
+    fn contains(&self, channel: &str) -> bool {
+        self.lock().contains_key(channel)
+    }
+
+    /// Wakes every watcher of `channel`.
+    pub(crate) fn wake(&self, channel: &str) {
+        if let Some(entry) = self.lock().get(channel) {
+            entry.slot.notify.notify_waiters();
+        }
+    }
+
+    fn wake_all(&self) {
+        for entry in self.lock().values() {
+            entry.slot.notify.notify_waiters();
+        }
+    }
+
+    fn channels(&self) -> Vec<String> {
+        self.lock().keys().cloned().collect()
+    }
+
+    fn set_all_confirmed(&self, confirmed: bool) {
+        for entry in self.lock().values() {
+            entry.slot.confirmed.store(confirmed, Ordering::Release);
+        }
+    }
+
+    fn confirm(&self, channel: &str) {
+        if let Some(entry) = self.lock().get(channel) {
+            entry.slot.confirmed.store(true, Ordering::Release);
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.lock().len()
+    }
+}
+
+/// One watcher's registration; unregisters on drop.
+#[derive(Debug)]
+pub(crate) struct Watch {
+    slots: Arc<Slots>,
+    channel: String,
+    slot: Arc<Slot>,
+    /// Where to send the unsubscribe when this is the last watcher (Redis only).
+    unsubscribe: Option<mpsc::UnboundedSender<SubCmd>>,
+}
+
+impl Watch {
+    pub(crate) fn new(
+        slots: Arc<Slots>,
+        channel: &str,
+        unsubscribe: Option<mpsc::UnboundedSender<SubCmd>>,
+    ) -> (Self, bool) {
+        let (slot, first) = slots.register(channel);
+        (
+            Self {
+                slots,
+                channel: channel.to_owned(),
+                slot,
+                unsubscribe,
+            },
+            first,
+        )
+    }
+
+    /// A future that completes at the next wake-up; call `enable()` on it (pinned) before the
+    /// attempt that it follows so a wake-up in between is not missed.
+    pub(crate) fn notified(&self) -> tokio::sync::futures::Notified<'_> {
+        self.slot.notify.notified()
+    }
+
+    /// Whether wake-ups are delivered (the subscription is confirmed). When not, the waiter
+    /// polls on a short timer instead.
+    pub(crate) fn is_reliable(&self) -> bool {
+        self.slot.confirmed.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn mark_confirmed(&self) {
+        self.slot.confirmed.store(true, Ordering::Release);
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        if let (true, Some(tx)) = (self.slots.unregister(&self.channel), &self.unsubscribe) {
+            let _ = tx.send(SubCmd::Unsubscribe(std::mem::take(&mut self.channel)));
+        }
+    }
+}
+
+#[derive(Debug)]
+pub(crate) enum SubCmd {
+    Subscribe(String, oneshot::Sender<bool>),
+    Unsubscribe(String),
+}
+
+/// The one subscriber connection of a Redis-backed `Locker`.
+#[derive(Debug)]
+pub(crate) struct Subscriber {
+    pub(crate) slots: Arc<Slots>,
+    tx: mpsc::UnboundedSender<SubCmd>,
+    healthy: Arc<AtomicBool>,
+    timeout: Duration,
+}
+
+impl Subscriber {
+    /// Starts the subscriber task (it connects lazily, on the first subscription).
+    pub(crate) fn spawn(client: redis::Client, timeout: Duration) -> Self {
+        let slots = Arc::new(Slots::default());
+        let (tx, rx) = mpsc::unbounded_channel();
+        let healthy = Arc::new(AtomicBool::new(false));
+        tokio::spawn(run(client, slots.clone(), rx, healthy.clone(), timeout));
+        Self {
+            slots,
+            tx,
+            healthy,
+            timeout,
+        }
+    }
+
+    /// Registers a watcher and makes sure the channel is subscribed before returning.
+    pub(crate) async fn watch(&self, channel: &str) -> Watch {
+        let (watch, _first) = Watch::new(self.slots.clone(), channel, Some(self.tx.clone()));
+        if !watch.is_reliable() {
+            let (ack_tx, ack_rx) = oneshot::channel();
+            let sent = self
+                .tx
+                .send(SubCmd::Subscribe(channel.to_owned(), ack_tx))
+                .is_ok();
+            if sent
+                && matches!(
+                    tokio::time::timeout(self.timeout, ack_rx).await,
+                    Ok(Ok(true))
+                )
+            {
+                watch.mark_confirmed();
+            }
+        }
+        watch
+    }
+
+    /// Whether the subscriber connection is up.
+    pub(crate) fn is_healthy(&self) -> bool {
+        self.healthy.load(Ordering::Acquire)
+    }
+}
+
+const MIN_BACKOFF: Duration = Duration::from_millis(50);
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
+
+async fn run(
+    client: redis::Client,
+    slots: Arc<Slots>,
+    mut rx: mpsc::UnboundedReceiver<SubCmd>,
+    healthy: Arc<AtomicBool>,
+    timeout: Duration,
+) {
+    let mut backoff = MIN_BACKOFF;
+    // Connect only once somebody waits.
+    let mut pending: Option<SubCmd> = match rx.recv().await {
+        Some(cmd) => Some(cmd),
+        None => return,
+    };
+    'connect: loop {
+        let pubsub = match tokio::time::timeout(timeout, client.get_async_pubsub()).await {
+            Ok(Ok(pubsub)) => Some(pubsub),
+            Ok(Err(err)) => {
+                tracing::debug!(error = %err, "dlock subscriber could not connect");
+                None
+            }
+            Err(_) => None,
+        };
+        let Some(pubsub) = pubsub else {
+            healthy.store(false, Ordering::Release);
+            slots.set_all_confirmed(false);
+            slots.wake_all();
+            if let Some(SubCmd::Subscribe(_, ack)) = pending.take() {
+                let _ = ack.send(false);
+            }
+            let sleep = tokio::time::sleep(backoff);
+            tokio::pin!(sleep);
+            loop {
+                tokio::select! {
+                    () = &mut sleep => break,
+                    cmd = rx.recv() => match cmd {
+                        None => return,
+                        Some(SubCmd::Subscribe(_, ack)) => { let _ = ack.send(false); }
+                        Some(SubCmd::Unsubscribe(_)) => {}
+                    },
+                }
+            }
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+            continue 'connect;
+        };
+        backoff = MIN_BACKOFF;
+        let (mut sink, mut stream) = pubsub.split();
+        let channels = slots.channels();
+        if !channels.is_empty() {
+            let resubscribed = tokio::time::timeout(timeout, sink.subscribe(&channels)).await;
+            if !matches!(resubscribed, Ok(Ok(()))) {
+                continue 'connect;
+            }
+        }
+        slots.set_all_confirmed(true);
+        healthy.store(true, Ordering::Release);
+        // Wake-ups may have been missed while disconnected: let every waiter retry.
+        slots.wake_all();
+        tracing::debug!(channels = channels.len(), "dlock subscriber connected");
+        loop {
+            let cmd = match pending.take() {
+                Some(cmd) => Some(cmd),
+                None => tokio::select! {
+                    cmd = rx.recv() => match cmd {
+                        None => return,
+                        Some(cmd) => Some(cmd),
+                    },
+                    msg = stream.next() => match msg {
+                        Some(msg) => {
+                            slots.wake(msg.get_channel_name());
+                            None
+                        }
+                        None => {
+                            tracing::debug!("dlock subscriber disconnected");
+                            healthy.store(false, Ordering::Release);
+                            slots.set_all_confirmed(false);
+                            slots.wake_all();
+                            continue 'connect;
+                        }
+                    },
+                },
+            };
+            match cmd {
+                None => {}
+                Some(SubCmd::Subscribe(channel, ack)) => {
+                    let ok = matches!(
+                        tokio::time::timeout(timeout, sink.subscribe(&channel)).await,
+                        Ok(Ok(()))
+                    );
+                    if ok {
+                        slots.confirm(&channel);
+                    }
+                    let _ = ack.send(ok);
+                    if !ok {
+                        healthy.store(false, Ordering::Release);
+                        continue 'connect;
+                    }
+                }
+                Some(SubCmd::Unsubscribe(channel)) if !slots.contains(&channel) => {
+                    let done = tokio::time::timeout(timeout, sink.unsubscribe(&channel)).await;
+                    if !matches!(done, Ok(Ok(()))) {
+                        continue 'connect;
+                    }
+                }
+                Some(SubCmd::Unsubscribe(_)) => {}
+            }
+        }
+    }
+}

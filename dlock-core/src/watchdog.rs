@@ -1,0 +1,138 @@
+//! The watchdog: one task per `Locker` renews every watchdog-mode hold in one batched round trip
+//! per tick (a tick is a third of the shortest lease held), and marks holds lost when a renewal
+//! finds them gone or their validity deadline passes without a successful renewal.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::backend::RenewItem;
+use crate::guard::{HoldState, LossReason};
+use crate::locker::LockerInner;
+
+#[derive(Debug, Default)]
+pub(crate) struct Watchdog {
+    holds: Mutex<HashMap<u64, Arc<HoldState>>>,
+    /// Wakes the task: a first hold, a shorter lease, or the `Locker` going away.
+    wake: Arc<Notify>,
+    /// The lease the current tick period is based on, in ms (0: idle).
+    basis_ms: AtomicU64,
+    started: AtomicBool,
+    /// Renewal round trips made (for tests and benchmarks).
+    pub(crate) round_trips: AtomicU64,
+}
+
+impl Watchdog {
+    fn holds(&self) -> MutexGuard<'_, HashMap<u64, Arc<HoldState>>> {
+        self.holds.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Starts renewing `hold`.
+    pub(crate) fn register(&self, inner: &Arc<LockerInner>, hold: Arc<HoldState>) {
+        let lease_ms = hold.lease_ms.load(Ordering::Relaxed);
+        self.holds().insert(hold.id, hold);
+        if !self.started.swap(true, Ordering::AcqRel) {
+            tokio::spawn(run(Arc::downgrade(inner), self.wake.clone()));
+        }
+        let basis = self.basis_ms.load(Ordering::Relaxed);
+        if basis == 0 || lease_ms < basis {
+            self.wake.notify_one();
+        }
+    }
+
+    /// Stops renewing the hold `id`.
+    pub(crate) fn deregister(&self, id: u64) {
+        self.holds().remove(&id);
+    }
+
+    /// How many holds are renewed.
+    pub(crate) fn len(&self) -> usize {
+        self.holds().len()
+    }
+
+    /// Lets the task exit once the `Locker` is gone.
+    pub(crate) fn shutdown(&self) {
+        self.wake.notify_one();
+    }
+
+    /// The tick period: a third of the shortest lease held.
+    fn period(&self) -> Option<Duration> {
+        let holds = self.holds();
+        let min = holds
+            .values()
+            .map(|h| h.lease_ms.load(Ordering::Relaxed))
+            .min();
+        self.basis_ms.store(min.unwrap_or(0), Ordering::Relaxed);
+        min.map(|ms| Duration::from_millis(ms / 3).max(Duration::from_millis(1)))
+    }
+
+    /// One tick: renew everything in one round trip, then apply the answers and the deadlines.
+    pub(crate) async fn tick(&self, inner: &LockerInner) {
+        let snapshot: Vec<Arc<HoldState>> = self.holds().values().cloned().collect();
+        if snapshot.is_empty() {
+            return;
+        }
+        let items: Vec<RenewItem> = snapshot
+            .iter()
+            .map(|h| RenewItem {
+                key: h.keys.lock.clone(),
+                owner: h.owner.to_string(),
+                lease_ms: h.lease_ms.load(Ordering::Relaxed),
+            })
+            .collect();
+        let sent_at = Instant::now();
+        self.round_trips.fetch_add(1, Ordering::Relaxed);
+        match inner.backend.renew(&items).await {
+            Ok(flags) => {
+                let mut renewed = 0u64;
+                for (hold, ok) in snapshot.iter().zip(flags) {
+                    if ok {
+                        hold.renewed(sent_at, hold.lease());
+                        renewed += 1;
+                    } else if hold.holds.load(Ordering::Acquire) > 0 {
+                        hold.mark_lost(LossReason::Gone);
+                        self.deregister(hold.id);
+                    }
+                }
+                metrics::counter!("dlock_renewed_total").increment(renewed);
+                tracing::trace!(held = snapshot.len(), renewed, "dlock: watchdog renewed");
+            }
+            Err(err) => {
+                metrics::counter!("dlock_renew_errors_total").increment(1);
+                tracing::warn!(held = snapshot.len(), error = %err, "dlock: watchdog renewal failed");
+            }
+        }
+        let now = Instant::now();
+        for hold in &snapshot {
+            if now >= hold.deadline() {
+                hold.mark_lost(LossReason::Expired);
+                self.deregister(hold.id);
+            }
+        }
+    }
+}
+
+async fn run(inner: Weak<LockerInner>, wake: Arc<Notify>) {
+    loop {
+        let period = match inner.upgrade() {
+            Some(inner) => inner.watchdog.period(),
+            None => return,
+        };
+        match period {
+            None => wake.notified().await,
+            Some(period) => {
+                tokio::select! {
+                    () = tokio::time::sleep(period) => {
+                        let Some(inner) = inner.upgrade() else { return };
+                        inner.watchdog.tick(&inner).await;
+                    }
+                    () = wake.notified() => {}
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,1 @@
+//! A tower `Layer` that guards routes with dlock distributed locks.
