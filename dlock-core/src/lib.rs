@@ -67,6 +67,9 @@ mod backend;
 mod error;
 mod guard;
 mod locker;
+#[doc(hidden)]
+pub mod macro_support;
+mod multi;
 mod name;
 mod scope;
 mod script;
@@ -81,6 +84,7 @@ pub use locker::{
     DEFAULT_PREFIX, DEFAULT_WATCHDOG_LEASE, LockRequest, Locker, LockerBuilder, default_locker,
     set_default_locker,
 };
+pub use multi::{MultiGuard, MultiLockRequest};
 pub use name::{IntoLockName, LockName, MAX_NAME_LEN, NameBuilder};
 pub use scope::{fencing_token, in_scope, scope};
 

@@ -17,6 +17,7 @@ use crate::backend::redis::{RedisBackend, RedisConn};
 use crate::backend::{AcquireReply, Backend, HandoffReply, MemoryStore, ReleaseReply, RenewItem};
 use crate::error::{BackendError, LockError, ReleaseOutcome};
 use crate::guard::{FencingToken, HoldState, LockGuard, LossReason};
+use crate::multi::MultiLockRequest;
 use crate::name::{IntoLockName, LockKeys, LockName, validate_prefix};
 use crate::scope;
 use crate::watchdog::Watchdog;
@@ -202,6 +203,16 @@ impl Locker {
             wait: Duration::ZERO,
             lease: Lease::Watchdog(self.inner.config.watchdog_lease),
         }
+    }
+
+    /// Starts an all-or-none request for several names (see [`MultiLockRequest`]). Names are
+    /// deduplicated and taken in key order, so overlapping multi-locks never deadlock.
+    pub fn lock_all<I>(&self, names: I) -> MultiLockRequest
+    where
+        I: IntoIterator,
+        I::Item: IntoLockName,
+    {
+        MultiLockRequest::new(self.clone(), names)
     }
 
     /// The Redis key that holds the lock `name` (`<prefix>{<name>}`).

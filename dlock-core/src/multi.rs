@@ -1,0 +1,213 @@
+//! All-or-none locking of several names.
+//!
+//! Names are deduplicated and acquired in the order of their keys, so two multi-locks over
+//! overlapping sets can never deadlock each other; the wait deadline is shared by all of them.
+//! If any name stays busy past the deadline (or the backend fails), every lock already taken is
+//! released before the error is returned.
+
+use std::fmt;
+use std::future::{Future, IntoFuture};
+use std::pin::Pin;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::error::{LockError, ReleaseOutcome};
+use crate::guard::{FencingToken, LockGuard};
+use crate::locker::{LockRequest, Locker};
+use crate::name::{IntoLockName, LockName};
+
+/// A request for several locks at once: set the wait and lease, then `.await` it.
+#[must_use = "a lock request does nothing until awaited"]
+pub struct MultiLockRequest {
+    locker: Locker,
+    names: Result<Vec<LockName>, LockError>,
+    wait: Duration,
+    configure: Option<fn(LockRequest, Duration) -> LockRequest>,
+    lease: Option<Duration>,
+}
+
+impl fmt::Debug for MultiLockRequest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MultiLockRequest")
+            .field("names", &self.names)
+            .field("wait", &self.wait)
+            .field("lease", &self.lease)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MultiLockRequest {
+    pub(crate) fn new<I>(locker: Locker, names: I) -> Self
+    where
+        I: IntoIterator,
+        I::Item: IntoLockName,
+    {
+        let names = names
+            .into_iter()
+            .map(IntoLockName::into_lock_name)
+            .collect::<Result<Vec<_>, _>>();
+        Self {
+            locker,
+            names,
+            wait: Duration::ZERO,
+            configure: None,
+            lease: None,
+        }
+    }
+
+    /// Waits up to `wait` (one deadline for all names, counted from the call).
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// A fixed lease for every lock (no renewal).
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = Some(lease);
+        self.configure = Some(LockRequest::lease);
+        self
+    }
+
+    /// Watchdog mode with this lease for every lock.
+    pub fn watchdog_lease(mut self, lease: Duration) -> Self {
+        self.lease = Some(lease);
+        self.configure = Some(LockRequest::watchdog_lease);
+        self
+    }
+
+    /// One attempt per name, no waiting: `Ok(None)` if any is busy (none is held then).
+    pub async fn try_lock(mut self) -> Result<Option<MultiGuard>, LockError> {
+        self.wait = Duration::ZERO;
+        match self.acquire().await {
+            Ok(guard) => Ok(Some(guard)),
+            Err(LockError::Timeout { .. }) => Ok(None),
+            Err(err) => Err(err),
+        }
+    }
+
+    async fn acquire(self) -> Result<MultiGuard, LockError> {
+        let started = Instant::now();
+        let deadline = started + self.wait;
+        let mut names = self.names?;
+        // Key order is the global order every multi-lock follows.
+        names.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+        names.dedup();
+        let mut guards = Vec::with_capacity(names.len());
+        for name in names {
+            let wait = deadline.saturating_duration_since(Instant::now());
+            let mut request = self.locker.lock(name).wait(wait);
+            if let (Some(configure), Some(lease)) = (self.configure, self.lease) {
+                request = configure(request, lease);
+            }
+            match request.await {
+                Ok(guard) => guards.push(guard),
+                Err(err) => {
+                    let err = match err {
+                        LockError::Timeout {
+                            name, retry_after, ..
+                        } => LockError::Timeout {
+                            name,
+                            waited: started.elapsed(),
+                            retry_after,
+                        },
+                        other => other,
+                    };
+                    for guard in guards.into_iter().rev() {
+                        let _ = guard.release().await;
+                    }
+                    return Err(err);
+                }
+            }
+        }
+        Ok(MultiGuard { guards })
+    }
+}
+
+impl IntoFuture for MultiLockRequest {
+    type Output = Result<MultiGuard, LockError>;
+    type IntoFuture = Pin<Box<dyn Future<Output = Self::Output> + Send>>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(self.acquire())
+    }
+}
+
+/// Several locks held together. Dropping it releases them all in the background.
+#[must_use = "the locks are released as soon as the guard is dropped"]
+#[derive(Debug)]
+pub struct MultiGuard {
+    guards: Vec<LockGuard>,
+}
+
+impl MultiGuard {
+    /// The individual guards, in acquisition (key) order.
+    pub fn guards(&self) -> &[LockGuard] {
+        &self.guards
+    }
+
+    /// The names held, in acquisition order.
+    pub fn names(&self) -> impl Iterator<Item = &LockName> {
+        self.guards.iter().map(LockGuard::name)
+    }
+
+    /// The fencing token of each lock, in acquisition order.
+    pub fn fencing_tokens(&self) -> Vec<FencingToken> {
+        self.guards.iter().map(LockGuard::fencing_token).collect()
+    }
+
+    /// How many locks are held.
+    pub fn len(&self) -> usize {
+        self.guards.len()
+    }
+
+    /// Whether no lock is held (an empty set of names).
+    pub fn is_empty(&self) -> bool {
+        self.guards.is_empty()
+    }
+
+    /// Whether any of the locks was lost.
+    pub fn is_lost(&self) -> bool {
+        self.guards.iter().any(LockGuard::is_lost)
+    }
+
+    /// Resolves when any of the locks is lost (never, for an empty set), with that lock's error.
+    pub async fn lost(&self) -> LockError {
+        if self.guards.is_empty() {
+            return std::future::pending().await;
+        }
+        let futures = self.guards.iter().map(|g| g.lost());
+        let ((), index, _) = futures_util::future::select_all(futures).await;
+        match self.guards.get(index) {
+            Some(guard) => guard.state.lost_error(),
+            None => LockError::Config("lost lock index out of range".to_owned()),
+        }
+    }
+
+    /// Runs `fut` and cancels it as soon as any of the locks is lost.
+    pub async fn run<F: Future>(&self, fut: F) -> Result<F::Output, LockError> {
+        if let Some(lost) = self.guards.iter().find(|g| g.is_lost()) {
+            return Err(lost.state.lost_error());
+        }
+        tokio::select! {
+            biased;
+            err = self.lost() => Err(err),
+            out = fut => Ok(out),
+        }
+    }
+
+    /// Releases every lock (in reverse order) and returns each outcome, in acquisition order.
+    pub async fn release(self) -> Vec<ReleaseOutcome> {
+        let mut outcomes = Vec::with_capacity(self.guards.len());
+        for guard in self.guards.into_iter().rev() {
+            outcomes.push(guard.release().await);
+        }
+        outcomes.reverse();
+        outcomes
+    }
+
+    /// Takes the individual guards out.
+    pub fn into_guards(self) -> Vec<LockGuard> {
+        self.guards
+    }
+}
