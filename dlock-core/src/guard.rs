@@ -77,6 +77,8 @@ pub(crate) struct HoldState {
     pub(crate) acquired_at: Instant,
     lost: CancellationToken,
     loss: OnceLock<LossReason>,
+    /// Set by the last release: a released hold is never reported lost.
+    released: CancellationToken,
 }
 
 impl fmt::Debug for HoldState {
@@ -122,6 +124,7 @@ impl HoldState {
             acquired_at: Instant::now(),
             lost: CancellationToken::new(),
             loss: OnceLock::new(),
+            released: CancellationToken::new(),
         }
     }
 
@@ -157,8 +160,16 @@ impl HoldState {
         self.holds.load(Ordering::Acquire) > 0 && !self.is_lost()
     }
 
+    /// Records the last release: from now on the hold is over, not lost.
+    pub(crate) fn mark_released(&self) {
+        self.released.cancel();
+    }
+
     /// Marks the hold lost (once): `lost()` resolves and guarded futures are cancelled.
     pub(crate) fn mark_lost(&self, reason: LossReason) {
+        if self.released.is_cancelled() {
+            return;
+        }
         if self.loss.set(reason).is_ok() {
             self.lost.cancel();
             metrics::counter!("dlock_lost_total").increment(1);
@@ -185,6 +196,7 @@ impl HoldState {
             let deadline = self.deadline();
             tokio::select! {
                 () = self.lost.cancelled() => return,
+                () = self.released.cancelled() => std::future::pending::<()>().await,
                 () = tokio::time::sleep_until(deadline) => {
                     if Instant::now() >= self.deadline() {
                         self.mark_lost(LossReason::Expired);

@@ -20,6 +20,7 @@ use crate::guard::{FencingToken, HoldState, LockGuard, LossReason};
 use crate::multi::MultiLockRequest;
 use crate::name::{IntoLockName, LockKeys, LockName, validate_prefix};
 use crate::scope;
+use crate::wait::Watch;
 use crate::watchdog::Watchdog;
 
 /// The default lease of a watchdog-mode lock; it is renewed every third of it.
@@ -43,6 +44,11 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 fn next_id() -> u64 {
     NEXT_ID.fetch_add(1, Ordering::Relaxed)
+}
+
+/// A fresh random owner token (128 bits, hex).
+fn new_owner() -> Arc<str> {
+    Arc::from(format!("{:032x}", rand::random::<u128>()).as_str())
 }
 
 /// Acquires distributed locks.
@@ -108,6 +114,8 @@ struct LocalQueue {
     turn: tokio::sync::Mutex<()>,
     handoff: Mutex<Option<HandoffSlot>>,
     streak: AtomicU32,
+    /// The wake-up registration, passed from one head waiter to the next.
+    watch: Mutex<Option<Arc<Watch>>>,
 }
 
 /// The head waiter's offer to take the lock over directly from a local releaser.
@@ -274,7 +282,7 @@ impl Locker {
             return self
                 .inner
                 .backend
-                .acquire(keys, owner, lease, fence_ttl)
+                .acquire(keys, owner, lease, fence_ttl, !fresh)
                 .await
                 .map_err(LockError::Backend);
         }
@@ -282,7 +290,9 @@ impl Locker {
         let backend = self.inner.backend.clone();
         let (keys, owner) = (keys.clone(), owner.clone());
         tokio::spawn(async move {
-            let res = backend.acquire(&keys, &owner, lease, fence_ttl).await;
+            let res = backend
+                .acquire(&keys, &owner, lease, fence_ttl, !fresh)
+                .await;
             // On an error the script may still have run: treat the lock as possibly granted.
             let maybe_granted = matches!(res, Ok(AcquireReply::Acquired { .. }) | Err(_));
             let failed = res.is_err();
@@ -382,7 +392,7 @@ impl Locker {
             }
         }
 
-        let owner: Arc<str> = Arc::from(format!("{:032x}", rand::random::<u128>()).as_str());
+        let owner = new_owner();
         let sent_at = Instant::now();
         let mut pttl = match self.attempt(&keys, &owner, lease.duration(), true).await? {
             AcquireReply::Acquired { fence, .. } => {
@@ -401,21 +411,10 @@ impl Locker {
         let Ok(_turn) = tokio::time::timeout_at(deadline, ticket.queue.turn.lock()).await else {
             return Ok(busy(&name, started, pttl));
         };
-        let (handoff_tx, mut handoff_rx) = oneshot::channel();
-        if self.inner.config.handoff {
-            *ticket.queue.slot() = Some(HandoffSlot {
-                owner: owner.clone(),
-                lease: lease.duration(),
-                tx: handoff_tx,
-            });
-        }
-        let _slot = SlotCleanup {
-            queue: &ticket.queue,
-            owner: owner.clone(),
-        };
-        // Subscribe before the retry, so a release in between is not missed.
-        let watch = self.inner.backend.watch(&keys.channel).await;
+        let mut head = HeadWait::new(&self, &ticket.queue, &keys, lease.duration()).await;
+        let handoff_owner = head.handoff_owner.clone();
         loop {
+            let (watch, rx) = head.parts();
             let notified = watch.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
@@ -444,12 +443,10 @@ impl Locker {
             tokio::select! {
                 () = &mut notified => {}
                 () = tokio::time::sleep_until(until) => {}
-                handed = &mut handoff_rx, if self.inner.config.handoff => {
-                    if let Ok((fence, sent_at)) = handed {
-                        return Ok(Attempted::Held(
-                            self.acquired(name, keys, owner, fence, lease, sent_at, started),
-                        ));
-                    }
+                Some((fence, sent_at)) = handed(rx) => {
+                    return Ok(Attempted::Held(
+                        self.acquired(name, keys, handoff_owner, fence, lease, sent_at, started),
+                    ));
                 }
             }
         }
@@ -542,6 +539,9 @@ impl Locker {
             let last = hold.holds.fetch_sub(1, Ordering::AcqRel) == 1;
             if last {
                 self.inner.watchdog.deregister(hold.id);
+                if !hold.is_lost() {
+                    hold.mark_released();
+                }
                 metrics::histogram!("dlock_hold_seconds")
                     .record(hold.acquired_at.elapsed().as_secs_f64());
                 if let Some(outcome) = self.try_handoff(&hold).await {
@@ -582,7 +582,10 @@ impl Locker {
             queue.streak.store(0, Ordering::Relaxed);
             return None;
         }
-        let slot = queue.slot().take()?;
+        let Some(slot) = queue.slot().take() else {
+            queue.streak.store(0, Ordering::Relaxed);
+            return None;
+        };
         let sent_at = Instant::now();
         let reply = self
             .inner
@@ -675,20 +678,95 @@ fn log_release(hold: &HoldState, outcome: &ReleaseOutcome) {
     }
 }
 
-/// Removes the head waiter's hand-over slot when it stops waiting.
-struct SlotCleanup<'a> {
-    queue: &'a LocalQueue,
-    owner: Arc<str>,
+/// The head waiter's state: its wake-up registration (kept in the queue for the next head, so
+/// the subscription survives while local waiters remain) and its hand-over offer.
+///
+/// A hand-over gives the lock to a token of its own, never used for attempts: if the waiter
+/// leaves before taking a lock handed to it, that token's hold is released, and nothing else can
+/// be confused with it.
+struct HeadWait<'a> {
+    locker: &'a Locker,
+    queue: &'a Arc<LocalQueue>,
+    keys: Arc<LockKeys>,
+    watch: Arc<Watch>,
+    handoff_owner: Arc<str>,
+    rx: Option<oneshot::Receiver<(u64, Instant)>>,
 }
 
-impl Drop for SlotCleanup<'_> {
+impl<'a> HeadWait<'a> {
+    async fn new(
+        locker: &'a Locker,
+        queue: &'a Arc<LocalQueue>,
+        keys: &Arc<LockKeys>,
+        lease: Duration,
+    ) -> HeadWait<'a> {
+        let handoff_owner = new_owner();
+        let mut rx = None;
+        if locker.inner.config.handoff {
+            let (tx, handoff_rx) = oneshot::channel();
+            *queue.slot() = Some(HandoffSlot {
+                owner: handoff_owner.clone(),
+                lease,
+                tx,
+            });
+            rx = Some(handoff_rx);
+        }
+        // Subscribe before the retry, so a release in between is not missed.
+        let kept = queue.watch.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let watch = match kept {
+            Some(watch) => watch,
+            None => Arc::new(locker.inner.backend.watch(&keys.channel).await),
+        };
+        HeadWait {
+            locker,
+            queue,
+            keys: keys.clone(),
+            watch,
+            handoff_owner,
+            rx,
+        }
+    }
+
+    /// The wake-up registration and the hand-over receiver.
+    fn parts(&mut self) -> (&Watch, &mut Option<oneshot::Receiver<(u64, Instant)>>) {
+        (&self.watch, &mut self.rx)
+    }
+}
+
+/// Resolves when a local releaser hands the lock over (never, with hand-over off).
+async fn handed(rx: &mut Option<oneshot::Receiver<(u64, Instant)>>) -> Option<(u64, Instant)> {
+    match rx.as_mut() {
+        Some(rx) => rx.await.ok(),
+        None => std::future::pending().await,
+    }
+}
+
+impl Drop for HeadWait<'_> {
     fn drop(&mut self) {
-        let mut slot = self.queue.slot();
-        if slot
-            .as_ref()
-            .is_some_and(|s| Arc::ptr_eq(&s.owner, &self.owner))
         {
-            *slot = None;
+            let mut slot = self.queue.slot();
+            if slot
+                .as_ref()
+                .is_some_and(|s| Arc::ptr_eq(&s.owner, &self.handoff_owner))
+            {
+                *slot = None;
+            }
+        }
+        if let Some(mut rx) = self.rx.take() {
+            if rx.try_recv().is_ok() {
+                // Handed over after this waiter stopped waiting: give it back.
+                let backend = self.locker.inner.backend.clone();
+                let (keys, owner) = (self.keys.clone(), self.handoff_owner.clone());
+                if let Ok(handle) = tokio::runtime::Handle::try_current() {
+                    handle.spawn(async move {
+                        let _ = backend.release(&keys, &owner).await;
+                    });
+                }
+            }
+        }
+        // The map, the ticket and this head: other waiters remain if there are more users.
+        if Arc::strong_count(self.queue) > 2 {
+            *self.queue.watch.lock().unwrap_or_else(|e| e.into_inner()) = Some(self.watch.clone());
         }
     }
 }

@@ -19,7 +19,9 @@ use redis::Script;
 /// Acquire or re-enter.
 ///
 /// `KEYS[1]` lock, `KEYS[2]` fence; `ARGV[1]` owner, `ARGV[2]` lease ms, `ARGV[3]` fence TTL ms
-/// (0 = none). Returns `{1, token}` fresh, `{2, token}` re-entered, `{0, pttl}` busy.
+/// (0 = none), `ARGV[4]` `1` to re-enter a hold of the same owner (count + 1), `0` to take it
+/// as it is (a fresh owner that already holds the lock was handed it, or is retrying).
+/// Returns `{1, token}` fresh, `{2, token}` re-entered, `{0, pttl}` busy.
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_LUA));
 
 pub(crate) const ACQUIRE_LUA: &str = r#"
@@ -40,9 +42,12 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
   return {1, f}
 end
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
-  redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return {2, tonumber(redis.call('HGET', KEYS[1], '#f'))}
+  if ARGV[4] == '1' then
+    redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
+    return {2, tonumber(redis.call('HGET', KEYS[1], '#f'))}
+  end
+  return {1, tonumber(redis.call('HGET', KEYS[1], '#f'))}
 end
 return {0, redis.call('PTTL', KEYS[1])}
 "#;

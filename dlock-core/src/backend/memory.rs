@@ -115,16 +115,24 @@ impl MemoryBackend {
         entry.0
     }
 
-    pub(crate) fn acquire(&self, keys: &LockKeys, owner: &str, lease: Duration) -> AcquireReply {
+    pub(crate) fn acquire(
+        &self,
+        keys: &LockKeys,
+        owner: &str,
+        lease: Duration,
+        reenter: bool,
+    ) -> AcquireReply {
         let now = Instant::now();
         let mut state = self.store.state();
         if let Some(held) = Self::live(&mut state, &keys.lock, now) {
             if held.owner == owner {
-                held.holds += 1;
                 held.expires = now + lease;
+                if reenter {
+                    held.holds += 1;
+                }
                 return AcquireReply::Acquired {
                     fence: held.fence,
-                    reentered: true,
+                    reentered: reenter,
                 };
             }
             return AcquireReply::Busy {

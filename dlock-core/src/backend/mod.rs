@@ -69,10 +69,11 @@ impl Backend {
         owner: &str,
         lease: Duration,
         fence_ttl: Option<Duration>,
+        reenter: bool,
     ) -> Result<AcquireReply, BackendError> {
         match self {
-            Self::Redis(r) => r.acquire(keys, owner, lease, fence_ttl).await,
-            Self::Memory(m) => Ok(m.acquire(keys, owner, lease)),
+            Self::Redis(r) => r.acquire(keys, owner, lease, fence_ttl, reenter).await,
+            Self::Memory(m) => Ok(m.acquire(keys, owner, lease, reenter)),
         }
     }
 

@@ -147,13 +147,15 @@ impl RedisBackend {
         owner: &str,
         lease: Duration,
         fence_ttl: Option<Duration>,
+        reenter: bool,
     ) -> Result<AcquireReply, BackendError> {
         let mut inv = script::ACQUIRE.prepare_invoke();
         inv.key(&keys.lock)
             .key(&keys.fence)
             .arg(owner)
             .arg(millis(lease))
-            .arg(fence_ttl.map_or(0, millis));
+            .arg(fence_ttl.map_or(0, millis))
+            .arg(u8::from(reenter));
         let (code, value): (i64, i64) = self.invoke(&inv).await?;
         match code {
             1 | 2 => Ok(AcquireReply::Acquired {
