@@ -752,16 +752,15 @@ impl Drop for HeadWait<'_> {
                 *slot = None;
             }
         }
-        if let Some(mut rx) = self.rx.take() {
-            if rx.try_recv().is_ok() {
-                // Handed over after this waiter stopped waiting: give it back.
-                let backend = self.locker.inner.backend.clone();
-                let (keys, owner) = (self.keys.clone(), self.handoff_owner.clone());
-                if let Ok(handle) = tokio::runtime::Handle::try_current() {
-                    handle.spawn(async move {
-                        let _ = backend.release(&keys, &owner).await;
-                    });
-                }
+        let handed_late = self.rx.take().is_some_and(|mut rx| rx.try_recv().is_ok());
+        if handed_late {
+            // Handed over after this waiter stopped waiting: give it back.
+            let backend = self.locker.inner.backend.clone();
+            let (keys, owner) = (self.keys.clone(), self.handoff_owner.clone());
+            if let Ok(handle) = tokio::runtime::Handle::try_current() {
+                handle.spawn(async move {
+                    let _ = backend.release(&keys, &owner).await;
+                });
             }
         }
         // The map, the ticket and this head: other waiters remain if there are more users.
