@@ -1,0 +1,413 @@
+//! The test harness: real `redis-server` processes on free loopback ports, and a proxy that can cut
+//! connections.
+//!
+//! - [`RedisServer`] spawns `redis-server` (the binary named by `DLOCK_REDIS_SERVER`, default
+//!   `redis-server`) with `--save ""` and a log file in a temporary directory, polls until it
+//!   answers, and kills it on drop. It can be killed, restarted on the same port, paused
+//!   (`SIGSTOP`) and resumed. While a server lives, every panic message is followed by the tail
+//!   of its log.
+//! - [`Proxy`] forwards a loopback port to a server and can cut every connection through it.
+//!
+//! A missing `redis-server` binary is a loud failure naming the command that installs it.
+
+use std::collections::BTreeMap;
+use std::io::{Read as _, Write as _};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Once};
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+
+/// The environment variable naming the `redis-server` binary.
+pub const REDIS_SERVER_ENV: &str = "DLOCK_REDIS_SERVER";
+
+/// Live servers: port and log path, for the panic hook.
+static LIVE: Mutex<Vec<(u16, PathBuf)>> = Mutex::new(Vec::new());
+static HOOK: Once = Once::new();
+
+fn install_panic_hook() {
+    HOOK.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            previous(info);
+            let live = LIVE.lock().map(|l| l.clone()).unwrap_or_default();
+            for (port, log) in live {
+                let text = std::fs::read_to_string(&log).unwrap_or_default();
+                let lines: Vec<&str> = text.lines().collect();
+                let tail = &lines[lines.len().saturating_sub(50)..];
+                eprintln!(
+                    "--- redis-server on port {port}: last {} log lines ---\n{}\n--- end of log ---",
+                    tail.len(),
+                    tail.join("\n")
+                );
+            }
+        }));
+    });
+}
+
+fn redis_binary() -> String {
+    std::env::var(REDIS_SERVER_ENV).unwrap_or_else(|_| "redis-server".to_owned())
+}
+
+/// Panics with the install command when the `redis-server` binary can't be run.
+pub fn require_redis_server() {
+    let binary = redis_binary();
+    let ok = Command::new(&binary)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        ok,
+        "`{binary}` could not be run: these tests need a real Redis server.\n\
+         Install it with `apt-get install redis-server` (Debian/Ubuntu), \
+         or point {REDIS_SERVER_ENV} at a redis-server binary."
+    );
+}
+
+/// A free loopback port (bound then released; the server binds it right after).
+pub fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind a free loopback port");
+    listener.local_addr().expect("local address").port()
+}
+
+/// A string unique to this process and call, for lock names and keys.
+pub fn unique_name(prefix: &str) -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "{prefix}-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// A `redis-server` process on a free loopback port, killed on drop.
+#[derive(Debug)]
+pub struct RedisServer {
+    child: Option<Child>,
+    port: u16,
+    args: Vec<String>,
+    dir: tempfile::TempDir,
+}
+
+impl RedisServer {
+    /// Starts a server with the default arguments.
+    pub fn start() -> Self {
+        Self::start_with_args(&[])
+    }
+
+    /// Starts a server with extra arguments (e.g. `["--requirepass", "pw"]`).
+    pub fn start_with_args(args: &[&str]) -> Self {
+        require_redis_server();
+        install_panic_hook();
+        let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+        let mut last_error = String::new();
+        // A port picked free can be taken before the server binds it: try a few.
+        for _ in 0..5 {
+            let mut server = Self {
+                child: None,
+                port: free_port(),
+                args: args.clone(),
+                dir: tempfile::tempdir().expect("temporary directory for redis-server"),
+            };
+            match server.spawn() {
+                Ok(()) => return server,
+                Err(err) => last_error = err,
+            }
+        }
+        panic!("redis-server did not start: {last_error}");
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.dir.path().join("redis.log")
+    }
+
+    /// Spawns the process on `self.port` and polls until it answers `PING`.
+    fn spawn(&mut self) -> Result<(), String> {
+        let mut cmd = Command::new(redis_binary());
+        cmd.arg("--port")
+            .arg(self.port.to_string())
+            .arg("--bind")
+            .arg("127.0.0.1")
+            .arg("--save")
+            .arg("")
+            .arg("--appendonly")
+            .arg("no")
+            .arg("--daemonize")
+            .arg("no")
+            .arg("--dir")
+            .arg(self.dir.path())
+            .arg("--logfile")
+            .arg(self.log_path())
+            .args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let child = cmd
+            .spawn()
+            .map_err(|e| format!("spawn redis-server: {e}"))?;
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if self.ping_once(Duration::from_millis(200)) {
+                if let Ok(mut live) = LIVE.lock() {
+                    live.retain(|(p, _)| *p != self.port);
+                    live.push((self.port, self.log_path()));
+                }
+                return Ok(());
+            }
+            let exited = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten());
+            if let Some(status) = exited {
+                self.child = None;
+                return Err(format!(
+                    "redis-server exited with {status}; log:\n{}",
+                    self.log()
+                ));
+            }
+            if Instant::now() >= deadline {
+                self.kill();
+                return Err(format!(
+                    "redis-server did not answer within 10 s; log:\n{}",
+                    self.log()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// One raw `PING` over a fresh TCP connection (also answers `-NOAUTH`, which counts as up).
+    fn ping_once(&self, timeout: Duration) -> bool {
+        let Ok(mut stream) = TcpStream::connect_timeout(&self.addr(), timeout) else {
+            return false;
+        };
+        let _ = stream.set_read_timeout(Some(timeout));
+        let _ = stream.set_write_timeout(Some(timeout));
+        if stream.write_all(b"PING\r\n").is_err() {
+            return false;
+        }
+        let mut buf = [0u8; 64];
+        match stream.read(&mut buf) {
+            Ok(n) if n > 0 => buf[0] == b'+' || buf[..n].starts_with(b"-NOAUTH"),
+            _ => false,
+        }
+    }
+
+    /// The port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The address.
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
+    /// `redis://127.0.0.1:PORT/`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// A client for this server.
+    pub fn client(&self) -> redis::Client {
+        redis::Client::open(self.url()).expect("client")
+    }
+
+    /// A new multiplexed connection.
+    pub async fn connection(&self) -> redis::aio::MultiplexedConnection {
+        self.client()
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect to the test redis-server")
+    }
+
+    /// The process id, while running.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Kills the server (`SIGKILL`) and waits for it.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        if let Ok(mut live) = LIVE.lock() {
+            live.retain(|(p, _)| *p != self.port);
+        }
+    }
+
+    /// Starts the server again on the same port with the same arguments (data is gone).
+    pub fn restart(&mut self) {
+        self.kill();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match self.spawn() {
+                Ok(()) => return,
+                Err(err) if Instant::now() >= deadline => {
+                    panic!("redis-server did not restart on port {}: {err}", self.port)
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
+    }
+
+    fn signal(&self, signal: &str) {
+        let pid = self.pid().expect("the server is not running");
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(pid.to_string())
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -{signal} {pid} failed");
+    }
+
+    /// Pauses the process (`SIGSTOP`): it keeps its connections but answers nothing.
+    pub fn pause(&self) {
+        self.signal("STOP");
+    }
+
+    /// Resumes a paused process (`SIGCONT`).
+    pub fn resume(&self) {
+        self.signal("CONT");
+    }
+
+    /// The server's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    /// Calls per command from `INFO commandstats` (e.g. `"evalsha" -> 12`).
+    pub fn info_commandstats(&self) -> BTreeMap<String, u64> {
+        let info = self.info("commandstats");
+        let mut stats = BTreeMap::new();
+        for line in info.lines() {
+            // cmdstat_evalsha:calls=12,usec=...,usec_per_call=...
+            let Some(rest) = line.strip_prefix("cmdstat_") else {
+                continue;
+            };
+            let Some((name, fields)) = rest.split_once(':') else {
+                continue;
+            };
+            let calls = fields
+                .split(',')
+                .find_map(|f| f.strip_prefix("calls="))
+                .and_then(|c| c.trim().parse().ok())
+                .unwrap_or(0);
+            stats.insert(name.to_owned(), calls);
+        }
+        stats
+    }
+
+    /// One `INFO <section>` over a synchronous connection.
+    pub fn info(&self, section: &str) -> String {
+        let mut con = self
+            .client()
+            .get_connection_with_timeout(Duration::from_secs(2))
+            .expect("sync connection to the test redis-server");
+        redis::cmd("INFO")
+            .arg(section)
+            .query::<String>(&mut con)
+            .expect("INFO")
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        if let Some(pid) = self.pid() {
+            // A paused process must be resumed to die promptly.
+            let _ = Command::new("kill")
+                .arg("-CONT")
+                .arg(pid.to_string())
+                .status();
+        }
+        self.kill();
+    }
+}
+
+/// A TCP proxy on a free loopback port that can cut every connection through it.
+#[derive(Debug)]
+pub struct Proxy {
+    port: u16,
+    cut: Arc<AtomicBool>,
+    generation: watch::Sender<u64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Proxy {
+    /// Starts forwarding a free loopback port to `target`.
+    pub async fn start(target: SocketAddr) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind the proxy");
+        let port = listener.local_addr().expect("proxy address").port();
+        let cut = Arc::new(AtomicBool::new(false));
+        let (generation, _) = watch::channel(0u64);
+        let task = tokio::spawn({
+            let cut = cut.clone();
+            let generation = generation.clone();
+            async move {
+                loop {
+                    let Ok((inbound, _)) = listener.accept().await else {
+                        return;
+                    };
+                    if cut.load(Ordering::SeqCst) {
+                        drop(inbound);
+                        continue;
+                    }
+                    let mut cut_signal = generation.subscribe();
+                    tokio::spawn(async move {
+                        let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await else {
+                            return;
+                        };
+                        let mut inbound = inbound;
+                        tokio::select! {
+                            _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                            _ = cut_signal.changed() => {}
+                        }
+                    });
+                }
+            }
+        });
+        Self {
+            port,
+            cut,
+            generation,
+            task,
+        }
+    }
+
+    /// The proxy's port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `redis://127.0.0.1:PORT/` through the proxy.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// Closes every open connection and refuses new ones until [`restore`](Proxy::restore).
+    pub fn cut(&self) {
+        self.cut.store(true, Ordering::SeqCst);
+        self.generation.send_modify(|g| *g += 1);
+    }
+
+    /// Accepts connections again.
+    pub fn restore(&self) {
+        self.cut.store(false, Ordering::SeqCst);
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.task.abort();
+        self.generation.send_modify(|g| *g += 1);
+    }
+}
