@@ -275,7 +275,7 @@ async fn dropped_acquisitions_never_leak_a_lock() {
     })
     .await;
     assert!(gone, "a dropped acquisition left the lock behind");
-    assert!(exists(&mut con, &key).await == false);
+    assert!(!exists(&mut con, &key).await);
     eprintln!("{completed} of 1000 acquisitions completed within their budget");
 }
 
