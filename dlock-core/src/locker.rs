@@ -40,6 +40,10 @@ pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(50);
 /// waiters in other processes get their chance.
 const MAX_HANDOFF_STREAK: u32 = 16;
 
+/// After such a release, local waiters hold back this long so that a waiter in another process,
+/// woken by the release, can take the lock: hand-overs must not starve other processes.
+const YIELD_WINDOW: Duration = Duration::from_millis(2);
+
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 fn next_id() -> u64 {
@@ -116,6 +120,8 @@ struct LocalQueue {
     streak: AtomicU32,
     /// The wake-up registration, passed from one head waiter to the next.
     watch: Mutex<Option<Arc<Watch>>>,
+    /// Local waiters hold back until then (see [`YIELD_WINDOW`]).
+    defer_until: Mutex<Option<Instant>>,
 }
 
 /// The head waiter's offer to take the lock over directly from a local releaser.
@@ -129,6 +135,17 @@ struct HandoffSlot {
 impl LocalQueue {
     fn slot(&self) -> MutexGuard<'_, Option<HandoffSlot>> {
         self.handoff.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Until when local waiters hold back, if that is still ahead.
+    fn deferred(&self) -> Option<Instant> {
+        let until = *self.defer_until.lock().unwrap_or_else(|e| e.into_inner());
+        until.filter(|u| *u > Instant::now())
+    }
+
+    fn defer(&self) {
+        *self.defer_until.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some(Instant::now() + YIELD_WINDOW);
     }
 }
 
@@ -288,8 +305,9 @@ impl Locker {
         }
         let (tx, rx) = oneshot::channel();
         let backend = self.inner.backend.clone();
-        let (keys, owner) = (keys.clone(), owner.clone());
+        let (task_keys, task_owner) = (keys.clone(), owner.clone());
         tokio::spawn(async move {
+            let (keys, owner) = (task_keys, task_owner);
             let res = backend
                 .acquire(&keys, &owner, lease, fence_ttl, !fresh)
                 .await;
@@ -301,7 +319,19 @@ impl Locker {
                 let _ = backend.release(&keys, &owner).await;
             }
         });
-        match rx.await {
+        let mut pending = PendingAttempt {
+            rx: Some(rx),
+            backend: &self.inner.backend,
+            keys,
+            owner,
+            fresh,
+        };
+        let answer = match pending.rx.as_mut() {
+            Some(rx) => rx.await,
+            None => return Err(LockError::Config("attempt already answered".to_owned())),
+        };
+        pending.rx = None;
+        match answer {
             Ok(res) => res.map_err(LockError::Backend),
             Err(_) => Err(LockError::Backend(BackendError::protocol(
                 "acquisition task ended without an answer",
@@ -393,17 +423,26 @@ impl Locker {
         }
 
         let owner = new_owner();
-        let sent_at = Instant::now();
-        let mut pttl = match self.attempt(&keys, &owner, lease.duration(), true).await? {
-            AcquireReply::Acquired { fence, .. } => {
-                return Ok(Attempted::Held(
-                    self.acquired(name, keys, owner, fence, lease, sent_at, started),
-                ));
+        // A first attempt, ahead of any local queue — unless local waiters are holding back for
+        // other processes right now.
+        let holding_back = !wait.is_zero()
+            && self
+                .existing_queue(&keys.lock)
+                .is_some_and(|q| q.deferred().is_some());
+        let mut pttl = None;
+        if !holding_back {
+            let sent_at = Instant::now();
+            match self.attempt(&keys, &owner, lease.duration(), true).await? {
+                AcquireReply::Acquired { fence, .. } => {
+                    return Ok(Attempted::Held(
+                        self.acquired(name, keys, owner, fence, lease, sent_at, started),
+                    ));
+                }
+                AcquireReply::Busy { pttl: now_pttl } => pttl = now_pttl,
             }
-            AcquireReply::Busy { pttl } => pttl,
-        };
-        if wait.is_zero() {
-            return Ok(busy(&name, started, pttl));
+            if wait.is_zero() {
+                return Ok(busy(&name, started, pttl));
+            }
         }
 
         // Queue behind local waiters for the same name; only the head waits in Redis.
@@ -418,6 +457,9 @@ impl Locker {
             let notified = watch.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
+            if let Some(until) = ticket.queue.deferred() {
+                tokio::time::sleep_until(until.min(deadline)).await;
+            }
             let sent_at = Instant::now();
             match self.attempt(&keys, &owner, lease.duration(), true).await? {
                 AcquireReply::Acquired { fence, .. } => {
@@ -580,9 +622,10 @@ impl Locker {
         let queue = self.existing_queue(&hold.keys.lock)?;
         if queue.streak.load(Ordering::Relaxed) >= MAX_HANDOFF_STREAK {
             queue.streak.store(0, Ordering::Relaxed);
+            queue.defer();
             return None;
         }
-        let Some(slot) = queue.slot().take() else {
+        let Some(slot) = queue.slot().take().filter(|s| !s.tx.is_closed()) else {
             queue.streak.store(0, Ordering::Relaxed);
             return None;
         };
@@ -700,6 +743,14 @@ impl<'a> HeadWait<'a> {
         keys: &Arc<LockKeys>,
         lease: Duration,
     ) -> HeadWait<'a> {
+        // Subscribe before the retry, so a release in between is not missed.
+        let kept = queue.watch.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let watch = match kept {
+            Some(watch) => watch,
+            None => Arc::new(locker.inner.backend.watch(&keys.channel).await),
+        };
+        // No `.await` from here until `HeadWait` exists: once the offer is out, only its `Drop`
+        // can give back a lock handed over to a waiter that was dropped.
         let handoff_owner = new_owner();
         let mut rx = None;
         if locker.inner.config.handoff {
@@ -711,12 +762,6 @@ impl<'a> HeadWait<'a> {
             });
             rx = Some(handoff_rx);
         }
-        // Subscribe before the retry, so a release in between is not missed.
-        let kept = queue.watch.lock().unwrap_or_else(|e| e.into_inner()).take();
-        let watch = match kept {
-            Some(watch) => watch,
-            None => Arc::new(locker.inner.backend.watch(&keys.channel).await),
-        };
         HeadWait {
             locker,
             queue,
@@ -733,12 +778,52 @@ impl<'a> HeadWait<'a> {
     }
 }
 
+/// Closes `rx` and takes what was sent before it closed: after this, a sender finds the
+/// receiver gone (and cleans up itself), or its value is returned here (and the caller cleans
+/// up). Nothing sent falls between the two.
+fn reclaim<T>(rx: &mut oneshot::Receiver<T>) -> Option<T> {
+    rx.close();
+    rx.try_recv().ok()
+}
+
+/// The receiving end of an attempt that runs in its own task. Dropped before the answer was
+/// taken (the caller's future was dropped), it releases a lock the attempt was granted.
+struct PendingAttempt<'a> {
+    rx: Option<oneshot::Receiver<Result<AcquireReply, BackendError>>>,
+    backend: &'a Backend,
+    keys: &'a Arc<LockKeys>,
+    owner: &'a Arc<str>,
+    fresh: bool,
+}
+
+impl Drop for PendingAttempt<'_> {
+    fn drop(&mut self) {
+        let granted = self
+            .rx
+            .as_mut()
+            .and_then(reclaim)
+            .is_some_and(|answer| matches!(answer, Ok(AcquireReply::Acquired { .. })));
+        if granted && self.fresh {
+            let backend = self.backend.clone();
+            let (keys, owner) = (self.keys.clone(), self.owner.clone());
+            if let Ok(handle) = tokio::runtime::Handle::try_current() {
+                handle.spawn(async move {
+                    let _ = backend.release(&keys, &owner).await;
+                });
+            }
+        }
+    }
+}
+
 /// Resolves when a local releaser hands the lock over (never, with hand-over off).
 async fn handed(rx: &mut Option<oneshot::Receiver<(u64, Instant)>>) -> Option<(u64, Instant)> {
-    match rx.as_mut() {
-        Some(rx) => rx.await.ok(),
+    let answer = match rx.as_mut() {
+        Some(receiver) => receiver.await,
         None => std::future::pending().await,
-    }
+    };
+    // A oneshot receiver must not be polled again once it has answered.
+    *rx = None;
+    answer.ok()
 }
 
 impl Drop for HeadWait<'_> {
@@ -752,7 +837,7 @@ impl Drop for HeadWait<'_> {
                 *slot = None;
             }
         }
-        let handed_late = self.rx.take().is_some_and(|mut rx| rx.try_recv().is_ok());
+        let handed_late = self.rx.as_mut().and_then(reclaim).is_some();
         if handed_late {
             // Handed over after this waiter stopped waiting: give it back.
             let backend = self.locker.inner.backend.clone();

@@ -279,6 +279,66 @@ async fn dropped_acquisitions_never_leak_a_lock() {
     eprintln!("{completed} of 1000 acquisitions completed within their budget");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_dropped_mid_wait_and_mid_handover_never_leak_a_lock() {
+    let server = RedisServer::start();
+    let other = locker(&server).await;
+    let locker = locker(&server).await;
+    let name = unique_name("cancel-wait");
+    let key = locker.key_of(name.as_str()).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    // A busy holder on the same Locker (hand-overs to local waiters) and one on another.
+    let mut churners = Vec::new();
+    for churner in [locker.clone(), other.clone()] {
+        let (stop, name) = (stop.clone(), name.clone());
+        churners.push(tokio::spawn(async move {
+            let mut rounds = 0u64;
+            while !stop.load(Ordering::SeqCst) {
+                let guard = churner
+                    .lock(name.as_str())
+                    .wait(Duration::from_secs(5))
+                    .await?;
+                tokio::time::sleep(Duration::from_micros(300)).await;
+                assert!(guard.release().await.is_released());
+                rounds += 1;
+            }
+            Ok::<_, LockError>(rounds)
+        }));
+    }
+    for i in 0..400u64 {
+        let budget = Duration::from_micros((i * 53) % 3_000);
+        let attempt = locker.lock(name.as_str()).wait(Duration::from_secs(1));
+        if let Ok(Ok(guard)) = tokio::time::timeout(budget, attempt.into_future()).await {
+            assert!(guard.release().await.is_released());
+        }
+    }
+    stop.store(true, Ordering::SeqCst);
+    for (i, churner) in churners.into_iter().enumerate() {
+        let rounds = churner.await.expect("churner panicked");
+        let rounds = match rounds {
+            Ok(r) => r,
+            Err(e) => {
+                let mut con = server.connection().await;
+                let fields: Vec<String> = redis::cmd("HGETALL")
+                    .arg(&key)
+                    .query_async(&mut con)
+                    .await
+                    .unwrap();
+                panic!("churner {i}: {e}; the lock is held by {fields:?}");
+            }
+        };
+        assert!(rounds > 0);
+    }
+    let mut con = server.connection().await;
+    let gone = eventually(Duration::from_secs(2), || {
+        let (mut c, k) = (con.clone(), key.clone());
+        async move { !exists(&mut c, &k).await }
+    })
+    .await;
+    assert!(gone, "a dropped waiter left the lock behind");
+    assert!(!exists(&mut con, &key).await);
+}
+
 #[tokio::test]
 async fn a_waiter_is_woken_by_the_release_without_polling() {
     let server = RedisServer::start();
