@@ -1,0 +1,98 @@
+//! Two processes contend for one lock.
+//!
+//! `cargo run -p quickstart` starts a `redis-server` on a free port (unless `REDIS_URL` is set),
+//! then runs two copies of itself that each take the lock `quickstart:report` three times, hold
+//! it for a moment and release it. The output shows the holders taking turns, never overlapping,
+//! each hold with a higher fencing token than the one before.
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use dlock_core::{LockError, Locker};
+
+const NAME: &str = "quickstart:report";
+
+#[tokio::main]
+async fn main() {
+    let mut args = std::env::args().skip(1);
+    let outcome = match (args.next().as_deref(), args.next()) {
+        (Some("--worker"), Some(who)) => worker(&who).await,
+        _ => orchestrate().await,
+    };
+    if let Err(err) = outcome {
+        eprintln!("quickstart: {err}");
+        std::process::exit(1);
+    }
+}
+
+/// Starts Redis if needed and two workers, and waits for both.
+async fn orchestrate() -> Result<(), String> {
+    let (url, _server) = match std::env::var("REDIS_URL") {
+        Ok(url) => (url, None),
+        Err(_) => {
+            let found = std::process::Command::new("redis-server")
+                .arg("--version")
+                .stdout(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            if !found {
+                return Err("`redis-server` was not found: install it with \
+                            `apt-get install redis-server` or set REDIS_URL"
+                    .to_owned());
+            }
+            let server = dlock_tests::RedisServer::start();
+            println!("started redis-server on port {}", server.port());
+            (server.url(), Some(server))
+        }
+    };
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut workers = Vec::new();
+    for who in ["A", "B"] {
+        let child = tokio::process::Command::new(&exe)
+            .args(["--worker", who])
+            .env("REDIS_URL", &url)
+            .spawn()
+            .map_err(|e| format!("start worker {who}: {e}"))?;
+        workers.push((who, child));
+    }
+    for (who, mut child) in workers {
+        let status = child.wait().await.map_err(|e| e.to_string())?;
+        if !status.success() {
+            return Err(format!("worker {who} failed: {status}"));
+        }
+    }
+    println!("both workers done: the lock was never held by two at once");
+    Ok(())
+}
+
+/// One process: take the lock three times, hold it, release it.
+async fn worker(who: &str) -> Result<(), String> {
+    let url = std::env::var("REDIS_URL").map_err(|_| "REDIS_URL is not set".to_owned())?;
+    let locker = Locker::connect(&url).await.map_err(|e| e.to_string())?;
+    let started = Instant::now();
+    for round in 1..=3 {
+        let guard = match locker.lock(NAME).wait(Duration::from_secs(10)).await {
+            Ok(guard) => guard,
+            Err(LockError::Timeout { retry_after, .. }) => {
+                return Err(format!(
+                    "{who}: still busy after 10 s (retry in {retry_after:?})"
+                ));
+            }
+            Err(err) => return Err(format!("{who}: {err}")),
+        };
+        println!(
+            "[{:>5} ms] {who} holds {NAME} (round {round}, fencing token {})",
+            started.elapsed().as_millis(),
+            guard.fencing_token()
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let outcome = guard.release().await;
+        println!(
+            "[{:>5} ms] {who} released it: {outcome:?}",
+            started.elapsed().as_millis()
+        );
+        // Give the other process a fair chance at the next round.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
