@@ -78,6 +78,20 @@ impl LockError {
     }
 }
 
+impl From<LockError> for std::io::Error {
+    /// For functions that return `std::io::Result`: busy is `TimedOut`, an invalid name is
+    /// `InvalidInput`, an unreachable backend is `NotConnected`, anything else `Other`.
+    fn from(err: LockError) -> Self {
+        let kind = match &err {
+            LockError::Timeout { .. } => std::io::ErrorKind::TimedOut,
+            LockError::InvalidName(_) => std::io::ErrorKind::InvalidInput,
+            LockError::Backend(_) => std::io::ErrorKind::NotConnected,
+            _ => std::io::ErrorKind::Other,
+        };
+        std::io::Error::new(kind, err)
+    }
+}
+
 /// Why a lock name was rejected.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]

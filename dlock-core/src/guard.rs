@@ -279,9 +279,7 @@ impl LockGuard {
     /// A future that resolves when the lock is lost. It never resolves for a lock that is
     /// released normally; it resolves at once if the lock is already lost.
     pub fn lost(&self) -> Lost {
-        Lost {
-            inner: Box::pin(self.state.clone().wait_lost()),
-        }
+        Lost::of(self.state.clone())
     }
 
     /// Runs `fut` while the lock is held and cancels it (drops it at its next `.await`) as soon
@@ -333,6 +331,14 @@ pub struct Lost {
 impl fmt::Debug for Lost {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Lost").finish_non_exhaustive()
+    }
+}
+
+impl Lost {
+    pub(crate) fn of(hold: Arc<HoldState>) -> Self {
+        Self {
+            inner: Box::pin(hold.wait_lost()),
+        }
     }
 }
 

@@ -251,6 +251,10 @@ impl Locker {
         &self.inner.config.prefix
     }
 
+    pub(crate) fn id(&self) -> u64 {
+        self.inner.id
+    }
+
     /// How many holds the watchdog renews now.
     pub fn renewed_holds(&self) -> usize {
         self.inner.watchdog.len()

@@ -1,2 +1,144 @@
 //! Support for the code `#[distributed_lock]` generates. Not a public API: it may change in any
 //! release.
+
+use std::future::Future;
+use std::time::Duration;
+
+use crate::error::LockError;
+use crate::locker::{LockRequest, Locker};
+use crate::multi::MultiLockRequest;
+use crate::name::LockName;
+
+pub use crate::name::NameBuilder;
+
+/// What to do when the lock is lost while the body runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnLost {
+    /// Drop the body at its next `.await` and return `Err(LockError::Lost { .. }.into())`.
+    Cancel,
+    /// Let the body run on; it can watch [`crate::held_lock`].
+    Signal,
+}
+
+/// How the attribute's lock is configured.
+#[derive(Debug, Clone, Copy)]
+pub struct Options {
+    /// How long to wait.
+    pub wait: Duration,
+    /// A fixed lease (`None`: watchdog).
+    pub lease: Option<Duration>,
+    /// Loss policy.
+    pub on_lost: OnLost,
+    /// Whether a nested acquisition of a held name in the same task re-enters.
+    pub reentrant: bool,
+}
+
+/// One name or several, as the key template produced them.
+#[derive(Debug)]
+pub enum Names {
+    /// A single name.
+    One(Result<LockName, LockError>),
+    /// Several names (several keys or a collection placeholder): all-or-none.
+    Many(Vec<Result<LockName, LockError>>),
+}
+
+/// The `locker = ...` expression's value as an owned `Locker` (a cheap clone), so that no borrow
+/// of the function's parameters outlives the key computation.
+pub fn to_locker<L: std::borrow::Borrow<Locker>>(locker: &L) -> Locker {
+    locker.borrow().clone()
+}
+
+/// The default locker, for the generated code.
+pub fn default_locker() -> Result<&'static Locker, LockError> {
+    crate::locker::default_locker()
+}
+
+/// The lock(s) the attribute holds.
+enum Held {
+    One(crate::LockGuard),
+    Many(crate::MultiGuard),
+}
+
+impl Held {
+    async fn acquire(locker: &Locker, names: Names, options: Options) -> Result<Self, LockError> {
+        match names {
+            Names::One(name) => {
+                let mut request: LockRequest = locker.lock(name).wait(options.wait);
+                if let Some(lease) = options.lease {
+                    request = request.lease(lease);
+                }
+                request.await.map(Self::One)
+            }
+            Names::Many(names) => {
+                let mut request: MultiLockRequest = locker.lock_all(names).wait(options.wait);
+                if let Some(lease) = options.lease {
+                    request = request.lease(lease);
+                }
+                request.await.map(Self::Many)
+            }
+        }
+    }
+
+    async fn run<F: Future>(&self, body: F) -> Result<F::Output, LockError> {
+        match self {
+            Self::One(guard) => guard.run(body).await,
+            Self::Many(guard) => guard.run(body).await,
+        }
+    }
+
+    fn record(&self, locker: u64) {
+        match self {
+            Self::One(guard) => crate::scope::record_with(locker, &guard.state, false),
+            Self::Many(guard) => {
+                for guard in guard.guards() {
+                    crate::scope::record_with(locker, &guard.state, false);
+                }
+            }
+        }
+    }
+
+    async fn release(self) {
+        match self {
+            Self::One(guard) => {
+                let _ = guard.release().await;
+            }
+            Self::Many(guard) => {
+                let _ = guard.release().await;
+            }
+        }
+    }
+}
+
+/// Acquires the lock(s) inside the task's lock scope (re-entering a hold the task already has,
+/// unless `reentrant` is off), runs `body` under the loss policy, and releases on every path:
+/// here on return, and through the guards' `Drop` on panic or cancellation.
+pub async fn run<F, T, E>(locker: &Locker, names: Names, options: Options, body: F) -> Result<T, E>
+where
+    F: Future<Output = Result<T, E>>,
+    E: From<LockError>,
+{
+    crate::scope::scope(async move {
+        let held = if options.reentrant {
+            Held::acquire(locker, names, options).await
+        } else {
+            // Acquired outside the task's scope: it neither re-enters an outer hold nor can be
+            // re-entered from the body.
+            crate::scope::isolated_scope(Held::acquire(locker, names, options)).await
+        };
+        let held = held.map_err(E::from)?;
+        if !options.reentrant {
+            // Visible to `fencing_token()` and `held_lock()` in the body, never re-entered.
+            held.record(locker.id());
+        }
+        let out = match options.on_lost {
+            OnLost::Cancel => match held.run(body).await {
+                Ok(out) => out,
+                Err(lost) => Err(E::from(lost)),
+            },
+            OnLost::Signal => body.await,
+        };
+        held.release().await;
+        out
+    })
+    .await
+}

@@ -32,6 +32,8 @@ struct ScopeState {
 struct Entry {
     locker: u64,
     hold: Weak<HoldState>,
+    /// Whether acquisitions in this scope may re-enter the hold.
+    reentrant: bool,
 }
 
 /// Runs `fut` inside a lock scope (or inside the current one, if there already is one).
@@ -64,21 +66,63 @@ pub fn in_scope() -> bool {
     SCOPE.try_with(|_| ()).is_ok()
 }
 
+/// Runs `fut` in a new lock scope of its own, even inside another one: nothing held outside is
+/// re-entered from inside.
+pub async fn isolated_scope<F: Future>(fut: F) -> F::Output {
+    SCOPE.scope(Arc::default(), fut).await
+}
+
 /// The fencing token of the innermost lock held in the current scope, if any.
 ///
 /// Inside a `#[distributed_lock]` function this is the token of the lock the attribute took.
 pub fn fencing_token() -> Option<FencingToken> {
+    held_lock().map(|h| h.fencing_token())
+}
+
+/// The innermost lock held in the current scope (the last one taken that is still held).
+///
+/// Inside a `#[distributed_lock(on_lost = "signal")]` function this is how the body learns that
+/// its lock was lost: [`HeldLock::is_lost`], or await [`HeldLock::lost`].
+pub fn held_lock() -> Option<HeldLock> {
     SCOPE
         .try_with(|state| {
             let held = state.held.lock().unwrap_or_else(|e| e.into_inner());
             held.iter()
                 .rev()
                 .filter_map(|e| e.hold.upgrade())
-                .find(|h| h.is_live())
-                .map(|h| h.fence)
+                .find(|h| h.holds.load(std::sync::atomic::Ordering::Acquire) > 0)
+                .map(|hold| HeldLock { hold })
         })
         .ok()
         .flatten()
+}
+
+/// A view of a lock held in the current scope. See [`held_lock`].
+#[derive(Debug, Clone)]
+pub struct HeldLock {
+    hold: Arc<HoldState>,
+}
+
+impl HeldLock {
+    /// The lock's name.
+    pub fn name(&self) -> &crate::LockName {
+        &self.hold.name
+    }
+
+    /// The fencing token of the hold.
+    pub fn fencing_token(&self) -> FencingToken {
+        self.hold.fence
+    }
+
+    /// Whether the lock was lost.
+    pub fn is_lost(&self) -> bool {
+        self.hold.is_lost()
+    }
+
+    /// Resolves when the lock is lost (never, once it is released).
+    pub fn lost(&self) -> crate::Lost {
+        crate::guard::Lost::of(self.hold.clone())
+    }
 }
 
 /// The live hold of `lock_key` through `locker` in the current scope.
@@ -87,7 +131,7 @@ pub(crate) fn find(locker: u64, lock_key: &str) -> Option<Arc<HoldState>> {
         .try_with(|state| {
             let held = state.held.lock().unwrap_or_else(|e| e.into_inner());
             held.iter()
-                .filter(|e| e.locker == locker)
+                .filter(|e| e.locker == locker && e.reentrant)
                 .filter_map(|e| e.hold.upgrade())
                 .find(|h| h.keys.lock == lock_key && h.is_live())
         })
@@ -97,12 +141,18 @@ pub(crate) fn find(locker: u64, lock_key: &str) -> Option<Arc<HoldState>> {
 
 /// Records a fresh hold in the current scope (no-op outside a scope).
 pub(crate) fn record(locker: u64, hold: &Arc<HoldState>) {
+    record_with(locker, hold, true);
+}
+
+/// Records a hold in the current scope, re-enterable or not (no-op outside a scope).
+pub(crate) fn record_with(locker: u64, hold: &Arc<HoldState>, reentrant: bool) {
     let _ = SCOPE.try_with(|state| {
         let mut held = state.held.lock().unwrap_or_else(|e| e.into_inner());
         held.retain(|e| e.hold.upgrade().is_some_and(|h| h.is_live()));
         held.push(Entry {
             locker,
             hold: Arc::downgrade(hold),
+            reentrant,
         });
     });
 }
