@@ -86,7 +86,9 @@ pub use locker::{
 };
 pub use multi::{MultiGuard, MultiLockRequest};
 pub use name::{IntoLockName, LockName, MAX_NAME_LEN, NameBuilder};
-pub use scope::{HeldLock, fencing_token, held_lock, in_scope, isolated_scope, scope};
+pub use scope::{
+    HeldLock, LockScope, Scoped, fencing_token, held_lock, in_scope, isolated_scope, scope,
+};
 
 /// The `redis` crate this version of dlock is built on.
 pub use redis;

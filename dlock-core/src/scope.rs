@@ -61,6 +61,65 @@ pub async fn scope<F: Future>(fut: F) -> F::Output {
     }
 }
 
+/// A lock scope as a value: for code that can't wrap its work in an `async` block, such as a
+/// tower middleware's named response future. [`adopt`](LockScope::adopt) a guard taken before
+/// the scope started, then run the work with [`run`](LockScope::run): nested acquisitions of the
+/// same name re-enter the adopted hold.
+#[derive(Debug, Clone, Default)]
+pub struct LockScope {
+    state: Arc<ScopeState>,
+}
+
+impl LockScope {
+    /// A new, empty scope.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Makes `guard`'s hold re-enterable (and visible to [`fencing_token`]) inside this scope.
+    pub fn adopt(&self, guard: &crate::LockGuard) {
+        let mut held = self.state.held.lock().unwrap_or_else(|e| e.into_inner());
+        held.push(Entry {
+            locker: guard.locker.id(),
+            hold: Arc::downgrade(&guard.state),
+            reentrant: true,
+        });
+    }
+
+    /// Runs `fut` inside this scope.
+    pub fn run<F: Future>(&self, fut: F) -> Scoped<F> {
+        Scoped {
+            inner: SCOPE.scope(self.state.clone(), fut),
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A future running inside a [`LockScope`].
+    #[must_use = "futures do nothing unless polled"]
+    pub struct Scoped<F> {
+        #[pin]
+        inner: tokio::task::futures::TaskLocalFuture<Arc<ScopeState>, F>,
+    }
+}
+
+impl<F: std::fmt::Debug> std::fmt::Debug for Scoped<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Scoped").finish_non_exhaustive()
+    }
+}
+
+impl<F: Future> Future for Scoped<F> {
+    type Output = F::Output;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<F::Output> {
+        self.project().inner.poll(cx)
+    }
+}
+
 /// Whether the current task runs inside a lock scope.
 pub fn in_scope() -> bool {
     SCOPE.try_with(|_| ()).is_ok()

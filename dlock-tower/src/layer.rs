@@ -1,0 +1,248 @@
+//! `LockLayer`: the configuration, applied to a service.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use dlock_core::Locker;
+use http::StatusCode;
+use http::request::Parts;
+use tower_layer::Layer;
+
+use crate::body::{BoxError, LockBody};
+use crate::key::{IntoLockKeys, KeySource, LockKeys};
+use crate::rejection::{DEFAULT_BUSY_STATUS, LockRejection};
+use crate::service::Lock;
+
+pub(crate) type Handler =
+    Arc<dyn Fn(&LockRejection) -> Option<http::Response<LockBody<()>>> + Send + Sync>;
+
+/// How the layer locks and answers.
+#[derive(Clone)]
+pub(crate) struct Config {
+    pub(crate) wait: Duration,
+    pub(crate) lease: Option<Duration>,
+    pub(crate) watchdog_lease: Option<Duration>,
+    pub(crate) busy_status: StatusCode,
+    pub(crate) lost_status: StatusCode,
+    pub(crate) unavailable_status: StatusCode,
+    pub(crate) invalid_status: StatusCode,
+    pub(crate) hide_names: bool,
+    pub(crate) hold_body: bool,
+    pub(crate) handler: Option<Handler>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            wait: Duration::ZERO,
+            lease: None,
+            watchdog_lease: None,
+            busy_status: DEFAULT_BUSY_STATUS,
+            lost_status: StatusCode::SERVICE_UNAVAILABLE,
+            unavailable_status: StatusCode::SERVICE_UNAVAILABLE,
+            invalid_status: StatusCode::BAD_REQUEST,
+            hide_names: false,
+            hold_body: false,
+            handler: None,
+        }
+    }
+}
+
+impl fmt::Debug for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Config")
+            .field("wait", &self.wait)
+            .field("lease", &self.lease)
+            .field("watchdog_lease", &self.watchdog_lease)
+            .field("busy_status", &self.busy_status)
+            .field("lost_status", &self.lost_status)
+            .field("unavailable_status", &self.unavailable_status)
+            .field("hide_names", &self.hide_names)
+            .field("hold_body", &self.hold_body)
+            .field("handler", &self.handler.is_some())
+            .finish()
+    }
+}
+
+/// What every service made by one layer shares.
+pub(crate) struct Shared<S> {
+    pub(crate) locker: Locker,
+    pub(crate) keys: KeySource<S>,
+    pub(crate) state: S,
+    pub(crate) config: Config,
+}
+
+/// Guards the wrapped service with a distributed lock whose name comes from the request.
+///
+/// See the [crate documentation](crate) for examples.
+pub struct LockLayer<S = ()> {
+    locker: Locker,
+    keys: KeySource<S>,
+    state: S,
+    config: Config,
+}
+
+impl<S: Clone> Clone for LockLayer<S> {
+    fn clone(&self) -> Self {
+        Self {
+            locker: self.locker.clone(),
+            keys: self.keys.clone(),
+            state: self.state.clone(),
+            config: self.config.clone(),
+        }
+    }
+}
+
+impl<S> fmt::Debug for LockLayer<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockLayer")
+            .field("locker", &self.locker)
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LockLayer<()> {
+    /// A layer over `locker` for extractors that need no router state. Set the key with
+    /// [`key`](LockLayer::key) (extractors) or [`key_from_parts`](LockLayer::key_from_parts).
+    pub fn new(locker: Locker) -> Self {
+        Self {
+            locker,
+            keys: KeySource::Parts(Arc::new(|_: &Parts| LockKeys::None)),
+            state: (),
+            config: Config::default(),
+        }
+    }
+}
+
+impl<S> LockLayer<S> {
+    /// A layer whose key extractors run with the router state `state` (as
+    /// `axum::middleware::from_fn_with_state` does).
+    pub fn with_state(locker: Locker, state: S) -> Self {
+        Self {
+            locker,
+            keys: KeySource::Parts(Arc::new(|_: &Parts| LockKeys::None)),
+            state,
+            config: Config::default(),
+        }
+    }
+
+    /// The key from axum extractors, computed by an `async` function:
+    /// `|Path(id): Path<u64>, user: User| async move { format!("order:{}:{id}", user.id) }`.
+    /// It may return a name, an `Option` of one (`None`: no lock for this request) or a `Vec`
+    /// of names (all locked, all-or-none). A failing extractor's rejection is returned as it is.
+    #[cfg(feature = "axum")]
+    pub fn key<F, T>(mut self, f: F) -> Self
+    where
+        F: crate::key::extract::KeyFn<S, T>,
+    {
+        self.keys = KeySource::Extract(Arc::new(move |parts, state| f.call(parts, state)));
+        self
+    }
+
+    /// As [`key`](LockLayer::key), with a plain (non-`async`) function.
+    #[cfg(feature = "axum")]
+    pub fn sync_key<F, T>(mut self, f: F) -> Self
+    where
+        F: crate::key::extract::SyncKeyFn<S, T>,
+    {
+        self.keys = KeySource::Extract(Arc::new(move |parts, state| {
+            crate::key::extract::SyncKeyFn::call(&f, parts, state)
+        }));
+        self
+    }
+
+    /// The key from the request head (method, URI, headers, extensions — never the body): the
+    /// plain tower form. [`KeyFrom`](crate::KeyFrom) has ready-made ones.
+    pub fn key_from_parts<F, R>(mut self, f: F) -> Self
+    where
+        F: Fn(&Parts) -> R + Send + Sync + 'static,
+        R: IntoLockKeys,
+    {
+        self.keys = KeySource::Parts(Arc::new(move |parts| f(parts).into_lock_keys()));
+        self
+    }
+
+    /// How long a request waits for a busy lock (default: one attempt, no waiting).
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.config.wait = wait;
+        self
+    }
+
+    /// A fixed lease (no renewal). By default the watchdog renews the lock while the request
+    /// runs.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.config.lease = Some(lease);
+        self
+    }
+
+    /// Watchdog mode with this lease (renewed every third of it).
+    pub fn watchdog_lease(mut self, lease: Duration) -> Self {
+        self.config.watchdog_lease = Some(lease);
+        self
+    }
+
+    /// The status for a busy lock (default 409 Conflict; 423, 429 and 503 are common choices).
+    pub fn with_status_code(mut self, status: StatusCode) -> Self {
+        self.config.busy_status = status;
+        self
+    }
+
+    /// The status when the lock is lost while the handler runs (default 503).
+    pub fn lost_status_code(mut self, status: StatusCode) -> Self {
+        self.config.lost_status = status;
+        self
+    }
+
+    /// The status when Redis can't be reached (default 503).
+    pub fn unavailable_status_code(mut self, status: StatusCode) -> Self {
+        self.config.unavailable_status = status;
+        self
+    }
+
+    /// Leave the lock's name out of rejection bodies (it may hold user data).
+    pub fn hide_names(mut self, hide: bool) -> Self {
+        self.config.hide_names = hide;
+        self
+    }
+
+    /// Hold the lock until the response body has been sent (or dropped), not just until the
+    /// response head is produced.
+    pub fn hold_until_body_ends(mut self, hold: bool) -> Self {
+        self.config.hold_body = hold;
+        self
+    }
+
+    /// Replaces the layer's own rejections: return `Some(response)` to answer with it, `None`
+    /// to keep the default. Extractor rejections are never passed here; they are returned as
+    /// the extractor made them.
+    pub fn on_rejection<F, B>(mut self, handler: F) -> Self
+    where
+        F: Fn(&LockRejection) -> Option<http::Response<B>> + Send + Sync + 'static,
+        B: http_body::Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<BoxError>,
+    {
+        self.config.handler = Some(Arc::new(move |rejection| {
+            handler(rejection).map(|r| r.map(LockBody::boxed))
+        }));
+        self
+    }
+}
+
+impl<Inner, S: Clone> Layer<Inner> for LockLayer<S> {
+    type Service = Lock<Inner, S>;
+
+    fn layer(&self, inner: Inner) -> Self::Service {
+        Lock::new(
+            inner,
+            Arc::new(Shared {
+                locker: self.locker.clone(),
+                keys: self.keys.clone(),
+                state: self.state.clone(),
+                config: self.config.clone(),
+            }),
+        )
+    }
+}

@@ -1,0 +1,524 @@
+//! `LockLayer` through real axum routers, against a real `redis-server`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Path, Query, State};
+use axum::http::{Request, StatusCode};
+use axum::routing::get;
+use dlock_core::redis::AsyncCommands as _;
+use dlock_core::{LockError, Locker, distributed_lock};
+use dlock_tests::{RedisServer, unique_name};
+use dlock_tower::{HeldLocks, KeyFrom, LockLayer};
+use http_body_util::BodyExt as _;
+use tower::ServiceExt as _;
+
+async fn locker(server: &RedisServer) -> Locker {
+    Locker::builder()
+        .url(server.url())
+        .command_timeout(Duration::from_millis(500))
+        .connect_timeout(Duration::from_millis(500))
+        .build()
+        .await
+        .expect("connect")
+}
+
+/// Serves `app` on a free loopback port; returns its base URL.
+async fn serve(app: Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        axum::serve(listener, app).await.unwrap();
+    });
+    format!("http://{addr}")
+}
+
+type Client = hyper_util::client::legacy::Client<
+    hyper_util::client::legacy::connect::HttpConnector,
+    http_body_util::Empty<bytes::Bytes>,
+>;
+
+fn client() -> Client {
+    hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http()
+}
+
+async fn fetch(client: &Client, url: &str) -> (StatusCode, Option<String>, String) {
+    let response = tokio::time::timeout(Duration::from_secs(10), client.get(url.parse().unwrap()))
+        .await
+        .expect("no hang")
+        .unwrap();
+    let status = response.status();
+    let retry_after = response
+        .headers()
+        .get("retry-after")
+        .map(|v| v.to_str().unwrap().to_owned());
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (
+        status,
+        retry_after,
+        String::from_utf8_lossy(&body).into_owned(),
+    )
+}
+
+async fn oneshot(app: &Router, uri: &str) -> (StatusCode, String) {
+    let response = app
+        .clone()
+        .oneshot(Request::get(uri).body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    let status = response.status();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+#[derive(Clone, Default)]
+struct Gauge {
+    now: Arc<AtomicUsize>,
+    max: Arc<AtomicUsize>,
+}
+
+impl Gauge {
+    async fn during(&self, d: Duration) {
+        let n = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+        self.max.fetch_max(n, Ordering::SeqCst);
+        tokio::time::sleep(d).await;
+        self.now.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+fn slow_router(locker: &Locker, prefix: &str, gauge: Gauge, hold: Duration) -> Router {
+    let prefix = prefix.to_owned();
+    Router::new()
+        .route(
+            "/orders/{id}",
+            get(move |held: HeldLocks| {
+                let gauge = gauge.clone();
+                async move {
+                    gauge.during(hold).await;
+                    format!("{:?}", held.fencing_token())
+                }
+            }),
+        )
+        .route_layer(
+            LockLayer::new(locker.clone()).key(move |Path(id): Path<u64>| {
+                let prefix = prefix.clone();
+                async move { format!("{prefix}:{id}") }
+            }),
+        )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_requests_for_one_key_get_one_success_and_409s() {
+    let server = RedisServer::start();
+    let locker = locker(&server).await;
+    let gauge = Gauge::default();
+    let base = serve(slow_router(
+        &locker,
+        &unique_name("orders"),
+        gauge.clone(),
+        Duration::from_millis(400),
+    ))
+    .await;
+    let client = client();
+    let mut requests = Vec::new();
+    for _ in 0..50 {
+        let (client, url) = (client.clone(), format!("{base}/orders/1"));
+        requests.push(tokio::spawn(async move { fetch(&client, &url).await }));
+    }
+    let (mut ok, mut busy) = (0, 0);
+    for request in requests {
+        let (status, retry_after, body) = request.await.unwrap();
+        match status {
+            StatusCode::OK => ok += 1,
+            StatusCode::CONFLICT => {
+                busy += 1;
+                let secs: u64 = retry_after.expect("Retry-After").parse().unwrap();
+                assert!((1..=30).contains(&secs), "{secs}");
+                let problem: serde_json::Value = serde_json::from_str(&body).unwrap();
+                assert_eq!(problem["status"], 409);
+                assert!(problem["lock"].as_str().unwrap().ends_with(":1"));
+            }
+            other => panic!("unexpected {other}: {body}"),
+        }
+    }
+    assert!(ok >= 1, "no request got through");
+    assert_eq!(ok + busy, 50);
+    assert_eq!(
+        gauge.max.load(Ordering::SeqCst),
+        1,
+        "two handlers overlapped"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn different_keys_run_in_parallel() {
+    let server = RedisServer::start();
+    let locker = locker(&server).await;
+    let gauge = Gauge::default();
+    let base = serve(slow_router(
+        &locker,
+        &unique_name("par"),
+        gauge.clone(),
+        Duration::from_millis(500),
+    ))
+    .await;
+    let client = client();
+    let (one, two) = (format!("{base}/orders/1"), format!("{base}/orders/2"));
+    let started = Instant::now();
+    let (a, b) = tokio::join!(fetch(&client, &one), fetch(&client, &two));
+    assert_eq!((a.0, b.0), (StatusCode::OK, StatusCode::OK));
+    assert_eq!(gauge.max.load(Ordering::SeqCst), 2);
+    assert!(started.elapsed() < Duration::from_millis(950));
+}
+
+#[tokio::test]
+async fn no_key_means_no_lock_and_extractor_rejections_pass_through() {
+    let server = RedisServer::start();
+    let locker = locker(&server).await;
+    let gauge = Gauge::default();
+    let prefix = unique_name("tenant");
+    let app = Router::new()
+        .route(
+            "/work/{id}",
+            get({
+                let gauge = gauge.clone();
+                move || {
+                    let gauge = gauge.clone();
+                    async move { gauge.during(Duration::from_millis(300)).await }
+                }
+            }),
+        )
+        .route_layer(LockLayer::new(locker.clone()).sync_key(
+            move |Path(id): Path<u64>, Query(q): Query<Vec<(String, String)>>| {
+                q.iter()
+                    .find(|(k, _)| k == "tenant")
+                    .map(|(_, tenant)| format!("{prefix}:{tenant}:{id}"))
+            },
+        ));
+    // No tenant: no lock, so two requests for the same id run together.
+    let (a, b) = tokio::join!(oneshot(&app, "/work/1"), oneshot(&app, "/work/1"));
+    assert_eq!((a.0, b.0), (StatusCode::OK, StatusCode::OK));
+    assert_eq!(gauge.max.load(Ordering::SeqCst), 2);
+    // With a tenant: locked.
+    let (a, b) = tokio::join!(
+        oneshot(&app, "/work/1?tenant=acme"),
+        oneshot(&app, "/work/1?tenant=acme")
+    );
+    let mut statuses = [a.0, b.0];
+    statuses.sort();
+    assert_eq!(statuses, [StatusCode::OK, StatusCode::CONFLICT]);
+    // A path parameter that doesn't parse: axum's own rejection, untouched.
+    let (status, body) = oneshot(&app, "/work/not-a-number").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(!body.contains("problem"), "{body}");
+    assert!(body.contains("Cannot parse"), "{body}");
+}
+
+#[tokio::test]
+async fn an_invalid_key_is_a_400() {
+    let server = RedisServer::start();
+    let locker = locker(&server).await;
+    let app = Router::new()
+        .route("/k/{raw}", get(|| async { "ran" }))
+        .route_layer(LockLayer::new(locker).key(|Path(raw): Path<String>| async move { raw }));
+    let (status, body) = oneshot(&app, &format!("/k/{}", "x".repeat(600))).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    let (status, _) = oneshot(&app, "/k/a%0Ab").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let (status, body) = oneshot(&app, "/k/fine").await;
+    assert_eq!((status, body.as_str()), (StatusCode::OK, "ran"));
+}
+
+#[tokio::test]
+async fn a_slow_handler_keeps_its_lock_through_the_watchdog() {
+    let server = RedisServer::start();
+    let locker = locker(&server).await;
+    let name = unique_name("slow");
+    let app = Router::new()
+        .route(
+            "/slow",
+            get(|| async {
+                tokio::time::sleep(Duration::from_millis(2_500)).await;
+                "done"
+            }),
+        )
+        .route_layer(
+            LockLayer::new(locker.clone())
+                .key({
+                    let name = name.clone();
+                    move || {
+                        let name = name.clone();
+                        async move { name }
+                    }
+                })
+                .watchdog_lease(Duration::from_secs(1)),
+        );
+    let slow = tokio::spawn({
+        let app = app.clone();
+        async move { oneshot(&app, "/slow").await }
+    });
+    tokio::time::sleep(Duration::from_millis(1_600)).await;
+    assert!(
+        locker
+            .lock(name.as_str())
+            .try_lock()
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let (status, _) = oneshot(&app, "/slow").await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    assert_eq!(slow.await.unwrap().0, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn deleting_the_key_cancels_the_handler_with_503() {
+    let server = RedisServer::start();
+    let locker = locker(&server).await;
+    let name = unique_name("doomed");
+    let finished = Arc::new(AtomicBool::new(false));
+    let app = Router::new()
+        .route(
+            "/doomed",
+            get({
+                let finished = finished.clone();
+                move || async move {
+                    tokio::time::sleep(Duration::from_secs(10)).await;
+                    finished.store(true, Ordering::SeqCst);
+                    "finished"
+                }
+            }),
+        )
+        .route_layer(
+            LockLayer::new(locker.clone())
+                .key({
+                    let name = name.clone();
+                    move || {
+                        let name = name.clone();
+                        async move { name }
+                    }
+                })
+                .watchdog_lease(Duration::from_millis(600)),
+        );
+    let request = tokio::spawn({
+        let app = app.clone();
+        async move { oneshot(&app, "/doomed").await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut con = server.connection().await;
+    let () = con
+        .del(locker.key_of(name.as_str()).unwrap())
+        .await
+        .unwrap();
+    let (status, body) = tokio::time::timeout(Duration::from_secs(3), request)
+        .await
+        .expect("cancelled promptly")
+        .unwrap();
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert!(body.contains("Lock lost"), "{body}");
+    assert!(!finished.load(Ordering::SeqCst));
+}
+
+#[tokio::test]
+async fn redis_down_is_a_503_within_the_timeout() {
+    let mut server = RedisServer::start();
+    let locker = locker(&server).await;
+    let app = Router::new()
+        .route("/x", get(|| async { "ran" }))
+        .route_layer(LockLayer::new(locker).key(|| async { "down" }));
+    server.kill();
+    let started = Instant::now();
+    let (status, body) = oneshot(&app, "/x").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[distributed_lock(key = "order:<id>", locker = locker)]
+async fn save_order(locker: &Locker, id: u64) -> Result<u64, LockError> {
+    Ok(dlock_core::fencing_token().map(|t| t.get()).unwrap_or(0))
+}
+
+#[tokio::test]
+async fn a_nested_macro_call_on_the_same_key_re_enters() {
+    let server = RedisServer::start();
+    let locker = locker(&server).await;
+    let app = Router::new()
+        .route(
+            "/orders/{id}",
+            get(
+                |State(locker): State<Locker>, Path(id): Path<u64>, held: HeldLocks| async move {
+                    match save_order(&locker, id).await {
+                        Ok(token) if Some(token) == held.fencing_token().map(|t| t.get()) => {
+                            (StatusCode::OK, "re-entered".to_owned())
+                        }
+                        other => (StatusCode::INTERNAL_SERVER_ERROR, format!("{other:?}")),
+                    }
+                },
+            ),
+        )
+        .route_layer(LockLayer::with_state(locker.clone(), locker.clone()).key(
+            |State(_): State<Locker>, Path(id): Path<u64>| async move { format!("order:{id}") },
+        ))
+        .with_state(locker.clone());
+    let id = std::process::id();
+    let (status, body) = oneshot(&app, &format!("/orders/{id}")).await;
+    assert_eq!((status, body.as_str()), (StatusCode::OK, "re-entered"));
+}
+
+#[tokio::test]
+async fn the_body_hold_option_keeps_the_lock_until_the_stream_ends() {
+    let server = RedisServer::start();
+    let locker = locker(&server).await;
+    let name = unique_name("stream");
+    let app = Router::new()
+        .route(
+            "/stream",
+            get(|| async {
+                let chunks = futures_util::stream::unfold(0u8, |n| async move {
+                    if n == 3 {
+                        return None;
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    Some((
+                        Ok::<_, std::io::Error>(bytes::Bytes::from(vec![b'a' + n])),
+                        n + 1,
+                    ))
+                });
+                Body::from_stream(chunks)
+            }),
+        )
+        .route_layer(
+            LockLayer::new(locker.clone())
+                .key({
+                    let name = name.clone();
+                    move || {
+                        let name = name.clone();
+                        async move { name }
+                    }
+                })
+                .hold_until_body_ends(true),
+        );
+    let response = app
+        .clone()
+        .oneshot(Request::get("/stream").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    // The head is out, the body is still streaming: still locked.
+    assert!(
+        locker
+            .lock(name.as_str())
+            .try_lock()
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&body[..], b"abc");
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        if let Some(guard) = locker.lock(name.as_str()).try_lock().await.unwrap() {
+            assert!(guard.release().await.is_released());
+            break;
+        }
+        assert!(Instant::now() < deadline, "the lock outlived the body");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test]
+async fn the_plain_tower_form_works_with_service_builder_and_a_custom_status() {
+    let server = RedisServer::start();
+    let locker = locker(&server).await;
+    let prefix: &'static str = Box::leak(format!("{}:", unique_name("acct")).into_boxed_str());
+    let service = tower::ServiceBuilder::new()
+        .layer(
+            LockLayer::new(locker.clone())
+                .key_from_parts(KeyFrom::header("x-account", prefix))
+                .with_status_code(StatusCode::TOO_MANY_REQUESTS)
+                .hide_names(true),
+        )
+        .service_fn(|_req: Request<Body>| async {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            Ok::<_, std::convert::Infallible>(axum::http::Response::new(Body::from("ok")))
+        });
+    let request = || {
+        Request::get("/")
+            .header("x-account", "7")
+            .body(Body::empty())
+            .unwrap()
+    };
+    let (a, b) = tokio::join!(
+        service.clone().oneshot(request()),
+        service.clone().oneshot(request())
+    );
+    let mut statuses = [a.unwrap().status(), b.unwrap().status()];
+    statuses.sort();
+    assert_eq!(statuses, [StatusCode::OK, StatusCode::TOO_MANY_REQUESTS]);
+    let busy = tokio::join!(
+        service.clone().oneshot(request()),
+        service.clone().oneshot(request())
+    );
+    for response in [busy.0.unwrap(), busy.1.unwrap()] {
+        if response.status() == StatusCode::TOO_MANY_REQUESTS {
+            let body = response.into_body().collect().await.unwrap().to_bytes();
+            let body = String::from_utf8_lossy(&body);
+            assert!(!body.contains("\"lock\""), "the name leaked: {body}");
+        }
+    }
+    // No header: no lock.
+    let response = service
+        .clone()
+        .oneshot(Request::get("/").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn a_rejection_handler_replaces_the_answer() {
+    let server = RedisServer::start();
+    let locker = locker(&server).await;
+    let name = unique_name("handled");
+    let _held = locker.lock(name.as_str()).await.unwrap();
+    let app = Router::new()
+        .route("/h", get(|| async { "ran" }))
+        .route_layer(
+            LockLayer::new(locker.clone())
+                .key(move || {
+                    let name = name.clone();
+                    async move { name }
+                })
+                .on_rejection(|rejection| {
+                    let mut response = axum::http::Response::new(Body::from(format!(
+                        "busy, retry in {}s",
+                        rejection.retry_after_secs().unwrap_or(0)
+                    )));
+                    *response.status_mut() = StatusCode::LOCKED;
+                    Some(response)
+                }),
+        );
+    let (status, body) = oneshot(&app, "/h").await;
+    assert_eq!(status, StatusCode::LOCKED);
+    assert!(body.starts_with("busy, retry in "), "{body}");
+}
+
+#[test]
+fn the_layer_service_and_future_are_send_and_sync() {
+    fn assert_send<T: Send>() {}
+    fn assert_sync<T: Sync>() {}
+    type Svc = axum::routing::Route;
+    assert_send::<LockLayer>();
+    assert_sync::<LockLayer>();
+    assert_send::<dlock_tower::Lock<Svc>>();
+    assert_sync::<dlock_tower::Lock<Svc>>();
+    assert_send::<dlock_tower::ResponseFuture<Svc, Body>>();
+    assert_send::<dlock_tower::LockBody<Body>>();
+}
