@@ -122,6 +122,8 @@ struct LocalQueue {
     watch: Mutex<Option<Arc<Watch>>>,
     /// Local waiters hold back until then (see [`YIELD_WINDOW`]).
     defer_until: Mutex<Option<Instant>>,
+    /// The last release broke a hand-over streak.
+    yield_pending: std::sync::atomic::AtomicBool,
 }
 
 /// The head waiter's offer to take the lock over directly from a local releaser.
@@ -289,8 +291,14 @@ impl Locker {
         }
     }
 
-    /// One acquisition attempt. For a remote backend the attempt runs in its own task, so that
-    /// dropping the caller's future never leaks a lock that Redis granted: the task releases it.
+    /// One acquisition attempt, cancellation-safe: dropping the caller's future never leaks a
+    /// lock that Redis granted.
+    ///
+    /// Over one pipelined connection the attempt runs inline: if it is dropped (or fails, and so
+    /// may have been granted), a release for its token is sent down the same connection, where
+    /// it can only arrive after the attempt. Over a pool, whose connections are not ordered with
+    /// each other, the attempt runs in its own task, which releases what it was granted if
+    /// nobody is left to take it.
     async fn attempt(
         &self,
         keys: &Arc<LockKeys>,
@@ -306,6 +314,25 @@ impl Locker {
                 .acquire(keys, owner, lease, fence_ttl, !fresh)
                 .await
                 .map_err(LockError::Backend);
+        }
+        if self.inner.backend.is_ordered() {
+            let mut in_flight = InFlight {
+                backend: &self.inner.backend,
+                keys,
+                owner,
+                armed: fresh,
+            };
+            let res = self
+                .inner
+                .backend
+                .acquire(keys, owner, lease, fence_ttl, !fresh)
+                .await;
+            // Answered: the caller turns a grant into a guard before its next `.await`. An
+            // error leaves the clean-up armed, as the script may have run.
+            if res.is_ok() {
+                in_flight.armed = false;
+            }
+            return res.map_err(LockError::Backend);
         }
         let (tx, rx) = oneshot::channel();
         let backend = self.inner.backend.clone();
@@ -548,16 +575,32 @@ impl Locker {
     /// Releases one hold of `hold` (cancellation-safe: the work runs in its own task for a
     /// remote backend).
     pub(crate) async fn release_hold(&self, hold: Arc<HoldState>) -> ReleaseOutcome {
-        if self.inner.backend.is_remote() {
-            let this = self.clone();
-            match tokio::spawn(async move { this.release_now(hold).await }).await {
-                Ok(outcome) => outcome,
-                Err(err) => ReleaseOutcome::Unreachable(LockError::Backend(
-                    BackendError::protocol(format!("release task failed: {err}")),
-                )),
-            }
-        } else {
-            self.release_now(hold).await
+        if !self.inner.backend.is_remote() {
+            return self.release_now(hold).await;
+        }
+        // The last hold, nobody local waiting (so no hand-over), one ordered connection: release
+        // inline; if this future is dropped half-way, the plain release is sent again in the
+        // background (a repeated final release is recognised by the script).
+        let simple = self.inner.backend.is_ordered()
+            && hold.holds.load(Ordering::Acquire) == 1
+            && self.existing_queue(&hold.keys.lock).is_none();
+        if simple {
+            let mut in_flight = InFlight {
+                backend: &self.inner.backend,
+                keys: &hold.keys,
+                owner: &hold.owner,
+                armed: true,
+            };
+            let outcome = self.release_now(hold.clone()).await;
+            in_flight.armed = false;
+            return outcome;
+        }
+        let this = self.clone();
+        match tokio::spawn(async move { this.release_now(hold).await }).await {
+            Ok(outcome) => outcome,
+            Err(err) => ReleaseOutcome::Unreachable(LockError::Backend(BackendError::protocol(
+                format!("release task failed: {err}"),
+            ))),
         }
     }
 
@@ -600,7 +643,11 @@ impl Locker {
                 reply = self.inner.backend.release(&hold.keys, &hold.owner).await;
             }
             let outcome = match reply {
-                Ok(ReleaseReply::Released | ReleaseReply::StillHeld(_)) => ReleaseOutcome::Released,
+                Ok(ReleaseReply::Released { woke }) => {
+                    self.yield_to_other_processes(&hold, woke);
+                    ReleaseOutcome::Released
+                }
+                Ok(ReleaseReply::StillHeld(_)) => ReleaseOutcome::Released,
                 Ok(ReleaseReply::Expired) => {
                     hold.mark_lost(LossReason::Expired);
                     ReleaseOutcome::Expired
@@ -618,6 +665,18 @@ impl Locker {
         .await
     }
 
+    /// After a release that broke a hand-over streak: if the wake-up reached another process
+    /// (more subscribers than this `Locker`'s own), local waiters hold back briefly so that one
+    /// of those can take the lock.
+    fn yield_to_other_processes(&self, hold: &HoldState, woke: u32) {
+        let Some(queue) = self.existing_queue(&hold.keys.lock) else {
+            return;
+        };
+        if queue.yield_pending.swap(false, Ordering::Relaxed) && woke > 1 {
+            queue.defer();
+        }
+    }
+
     /// Hands the lock straight to the local head waiter, if there is one.
     async fn try_handoff(&self, hold: &HoldState) -> Option<ReleaseOutcome> {
         if !self.inner.config.handoff || hold.is_lost() {
@@ -625,8 +684,10 @@ impl Locker {
         }
         let queue = self.existing_queue(&hold.keys.lock)?;
         if queue.streak.load(Ordering::Relaxed) >= MAX_HANDOFF_STREAK {
+            // This one goes through Redis; if it wakes waiters of other processes, local
+            // waiters hold back for them (see `yield_to_other_processes`).
             queue.streak.store(0, Ordering::Relaxed);
-            queue.defer();
+            queue.yield_pending.store(true, Ordering::Relaxed);
             return None;
         }
         let Some(slot) = queue.slot().take().filter(|s| !s.tx.is_closed()) else {
@@ -663,7 +724,9 @@ impl Locker {
                 }
                 drop(current);
                 let outcome = match reply {
-                    ReleaseReply::Released | ReleaseReply::StillHeld(_) => ReleaseOutcome::Released,
+                    ReleaseReply::Released { .. } | ReleaseReply::StillHeld(_) => {
+                        ReleaseOutcome::Released
+                    }
                     ReleaseReply::Expired => {
                         hold.mark_lost(LossReason::Expired);
                         ReleaseOutcome::Expired
@@ -788,6 +851,29 @@ impl<'a> HeadWait<'a> {
 fn reclaim<T>(rx: &mut oneshot::Receiver<T>) -> Option<T> {
     rx.close();
     rx.try_recv().ok()
+}
+
+/// An inline attempt; dropped while armed, it releases its token in the background.
+struct InFlight<'a> {
+    backend: &'a Backend,
+    keys: &'a Arc<LockKeys>,
+    owner: &'a Arc<str>,
+    armed: bool,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let backend = self.backend.clone();
+        let (keys, owner) = (self.keys.clone(), self.owner.clone());
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move {
+                let _ = backend.release(&keys, &owner).await;
+            });
+        }
+    }
 }
 
 /// The receiving end of an attempt that runs in its own task. Dropped before the answer was
@@ -1158,7 +1244,9 @@ impl LockerBuilder {
         };
         let manager_config = redis::aio::ConnectionManagerConfig::new()
             .set_connection_timeout(Some(connect_timeout))
-            .set_response_timeout(Some(command_timeout))
+            // Every call is bounded by the command timeout already; a second timer per command
+            // would only cost.
+            .set_response_timeout(None)
             .set_number_of_retries(1)
             .set_min_delay(Duration::from_millis(10))
             .set_max_delay(Duration::from_millis(500));

@@ -55,31 +55,31 @@ return {0, redis.call('PTTL', KEYS[1])}
 /// Owner-checked release.
 ///
 /// `KEYS[1]` lock, `KEYS[2]` fence, `KEYS[3]` wake channel; `ARGV[1]` owner.
-/// Returns `0` released, `n > 0` still held with `n` holds left, `-1` expired, `-2` taken over.
-/// A retry of a release whose reply was lost answers `0` again (the last released owner is
-/// remembered next to the fencing counter).
+/// Returns `{code, woken}`: code `0` released (`woken` subscribers got the wake-up), `n > 0`
+/// still held with `n` holds left, `-1` expired, `-2` taken over. A retry of a release whose reply
+/// was lost answers `0` again (the last released owner is remembered next to the fencing
+/// counter).
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_LUA));
 
 pub(crate) const RELEASE_LUA: &str = r#"
 local c = redis.call('HGET', KEYS[1], ARGV[1])
 if not c then
   if redis.call('HGET', KEYS[2], 'r') == ARGV[1] then
-    return 0
+    return {0, 0}
   end
   if redis.call('EXISTS', KEYS[1]) == 1 then
-    return -2
+    return {-2, 0}
   end
-  return -1
+  return {-1, 0}
 end
 c = tonumber(c) - 1
 if c > 0 then
   redis.call('HSET', KEYS[1], ARGV[1], c)
-  return c
+  return {c, 0}
 end
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[2], 'r', ARGV[1])
-redis.call('PUBLISH', KEYS[3], '1')
-return 0
+return {0, redis.call('PUBLISH', KEYS[3], '1')}
 "#;
 
 /// Batched renewal: every `KEYS[i]` is paired with `ARGV[2i-1]` owner and `ARGV[2i]` lease ms.

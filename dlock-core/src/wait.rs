@@ -76,10 +76,14 @@ impl Slots {
         self.lock().contains_key(channel)
     }
 
-    /// Wakes every watcher of `channel`.
-    pub(crate) fn wake(&self, channel: &str) {
-        if let Some(entry) = self.lock().get(channel) {
-            entry.slot.notify.notify_waiters();
+    /// Wakes every watcher of `channel`; returns how many there were.
+    pub(crate) fn wake(&self, channel: &str) -> usize {
+        match self.lock().get(channel) {
+            Some(entry) => {
+                entry.slot.notify.notify_waiters();
+                entry.refs
+            }
+            None => 0,
         }
     }
 
@@ -291,7 +295,7 @@ async fn run(
                     },
                     msg = stream.next() => match msg {
                         Some(msg) => {
-                            slots.wake(msg.get_channel_name());
+                            let _ = slots.wake(msg.get_channel_name());
                             None
                         }
                         None => {

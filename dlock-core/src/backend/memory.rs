@@ -167,7 +167,7 @@ impl MemoryBackend {
                 if let Some(f) = state.fences.get_mut(&keys.lock) {
                     f.1 = Some(owner.to_owned());
                 }
-                ReleaseReply::Released
+                ReleaseReply::Released { woke: 0 }
             }
             Some(_) => ReleaseReply::TakenOver,
             None => {
@@ -177,7 +177,7 @@ impl MemoryBackend {
                     .and_then(|f| f.1.as_deref())
                     .is_some_and(|o| o == owner);
                 if released_before {
-                    ReleaseReply::Released
+                    ReleaseReply::Released { woke: 0 }
                 } else {
                     ReleaseReply::Expired
                 }
@@ -187,8 +187,11 @@ impl MemoryBackend {
 
     pub(crate) fn release(&self, keys: &LockKeys, owner: &str) -> ReleaseReply {
         let reply = Self::release_locked(&mut self.store.state(), keys, owner);
-        if reply == ReleaseReply::Released {
-            self.store.inner.slots.wake(&keys.channel);
+        if let ReleaseReply::Released { .. } = reply {
+            let woke = self.store.inner.slots.wake(&keys.channel);
+            return ReleaseReply::Released {
+                woke: u32::try_from(woke).unwrap_or(u32::MAX),
+            };
         }
         reply
     }
@@ -202,7 +205,7 @@ impl MemoryBackend {
     ) -> HandoffReply {
         let mut state = self.store.state();
         let reply = Self::release_locked(&mut state, keys, from);
-        if reply != ReleaseReply::Released {
+        if !matches!(reply, ReleaseReply::Released { .. }) {
             return HandoffReply::NotHandedOver(reply);
         }
         let fence = Self::next_fence(&mut state, &keys.lock);

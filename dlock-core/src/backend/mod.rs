@@ -24,16 +24,26 @@ pub(crate) enum AcquireReply {
 /// The answer to one release.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum ReleaseReply {
-    Released,
+    /// Released; `woke` subscribers received the wake-up (0 when none listened, or unknown).
+    Released {
+        woke: u32,
+    },
     StillHeld(u32),
     Expired,
     TakenOver,
 }
 
 impl ReleaseReply {
+    /// A released reply with the number of subscribers woken.
+    pub(crate) fn released(woke: i64) -> Self {
+        Self::Released {
+            woke: u32::try_from(woke).unwrap_or(0),
+        }
+    }
+
     pub(crate) fn from_code(code: i64) -> Self {
         match code {
-            0 => Self::Released,
+            0 => Self::Released { woke: 0 },
             -1 => Self::Expired,
             -2 => Self::TakenOver,
             n => Self::StillHeld(u32::try_from(n).unwrap_or(u32::MAX)),
@@ -125,6 +135,15 @@ impl Backend {
     /// attempt).
     pub(crate) fn is_remote(&self) -> bool {
         matches!(self, Self::Redis(_))
+    }
+
+    /// Whether every command goes down one pipelined connection, in order: then a clean-up
+    /// release sent after an attempt always reaches Redis after it.
+    pub(crate) fn is_ordered(&self) -> bool {
+        match self {
+            Self::Redis(r) => r.is_pipelined(),
+            Self::Memory(_) => true,
+        }
     }
 
     pub(crate) fn kind(&self) -> &'static str {

@@ -70,6 +70,11 @@ impl RedisBackend {
         self.conn.kind()
     }
 
+    /// One multiplexed connection (directly or through the manager): commands stay in order.
+    pub(crate) fn is_pipelined(&self) -> bool {
+        !matches!(self.conn, RedisConn::Pool(_))
+    }
+
     async fn bounded<T>(
         &self,
         fut: impl Future<Output = Result<T, BackendError>>,
@@ -182,8 +187,11 @@ impl RedisBackend {
             .key(&keys.fence)
             .key(&keys.channel)
             .arg(owner);
-        let code: i64 = self.invoke(&inv).await?;
-        Ok(ReleaseReply::from_code(code))
+        let (code, woke): (i64, i64) = self.invoke(&inv).await?;
+        Ok(match code {
+            0 => ReleaseReply::released(woke),
+            code => ReleaseReply::from_code(code),
+        })
     }
 
     pub(crate) async fn handoff(

@@ -1,0 +1,30 @@
+//! The benchmark's smoke run: every workload runs and sees no mutual-exclusion violation.
+//! Timings are printed, never judged here.
+
+use std::process::Command;
+
+#[test]
+fn every_workload_runs_without_violations() {
+    let output = Command::new(env!("CARGO_BIN_EXE_dlock-bench"))
+        .arg("--quick")
+        .env_remove("REDIS_URL")
+        .output()
+        .expect("run dlock-bench");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "dlock-bench --quick failed ({}):\n{stdout}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    for workload in ["W1", "W2", "W3", "W4", "W5", "W6"] {
+        assert!(
+            stdout.contains(&format!("\"workload\":\"{workload}\"")),
+            "{workload} did not report:\n{stdout}"
+        );
+    }
+    assert!(
+        stdout.contains("\"acquired_all\":1.000"),
+        "W6: a waiter never acquired:\n{stdout}"
+    );
+}
