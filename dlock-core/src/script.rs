@@ -9,8 +9,11 @@
 //! | `<prefix>{<name>}:wake` | channel | a message on every final release |
 //!
 //! Fencing tokens: the counter starts at the server's clock in microseconds when its key does not
-//! exist and counts up by one on every fresh acquisition, so tokens keep increasing even when the
-//! counter key expires after a long idle period (its TTL is configurable).
+//! exist and counts up by one on every fresh acquisition. Its key gets the configured TTL when it
+//! is created and is not refreshed: when it expires, the next counter starts from the clock again,
+//! which is past every token the old one gave unless that one counted faster than one acquisition
+//! per microsecond for its whole life. So tokens keep increasing across expiries, and no counter
+//! key outlives its use by more than the TTL.
 
 use std::sync::LazyLock;
 
@@ -26,16 +29,14 @@ pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUI
 
 pub(crate) const ACQUIRE_LUA: &str = r#"
 if redis.call('EXISTS', KEYS[1]) == 0 then
-  local f
-  if redis.call('HEXISTS', KEYS[2], 'n') == 1 then
-    f = redis.call('HINCRBY', KEYS[2], 'n', 1)
-  else
+  local f = redis.call('HINCRBY', KEYS[2], 'n', 1)
+  if f == 1 then
     local t = redis.call('TIME')
     f = tonumber(t[1]) * 1000000 + tonumber(t[2])
     redis.call('HSET', KEYS[2], 'n', string.format('%d', f))
-  end
-  if ARGV[3] ~= '0' then
-    redis.call('PEXPIRE', KEYS[2], ARGV[3])
+    if ARGV[3] ~= '0' then
+      redis.call('PEXPIRE', KEYS[2], ARGV[3])
+    end
   end
   redis.call('HSET', KEYS[1], ARGV[1], 1, '#f', string.format('%d', f))
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -121,16 +122,14 @@ if c > 0 then
   redis.call('HSET', KEYS[1], ARGV[1], c)
   return {0, c}
 end
-local f
-if redis.call('HEXISTS', KEYS[2], 'n') == 1 then
-  f = redis.call('HINCRBY', KEYS[2], 'n', 1)
-else
+local f = redis.call('HINCRBY', KEYS[2], 'n', 1)
+if f == 1 then
   local t = redis.call('TIME')
   f = tonumber(t[1]) * 1000000 + tonumber(t[2])
   redis.call('HSET', KEYS[2], 'n', string.format('%d', f))
-end
-if ARGV[4] ~= '0' then
-  redis.call('PEXPIRE', KEYS[2], ARGV[4])
+  if ARGV[4] ~= '0' then
+    redis.call('PEXPIRE', KEYS[2], ARGV[4])
+  end
 end
 redis.call('HSET', KEYS[2], 'r', ARGV[1])
 redis.call('DEL', KEYS[1])

@@ -592,3 +592,28 @@ async fn a_paused_server_past_the_lease_makes_the_guard_lost() {
     );
     assert!(guard.is_lost());
 }
+
+#[tokio::test]
+async fn fencing_tokens_keep_rising_after_the_counter_expires() {
+    let server = RedisServer::start();
+    let locker = locker(&server).await;
+    let name = unique_name("fence-expiry");
+    let first = locker.lock(name.as_str()).await.unwrap();
+    let t1 = first.fencing_token();
+    assert!(first.release().await.is_released());
+    // An idle counter expiring is the same as it being deleted.
+    let mut con = server.connection().await;
+    let fence_key = format!("{}:fence", locker.key_of(name.as_str()).unwrap());
+    let removed: i64 = con.del(&fence_key).await.unwrap();
+    assert_eq!(removed, 1);
+    let second = locker.lock(name.as_str()).await.unwrap();
+    assert!(
+        second.fencing_token() > t1,
+        "{} after {t1}",
+        second.fencing_token()
+    );
+    // The counter carries a TTL, so an idle one does not stay forever.
+    let ttl: i64 = con.pttl(&fence_key).await.unwrap();
+    assert!(ttl > 0, "fence counter ttl {ttl}");
+    assert!(second.release().await.is_released());
+}
