@@ -124,6 +124,8 @@ pin_project_lite::pin_project! {
         #[pin]
         state: State<Inner, ReqB, Inner::Future>,
         shared: Arc<dyn Config + Send + Sync>,
+        // `dlock.request`: the keys, how long the request waited, and the outcome.
+        span: tracing::Span,
     }
 }
 
@@ -184,7 +186,20 @@ where
                 }
             }
         };
-        Self { state, shared }
+        let span = tracing::debug_span!(
+            "dlock.request",
+            keys = tracing::field::Empty,
+            waited_us = tracing::field::Empty,
+            outcome = tracing::field::Empty,
+        );
+        if let State::Rejected { .. } = &state {
+            span.record("outcome", "rejected");
+        }
+        Self {
+            state,
+            shared,
+            span,
+        }
     }
 }
 
@@ -286,6 +301,7 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
+        let _entered = this.span.enter();
         loop {
             let next = match this.state.as_mut().project() {
                 StateProj::Extracting { fut, body, inner } => {
@@ -311,16 +327,22 @@ where
                     let waited = started.elapsed();
                     match (acquired, req.take(), inner.take()) {
                         (Ok(held), Some(req), Some(inner)) => {
-                            tracing::debug!(
-                                keys = ?held.info().names,
-                                waited_us = u64::try_from(waited.as_micros()).unwrap_or(u64::MAX),
-                                outcome = "acquired",
-                                "dlock-tower: lock acquired"
-                            );
+                            let waited_us = u64::try_from(waited.as_micros()).unwrap_or(u64::MAX);
+                            this.span
+                                .record("keys", tracing::field::debug(&held.info().names));
+                            this.span.record("waited_us", waited_us);
+                            this.span.record("outcome", "acquired");
+                            tracing::debug!(waited_us, "dlock-tower: lock acquired");
                             call(inner, req, Some(held))
                         }
                         (Err(err), _, _) => {
-                            rejected(LockRejection::from_error(err), this.shared.config())
+                            this.span.record(
+                                "waited_us",
+                                u64::try_from(waited.as_micros()).unwrap_or(u64::MAX),
+                            );
+                            let rejection = LockRejection::from_error(err);
+                            this.span.record("outcome", rejection.outcome());
+                            rejected(rejection, this.shared.config())
                         }
                         _ => State::Rejected { response: None },
                     }
@@ -337,6 +359,7 @@ where
                                     "lock lost".to_owned(),
                                 ))
                             });
+                        this.span.record("outcome", "lost");
                         tracing::warn!(rejection = ?rejection, "dlock-tower: lock lost, handler cancelled");
                         held.take();
                         this.state.set(rejected(rejection, this.shared.config()));

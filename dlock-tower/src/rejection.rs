@@ -52,6 +52,16 @@ impl LockRejection {
         }
     }
 
+    /// A short word for logs and spans: `busy`, `invalid_key`, `unavailable`, `lost`.
+    pub fn outcome(&self) -> &'static str {
+        match self {
+            Self::Busy { .. } => "busy",
+            Self::InvalidKey(_) => "invalid_key",
+            Self::Unavailable(_) => "unavailable",
+            Self::Lost { .. } => "lost",
+        }
+    }
+
     /// The `Retry-After` value in whole seconds (rounded up, at least 1), for a busy lock.
     pub fn retry_after_secs(&self) -> Option<u64> {
         match self {

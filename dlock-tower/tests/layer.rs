@@ -218,6 +218,25 @@ async fn no_key_means_no_lock_and_extractor_rejections_pass_through() {
 }
 
 #[tokio::test]
+async fn router_layer_works_and_a_missing_path_parameter_is_axums_rejection() {
+    let server = RedisServer::start();
+    let locker = locker(&server).await;
+    // `Router::layer` wraps every route, including one without the `{id}` the key needs.
+    let app = Router::new()
+        .route("/items/{id}", get(|| async { "item" }))
+        .route("/health", get(|| async { "up" }))
+        .layer(
+            LockLayer::new(locker).key(|Path(id): Path<u64>| async move { format!("item:{id}") }),
+        );
+    let (status, body) = oneshot(&app, "/items/5").await;
+    assert_eq!((status, body.as_str()), (StatusCode::OK, "item"));
+    let (status, body) = oneshot(&app, "/health").await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{body}");
+    assert!(body.contains("Wrong number of path arguments"), "{body}");
+    assert!(!body.contains("about:blank"), "{body}");
+}
+
+#[tokio::test]
 async fn an_invalid_key_is_a_400() {
     let server = RedisServer::start();
     let locker = locker(&server).await;
