@@ -267,3 +267,11 @@ async fn bad_names_are_typed_errors() {
         )
     );
 }
+
+#[cfg(not(feature = "tls-rustls"))]
+#[tokio::test]
+async fn a_tls_url_without_the_tls_feature_names_the_feature() {
+    let err = Locker::connect("rediss://127.0.0.1:1/").await.unwrap_err();
+    assert!(err.is_config(), "{err}");
+    assert!(err.to_string().contains("tls-rustls"), "{err}");
+}

@@ -177,6 +177,14 @@ where
                 let req = Request::from_parts(parts, body);
                 start(&*shared, keys, req, inner)
             }
+            KeySource::Request(f) => {
+                // The same head, lent without its body and given back: nothing is copied.
+                let (parts, body) = req.into_parts();
+                let head = Request::from_parts(parts, ());
+                let keys = f(&head);
+                let (parts, ()) = head.into_parts();
+                start(&*shared, keys, Request::from_parts(parts, body), inner)
+            }
             KeySource::Extract(f) => {
                 let (parts, body) = req.into_parts();
                 State::Extracting {

@@ -77,18 +77,28 @@ pub(crate) type Extracted = (Parts, Result<LockKeys, http::Response<LockBody<()>
 
 pub(crate) type ExtractFuture = Pin<Box<dyn Future<Output = Extracted> + Send>>;
 
+/// A key function of the request head.
+pub(crate) type PartsKeyFn = dyn Fn(&Parts) -> LockKeys + Send + Sync;
+/// A key function of the request without its body.
+pub(crate) type RequestKeyFn = dyn Fn(&http::Request<()>) -> LockKeys + Send + Sync;
+/// A key function over extractors: owns the head while it runs and gives it back.
+pub(crate) type ExtractKeyFn<S> = dyn Fn(Parts, S) -> ExtractFuture + Send + Sync;
+
 /// How the layer derives keys.
 pub(crate) enum KeySource<S> {
     /// From the request head, synchronously (the plain tower form).
-    Parts(Arc<dyn Fn(&Parts) -> LockKeys + Send + Sync>),
+    Parts(Arc<PartsKeyFn>),
+    /// From the request without its body, synchronously (the plain tower form).
+    Request(Arc<RequestKeyFn>),
     /// From extractors (the axum form): owns the head while it runs and gives it back.
-    Extract(Arc<dyn Fn(Parts, S) -> ExtractFuture + Send + Sync>),
+    Extract(Arc<ExtractKeyFn<S>>),
 }
 
 impl<S> Clone for KeySource<S> {
     fn clone(&self) -> Self {
         match self {
             Self::Parts(f) => Self::Parts(f.clone()),
+            Self::Request(f) => Self::Request(f.clone()),
             Self::Extract(f) => Self::Extract(f.clone()),
         }
     }

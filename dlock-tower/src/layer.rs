@@ -165,6 +165,17 @@ impl<S> LockLayer<S> {
         self
     }
 
+    /// The key from the request, seen without its body (`http::Request<()>`: method, URI,
+    /// headers, extensions): the plain tower form for code written against `&http::Request`.
+    pub fn key_from_request<F, R>(mut self, f: F) -> Self
+    where
+        F: Fn(&http::Request<()>) -> R + Send + Sync + 'static,
+        R: IntoLockKeys,
+    {
+        self.keys = KeySource::Request(Arc::new(move |req| f(req).into_lock_keys()));
+        self
+    }
+
     /// How long a request waits for a busy lock (default: one attempt, no waiting).
     pub fn wait(mut self, wait: Duration) -> Self {
         self.config.wait = wait;

@@ -502,6 +502,37 @@ async fn the_plain_tower_form_works_with_service_builder_and_a_custom_status() {
 }
 
 #[tokio::test]
+async fn a_key_from_the_request_without_its_body() {
+    let server = RedisServer::start();
+    let locker = locker(&server).await;
+    let tag = unique_name("method");
+    let service = tower::ServiceBuilder::new()
+        .layer(
+            LockLayer::new(locker.clone()).key_from_request(move |req: &http::Request<()>| {
+                format!("{tag}:{}:{}", req.method(), req.uri().path())
+            }),
+        )
+        .service_fn(|req: Request<Body>| async move {
+            // The body is still there for the handler.
+            let body = req.into_body().collect().await.unwrap().to_bytes();
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            Ok::<_, std::convert::Infallible>(axum::http::Response::new(Body::from(body)))
+        });
+    let request = || Request::post("/pay").body(Body::from("payload")).unwrap();
+    let (a, b) = tokio::join!(
+        service.clone().oneshot(request()),
+        service.clone().oneshot(request())
+    );
+    let (a, b) = (a.unwrap(), b.unwrap());
+    let mut statuses = [a.status(), b.status()];
+    statuses.sort();
+    assert_eq!(statuses, [StatusCode::OK, StatusCode::CONFLICT]);
+    let ok = if a.status() == StatusCode::OK { a } else { b };
+    let body = ok.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&body[..], b"payload");
+}
+
+#[tokio::test]
 async fn a_rejection_handler_replaces_the_answer() {
     let server = RedisServer::start();
     let locker = locker(&server).await;
