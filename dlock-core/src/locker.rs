@@ -1232,6 +1232,12 @@ impl LockerBuilder {
             }
             Source::Url(url) => {
                 let display = redact_url(&url);
+                #[cfg(feature = "tls-rustls")]
+                if url.starts_with("rediss://") {
+                    // rustls needs a process-wide crypto provider; keep the application's if it
+                    // installed one.
+                    let _ = rustls::crypto::ring::default_provider().install_default();
+                }
                 let client = redis::Client::open(url.as_str()).map_err(|e| {
                     LockError::Config(format!("bad redis url `{display}`: {}", url_error(&e)))
                 })?;

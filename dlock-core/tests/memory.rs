@@ -267,21 +267,3 @@ async fn bad_names_are_typed_errors() {
         )
     );
 }
-
-/// Without TLS support in the `redis` crate a `rediss://` URL is a configuration error that names
-/// the feature; with it (enabled here or by another crate in the same build) nothing listens on
-/// port 1, a backend error. Either way a typed error, quickly.
-#[tokio::test]
-async fn a_tls_url_is_a_typed_error_naming_the_feature_when_tls_is_off() {
-    let err = Locker::builder()
-        .url("rediss://127.0.0.1:1/")
-        .connect_timeout(std::time::Duration::from_millis(500))
-        .build()
-        .await
-        .unwrap_err();
-    if err.is_config() {
-        assert!(err.to_string().contains("tls-rustls"), "{err}");
-    } else {
-        assert!(err.is_backend(), "{err}");
-    }
-}
