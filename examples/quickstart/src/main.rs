@@ -86,11 +86,15 @@ async fn worker(who: &str) -> Result<(), String> {
             guard.fencing_token()
         );
         tokio::time::sleep(Duration::from_millis(300)).await;
-        let outcome = guard.release().await;
+        // Printed before releasing: the other process can only print its `holds` after this.
         println!(
-            "[{:>5} ms] {who} released it: {outcome:?}",
+            "[{:>5} ms] {who} releases it",
             started.elapsed().as_millis()
         );
+        let outcome = guard.release().await;
+        if !outcome.is_released() {
+            return Err(format!("{who}: release found {outcome:?}"));
+        }
         // Give the other process a fair chance at the next round.
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

@@ -22,15 +22,16 @@ fn two_processes_take_turns_with_rising_fencing_tokens() {
         .collect();
     assert_eq!(tokens.len(), 6, "{stdout}");
     assert!(tokens.windows(2).all(|w| w[0] < w[1]), "{tokens:?}");
-    // Holds and releases alternate: never two holds in a row.
+    // Each hold ends (`releases`, printed before the release) before the next one starts.
     let events: Vec<&str> = stdout
         .lines()
-        .filter(|l| l.contains(" holds ") || l.contains(" released "))
+        .filter(|l| l.contains(" holds ") || l.contains(" releases "))
         .collect();
+    assert_eq!(events.len(), 12, "{stdout}");
     assert!(
         events
             .chunks(2)
-            .all(|p| p[0].contains(" holds ") && p[1].contains(" released ")),
+            .all(|p| p[0].contains(" holds ") && p[1].contains(" releases ")),
         "{stdout}"
     );
 }
