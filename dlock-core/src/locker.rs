@@ -643,18 +643,11 @@ impl Locker {
                 reply = self.inner.backend.release(&hold.keys, &hold.owner).await;
             }
             let outcome = match reply {
-                Ok(ReleaseReply::Released { woke }) => {
-                    self.yield_to_other_processes(&hold, woke);
-                    ReleaseOutcome::Released
-                }
-                Ok(ReleaseReply::StillHeld(_)) => ReleaseOutcome::Released,
-                Ok(ReleaseReply::Expired) => {
-                    hold.mark_lost(LossReason::Expired);
-                    ReleaseOutcome::Expired
-                }
-                Ok(ReleaseReply::TakenOver) => {
-                    hold.mark_lost(LossReason::Gone);
-                    ReleaseOutcome::TakenOver
+                Ok(reply) => {
+                    if let ReleaseReply::Released { woke } = reply {
+                        self.yield_to_other_processes(&hold, woke);
+                    }
+                    release_outcome(&hold, reply)
                 }
                 Err(err) => ReleaseOutcome::Unreachable(LockError::Backend(err)),
             };
@@ -723,19 +716,7 @@ impl Locker {
                     *current = Some(slot);
                 }
                 drop(current);
-                let outcome = match reply {
-                    ReleaseReply::Released { .. } | ReleaseReply::StillHeld(_) => {
-                        ReleaseOutcome::Released
-                    }
-                    ReleaseReply::Expired => {
-                        hold.mark_lost(LossReason::Expired);
-                        ReleaseOutcome::Expired
-                    }
-                    ReleaseReply::TakenOver => {
-                        hold.mark_lost(LossReason::Gone);
-                        ReleaseOutcome::TakenOver
-                    }
-                };
+                let outcome = release_outcome(hold, reply);
                 log_release(hold, &outcome);
                 Some(outcome)
             }
@@ -769,6 +750,21 @@ fn busy(name: &LockName, started: Instant, pttl: Option<Duration>) -> Attempted 
         "dlock: busy"
     );
     Attempted::Busy(pttl)
+}
+
+/// What a release reply means for the hold (marking it lost when it was).
+fn release_outcome(hold: &HoldState, reply: ReleaseReply) -> ReleaseOutcome {
+    match reply {
+        ReleaseReply::Released { .. } | ReleaseReply::StillHeld(_) => ReleaseOutcome::Released,
+        ReleaseReply::Expired => {
+            hold.mark_lost(LossReason::Expired);
+            ReleaseOutcome::Expired
+        }
+        ReleaseReply::TakenOver => {
+            hold.mark_lost(LossReason::Gone);
+            ReleaseOutcome::TakenOver
+        }
+    }
 }
 
 fn log_release(hold: &HoldState, outcome: &ReleaseOutcome) {

@@ -74,6 +74,14 @@ async fn oneshot(app: &Router, uri: &str) -> (StatusCode, String) {
     (status, String::from_utf8_lossy(&body).into_owned())
 }
 
+/// A key function (no extractors) that always locks `name`.
+fn fixed_key(
+    name: &str,
+) -> impl Fn() -> std::future::Ready<String> + Clone + Send + Sync + 'static {
+    let name = name.to_owned();
+    move || std::future::ready(name.clone())
+}
+
 #[derive(Clone, Default)]
 struct Gauge {
     now: Arc<AtomicUsize>,
@@ -266,13 +274,7 @@ async fn a_slow_handler_keeps_its_lock_through_the_watchdog() {
         )
         .route_layer(
             LockLayer::new(locker.clone())
-                .key({
-                    let name = name.clone();
-                    move || {
-                        let name = name.clone();
-                        async move { name }
-                    }
-                })
+                .key(fixed_key(&name))
                 .watchdog_lease(Duration::from_secs(1)),
         );
     let slow = tokio::spawn({
@@ -313,13 +315,7 @@ async fn deleting_the_key_cancels_the_handler_with_503() {
         )
         .route_layer(
             LockLayer::new(locker.clone())
-                .key({
-                    let name = name.clone();
-                    move || {
-                        let name = name.clone();
-                        async move { name }
-                    }
-                })
+                .key(fixed_key(&name))
                 .watchdog_lease(Duration::from_millis(600)),
         );
     let request = tokio::spawn({
@@ -415,13 +411,7 @@ async fn the_body_hold_option_keeps_the_lock_until_the_stream_ends() {
         )
         .route_layer(
             LockLayer::new(locker.clone())
-                .key({
-                    let name = name.clone();
-                    move || {
-                        let name = name.clone();
-                        async move { name }
-                    }
-                })
+                .key(fixed_key(&name))
                 .hold_until_body_ends(true),
         );
     let response = app
@@ -542,10 +532,7 @@ async fn a_rejection_handler_replaces_the_answer() {
         .route("/h", get(|| async { "ran" }))
         .route_layer(
             LockLayer::new(locker.clone())
-                .key(move || {
-                    let name = name.clone();
-                    async move { name }
-                })
+                .key(fixed_key(&name))
                 .on_rejection(|rejection| {
                     let mut response = axum::http::Response::new(Body::from(format!(
                         "busy, retry in {}s",
