@@ -410,7 +410,7 @@ impl App {
             locked: self.counters.locked.load(Ordering::Relaxed),
             conflicts: self.counters.conflicts.load(Ordering::Relaxed),
             voucher_orders: one("SELECT COUNT(*) AS n FROM voucher_orders").await?,
-            voucher_initial_stock: one("SELECT SUM(initial_stock) AS n FROM vouchers").await?,
+            voucher_initial_stock: one("SELECT CAST(SUM(initial_stock) AS BIGINT) AS n FROM vouchers").await?,
             duplicate_orders: one(
                 "SELECT COUNT(*) AS n FROM (SELECT user_id, voucher_id FROM voucher_orders
                  GROUP BY user_id, voucher_id HAVING COUNT(*) > 1) AS d",
@@ -421,11 +421,12 @@ impl App {
                  (SELECT COUNT(*) FROM voucher_orders o WHERE o.voucher_id = v.id) > v.initial_stock",
             )
             .await?,
-            sku_units_sold: one("SELECT SUM(qty) AS n FROM cart_order_items").await?,
+            sku_units_sold: one("SELECT CAST(SUM(qty) AS BIGINT) AS n FROM cart_order_items").await?,
             sku_units_oversold: one(
-                "SELECT SUM(CASE WHEN sold > initial_stock THEN sold - initial_stock ELSE 0 END) AS n
+                "SELECT CAST(SUM(CASE WHEN sold > initial_stock THEN sold - initial_stock ELSE 0 END)
+                        AS BIGINT) AS n
                  FROM (SELECT s.initial_stock AS initial_stock,
-                              (SELECT COALESCE(SUM(i.qty), 0) FROM cart_order_items i
+                              (SELECT CAST(COALESCE(SUM(i.qty), 0) AS BIGINT) FROM cart_order_items i
                                WHERE i.sku_id = s.id) AS sold
                        FROM skus s) AS t",
             )
