@@ -69,6 +69,31 @@ pub fn require_redis_server() {
     );
 }
 
+/// The Redis to use for a demo: `REDIS_URL` if set, otherwise a `redis-server` started here
+/// (announced on stdout, killed when the returned server is dropped). A missing binary is an
+/// error message naming the install command, for the caller to print.
+pub fn redis_from_env_or_start() -> Result<(String, Option<RedisServer>), String> {
+    if let Ok(url) = std::env::var("REDIS_URL") {
+        return Ok((url, None));
+    }
+    let binary = redis_binary();
+    let found = Command::new(&binary)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !found {
+        return Err(format!(
+            "`{binary}` was not found: install it with `apt-get install redis-server`, \
+             or set REDIS_URL to a running server"
+        ));
+    }
+    let server = RedisServer::start();
+    println!("started redis-server on port {}", server.port());
+    Ok((server.url(), Some(server)))
+}
+
 /// A free loopback port (bound then released; the server binds it right after).
 pub fn free_port() -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind a free loopback port");

@@ -5,7 +5,6 @@
 //! it for a moment and release it. The output shows the holders taking turns, never overlapping,
 //! each hold with a higher fencing token than the one before.
 
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use dlock_core::{LockError, Locker};
@@ -27,24 +26,7 @@ async fn main() {
 
 /// Starts Redis if needed and two workers, and waits for both.
 async fn orchestrate() -> Result<(), String> {
-    let (url, _server) = match std::env::var("REDIS_URL") {
-        Ok(url) => (url, None),
-        Err(_) => {
-            let found = std::process::Command::new("redis-server")
-                .arg("--version")
-                .stdout(Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success());
-            if !found {
-                return Err("`redis-server` was not found: install it with \
-                            `apt-get install redis-server` or set REDIS_URL"
-                    .to_owned());
-            }
-            let server = dlock_tests::RedisServer::start();
-            println!("started redis-server on port {}", server.port());
-            (server.url(), Some(server))
-        }
-    };
+    let (url, _server) = dlock_tests::redis_from_env_or_start()?;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut workers = Vec::new();
     for who in ["A", "B"] {

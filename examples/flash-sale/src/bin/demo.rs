@@ -2,8 +2,6 @@
 //! with them, side by side. `--exit` ends after the table instead of leaving the shop up;
 //! `--users N` scales the load.
 
-use std::process::Stdio;
-
 use flash_sale::demo;
 use flash_sale::loadgen::{self, LoadConfig};
 
@@ -27,24 +25,11 @@ async fn main() {
             }
         }
     }
-    let (redis_url, _server) = match std::env::var("REDIS_URL") {
-        Ok(url) => (url, None),
-        Err(_) => {
-            let found = std::process::Command::new("redis-server")
-                .arg("--version")
-                .stdout(Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success());
-            if !found {
-                eprintln!(
-                    "demo: `redis-server` was not found. Install it with \
-                     `apt-get install redis-server`, or set REDIS_URL."
-                );
-                std::process::exit(2);
-            }
-            let server = dlock_tests::RedisServer::start();
-            println!("started redis-server on port {}", server.port());
-            (server.url(), Some(server))
+    let (redis_url, _server) = match dlock_tests::redis_from_env_or_start() {
+        Ok(redis) => redis,
+        Err(err) => {
+            eprintln!("demo: {err}");
+            std::process::exit(2);
         }
     };
     let exe = match std::env::current_exe() {
