@@ -16,7 +16,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Once};
+use std::sync::{Arc, Mutex, MutexGuard, Once, PoisonError};
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
@@ -28,24 +28,42 @@ pub const REDIS_SERVER_ENV: &str = "DLOCK_REDIS_SERVER";
 static LIVE: Mutex<Vec<(u16, PathBuf)>> = Mutex::new(Vec::new());
 static HOOK: Once = Once::new();
 
+/// How many log lines of each live server a panic message ends with.
+const PANIC_LOG_LINES: usize = 50;
+
+/// The line `redis-server` logs once it listens (every version from 2.x on, and Valkey).
+const READY_LINE: &str = "Ready to accept connections";
+
+/// The registry of live servers, usable even after a panic poisoned it.
+fn live() -> MutexGuard<'static, Vec<(u16, PathBuf)>> {
+    LIVE.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 fn install_panic_hook() {
     HOOK.call_once(|| {
         let previous = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
             previous(info);
-            let live = LIVE.lock().map(|l| l.clone()).unwrap_or_default();
-            for (port, log) in live {
-                let text = std::fs::read_to_string(&log).unwrap_or_default();
-                let lines: Vec<&str> = text.lines().collect();
-                let tail = &lines[lines.len().saturating_sub(50)..];
-                eprintln!(
-                    "--- redis-server on port {port}: last {} log lines ---\n{}\n--- end of log ---",
-                    tail.len(),
-                    tail.join("\n")
-                );
+            let servers = live().clone();
+            for (port, log) in servers {
+                eprintln!("{}", log_tail(port, &log, PANIC_LOG_LINES));
             }
         }));
     });
+}
+
+/// The last `lines` lines of a server's log, framed with its port.
+fn log_tail(port: u16, log: &std::path::Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(log)
+        .unwrap_or_else(|e| format!("(could not read {}: {e})", log.display()));
+    let all: Vec<&str> = text.lines().collect();
+    let tail = &all[all.len().saturating_sub(lines)..];
+    format!(
+        "--- redis-server on port {port}: last {} log lines ({}) ---\n{}\n--- end of log ---",
+        tail.len(),
+        log.display(),
+        tail.join("\n")
+    )
 }
 
 fn redis_binary() -> String {
@@ -54,8 +72,11 @@ fn redis_binary() -> String {
 
 /// Panics with the install command when the `redis-server` binary can't be run.
 pub fn require_redis_server() {
-    let binary = redis_binary();
-    let ok = Command::new(&binary)
+    require_binary(&redis_binary());
+}
+
+fn require_binary(binary: &str) {
+    let ok = Command::new(binary)
         .arg("--version")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -172,23 +193,36 @@ impl RedisServer {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
+        // redis-server appends to its log: only what this run writes can announce it ready.
+        let log_start = self.log().len();
         let child = cmd
             .spawn()
             .map_err(|e| format!("spawn redis-server: {e}"))?;
         self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let spawned = Instant::now();
+        let deadline = spawned + Duration::from_secs(10);
         loop {
-            if self.ping_once(Duration::from_millis(200)) {
-                if let Ok(mut live) = LIVE.lock() {
-                    live.retain(|(p, _)| *p != self.port);
-                    live.push((self.port, self.log_path()));
-                }
-                return Ok(());
-            }
             let exited = self
                 .child
                 .as_mut()
                 .and_then(|c| c.try_wait().ok().flatten());
+            // Whoever answers on the port must be this process, not another server that took the
+            // port first (this one then fails to bind and exits): it says so in its own log, or
+            // for a binary that logs otherwise, it has outlived any failure to bind.
+            if exited.is_none()
+                && self.ping_once(Duration::from_millis(200))
+                && (self
+                    .log()
+                    .get(log_start..)
+                    .is_some_and(|l| l.contains(READY_LINE))
+                    || spawned.elapsed() >= Duration::from_secs(2))
+            {
+                let log = self.log_path();
+                let mut live = live();
+                live.retain(|(_, l)| *l != log);
+                live.push((self.port, log));
+                return Ok(());
+            }
             if let Some(status) = exited {
                 self.child = None;
                 return Err(format!(
@@ -263,9 +297,9 @@ impl RedisServer {
             let _ = child.kill();
             let _ = child.wait();
         }
-        if let Ok(mut live) = LIVE.lock() {
-            live.retain(|(p, _)| *p != self.port);
-        }
+        // By log path, which no other server shares (a failed start may share the port).
+        let log = self.log_path();
+        live().retain(|(_, l)| *l != log);
     }
 
     /// Starts the server again on the same port with the same arguments (data is gone).
@@ -382,11 +416,13 @@ impl Proxy {
                     let Ok((inbound, _)) = listener.accept().await else {
                         return;
                     };
+                    // Subscribe before reading the flag: a cut between the two still reaches
+                    // this connection through the signal.
+                    let mut cut_signal = generation.subscribe();
                     if cut.load(Ordering::SeqCst) {
                         drop(inbound);
                         continue;
                     }
-                    let mut cut_signal = generation.subscribe();
                     tokio::spawn(async move {
                         let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await else {
                             return;
@@ -413,6 +449,11 @@ impl Proxy {
         self.port
     }
 
+    /// The proxy's address.
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
     /// `redis://127.0.0.1:PORT/` through the proxy.
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/", self.port)
@@ -434,5 +475,64 @@ impl Drop for Proxy {
     fn drop(&mut self) {
         self.task.abort();
         self.generation.send_modify(|g| *g += 1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    #[should_panic(expected = "apt-get install redis-server")]
+    fn a_missing_binary_names_the_install_command() {
+        require_binary("/nonexistent/dlock-no-such-redis-server");
+    }
+
+    #[test]
+    fn a_server_that_loses_its_port_to_another_is_not_taken_for_ready() {
+        let owner = RedisServer::start();
+        let mut intruder = RedisServer {
+            child: None,
+            port: owner.port(),
+            args: Vec::new(),
+            dir: tempfile::tempdir().unwrap(),
+        };
+        let err = intruder.spawn().unwrap_err();
+        assert!(err.contains("exited"), "{err}");
+        drop(intruder);
+        // The failed start left the owner's panic-log registration alone.
+        assert!(live().iter().any(|(_, log)| *log == owner.log_path()));
+    }
+
+    #[test]
+    fn the_panic_log_is_the_tail_of_the_servers_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("redis.log");
+        let text: String = (0..80).map(|i| format!("line {i}\n")).collect();
+        std::fs::write(&path, text).unwrap();
+        let tail = log_tail(4242, &path, 50);
+        assert!(tail.contains("port 4242"), "{tail}");
+        assert!(
+            tail.contains("line 30\n") && tail.contains("line 79"),
+            "{tail}"
+        );
+        assert!(!tail.contains("line 29\n"), "{tail}");
+    }
+
+    #[test]
+    fn a_live_server_is_registered_until_dropped() {
+        let server = RedisServer::start();
+        let log = server.log_path();
+        assert!(live().iter().any(|(p, l)| *p == server.port() && *l == log));
+        drop(server);
+        assert!(!live().iter().any(|(_, l)| *l == log));
+    }
+
+    #[test]
+    fn unique_names_differ() {
+        let a = unique_name("x");
+        let b = unique_name("x");
+        assert_ne!(a, b);
+        assert!(a.starts_with("x-") && a.contains(&std::process::id().to_string()));
     }
 }
