@@ -7,6 +7,9 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 
+use dlock_core::Lost;
+use futures_util::future::SelectAll;
+
 use crate::future::Held;
 
 /// A boxed error, as bodies report them.
@@ -25,11 +28,13 @@ pin_project_lite::pin_project! {
     #[project = KindProj]
     enum Kind<B> {
         /// The inner service's body; with `hold_until_body_ends`, the locks are released when
-        /// it ends or is dropped.
+        /// it ends or is dropped, and their loss ends it with an error.
         Inner {
             #[pin]
             body: B,
             held: Option<Held>,
+            lost: Option<SelectAll<Lost>>,
+            aborted: bool,
         },
         /// A small body made by the layer (a rejection).
         Full {
@@ -45,9 +50,10 @@ pin_project_lite::pin_project! {
 impl<B> std::fmt::Debug for LockBody<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match &self.kind {
-            Kind::Inner { held, .. } => f
+            Kind::Inner { held, aborted, .. } => f
                 .debug_struct("LockBody::Inner")
                 .field("holds_lock", &held.is_some())
+                .field("aborted", aborted)
                 .finish_non_exhaustive(),
             Kind::Full { data } => f
                 .debug_struct("LockBody::Full")
@@ -59,9 +65,18 @@ impl<B> std::fmt::Debug for LockBody<B> {
 }
 
 impl<B> LockBody<B> {
-    pub(crate) fn inner(body: B, held: Option<Held>) -> Self {
+    pub(crate) fn inner(body: B, hold: Option<(Held, Option<SelectAll<Lost>>)>) -> Self {
+        let (held, lost) = match hold {
+            Some((held, lost)) => (Some(held), lost),
+            None => (None, None),
+        };
         Self {
-            kind: Kind::Inner { body, held },
+            kind: Kind::Inner {
+                body,
+                held,
+                lost,
+                aborted: false,
+            },
         }
     }
 
@@ -112,18 +127,46 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.project().kind.project() {
-            KindProj::Inner { body, held } => match body.poll_frame(cx) {
-                Poll::Ready(None) => {
-                    // The body ended: the locks go now, not when the connection lets go of it.
-                    held.take();
-                    Poll::Ready(None)
+            KindProj::Inner {
+                body,
+                held,
+                lost,
+                aborted,
+            } => {
+                if *aborted {
+                    return Poll::Ready(None);
                 }
-                Poll::Ready(Some(Err(err))) => {
-                    held.take();
-                    Poll::Ready(Some(Err(err.into())))
+                if lost
+                    .as_mut()
+                    .is_some_and(|lost| Pin::new(lost).poll(cx).is_ready())
+                {
+                    // The lock went while the body was being sent: stop sending it, as the
+                    // handler would have been stopped.
+                    *aborted = true;
+                    lost.take();
+                    let err = held.take().map(|held| held.lost_error());
+                    let err: BoxError = match err {
+                        Some(err) => Box::new(err),
+                        None => "lock lost".into(),
+                    };
+                    tracing::warn!(error = %err, "dlock-tower: lock lost while sending the body");
+                    return Poll::Ready(Some(Err(err)));
                 }
-                other => other.map(|frame| frame.map(|f| f.map_err(Into::into))),
-            },
+                match body.poll_frame(cx) {
+                    Poll::Ready(None) => {
+                        // The body ended: the locks go now, not when the connection lets go of it.
+                        lost.take();
+                        held.take();
+                        Poll::Ready(None)
+                    }
+                    Poll::Ready(Some(Err(err))) => {
+                        lost.take();
+                        held.take();
+                        Poll::Ready(Some(Err(err.into())))
+                    }
+                    other => other.map(|frame| frame.map(|f| f.map_err(Into::into))),
+                }
+            }
             KindProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
             KindProj::Boxed { body } => body.as_mut().poll_frame(cx),
         }
@@ -131,7 +174,7 @@ where
 
     fn is_end_stream(&self) -> bool {
         match &self.kind {
-            Kind::Inner { body, .. } => body.is_end_stream(),
+            Kind::Inner { body, aborted, .. } => *aborted || body.is_end_stream(),
             Kind::Full { data } => data.is_none(),
             Kind::Boxed { body } => body.is_end_stream(),
         }

@@ -1,12 +1,12 @@
 //! `ResponseFuture`: Extracting the key → Acquiring the lock → Calling the inner service.
 
 use std::fmt;
-use std::future::Future;
+use std::future::{Future, IntoFuture as _};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
-use dlock_core::{FencingToken, LockError, LockGuard, LockScope, Lost, MultiGuard, Scoped};
+use dlock_core::{FencingToken, LockError, LockGuard, LockScope, Locker, Lost, MultiGuard, Scoped};
 use futures_util::future::SelectAll;
 use http::{Request, Response};
 use tokio::time::Instant;
@@ -14,11 +14,11 @@ use tower_service::Service;
 
 use crate::body::LockBody;
 use crate::key::{ExtractFuture, KeySource, LockKeys};
-use crate::layer::Shared;
+use crate::layer::{Config, Shared};
 use crate::rejection::LockRejection;
 
 /// The locks a request holds; released when dropped.
-pub struct Held(HeldKind);
+pub(crate) struct Held(HeldKind);
 
 enum HeldKind {
     One(LockGuard),
@@ -42,23 +42,25 @@ impl Held {
         }
     }
 
-    fn lost(&self) -> Option<SelectAll<Lost>> {
+    /// Resolves when any of the locks is lost (`None` for an empty set: never).
+    pub(crate) fn lost(&self) -> Option<SelectAll<Lost>> {
         let losts: Vec<Lost> = self.guards().iter().map(LockGuard::lost).collect();
         (!losts.is_empty()).then(|| futures_util::future::select_all(losts))
     }
 
-    fn lost_rejection(&self) -> LockRejection {
-        let lost = self
-            .guards()
+    /// The error for a loss: the lock that was lost (or, if none says so yet, the first one).
+    pub(crate) fn lost_error(&self) -> LockError {
+        let guards = self.guards();
+        match guards
             .iter()
             .find(|g| g.is_lost())
-            .or_else(|| self.guards().first());
-        match lost {
-            Some(guard) => LockRejection::Lost {
+            .or_else(|| guards.first())
+        {
+            Some(guard) => LockError::Lost {
                 name: guard.name().to_string(),
                 fencing_token: guard.fencing_token(),
             },
-            None => LockRejection::Unavailable(LockError::Config("no lock held".to_owned())),
+            None => LockError::Config("no lock is held".to_owned()),
         }
     }
 
@@ -72,6 +74,28 @@ impl Held {
 
 /// The locks held for this request, in request extensions (and, with the `axum` feature, an
 /// extractor): hand the fencing token to the resource the handler writes.
+///
+/// It is there only when the layer took a lock: a route whose key function returned no key sees
+/// no `HeldLocks`, so take `Option<HeldLocks>` there.
+///
+/// ```
+/// use axum::{Router, extract::Path, routing::post};
+/// use dlock_tower::{HeldLocks, LockLayer};
+///
+/// async fn pay(Path(id): Path<u64>, held: HeldLocks) -> String {
+///     // `UPDATE invoices SET paid = true, fence = $token WHERE id = $id AND fence < $token`
+///     let token = held.fencing_token().map_or(0, |t| t.get());
+///     format!("invoice {id} paid under token {token}")
+/// }
+///
+/// let app: Router = Router::new()
+///     .route("/invoices/{id}/pay", post(pay))
+///     .route_layer(
+///         LockLayer::new(dlock_core::Locker::memory())
+///             .key(|Path(id): Path<u64>| async move { format!("invoice:{id}") }),
+///     );
+/// # let _ = app;
+/// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct HeldLocks {
     /// The names held, in acquisition order.
@@ -85,9 +109,30 @@ impl HeldLocks {
     pub fn fencing_token(&self) -> Option<FencingToken> {
         self.fencing_tokens.first().copied()
     }
+
+    /// The fencing token of the lock called `name`, if this request holds it.
+    pub fn fencing_token_of(&self, name: &str) -> Option<FencingToken> {
+        let index = self.names.iter().position(|n| n == name)?;
+        self.fencing_tokens.get(index).copied()
+    }
 }
 
-type AcquireFuture = Pin<Box<dyn Future<Output = Result<Held, LockError>> + Send>>;
+type BoxFuture<T> = Pin<Box<dyn Future<Output = Result<T, LockError>> + Send>>;
+
+/// The core's acquisition future, one lock or several.
+enum Acquire {
+    One(BoxFuture<LockGuard>),
+    Many(BoxFuture<MultiGuard>),
+}
+
+impl Acquire {
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Result<Held, LockError>> {
+        match self {
+            Self::One(fut) => fut.as_mut().poll(cx).map_ok(|g| Held(HeldKind::One(g))),
+            Self::Many(fut) => fut.as_mut().poll(cx).map_ok(|g| Held(HeldKind::Many(g))),
+        }
+    }
+}
 
 pin_project_lite::pin_project! {
     #[project = StateProj]
@@ -98,7 +143,7 @@ pin_project_lite::pin_project! {
             inner: Option<Inner>,
         },
         Acquiring {
-            fut: AcquireFuture,
+            fut: Acquire,
             req: Option<Request<ReqB>>,
             inner: Option<Inner>,
             started: Instant,
@@ -116,31 +161,32 @@ pin_project_lite::pin_project! {
 }
 
 pin_project_lite::pin_project! {
-    /// The response future of [`Lock`](crate::Lock).
+    /// The response future of [`Lock`](crate::Lock): extracts the key, acquires the lock, then
+    /// calls the inner service while holding it (the last stage unboxed).
     pub struct ResponseFuture<Inner, ReqB>
     where
         Inner: Service<Request<ReqB>>,
     {
         #[pin]
         state: State<Inner, ReqB, Inner::Future>,
-        shared: Arc<dyn Config + Send + Sync>,
+        shared: Arc<dyn Settings + Send + Sync>,
         // `dlock.request`: the keys, how long the request waited, and the outcome.
         span: tracing::Span,
     }
 }
 
 /// The parts of the layer's shared state the future needs, without its state type.
-trait Config {
-    fn locker(&self) -> &dlock_core::Locker;
-    fn config(&self) -> &crate::layer::Config;
+trait Settings {
+    fn locker(&self) -> &Locker;
+    fn config(&self) -> &Config;
 }
 
-impl<S> Config for Shared<S> {
-    fn locker(&self) -> &dlock_core::Locker {
+impl<S> Settings for Shared<S> {
+    fn locker(&self) -> &Locker {
         &self.locker
     }
 
-    fn config(&self) -> &crate::layer::Config {
+    fn config(&self) -> &Config {
         &self.config
     }
 }
@@ -170,39 +216,45 @@ where
     where
         S: Clone + Send + Sync + 'static,
     {
-        let state = match &shared.keys {
-            KeySource::Parts(f) => {
-                let (parts, body) = req.into_parts();
-                let keys = f(&parts);
-                let req = Request::from_parts(parts, body);
-                start(&*shared, keys, req, inner)
-            }
-            KeySource::Request(f) => {
-                // The same head, lent without its body and given back: nothing is copied.
-                let (parts, body) = req.into_parts();
-                let head = Request::from_parts(parts, ());
-                let keys = f(&head);
-                let (parts, ()) = head.into_parts();
-                start(&*shared, keys, Request::from_parts(parts, body), inner)
-            }
-            KeySource::Extract(f) => {
-                let (parts, body) = req.into_parts();
-                State::Extracting {
-                    fut: f(parts, shared.state.clone()),
-                    body: Some(body),
-                    inner: Some(inner),
-                }
-            }
-        };
         let span = tracing::debug_span!(
             "dlock.request",
             keys = tracing::field::Empty,
             waited_us = tracing::field::Empty,
             outcome = tracing::field::Empty,
         );
-        if let State::Rejected { .. } = &state {
-            span.record("outcome", "rejected");
-        }
+        let state = {
+            let _entered = span.enter();
+            match &shared.keys {
+                KeySource::Parts(f) => {
+                    let (parts, body) = req.into_parts();
+                    let keys = f(&parts);
+                    let req = Request::from_parts(parts, body);
+                    start(&*shared, &span, keys, req, inner)
+                }
+                KeySource::Request(f) => {
+                    // The same head, lent without its body and given back: nothing is copied.
+                    let (parts, body) = req.into_parts();
+                    let head = Request::from_parts(parts, ());
+                    let keys = f(&head);
+                    let (parts, ()) = head.into_parts();
+                    start(
+                        &*shared,
+                        &span,
+                        keys,
+                        Request::from_parts(parts, body),
+                        inner,
+                    )
+                }
+                KeySource::Extract(f) => {
+                    let (parts, body) = req.into_parts();
+                    State::Extracting {
+                        fut: f(parts, shared.state.clone()),
+                        body: Some(body),
+                        inner: Some(inner),
+                    }
+                }
+            }
+        };
         Self {
             state,
             shared,
@@ -211,9 +263,14 @@ where
     }
 }
 
+fn micros(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
 /// The state after the keys are known.
 fn start<Inner, ReqB>(
-    shared: &dyn Config,
+    shared: &dyn Settings,
+    span: &tracing::Span,
     keys: LockKeys,
     req: Request<ReqB>,
     inner: Inner,
@@ -223,34 +280,37 @@ where
 {
     let config = shared.config();
     let locker = shared.locker();
-    let (wait, lease, watchdog) = (config.wait, config.lease, config.watchdog_lease);
-    let fut: AcquireFuture = match keys {
-        LockKeys::None => return call(inner, req, None),
-        LockKeys::One(Err(err)) => return rejected(LockRejection::from_error(err), config),
+    let fut = match keys {
+        LockKeys::None => {
+            span.record("outcome", "unlocked");
+            return call(inner, req, None);
+        }
+        LockKeys::One(Err(err)) => return rejected(span, LockRejection::from_error(err), config),
         LockKeys::Many(names) if names.iter().any(Result::is_err) => {
             let err = names.into_iter().find_map(Result::err);
             let err = err.unwrap_or_else(|| LockError::Config("invalid key".to_owned()));
-            return rejected(LockRejection::from_error(err), config);
+            return rejected(span, LockRejection::from_error(err), config);
         }
         LockKeys::One(Ok(name)) => {
-            let mut request = locker.lock(name).wait(wait);
-            if let Some(lease) = lease {
+            span.record("keys", tracing::field::display(&name));
+            let mut request = locker.lock(name).wait(config.wait);
+            if let Some(lease) = config.lease {
                 request = request.lease(lease);
-            } else if let Some(lease) = watchdog {
+            } else if let Some(lease) = config.watchdog_lease {
                 request = request.watchdog_lease(lease);
             }
-            let acquire = std::future::IntoFuture::into_future(request);
-            Box::pin(async move { acquire.await.map(|g| Held(HeldKind::One(g))) })
+            Acquire::One(request.into_future())
         }
         LockKeys::Many(names) => {
-            let mut request = locker.lock_all(names).wait(wait);
-            if let Some(lease) = lease {
+            let names: Vec<_> = names.into_iter().filter_map(Result::ok).collect();
+            span.record("keys", tracing::field::debug(&names));
+            let mut request = locker.lock_all(names).wait(config.wait);
+            if let Some(lease) = config.lease {
                 request = request.lease(lease);
-            } else if let Some(lease) = watchdog {
+            } else if let Some(lease) = config.watchdog_lease {
                 request = request.watchdog_lease(lease);
             }
-            let acquire = std::future::IntoFuture::into_future(request);
-            Box::pin(async move { acquire.await.map(|g| Held(HeldKind::Many(g))) })
+            Acquire::Many(request.into_future())
         }
     };
     State::Acquiring {
@@ -262,12 +322,18 @@ where
 }
 
 fn rejected<Inner, ReqB, F>(
+    span: &tracing::Span,
     rejection: LockRejection,
-    config: &crate::layer::Config,
+    config: &Config,
 ) -> State<Inner, ReqB, F> {
+    span.record("outcome", rejection.outcome());
     match &rejection {
-        LockRejection::Busy { name, .. } => {
-            tracing::debug!(key = %name, outcome = "busy", "dlock-tower: rejected")
+        LockRejection::Busy { .. } => tracing::debug!("dlock-tower: busy"),
+        LockRejection::Lost { .. } => {
+            tracing::warn!(rejection = ?rejection, "dlock-tower: lock lost, handler cancelled")
+        }
+        LockRejection::Unavailable(err) => {
+            tracing::warn!(error = %err, "dlock-tower: lock backend unavailable")
         }
         other => tracing::debug!(rejection = ?other, "dlock-tower: rejected"),
     }
@@ -317,11 +383,15 @@ where
                     match (keys, body.take(), inner.take()) {
                         (Ok(keys), Some(body), Some(inner)) => {
                             let req = Request::from_parts(parts, body);
-                            start(&**this.shared, keys, req, inner)
+                            start(&**this.shared, this.span, keys, req, inner)
                         }
-                        (Err(response), _, _) => State::Rejected {
-                            response: Some(response),
-                        },
+                        (Err(response), _, _) => {
+                            // The extractor's own rejection, as it made it.
+                            this.span.record("outcome", "key_rejected");
+                            State::Rejected {
+                                response: Some(response),
+                            }
+                        }
                         _ => State::Rejected { response: None },
                     }
                 }
@@ -331,26 +401,18 @@ where
                     inner,
                     started,
                 } => {
-                    let acquired = ready!(fut.as_mut().poll(cx));
-                    let waited = started.elapsed();
+                    let acquired = ready!(fut.poll(cx));
+                    let waited_us = micros(started.elapsed());
+                    this.span.record("waited_us", waited_us);
                     match (acquired, req.take(), inner.take()) {
                         (Ok(held), Some(req), Some(inner)) => {
-                            let waited_us = u64::try_from(waited.as_micros()).unwrap_or(u64::MAX);
-                            this.span
-                                .record("keys", tracing::field::debug(&held.info().names));
-                            this.span.record("waited_us", waited_us);
                             this.span.record("outcome", "acquired");
                             tracing::debug!(waited_us, "dlock-tower: lock acquired");
                             call(inner, req, Some(held))
                         }
                         (Err(err), _, _) => {
-                            this.span.record(
-                                "waited_us",
-                                u64::try_from(waited.as_micros()).unwrap_or(u64::MAX),
-                            );
                             let rejection = LockRejection::from_error(err);
-                            this.span.record("outcome", rejection.outcome());
-                            rejected(rejection, this.shared.config())
+                            rejected(this.span, rejection, this.shared.config())
                         }
                         _ => State::Rejected { response: None },
                     }
@@ -358,31 +420,30 @@ where
                 StateProj::Calling { fut, held, lost } => {
                     let lost_now = lost
                         .as_mut()
-                        .is_some_and(|lost_fut| Pin::new(lost_fut).poll(cx).is_ready());
+                        .is_some_and(|lost| Pin::new(lost).poll(cx).is_ready());
                     if lost_now {
-                        // Cancel the handler: its future is dropped here.
-                        let rejection =
-                            held.as_ref().map(Held::lost_rejection).unwrap_or_else(|| {
-                                LockRejection::Unavailable(LockError::Config(
-                                    "lock lost".to_owned(),
-                                ))
-                            });
-                        this.span.record("outcome", "lost");
-                        tracing::warn!(rejection = ?rejection, "dlock-tower: lock lost, handler cancelled");
-                        held.take();
-                        this.state.set(rejected(rejection, this.shared.config()));
+                        let held = held.take();
+                        let err = held
+                            .as_ref()
+                            .map(Held::lost_error)
+                            .unwrap_or_else(|| LockError::Config("lock lost".to_owned()));
+                        let rejection = LockRejection::from_error(err);
+                        // Cancel the handler (its future is dropped with this state), then let
+                        // go of what is left of the hold.
+                        this.state
+                            .set(rejected(this.span, rejection, this.shared.config()));
+                        drop(held);
                         continue;
                     }
                     let response = ready!(fut.poll(cx))?;
-                    let held = held.take();
-                    let keep = if this.shared.config().hold_body {
-                        held
+                    let (held, lost) = (held.take(), lost.take());
+                    let hold = if this.shared.config().hold_body {
+                        held.map(|held| (held, lost))
                     } else {
                         // Released (in the background) as soon as the response is produced.
-                        drop(held);
                         None
                     };
-                    return Poll::Ready(Ok(response.map(|body| LockBody::inner(body, keep))));
+                    return Poll::Ready(Ok(response.map(|body| LockBody::inner(body, hold))));
                 }
                 StateProj::Rejected { response } => {
                     let response = response.take().unwrap_or_else(|| {

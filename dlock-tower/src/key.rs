@@ -104,12 +104,34 @@ impl<S> Clone for KeySource<S> {
     }
 }
 
-/// Named key sources for the plain tower form.
+/// Ready-made key functions for the plain tower form ([`LockLayer::key_from_parts`]).
+///
+/// Each puts a value from the request after a literal `prefix`, escaped (see
+/// [`LockName::builder`]), and takes no lock when the value is missing.
+///
+/// ```
+/// use dlock_tower::{KeyFrom, LockLayer};
+///
+/// let locker = dlock_core::Locker::memory();
+/// // One request at a time per idempotency key.
+/// let by_header = LockLayer::new(locker.clone())
+///     .key_from_parts(KeyFrom::header("idempotency-key", "payment:"));
+/// // `/accounts/42/transfers`: one transfer at a time per account.
+/// let by_segment = LockLayer::new(locker.clone())
+///     .key_from_parts(KeyFrom::path_segment(1, "account:"));
+/// // `?tenant=acme`: one import at a time per tenant.
+/// let by_query = LockLayer::new(locker).key_from_parts(KeyFrom::query("tenant", "import:"));
+/// # let _ = (by_header, by_segment, by_query);
+/// ```
+///
+/// [`LockLayer::key_from_parts`]: crate::LockLayer::key_from_parts
 #[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
 pub struct KeyFrom;
 
 impl KeyFrom {
-    /// The value of header `name`, after `prefix` (no header: no lock).
+    /// The value of header `name` (the first one, if repeated), after `prefix`. No header: no
+    /// lock.
     pub fn header(
         name: &'static str,
         prefix: &'static str,
@@ -125,19 +147,81 @@ impl KeyFrom {
         }
     }
 
-    /// The `index`-th segment of the path (0 is the first after the leading `/`), after
-    /// `prefix` (no such segment: no lock). `/vouchers/42/orders` has segment 1 = `42`.
+    /// The `index`-th segment of the path, percent-decoded, after `prefix` (0 is the segment
+    /// after the leading `/`: `/vouchers/42/orders` has segment 1 = `42`). No such segment, or
+    /// an empty one: no lock.
+    ///
+    /// Decoding matters: `/vouchers/%34%32/orders` names the same voucher as
+    /// `/vouchers/42/orders`, and must take the same lock.
     pub fn path_segment(
         index: usize,
         prefix: &'static str,
     ) -> impl Fn(&Parts) -> LockKeys + Clone + Send + Sync + 'static {
         move |parts: &Parts| match parts.uri.path().split('/').skip(1).nth(index) {
-            Some(segment) if !segment.is_empty() => {
-                LockKeys::One(LockName::builder().literal(prefix).value(segment).build())
-            }
+            Some(segment) if !segment.is_empty() => LockKeys::One(
+                LockName::builder()
+                    .literal(prefix)
+                    .value(percent_decode(segment, false))
+                    .build(),
+            ),
             _ => LockKeys::None,
         }
     }
+
+    /// The value of query parameter `name` (the first one, if repeated; `+` and `%XX`
+    /// decoded), after `prefix`. No such parameter, or an empty value: no lock.
+    pub fn query(
+        name: &'static str,
+        prefix: &'static str,
+    ) -> impl Fn(&Parts) -> LockKeys + Clone + Send + Sync + 'static {
+        move |parts: &Parts| {
+            let value = parts.uri.query().and_then(|query| {
+                query.split('&').find_map(|pair| {
+                    let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+                    (percent_decode(key, true) == name).then(|| percent_decode(value, true))
+                })
+            });
+            match value {
+                Some(value) if !value.is_empty() => {
+                    LockKeys::One(LockName::builder().literal(prefix).value(value).build())
+                }
+                _ => LockKeys::None,
+            }
+        }
+    }
+}
+
+/// Decodes `%XX` escapes (and, in a query, `+` as a space). A malformed escape is kept as it
+/// is; bytes that are not UTF-8 become U+FFFD.
+fn percent_decode(s: &str, plus_is_space: bool) -> String {
+    fn hex(b: u8) -> Option<u8> {
+        match b {
+            b'0'..=b'9' => Some(b - b'0'),
+            b'a'..=b'f' => Some(b - b'a' + 10),
+            b'A'..=b'F' => Some(b - b'A' + 10),
+            _ => None,
+        }
+    }
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while let Some(&b) = bytes.get(i) {
+        let escaped = match (b, bytes.get(i + 1), bytes.get(i + 2)) {
+            (b'%', Some(&hi), Some(&lo)) => hex(hi).zip(hex(lo)).map(|(hi, lo)| (hi << 4) | lo),
+            _ => None,
+        };
+        match escaped {
+            Some(byte) => {
+                out.push(byte);
+                i += 3;
+            }
+            None => {
+                out.push(if plus_is_space && b == b'+' { b' ' } else { b });
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
 }
 
 #[cfg(feature = "axum")]
@@ -236,4 +320,70 @@ pub(crate) mod extract {
     key_fn!(T1, T2, T3, T4, T5, T6, T7, T8, T9, T10);
     key_fn!(T1, T2, T3, T4, T5, T6, T7, T8, T9, T10, T11);
     key_fn!(T1, T2, T3, T4, T5, T6, T7, T8, T9, T10, T11, T12);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parts(uri: &str) -> Parts {
+        let (parts, ()) = http::Request::get(uri)
+            .header("x-account", "7:a")
+            .body(())
+            .map(http::Request::into_parts)
+            .unwrap_or_else(|e| panic!("{e}"));
+        parts
+    }
+
+    fn one(keys: LockKeys) -> Option<String> {
+        match keys {
+            LockKeys::None => None,
+            LockKeys::One(name) => Some(
+                name.map(|n| n.to_string())
+                    .unwrap_or_else(|e| e.to_string()),
+            ),
+            LockKeys::Many(_) => panic!("several keys"),
+        }
+    }
+
+    #[test]
+    fn percent_decoding() {
+        assert_eq!(percent_decode("%34%32", false), "42");
+        assert_eq!(percent_decode("a+b%2", false), "a+b%2");
+        assert_eq!(percent_decode("a+b%zz", true), "a b%zz");
+        assert_eq!(percent_decode("%C3%A9", false), "é");
+        assert_eq!(percent_decode("%FF", false), "\u{fffd}");
+    }
+
+    #[test]
+    fn ready_made_keys() {
+        let segment = KeyFrom::path_segment(1, "voucher:");
+        assert_eq!(
+            one(segment(&parts("/vouchers/42/orders"))).as_deref(),
+            Some("voucher:42")
+        );
+        assert_eq!(
+            one(segment(&parts("/vouchers/%34%32/orders"))),
+            one(segment(&parts("/vouchers/42/orders")))
+        );
+        assert_eq!(one(segment(&parts("/vouchers"))), None);
+        assert_eq!(one(segment(&parts("/vouchers//orders"))), None);
+
+        let header = KeyFrom::header("x-account", "account:");
+        assert_eq!(one(header(&parts("/"))).as_deref(), Some("account:7%3Aa"));
+        assert_eq!(one(KeyFrom::header("x-other", "o:")(&parts("/"))), None);
+
+        let query = KeyFrom::query("tenant", "tenant:");
+        assert_eq!(
+            one(query(&parts("/?a=1&tenant=ac+me"))).as_deref(),
+            Some("tenant:ac%20me")
+        );
+        assert_eq!(
+            one(query(&parts("/?tenant=ac%20me"))).as_deref(),
+            Some("tenant:ac%20me")
+        );
+        assert_eq!(one(query(&parts("/?tenant="))), None);
+        assert_eq!(one(query(&parts("/?tenants=x"))), None);
+        assert_eq!(one(query(&parts("/"))), None);
+    }
 }

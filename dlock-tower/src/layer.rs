@@ -59,6 +59,7 @@ impl fmt::Debug for Config {
             .field("busy_status", &self.busy_status)
             .field("lost_status", &self.lost_status)
             .field("unavailable_status", &self.unavailable_status)
+            .field("invalid_status", &self.invalid_status)
             .field("hide_names", &self.hide_names)
             .field("hold_body", &self.hold_body)
             .field("handler", &self.handler.is_some())
@@ -76,7 +77,9 @@ pub(crate) struct Shared<S> {
 
 /// Guards the wrapped service with a distributed lock whose name comes from the request.
 ///
-/// See the [crate documentation](crate) for examples.
+/// `S` is the router state the key's extractors run with (`()` for [`LockLayer::new`]). Apply it
+/// with `Router::route_layer`, `Router::layer`, `ServiceBuilder::layer` or
+/// [`Layer::layer`]. See the [crate documentation](crate) for examples.
 pub struct LockLayer<S = ()> {
     locker: Locker,
     keys: KeySource<S>,
@@ -106,7 +109,8 @@ impl<S> fmt::Debug for LockLayer<S> {
 
 impl LockLayer<()> {
     /// A layer over `locker` for extractors that need no router state. Set the key with
-    /// [`key`](LockLayer::key) (extractors) or [`key_from_parts`](LockLayer::key_from_parts).
+    /// [`key`](LockLayer::key) (extractors) or [`key_from_parts`](LockLayer::key_from_parts);
+    /// until one is set, requests take no lock.
     pub fn new(locker: Locker) -> Self {
         Self {
             locker,
@@ -119,7 +123,9 @@ impl LockLayer<()> {
 
 impl<S> LockLayer<S> {
     /// A layer whose key extractors run with the router state `state` (as
-    /// `axum::middleware::from_fn_with_state` does).
+    /// `axum::middleware::from_fn_with_state` does): `State<T>` and extractors implemented for
+    /// your state type. `Router::route_layer` runs before `Router::with_state` supplies the
+    /// state, hence the explicit value. See the [crate documentation](crate#router-state).
     pub fn with_state(locker: Locker, state: S) -> Self {
         Self {
             locker,
@@ -129,10 +135,13 @@ impl<S> LockLayer<S> {
         }
     }
 
-    /// The key from axum extractors, computed by an `async` function:
+    /// The key from axum extractors (up to twelve), computed by an `async` function:
     /// `|Path(id): Path<u64>, user: User| async move { format!("order:{}:{id}", user.id) }`.
     /// It may return a name, an `Option` of one (`None`: no lock for this request) or a `Vec`
-    /// of names (all locked, all-or-none). A failing extractor's rejection is returned as it is.
+    /// of names (all locked, all-or-none). A failing extractor's rejection is returned as it is,
+    /// and the handler doesn't run.
+    ///
+    /// The extractors run on the request head only; the body goes to the handler untouched.
     #[cfg(feature = "axum")]
     pub fn key<F, T>(mut self, f: F) -> Self
     where
@@ -143,6 +152,31 @@ impl<S> LockLayer<S> {
     }
 
     /// As [`key`](LockLayer::key), with a plain (non-`async`) function.
+    ///
+    /// ```
+    /// use axum::{Router, extract::Query, http::HeaderMap, routing::post};
+    /// use dlock_core::LockName;
+    /// use dlock_tower::LockLayer;
+    ///
+    /// #[derive(serde::Deserialize)]
+    /// struct Import {
+    ///     tenant: Option<String>,
+    /// }
+    ///
+    /// let app: Router = Router::new()
+    ///     .route("/imports", post(|| async { "started" }))
+    ///     .route_layer(LockLayer::new(dlock_core::Locker::memory()).sync_key(
+    ///         |Query(import): Query<Import>, headers: HeaderMap| {
+    ///             // No tenant, or a dry run: no lock.
+    ///             if headers.contains_key("x-dry-run") {
+    ///                 return None;
+    ///             }
+    ///             let tenant = import.tenant?;
+    ///             Some(LockName::builder().literal("import:").value(tenant).build())
+    ///         },
+    ///     ));
+    /// # let _ = app;
+    /// ```
     #[cfg(feature = "axum")]
     pub fn sync_key<F, T>(mut self, f: F) -> Self
     where
@@ -155,7 +189,7 @@ impl<S> LockLayer<S> {
     }
 
     /// The key from the request head (method, URI, headers, extensions — never the body): the
-    /// plain tower form. [`KeyFrom`](crate::KeyFrom) has ready-made ones.
+    /// plain tower form, no axum needed. [`KeyFrom`](crate::KeyFrom) has ready-made ones.
     pub fn key_from_parts<F, R>(mut self, f: F) -> Self
     where
         F: Fn(&Parts) -> R + Send + Sync + 'static,
@@ -167,6 +201,31 @@ impl<S> LockLayer<S> {
 
     /// The key from the request, seen without its body (`http::Request<()>`: method, URI,
     /// headers, extensions): the plain tower form for code written against `&http::Request`.
+    /// The head is lent as it is, not copied, and the body is given back to the request.
+    ///
+    /// ```
+    /// use std::convert::Infallible;
+    ///
+    /// use dlock_tower::LockLayer;
+    /// use http::{Request, Response};
+    /// use tower::{ServiceBuilder, ServiceExt as _};
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// let service = ServiceBuilder::new()
+    ///     .layer(
+    ///         LockLayer::new(dlock_core::Locker::memory())
+    ///             // One write at a time per resource; reads take no lock.
+    ///             .key_from_request(|req: &Request<()>| {
+    ///                 (req.method() != http::Method::GET).then(|| format!("res:{}", req.uri().path()))
+    ///             }),
+    ///     )
+    ///     .service_fn(|_req: Request<String>| async {
+    ///         Ok::<_, Infallible>(Response::new(String::from("done")))
+    ///     });
+    /// let response = service.oneshot(Request::put("/a").body(String::new()).unwrap()).await;
+    /// assert_eq!(response.unwrap().status(), 200);
+    /// # });
+    /// ```
     pub fn key_from_request<F, R>(mut self, f: F) -> Self
     where
         F: Fn(&http::Request<()>) -> R + Send + Sync + 'static,
@@ -176,20 +235,23 @@ impl<S> LockLayer<S> {
         self
     }
 
-    /// How long a request waits for a busy lock (default: one attempt, no waiting).
+    /// How long a request waits for a busy lock before it is answered busy (default: one
+    /// attempt, no waiting). Waiting is a pub/sub wake-up in the core, not polling.
     pub fn wait(mut self, wait: Duration) -> Self {
         self.config.wait = wait;
         self
     }
 
-    /// A fixed lease (no renewal). By default the watchdog renews the lock while the request
-    /// runs.
+    /// A fixed lease (no renewal; at least 10 ms): the lock expires after it even if the
+    /// request still runs, and the request is then cancelled as lost. By default the watchdog
+    /// renews the lock while the request runs.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.config.lease = Some(lease);
         self
     }
 
-    /// Watchdog mode with this lease (renewed every third of it).
+    /// Watchdog mode with this lease (renewed every third of it; the `Locker`'s watchdog lease
+    /// by default).
     pub fn watchdog_lease(mut self, lease: Duration) -> Self {
         self.config.watchdog_lease = Some(lease);
         self
@@ -207,20 +269,32 @@ impl<S> LockLayer<S> {
         self
     }
 
-    /// The status when Redis can't be reached (default 503).
+    /// The status when Redis can't be reached or doesn't answer in time (default 503).
     pub fn unavailable_status_code(mut self, status: StatusCode) -> Self {
         self.config.unavailable_status = status;
         self
     }
 
-    /// Leave the lock's name out of rejection bodies (it may hold user data).
+    /// The status when the key is not a valid lock name: too long, control characters, `{` or
+    /// `}` in literal text (default 400).
+    pub fn invalid_key_status_code(mut self, status: StatusCode) -> Self {
+        self.config.invalid_status = status;
+        self
+    }
+
+    /// Leave the lock's name out of rejection bodies (it may hold user data). The `Retry-After`
+    /// header and the status stay.
     pub fn hide_names(mut self, hide: bool) -> Self {
         self.config.hide_names = hide;
         self
     }
 
     /// Hold the lock until the response body has been sent (or dropped), not just until the
-    /// response head is produced.
+    /// response head is produced: for streamed bodies whose production is the guarded work.
+    ///
+    /// The body is wrapped ([`LockBody`](crate::LockBody)); it releases the lock when it
+    /// yields its last frame, fails, or is dropped (the client went away). If the lock is lost
+    /// while the body is being sent, the body ends with an error.
     pub fn hold_until_body_ends(mut self, hold: bool) -> Self {
         self.config.hold_body = hold;
         self
@@ -229,6 +303,28 @@ impl<S> LockLayer<S> {
     /// Replaces the layer's own rejections: return `Some(response)` to answer with it, `None`
     /// to keep the default. Extractor rejections are never passed here; they are returned as
     /// the extractor made them.
+    ///
+    /// ```
+    /// use axum::{Json, Router, http::StatusCode, response::IntoResponse, routing::post};
+    /// use dlock_tower::{LockLayer, LockRejection};
+    ///
+    /// let layer = LockLayer::new(dlock_core::Locker::memory())
+    ///     .key(|| async { "report" })
+    ///     .on_rejection(|rejection| match rejection {
+    ///         // The application's own error shape for a busy lock; the defaults for the rest.
+    ///         LockRejection::Busy { .. } => Some(
+    ///             (
+    ///                 StatusCode::TOO_MANY_REQUESTS,
+    ///                 [("retry-after", rejection.retry_after_secs().unwrap_or(1).to_string())],
+    ///                 Json(serde_json::json!({ "error": "report_running" })),
+    ///             )
+    ///                 .into_response(),
+    ///         ),
+    ///         _ => None,
+    ///     });
+    /// let app: Router = Router::new().route("/reports", post(|| async { "ok" })).route_layer(layer);
+    /// # let _ = app;
+    /// ```
     pub fn on_rejection<F, B>(mut self, handler: F) -> Self
     where
         F: Fn(&LockRejection) -> Option<http::Response<B>> + Send + Sync + 'static,

@@ -57,37 +57,152 @@
 //! # });
 //! ```
 //!
+//! # Feature flags
+//!
+//! - `axum` (default): key functions over axum extractors ([`LockLayer::key`],
+//!   [`LockLayer::sync_key`]) and the [`HeldLocks`] extractor. Without it, axum is not a
+//!   dependency and keys come from the request head ([`LockLayer::key_from_parts`],
+//!   [`LockLayer::key_from_request`], [`KeyFrom`]).
+//!
+//! The minimum supported Rust version is 1.88.
+//!
 //! # Keys
 //!
 //! - [`LockLayer::key`] takes an `async` function of up to twelve axum extractors (anything that
-//!   implements `FromRequestParts`: `Path`, `Query`, `HeaderMap`, `State`, your own auth
-//!   extractor…); [`LockLayer::sync_key`] a plain one. For extractors that need the router
-//!   state, build the layer with [`LockLayer::with_state`]. The body is never read.
-//! - [`LockLayer::key_from_parts`] is the plain tower form: a function of the request head.
-//!   [`KeyFrom`] has ready-made ones (a header, a path segment).
+//!   implements `FromRequestParts`: `Path`, `Query`, `HeaderMap`, typed headers, `State`, your
+//!   own auth extractor…); [`LockLayer::sync_key`] a plain one. The extractors run on the
+//!   request head; the body is never read, and reaches the handler untouched.
+//! - [`LockLayer::key_from_parts`] and [`LockLayer::key_from_request`] are the plain tower form:
+//!   a function of the request head. [`KeyFrom`] has ready-made ones (a header, a path segment, a
+//!   query parameter).
 //!
-//! A key function returns a name, an `Option` of one (`None`: this request takes no lock), or a
-//! `Vec` of names, locked all-or-none.
+//! A key function returns a name (`String`, `&'static str`, [`LockName`](dlock_core::LockName)),
+//! an `Option` of one (`None`: this request takes no lock), or a `Vec` of names, locked
+//! all-or-none. A `String` is taken as trusted text; build names that embed user input with
+//! [`LockName::builder`](dlock_core::LockName::builder), which escapes values.
+//!
+//! ## Router state
+//!
+//! `Router::route_layer` runs before `Router::with_state` hands the state to the routes, so a
+//! layer whose extractors need the state is given it, as `axum::middleware::from_fn_with_state`
+//! is: [`LockLayer::with_state`]. Extractors that work for any state (`Path`, `Query`,
+//! `HeaderMap`, most auth extractors) need nothing: [`LockLayer::new`].
+//!
+//! ```
+//! use std::time::Duration;
+//!
+//! use axum::{
+//!     Router,
+//!     body::Body,
+//!     extract::{FromRequestParts, Path},
+//!     http::{Request, StatusCode, request::Parts},
+//!     routing::post,
+//! };
+//! use dlock_core::{LockName, Locker};
+//! use dlock_tower::LockLayer;
+//! use tower::ServiceExt as _;
+//!
+//! #[derive(Clone)]
+//! struct AppState {
+//!     locker: Locker,
+//!     api_keys: Vec<(&'static str, u64)>,
+//! }
+//!
+//! /// The caller, from its API key: an extractor that needs the state.
+//! struct CurrentUser {
+//!     id: u64,
+//! }
+//!
+//! impl FromRequestParts<AppState> for CurrentUser {
+//!     type Rejection = StatusCode;
+//!
+//!     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, StatusCode> {
+//!         let key = parts.headers.get("x-api-key").ok_or(StatusCode::UNAUTHORIZED)?;
+//!         let (_, id) = state
+//!             .api_keys
+//!             .iter()
+//!             .find(|(k, _)| k.as_bytes() == key.as_bytes())
+//!             .ok_or(StatusCode::UNAUTHORIZED)?;
+//!         Ok(CurrentUser { id: *id })
+//!     }
+//! }
+//!
+//! async fn place_order(Path(voucher): Path<u64>, user: CurrentUser) -> String {
+//!     format!("user {} ordered voucher {voucher}", user.id)
+//! }
+//!
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! let state = AppState { locker: Locker::memory(), api_keys: vec![("k-7", 7)] };
+//! let app = Router::new()
+//!     .route("/vouchers/{id}/orders", post(place_order))
+//!     .route_layer(
+//!         LockLayer::with_state(state.locker.clone(), state.clone())
+//!             .key(|Path(id): Path<u64>, user: CurrentUser| async move {
+//!                 // One order at a time per user and voucher.
+//!                 LockName::builder().literal("order:").value(user.id).literal(":").value(id).build()
+//!             })
+//!             .wait(Duration::from_secs(3)),
+//!     )
+//!     .with_state(state);
+//!
+//! let request = |key: &str| {
+//!     Request::post("/vouchers/3/orders").header("x-api-key", key).body(Body::empty()).unwrap()
+//! };
+//! let response = app.clone().oneshot(request("k-7")).await.unwrap();
+//! assert_eq!(response.status(), StatusCode::OK);
+//! // The extractor's rejection, untouched: no key, no lock, no handler.
+//! let response = app.oneshot(request("wrong")).await.unwrap();
+//! assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+//! # });
+//! ```
+//!
+//! ## `route_layer` or `layer`
+//!
+//! Prefer `Router::route_layer`: it runs after routing, so `Path` sees the route's parameters,
+//! and unmatched paths answer 404 without touching Redis. Under `Router::layer` the key function
+//! runs before routing; `Path` then fails (axum answers 500), and keys should come from the
+//! head (headers, query, [`KeyFrom`]).
 //!
 //! # Responses
 //!
 //! | situation | default answer |
 //! | --- | --- |
-//! | busy after the wait | 409 ([`LockLayer::with_status_code`]), `Retry-After` from the holder's remaining lease, `application/problem+json` naming the lock ([`LockLayer::hide_names`] leaves the name out) |
+//! | busy after the wait | 409 ([`LockLayer::with_status_code`]), `Retry-After` from the holder's remaining lease (whole seconds, rounded up), `application/problem+json` naming the lock ([`LockLayer::hide_names`] leaves the name out) |
 //! | key not derivable | the extractor's own rejection |
-//! | invalid key (too long, control characters) | 400 |
-//! | Redis unreachable or timed out | 503, within the `Locker`'s command timeout |
+//! | invalid key (too long, control characters) | 400 ([`LockLayer::invalid_key_status_code`]) |
+//! | Redis unreachable or timed out | 503 ([`LockLayer::unavailable_status_code`]), within the `Locker`'s command timeout |
 //! | lock lost while the handler runs | the handler is cancelled; 503 ([`LockLayer::lost_status_code`]) |
+//! | the core refuses the request (a fixed lease under 10 ms) | 500 |
 //!
-//! [`LockLayer::on_rejection`] can replace any of the layer's own answers.
+//! [`LockLayer::on_rejection`] can replace any of the layer's own answers; it sees a
+//! [`LockRejection`].
 //!
 //! # While the handler runs
 //!
 //! The lock is held in the response future and released as soon as the response is produced,
-//! or when its body ends with [`LockLayer::hold_until_body_ends`]. The handler runs inside a
-//! `dlock_core` lock scope that holds the lock, so a `#[distributed_lock]` function it calls
-//! with the same key re-enters instead of deadlocking. [`HeldLocks`] (a request extension, and an
+//! or, with [`LockLayer::hold_until_body_ends`], when its body has been sent (or dropped). The
+//! release is handed to a background task so that it adds no round trip to the response; a
+//! request that follows within that round trip may still find the lock held, which a small
+//! [`LockLayer::wait`] absorbs.
+//!
+//! The handler runs inside a `dlock_core` lock scope that holds the lock, so a
+//! `#[distributed_lock]` function it calls with the same key re-enters instead of deadlocking,
+//! and `dlock_core::fencing_token()` answers there. [`HeldLocks`] (a request extension, and an
 //! extractor) carries the names and fencing tokens.
+//!
+//! If the lock is lost while the handler runs (its lease ran out without renewal, someone
+//! deleted it), the handler's future is dropped at its next `.await` and the lost response is
+//! returned. If it is lost while a held body is being sent, the body ends with an error and the
+//! connection is cut rather than letting the rest go out unprotected.
+//!
+//! # Tracing
+//!
+//! Each request runs in a `dlock.request` span (level `DEBUG`) with the fields `keys`,
+//! `waited_us` and `outcome` (`acquired`, `unlocked`, `key_rejected`, `busy`, `invalid_key`,
+//! `unavailable`, `lost`, `internal`); the core's own `dlock.acquire` span nests inside it.
+
+// The links to the extractor form go nowhere when it is compiled out.
+#![cfg_attr(not(feature = "axum"), allow(rustdoc::broken_intra_doc_links))]
 
 mod body;
 mod future;
@@ -97,7 +212,7 @@ mod rejection;
 mod service;
 
 pub use body::{BoxError, LockBody};
-pub use future::{Held, HeldLocks, ResponseFuture};
+pub use future::{HeldLocks, ResponseFuture};
 #[cfg(feature = "axum")]
 pub use key::extract::{KeyFn, SyncKeyFn};
 pub use key::{IntoLockKeys, KeyFrom, LockKeys};
@@ -115,7 +230,20 @@ impl<S: Send + Sync> axum_core::extract::FromRequestParts<S> for HeldLocks {
     ) -> Result<Self, Self::Rejection> {
         parts.extensions.get::<HeldLocks>().cloned().ok_or((
             http::StatusCode::INTERNAL_SERVER_ERROR,
-            "no lock is held for this request: is LockLayer applied to this route?",
+            "no lock is held for this request: LockLayer is not applied to this route, or its \
+             key function returned no key (take `Option<HeldLocks>` for that)",
         ))
+    }
+}
+
+#[cfg(feature = "axum")]
+impl<S: Send + Sync> axum_core::extract::OptionalFromRequestParts<S> for HeldLocks {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(
+        parts: &mut http::request::Parts,
+        _state: &S,
+    ) -> Result<Option<Self>, Self::Rejection> {
+        Ok(parts.extensions.get::<HeldLocks>().cloned())
     }
 }

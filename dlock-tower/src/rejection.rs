@@ -32,6 +32,9 @@ pub enum LockRejection {
         /// The fencing token of the lost hold.
         fencing_token: FencingToken,
     },
+    /// The lock could not be taken for another reason, such as a lease the core refuses (a
+    /// fixed lease under 10 ms): a server-side problem, answered 500.
+    Internal(LockError),
 }
 
 impl LockRejection {
@@ -48,17 +51,36 @@ impl LockRejection {
                 fencing_token,
             },
             err if err.is_invalid_name() => Self::InvalidKey(err),
-            err => Self::Unavailable(err),
+            err if err.is_backend() => Self::Unavailable(err),
+            err => Self::Internal(err),
         }
     }
 
-    /// A short word for logs and spans: `busy`, `invalid_key`, `unavailable`, `lost`.
+    /// A short word for logs and spans: `busy`, `invalid_key`, `unavailable`, `lost`,
+    /// `internal`.
     pub fn outcome(&self) -> &'static str {
         match self {
             Self::Busy { .. } => "busy",
             Self::InvalidKey(_) => "invalid_key",
             Self::Unavailable(_) => "unavailable",
             Self::Lost { .. } => "lost",
+            Self::Internal(_) => "internal",
+        }
+    }
+
+    /// The lock's name, for a busy or lost lock.
+    pub fn name(&self) -> Option<&str> {
+        match self {
+            Self::Busy { name, .. } | Self::Lost { name, .. } => Some(name),
+            _ => None,
+        }
+    }
+
+    /// The underlying error, for an invalid key, an unavailable backend or an internal failure.
+    pub fn error(&self) -> Option<&LockError> {
+        match self {
+            Self::InvalidKey(err) | Self::Unavailable(err) | Self::Internal(err) => Some(err),
+            _ => None,
         }
     }
 
@@ -76,37 +98,38 @@ impl LockRejection {
         }
     }
 
-    /// The default response under `config`.
+    /// The response: the error handler's, or the default one under `config`.
     pub(crate) fn into_response(self, config: &Config) -> http::Response<LockBody<()>> {
         if let Some(response) = config.handler.as_ref().and_then(|handler| handler(&self)) {
             return response;
         }
-        let (status, title, detail, name) = match &self {
+        let (status, detail, name) = match &self {
             Self::Busy { name, .. } => (
                 config.busy_status,
-                "Locked",
                 "another request holds this lock; retry later".to_owned(),
                 Some(name.as_str()),
             ),
-            Self::InvalidKey(err) => (
-                config.invalid_status,
-                "Invalid lock key",
-                err.to_string(),
+            Self::InvalidKey(err) => (config.invalid_status, err.to_string(), None),
+            // The backend's error stays in the logs (and with the error handler): it can name
+            // hosts and ports.
+            Self::Unavailable(_) => (
+                config.unavailable_status,
+                "the lock service could not be reached; retry later".to_owned(),
                 None,
             ),
-            Self::Unavailable(err) => (
-                config.unavailable_status,
-                "Lock service unavailable",
-                err.to_string(),
+            Self::Internal(_) => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "the lock could not be taken".to_owned(),
                 None,
             ),
             Self::Lost { name, .. } => (
                 config.lost_status,
-                "Lock lost",
                 "the lock was lost while the request ran; the request was cancelled".to_owned(),
                 Some(name.as_str()),
             ),
         };
+        // RFC 9457: with the `about:blank` type, the title is the status's reason phrase.
+        let title = status.canonical_reason().unwrap_or("Error");
         let mut body = String::with_capacity(160);
         body.push_str("{\"type\":\"about:blank\",\"title\":");
         json_string(&mut body, title);

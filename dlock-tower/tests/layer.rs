@@ -6,9 +6,10 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::{Path, Query, State};
-use axum::http::{Request, StatusCode};
-use axum::routing::get;
+use axum::extract::{FromRequestParts, Path, Query, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, Method, Request, StatusCode, Uri, Version};
+use axum::routing::{get, post};
 use dlock_core::redis::AsyncCommands as _;
 use dlock_core::{LockError, Locker, distributed_lock};
 use dlock_tests::{RedisServer, unique_name};
@@ -295,46 +296,75 @@ async fn a_slow_handler_keeps_its_lock_through_the_watchdog() {
     assert_eq!(slow.await.unwrap().0, StatusCode::OK);
 }
 
+/// Sets its flag when dropped: proof that a handler's future was dropped (cancelled).
+struct SetOnDrop(Arc<AtomicBool>);
+
+impl Drop for SetOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
 #[tokio::test]
 async fn deleting_the_key_cancels_the_handler_with_503() {
     let server = RedisServer::start();
     let locker = locker(&server).await;
-    let name = unique_name("doomed");
-    let finished = Arc::new(AtomicBool::new(false));
-    let app = Router::new()
-        .route(
-            "/doomed",
-            get({
-                let finished = finished.clone();
-                move || async move {
-                    tokio::time::sleep(Duration::from_secs(10)).await;
-                    finished.store(true, Ordering::SeqCst);
-                    "finished"
-                }
-            }),
-        )
-        .route_layer(
-            LockLayer::new(locker.clone())
-                .key(fixed_key(&name))
-                .watchdog_lease(Duration::from_millis(600)),
-        );
-    let request = tokio::spawn({
-        let app = app.clone();
-        async move { oneshot(&app, "/doomed").await }
-    });
-    tokio::time::sleep(Duration::from_millis(100)).await;
     let mut con = server.connection().await;
-    let () = con
-        .del(locker.key_of(name.as_str()).unwrap())
-        .await
-        .unwrap();
-    let (status, body) = tokio::time::timeout(Duration::from_secs(3), request)
-        .await
-        .expect("cancelled promptly")
-        .unwrap();
-    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
-    assert!(body.contains("Lock lost"), "{body}");
-    assert!(!finished.load(Ordering::SeqCst));
+    // The default status, then a configured one.
+    for lost_status in [None, Some(StatusCode::GONE)] {
+        let name = unique_name("doomed");
+        let finished = Arc::new(AtomicBool::new(false));
+        let dropped = Arc::new(AtomicBool::new(false));
+        let started = Arc::new(tokio::sync::Notify::new());
+        let handler = {
+            let (finished, dropped, started) = (finished.clone(), dropped.clone(), started.clone());
+            move || async move {
+                let _on_drop = SetOnDrop(dropped);
+                started.notify_one();
+                tokio::time::sleep(Duration::from_secs(10)).await;
+                finished.store(true, Ordering::SeqCst);
+                "finished"
+            }
+        };
+        let mut layer = LockLayer::new(locker.clone())
+            .key(fixed_key(&name))
+            .watchdog_lease(Duration::from_millis(600));
+        if let Some(status) = lost_status {
+            layer = layer.lost_status_code(status);
+        }
+        let app = Router::new()
+            .route("/doomed", get(handler))
+            .route_layer(layer);
+        let request = tokio::spawn({
+            let app = app.clone();
+            async move { oneshot(&app, "/doomed").await }
+        });
+        tokio::time::timeout(Duration::from_secs(3), started.notified())
+            .await
+            .expect("the handler runs");
+        let () = con
+            .del(locker.key_of(name.as_str()).unwrap())
+            .await
+            .unwrap();
+        let (status, body) = tokio::time::timeout(Duration::from_secs(3), request)
+            .await
+            .expect("cancelled promptly")
+            .unwrap();
+        let expected = lost_status.unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(status, expected, "{body}");
+        let problem: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(problem["status"], expected.as_u16());
+        assert_eq!(problem["lock"].as_str(), Some(name.as_str()));
+        assert!(
+            problem["detail"].as_str().unwrap().contains("lost"),
+            "{body}"
+        );
+        assert!(
+            dropped.load(Ordering::SeqCst),
+            "the handler was not cancelled"
+        );
+        assert!(!finished.load(Ordering::SeqCst));
+    }
 }
 
 #[tokio::test]
@@ -352,6 +382,11 @@ async fn redis_down_is_a_503_within_the_timeout() {
         started.elapsed() < Duration::from_secs(2),
         "{:?}",
         started.elapsed()
+    );
+    // The backend's error (hosts, ports) stays out of the answer.
+    assert!(
+        !body.contains("127.0.0.1") && !body.contains("refused"),
+        "{body}"
     );
 }
 
@@ -547,6 +582,429 @@ async fn a_rejection_handler_replaces_the_answer() {
     assert!(body.starts_with("busy, retry in "), "{body}");
 }
 
+#[tokio::test]
+async fn redis_not_answering_is_a_503_within_the_command_timeout() {
+    let server = RedisServer::start();
+    let locker = locker(&server).await;
+    let app = Router::new()
+        .route("/x", get(|| async { "ran" }))
+        .route("/wait", get(|| async { "ran" }))
+        .route_layer(
+            LockLayer::new(locker.clone())
+                .key(|uri: Uri| async move { format!("paused:{}", uri.path()) }),
+        );
+    let waiting = Router::new()
+        .route("/x", get(|| async { "ran" }))
+        .route_layer(
+            LockLayer::new(locker)
+                .key(|| async { "paused-wait" })
+                .wait(Duration::from_secs(10)),
+        );
+    server.pause();
+    for app in [&app, &waiting] {
+        let started = Instant::now();
+        let (status, body) = tokio::time::timeout(Duration::from_secs(5), oneshot(app, "/x"))
+            .await
+            .expect("no hang while redis is paused");
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+        // The command timeout is 500 ms; a wait of 10 s doesn't stretch it.
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+    server.resume();
+}
+
+#[tokio::test]
+async fn retry_after_comes_from_the_holders_remaining_lease() {
+    let server = RedisServer::start();
+    let locker = locker(&server).await;
+    let name = unique_name("ttl");
+    let holder = locker
+        .lock(name.as_str())
+        .lease(Duration::from_millis(4_500))
+        .await
+        .unwrap();
+    let app = Router::new()
+        .route("/r", get(|| async { "ran" }))
+        .route_layer(
+            LockLayer::new(locker.clone())
+                .key(fixed_key(&name))
+                .with_status_code(StatusCode::LOCKED),
+        );
+    let response = app
+        .clone()
+        .oneshot(Request::get("/r").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::LOCKED);
+    let headers = response.headers().clone();
+    // 4.5 s left (a little less by now), rounded up to whole seconds.
+    let retry_after: u64 = headers["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!((4..=5).contains(&retry_after), "{retry_after}");
+    assert_eq!(headers["content-type"], "application/problem+json");
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(problem["type"], "about:blank");
+    assert_eq!(problem["title"], "Locked");
+    assert_eq!(problem["status"], 423);
+    assert_eq!(problem["lock"].as_str(), Some(name.as_str()));
+    assert!(holder.release().await.is_released());
+    assert_eq!(oneshot(&app, "/r").await.0, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn a_request_waits_for_a_short_holder() {
+    let server = RedisServer::start();
+    let locker = locker(&server).await;
+    let name = unique_name("waited");
+    let holder = locker.lock(name.as_str()).await.unwrap();
+    let app = Router::new()
+        .route("/w", get(|| async { "ran" }))
+        .route_layer(
+            LockLayer::new(locker.clone())
+                .key(fixed_key(&name))
+                .wait(Duration::from_secs(5)),
+        );
+    let started = Instant::now();
+    let request = tokio::spawn({
+        let app = app.clone();
+        async move { oneshot(&app, "/w").await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(holder.release().await.is_released());
+    let (status, body) = tokio::time::timeout(Duration::from_secs(3), request)
+        .await
+        .expect("woken by the release")
+        .unwrap();
+    assert_eq!((status, body.as_str()), (StatusCode::OK, "ran"));
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(300) && waited < Duration::from_secs(3),
+        "{waited:?}"
+    );
+}
+
+#[tokio::test]
+async fn several_names_are_locked_all_or_none() {
+    let server = RedisServer::start();
+    let locker = locker(&server).await;
+    let prefix = unique_name("sku");
+    let app = Router::new()
+        .route(
+            "/carts/checkout",
+            post(|held: HeldLocks| async move {
+                format!("{}:{}", held.names.len(), held.fencing_tokens.len())
+            }),
+        )
+        .route_layer(LockLayer::new(locker.clone()).sync_key({
+            let prefix = prefix.clone();
+            move |Query(q): Query<Vec<(String, String)>>| {
+                q.into_iter()
+                    .filter(|(k, _)| k == "sku")
+                    .map(|(_, sku)| format!("{prefix}:{sku}"))
+                    .collect::<Vec<_>>()
+            }
+        }));
+    let checkout = |skus: &str| {
+        Request::post(format!("/carts/checkout?{skus}"))
+            .body(Body::empty())
+            .unwrap()
+    };
+    let second = format!("{prefix}:2");
+    let holder = locker.lock(second.as_str()).await.unwrap();
+    let response = app.clone().oneshot(checkout("sku=1&sku=2")).await.unwrap();
+    assert_eq!(response.status(), StatusCode::CONFLICT);
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(problem["lock"].as_str(), Some(second.as_str()));
+    // None of the names stays held: sku 1 is free.
+    let first = locker
+        .lock(format!("{prefix}:1"))
+        .try_lock()
+        .await
+        .unwrap()
+        .expect("all-or-none: the first name was let go");
+    assert!(first.release().await.is_released());
+    assert!(holder.release().await.is_released());
+    let response = app.oneshot(checkout("sku=1&sku=2")).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&body[..], b"2:2");
+}
+
+#[derive(Clone)]
+struct AppState {
+    users: Arc<Vec<(&'static str, u64)>>,
+}
+
+/// A user-defined auth extractor that needs the router state.
+struct CurrentUser {
+    id: u64,
+}
+
+impl FromRequestParts<AppState> for CurrentUser {
+    type Rejection = (StatusCode, &'static str);
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
+        let token = parts
+            .headers
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .ok_or((StatusCode::UNAUTHORIZED, "who are you?"))?;
+        state
+            .users
+            .iter()
+            .find(|(t, _)| *t == token)
+            .map(|(_, id)| CurrentUser { id: *id })
+            .ok_or((StatusCode::UNAUTHORIZED, "who are you?"))
+    }
+}
+
+#[tokio::test]
+async fn eight_extractors_with_router_state_and_the_body_untouched() {
+    let server = RedisServer::start();
+    let locker = locker(&server).await;
+    let state = AppState {
+        users: Arc::new(vec![("t-7", 7)]),
+    };
+    let prefix = unique_name("order");
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let app = Router::new()
+        .route(
+            "/vouchers/{id}/orders",
+            post(
+                |State(_): State<AppState>, held: HeldLocks, body: String| async move {
+                    format!("{}|{body}", held.names.join(","))
+                },
+            ),
+        )
+        .route_layer(LockLayer::with_state(locker.clone(), state.clone()).key({
+            let (prefix, seen) = (prefix.clone(), seen.clone());
+            move |Path(id): Path<u64>,
+                  Query(q): Query<Vec<(String, String)>>,
+                  headers: HeaderMap,
+                  State(state): State<AppState>,
+                  user: CurrentUser,
+                  method: Method,
+                  uri: Uri,
+                  version: Version| {
+                let (prefix, seen) = (prefix.clone(), seen.clone());
+                async move {
+                    seen.lock().unwrap().push(format!(
+                        "{method} {uri} {version:?} {} users={} q={}",
+                        headers.len(),
+                        state.users.len(),
+                        q.len()
+                    ));
+                    dlock_core::LockName::builder()
+                        .literal(&format!("{prefix}:"))
+                        .value(user.id)
+                        .literal(":")
+                        .value(id)
+                        .build()
+                }
+            }
+        }))
+        .with_state(state);
+    let request = |token: &str| {
+        Request::post("/vouchers/3/orders?src=web")
+            .header("authorization", format!("Bearer {token}"))
+            .body(Body::from("{\"qty\":1}"))
+            .unwrap()
+    };
+    let response = app.clone().oneshot(request("t-7")).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(
+        String::from_utf8_lossy(&body),
+        format!("{prefix}:7:3|{{\"qty\":1}}")
+    );
+    assert_eq!(
+        seen.lock().unwrap().as_slice(),
+        ["POST /vouchers/3/orders?src=web HTTP/1.1 1 users=1 q=1"]
+    );
+    // The auth extractor's own rejection, untouched; the handler never ran.
+    let (status, body) = {
+        let response = app.oneshot(request("nope")).await.unwrap();
+        let status = response.status();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        (status, String::from_utf8_lossy(&body).into_owned())
+    };
+    assert_eq!(
+        (status, body.as_str()),
+        (StatusCode::UNAUTHORIZED, "who are you?")
+    );
+}
+
+#[tokio::test]
+async fn a_nested_lock_on_the_same_key_re_enters_inside_the_handler() {
+    let server = RedisServer::start();
+    let locker = locker(&server).await;
+    let name = unique_name("nested");
+    let app = Router::new()
+        .route(
+            "/n",
+            get({
+                let (locker, name) = (locker.clone(), name.clone());
+                move |held: HeldLocks| async move {
+                    // Same task, same name, no wait: re-enters the layer's hold.
+                    let inner = locker
+                        .lock(name.as_str())
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    let same = Some(inner.fencing_token()) == held.fencing_token()
+                        && dlock_core::fencing_token() == held.fencing_token();
+                    assert!(inner.release().await.is_released());
+                    Ok::<_, String>(if same { "re-entered" } else { "other token" })
+                }
+            }),
+        )
+        .route_layer(LockLayer::new(locker.clone()).key(fixed_key(&name)));
+    let (status, body) = oneshot(&app, "/n").await;
+    assert_eq!((status, body.as_str()), (StatusCode::OK, "re-entered"));
+    // The layer's hold is gone once the response is out (released in the background).
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        if let Some(guard) = locker.lock(name.as_str()).try_lock().await.unwrap() {
+            assert!(guard.release().await.is_released());
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the layer's hold outlived the response"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test]
+async fn held_locks_is_there_only_when_a_lock_is_held() {
+    let server = RedisServer::start();
+    let locker = locker(&server).await;
+    let prefix = unique_name("opt");
+    let app = Router::new()
+        .route(
+            "/o",
+            get(|held: Option<HeldLocks>| async move {
+                match held {
+                    Some(held) => format!("held {}", held.names.join(",")),
+                    None => "no lock".to_owned(),
+                }
+            }),
+        )
+        .route("/strict", get(|_: HeldLocks| async { "ran" }))
+        .route_layer(LockLayer::new(locker).sync_key({
+            let prefix = prefix.clone();
+            move |headers: HeaderMap| {
+                headers
+                    .get("x-job")
+                    .and_then(|v| v.to_str().ok())
+                    .map(|job| format!("{prefix}:{job}"))
+            }
+        }));
+    let (status, body) = oneshot(&app, "/o").await;
+    assert_eq!((status, body.as_str()), (StatusCode::OK, "no lock"));
+    let response = app
+        .clone()
+        .oneshot(
+            Request::get("/o")
+                .header("x-job", "a")
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(String::from_utf8_lossy(&body), format!("held {prefix}:a"));
+    // The plain extractor on a request that took no lock: a clear 500, not a panic.
+    let (status, body) = oneshot(&app, "/strict").await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(body.contains("no lock is held"), "{body}");
+}
+
+#[tokio::test]
+async fn a_lease_the_core_refuses_is_a_500() {
+    let server = RedisServer::start();
+    let locker = locker(&server).await;
+    let app = Router::new()
+        .route("/l", get(|| async { "ran" }))
+        .route_layer(
+            LockLayer::new(locker)
+                .key(|| async { "short-lease" })
+                .lease(Duration::from_millis(1)),
+        );
+    let (status, body) = oneshot(&app, "/l").await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{body}");
+    let problem: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(problem["status"], 500);
+}
+
+#[tokio::test]
+async fn losing_the_lock_while_a_held_body_streams_ends_the_body_with_an_error() {
+    let server = RedisServer::start();
+    let locker = locker(&server).await;
+    let name = unique_name("stream-lost");
+    let app = Router::new()
+        .route(
+            "/stream",
+            get(|| async {
+                let chunks = futures_util::stream::unfold(0u32, |n| async move {
+                    if n == 50 {
+                        return None;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    Some((
+                        Ok::<_, std::io::Error>(bytes::Bytes::from_static(b".")),
+                        n + 1,
+                    ))
+                });
+                Body::from_stream(chunks)
+            }),
+        )
+        .route_layer(
+            LockLayer::new(locker.clone())
+                .key(fixed_key(&name))
+                .watchdog_lease(Duration::from_millis(600))
+                .hold_until_body_ends(true),
+        );
+    let response = app
+        .oneshot(Request::get("/stream").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut body = response.into_body();
+    // A first chunk, then the key goes.
+    let first = body.frame().await.unwrap().unwrap();
+    assert_eq!(first.into_data().unwrap(), "."[..]);
+    let mut con = server.connection().await;
+    let () = con
+        .del(locker.key_of(name.as_str()).unwrap())
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let outcome = tokio::time::timeout(Duration::from_secs(3), async {
+        loop {
+            match body.frame().await {
+                Some(Ok(_)) => continue,
+                Some(Err(err)) => return Err(err),
+                None => return Ok(()),
+            }
+        }
+    })
+    .await
+    .expect("the body stops promptly");
+    let err = outcome.expect_err("the body ends with an error");
+    assert!(err.to_string().contains("lost"), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(2));
+}
+
 #[test]
 fn the_layer_service_and_future_are_send_and_sync() {
     fn assert_send<T: Send>() {}
@@ -558,4 +1016,14 @@ fn the_layer_service_and_future_are_send_and_sync() {
     assert_sync::<dlock_tower::Lock<Svc>>();
     assert_send::<dlock_tower::ResponseFuture<Svc, Body>>();
     assert_send::<dlock_tower::LockBody<Body>>();
+    // With router state.
+    assert_send::<LockLayer<AppState>>();
+    assert_sync::<LockLayer<AppState>>();
+    assert_send::<dlock_tower::Lock<Svc, AppState>>();
+    assert_sync::<dlock_tower::Lock<Svc, AppState>>();
+    // What handlers and error handlers see.
+    assert_send::<HeldLocks>();
+    assert_sync::<HeldLocks>();
+    assert_send::<dlock_tower::LockRejection>();
+    assert_sync::<dlock_tower::LockRejection>();
 }
