@@ -42,15 +42,70 @@ pub enum Names {
     Many(Vec<Result<LockName, LockError>>),
 }
 
-/// The `locker = ...` expression's value as an owned `Locker` (a cheap clone), so that no borrow
-/// of the function's parameters outlives the key computation.
-pub fn to_locker<L: std::borrow::Borrow<Locker>>(locker: &L) -> Locker {
-    locker.borrow().clone()
+/// What a `locker = ...` expression may be: a [`Locker`], or a reference or smart pointer to one.
+#[diagnostic::on_unimplemented(
+    message = "`locker = ...` must be a `dlock_core::Locker`, or a reference or smart pointer to one; found `{Self}`",
+    label = "not a `Locker`"
+)]
+pub trait AsLocker {
+    /// The locker.
+    fn as_locker(&self) -> &Locker;
 }
 
-/// The default locker, for the generated code.
-pub fn default_locker() -> Result<&'static Locker, LockError> {
-    crate::locker::default_locker()
+impl AsLocker for Locker {
+    fn as_locker(&self) -> &Locker {
+        self
+    }
+}
+
+impl<T: AsLocker + ?Sized> AsLocker for &T {
+    fn as_locker(&self) -> &Locker {
+        (**self).as_locker()
+    }
+}
+
+impl<T: AsLocker + ?Sized> AsLocker for &mut T {
+    fn as_locker(&self) -> &Locker {
+        (**self).as_locker()
+    }
+}
+
+impl<T: AsLocker + ?Sized> AsLocker for Box<T> {
+    fn as_locker(&self) -> &Locker {
+        (**self).as_locker()
+    }
+}
+
+impl<T: AsLocker + ?Sized> AsLocker for std::sync::Arc<T> {
+    fn as_locker(&self) -> &Locker {
+        (**self).as_locker()
+    }
+}
+
+impl<T: AsLocker + ?Sized> AsLocker for std::rc::Rc<T> {
+    fn as_locker(&self) -> &Locker {
+        (**self).as_locker()
+    }
+}
+
+/// The `locker = ...` expression's value as an owned `Locker` (a cheap clone), so that no borrow
+/// of the function's parameters outlives the key computation.
+pub fn to_locker<L: AsLocker + ?Sized>(locker: &L) -> Locker {
+    locker.as_locker().clone()
+}
+
+/// Appends a placeholder's value to a name (`Display`, escaped).
+pub fn push_value<T: std::fmt::Display + ?Sized>(name: &mut NameBuilder, value: &T) {
+    name.push_value(value);
+}
+
+/// Appends one name per item of a collection placeholder (`<items*>`, iterated by reference).
+pub fn push_each<I, F>(names: &mut Vec<Result<LockName, LockError>>, items: I, name_of: F)
+where
+    I: IntoIterator,
+    F: FnMut(I::Item) -> Result<LockName, LockError>,
+{
+    names.extend(items.into_iter().map(name_of));
 }
 
 /// The lock(s) the attribute holds.
@@ -112,11 +167,23 @@ impl Held {
 /// Acquires the lock(s) inside the task's lock scope (re-entering a hold the task already has,
 /// unless `reentrant` is off), runs `body` under the loss policy, and releases on every path:
 /// here on return, and through the guards' `Drop` on panic or cancellation.
-pub async fn run<F, T, E>(locker: &Locker, names: Names, options: Options, body: F) -> Result<T, E>
+///
+/// `locker` is the `locker = ...` argument's value, `None` for the process-wide default.
+pub async fn run<F, T, E>(
+    locker: Option<Locker>,
+    names: Names,
+    options: Options,
+    body: F,
+) -> Result<T, E>
 where
     F: Future<Output = Result<T, E>>,
     E: From<LockError>,
 {
+    let locker = match locker {
+        Some(locker) => locker,
+        None => crate::locker::default_locker()?.clone(),
+    };
+    let locker = &locker;
     crate::scope::scope(async move {
         let held = if options.reentrant {
             Held::acquire(locker, names, options).await

@@ -3,13 +3,16 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use proc_macro2::TokenStream;
-use quote::{format_ident, quote, quote_spanned};
-use syn::spanned::Spanned as _;
-use syn::{FnArg, ItemFn, Pat, ReturnType, Type};
+use proc_macro2::{Span, TokenStream, TokenTree};
+use quote::{quote, quote_spanned};
+use syn::spanned::Spanned;
+use syn::{AttrStyle, FnArg, GenericArgument, ItemFn, Pat, PathArguments, ReturnType, Type};
 
 use crate::attr::{Args, OnLost};
 use crate::template::{Placeholder, Segment, Template};
+
+const RETURN_HELP: &str = "a `#[distributed_lock]` function must return `Result<_, E>` with \
+                           `E: From<dlock_core::LockError>`";
 
 /// Checks the function and rewrites its body.
 pub(crate) fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream> {
@@ -23,24 +26,19 @@ pub(crate) fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream> {
     let ret_ty = match &sig.output {
         ReturnType::Type(_, ty) if returns_result(ty) => ty.clone(),
         ReturnType::Type(_, ty) => {
-            return Err(syn::Error::new(
-                ty.span(),
-                "a `#[distributed_lock]` function must return `Result<_, E>` with \
-                 `E: From<dlock_core::LockError>`",
-            ));
+            return Err(syn::Error::new(ty.span(), RETURN_HELP));
         }
         ReturnType::Default => {
             return Err(syn::Error::new(
                 sig.paren_token.span.close(),
-                "a `#[distributed_lock]` function must return `Result<_, E>` with \
-                 `E: From<dlock_core::LockError>`; it returns `()`",
+                format!("{RETURN_HELP}; it returns `()`"),
             ));
         }
     };
 
-    let params = parameter_names(&func)?;
+    let params = Params::of(&func);
     for template in &args.keys {
-        check_placeholders(template, &params, &sig.ident)?;
+        params.check(template, &sig.ident)?;
     }
 
     let krate = match &args.krate {
@@ -48,18 +46,19 @@ pub(crate) fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream> {
         None => quote!(::dlock_core),
     };
     let support = quote!(#krate::macro_support);
-
+    // Where a missing `From<LockError>` for the error type is reported: on the error type.
+    let error_span = error_type(&ret_ty).map_or_else(|| ret_ty.span(), |ty| ty.span());
     let locker = match &args.locker {
-        Some(expr) => quote_spanned! {expr.span()=>
-            let __dlock_locker: #krate::Locker = #support::to_locker(&(#expr));
-        },
+        Some(expr) => {
+            let to_locker = respan(quote!(#support::to_locker), expr.span());
+            quote_spanned! {expr.span()=>
+                let __dlock_locker: ::core::option::Option<#krate::Locker> =
+                    ::core::option::Option::Some(#to_locker(&(#expr)));
+            }
+        }
         None => quote! {
-            let __dlock_locker: #krate::Locker = match #support::default_locker() {
-                ::core::result::Result::Ok(locker) => ::core::clone::Clone::clone(locker),
-                ::core::result::Result::Err(err) => {
-                    return ::core::result::Result::Err(::core::convert::From::from(err));
-                }
-            };
+            let __dlock_locker: ::core::option::Option<#krate::Locker> =
+                ::core::option::Option::None;
         },
     };
 
@@ -68,18 +67,22 @@ pub(crate) fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream> {
         let pushes = args.keys.iter().map(|key| match key.collection() {
             Some(collection) => {
                 let items = value_expr(collection);
-                let build = build_name(key, &support, Some(quote!(__dlock_item)));
-                quote! {
-                    __dlock_names.extend((&#items).into_iter().map(|__dlock_item| #build));
+                let build = build_name(key, &support);
+                let push_each = respan(quote!(#support::push_each), collection.span);
+                // Method syntax, so that `&skus` iterates whether `skus` is a collection or a
+                // reference to one.
+                quote_spanned! {collection.span=>
+                    #[allow(clippy::into_iter_on_ref)]
+                    #push_each(&mut __dlock_names, (&#items).into_iter(), |__dlock_item| #build);
                 }
             }
             None => {
-                let build = build_name(key, &support, None);
+                let build = build_name(key, &support);
                 quote!(__dlock_names.push(#build);)
             }
         });
         quote! {
-            #[allow(clippy::into_iter_on_ref, clippy::vec_init_then_push)]
+            #[allow(clippy::vec_init_then_push)]
             let __dlock_names = {
                 let mut __dlock_names = ::std::vec::Vec::new();
                 #(#pushes)*
@@ -87,7 +90,7 @@ pub(crate) fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream> {
             };
         }
     } else {
-        let build = build_name(&args.keys[0], &support, None);
+        let build = build_name(&args.keys[0], &support);
         quote! {
             let __dlock_names = #support::Names::One(#build);
         }
@@ -108,7 +111,8 @@ pub(crate) fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream> {
     let reentrant = args.reentrant;
 
     // A return edge of the declared type, never taken, so that `?` and type errors in the body
-    // are checked against the function's own signature.
+    // are checked against the function's own signature. (`impl Trait` can't be named in a
+    // `let`; those bodies are inferred from `run`'s signature instead.)
     let fake_return = if contains_impl_trait(&ret_ty) {
         quote!()
     } else {
@@ -127,23 +131,12 @@ pub(crate) fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream> {
         }
     };
 
-    let ItemFn {
-        attrs,
-        vis,
-        sig,
-        block,
-    } = func;
-    Ok(quote! {
-        #(#attrs)*
-        #vis #sig {
-            #locker
-            #names
-            let __dlock_body = async move {
-                #fake_return
-                #block
-            };
+    // Any unmet bound of the call (the error type's `From<LockError>`) is reported on the
+    // function's error type.
+    let run_call = respan(
+        quote! {
             #support::run(
-                &__dlock_locker,
+                __dlock_locker,
                 __dlock_names,
                 #support::Options {
                     wait: #wait,
@@ -154,13 +147,60 @@ pub(crate) fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream> {
                 __dlock_body,
             )
             .await
+        },
+        error_span,
+    );
+
+    let ItemFn {
+        attrs,
+        vis,
+        sig,
+        block,
+    } = func;
+    // `#![inner]` attributes of the body stay inside the body.
+    let (inner, outer): (Vec<_>, Vec<_>) = attrs
+        .into_iter()
+        .partition(|attr| matches!(attr.style, AttrStyle::Inner(_)));
+    // The body's statements, not its block: a one-expression body would otherwise be a block in
+    // tail position, which `unused_braces` flags.
+    let stmts = &block.stmts;
+    Ok(quote! {
+        #(#outer)*
+        #vis #sig {
+            #(#inner)*
+            #locker
+            #names
+            let __dlock_body = async move {
+                #fake_return
+                #(#stmts)*
+            };
+            #run_call
         }
     })
 }
 
+/// `tokens` with every span set to `span`, so that an error about them points there.
+fn respan(tokens: TokenStream, span: Span) -> TokenStream {
+    tokens
+        .into_iter()
+        .map(|mut tree| {
+            if let TokenTree::Group(group) = &tree {
+                let mut new =
+                    proc_macro2::Group::new(group.delimiter(), respan(group.stream(), span));
+                new.set_span(span);
+                tree = TokenTree::Group(new);
+            } else {
+                tree.set_span(span);
+            }
+            tree
+        })
+        .collect()
+}
+
 fn duration(d: Duration) -> TokenStream {
-    let millis = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
-    quote!(::core::time::Duration::from_millis(#millis))
+    let secs = proc_macro2::Literal::u64_unsuffixed(d.as_secs());
+    let nanos = proc_macro2::Literal::u32_unsuffixed(d.subsec_nanos());
+    quote!(::core::time::Duration::new(#secs, #nanos))
 }
 
 /// Whether the declared return type is a `Result` (any path ending in `Result`, so aliases such
@@ -178,22 +218,91 @@ fn returns_result(ty: &Type) -> bool {
     }
 }
 
+/// `E` in a return type written `Result<T, E>`.
+fn error_type(ty: &Type) -> Option<&Type> {
+    match ty {
+        Type::Path(path) => {
+            let last = path.path.segments.last()?;
+            let PathArguments::AngleBracketed(args) = &last.arguments else {
+                return None;
+            };
+            let types: Vec<&Type> = args
+                .args
+                .iter()
+                .filter_map(|arg| match arg {
+                    GenericArgument::Type(ty) => Some(ty),
+                    _ => None,
+                })
+                .collect();
+            match types.as_slice() {
+                [_, error] => Some(*error),
+                _ => None,
+            }
+        }
+        Type::Group(group) => error_type(&group.elem),
+        Type::Paren(paren) => error_type(&paren.elem),
+        _ => None,
+    }
+}
+
 fn contains_impl_trait(ty: &Type) -> bool {
     quote!(#ty).to_string().contains("impl ")
 }
 
-/// Every name the parameters bind, `self` included.
-fn parameter_names(func: &ItemFn) -> syn::Result<BTreeSet<String>> {
-    let mut names = BTreeSet::new();
-    for input in &func.sig.inputs {
-        match input {
-            FnArg::Receiver(_) => {
-                names.insert("self".to_owned());
+/// The names the function's parameters bind.
+struct Params {
+    names: BTreeSet<String>,
+    /// Whether some parameter is a pattern (`(a, b): (u64, u64)`) rather than a name.
+    destructured: bool,
+}
+
+impl Params {
+    fn of(func: &ItemFn) -> Self {
+        let mut params = Self {
+            names: BTreeSet::new(),
+            destructured: false,
+        };
+        for input in &func.sig.inputs {
+            match input {
+                FnArg::Receiver(_) => {
+                    params.names.insert("self".to_owned());
+                }
+                FnArg::Typed(typed) => {
+                    if !matches!(&*typed.pat, Pat::Ident(ident) if ident.subpat.is_none()) {
+                        params.destructured = true;
+                    }
+                    bound_names(&typed.pat, &mut params.names);
+                }
             }
-            FnArg::Typed(typed) => bound_names(&typed.pat, &mut names),
         }
+        params
     }
-    Ok(names)
+
+    fn check(&self, template: &Template, func: &syn::Ident) -> syn::Result<()> {
+        for placeholder in template.placeholders() {
+            let root = placeholder.root.to_string();
+            if self.names.contains(&root) {
+                continue;
+            }
+            let known = if self.names.is_empty() {
+                "it has no parameters".to_owned()
+            } else {
+                let list: Vec<String> = self.names.iter().map(|p| format!("`{p}`")).collect();
+                format!("the names it binds are: {}", list.join(", "))
+            };
+            let hint = if self.destructured {
+                "; a destructured parameter has no name of its own: name one of the bindings of \
+                 its pattern, or take the parameter whole and destructure it in the body"
+            } else {
+                ""
+            };
+            return Err(syn::Error::new(
+                placeholder.span,
+                format!("`<{root}>` names no parameter of `{func}`; {known}{hint}"),
+            ));
+        }
+        Ok(())
+    }
 }
 
 fn bound_names(pat: &Pat, names: &mut BTreeSet<String>) {
@@ -215,72 +324,27 @@ fn bound_names(pat: &Pat, names: &mut BTreeSet<String>) {
     }
 }
 
-fn check_placeholders(
-    template: &Template,
-    params: &BTreeSet<String>,
-    func: &syn::Ident,
-) -> syn::Result<()> {
-    for segment in &template.segments {
-        let Segment::Value(placeholder) = segment else {
-            continue;
-        };
-        if !params.contains(&placeholder.root) {
-            let known = if params.is_empty() {
-                "it has no parameters".to_owned()
-            } else {
-                let list: Vec<String> = params.iter().map(|p| format!("`{p}`")).collect();
-                format!("the names it binds are: {}", list.join(", "))
-            };
-            return Err(syn::Error::new(
-                template.lit.span(),
-                format!(
-                    "`<{}>` names no parameter of `{func}`; {known} (a destructured parameter \
-                     is reachable only through the names its pattern binds)",
-                    placeholder.root
-                ),
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// `self.items.0` as an expression.
+/// `self.items.0` as an expression, spanned on the placeholder so that a missing field or a
+/// value without `Display` is reported on the key template.
 fn value_expr(placeholder: &Placeholder) -> TokenStream {
-    let root = if placeholder.root == "self" {
-        quote!(self)
-    } else {
-        let ident = format_ident!("{}", placeholder.root);
-        quote!(#ident)
-    };
-    let fields = placeholder.fields.iter().map(|f| match f.parse::<u32>() {
-        Ok(index) => {
-            let index = syn::Index::from(usize::try_from(index).unwrap_or(usize::MAX));
-            quote!(.#index)
-        }
-        Err(_) => {
-            let ident = format_ident!("{}", f);
-            quote!(.#ident)
-        }
-    });
-    quote!(#root #(#fields)*)
+    let root = &placeholder.root;
+    let fields = &placeholder.fields;
+    quote_spanned!(placeholder.span=> #root #(.#fields)*)
 }
 
 /// An expression building one name (`Result<LockName, LockError>`); the collection placeholder,
-/// if any, is the closure parameter `item`.
-fn build_name(
-    template: &Template,
-    support: &TokenStream,
-    item: Option<TokenStream>,
-) -> TokenStream {
+/// if any, is the closure parameter `__dlock_item`.
+fn build_name(template: &Template, support: &TokenStream) -> TokenStream {
     let steps = template.segments.iter().map(|segment| match segment {
         Segment::Literal(text) => quote!(__dlock_name.push_literal(#text);),
         Segment::Value(placeholder) if placeholder.collection => {
-            let item = item.clone().unwrap_or_else(|| quote!(__dlock_item));
-            quote!(__dlock_name.push_value(#item);)
+            let push_value = respan(quote!(#support::push_value), placeholder.span);
+            quote_spanned!(placeholder.span=> #push_value(&mut __dlock_name, &__dlock_item);)
         }
         Segment::Value(placeholder) => {
             let value = value_expr(placeholder);
-            quote!(__dlock_name.push_value(&#value);)
+            let push_value = respan(quote!(#support::push_value), placeholder.span);
+            quote_spanned!(placeholder.span=> #push_value(&mut __dlock_name, &#value);)
         }
     });
     quote! {{

@@ -37,85 +37,135 @@ use proc_macro::TokenStream;
 /// `Result<_, E>` where `E: From<dlock_core::LockError>`: a lock that is busy, lost, misnamed or
 /// unreachable comes back as `Err(E::from(lock_error))`.
 ///
+/// Everything that can be checked at compile time is: the arguments, the durations, the key
+/// template against the function's parameters (names, fields, `Display`), the function's shape.
+/// Each mistake is a compile error on the offending token, and the function itself is still
+/// emitted so that the rest of the crate keeps compiling around it.
+///
 /// # `key = "..."` (required)
 ///
 /// A template of literal text and placeholders. `<name>` is a parameter of the function (`self`
-/// included) and `<name.field.path>` a field reached through one; values are formatted with
-/// `Display` and escaped, so `user_id = "1:admin"` can never produce the key of another user.
-/// An unknown name is a compile error on the template.
+/// included) and `<name.field.path>` a field reached through one (`<pair.0>` for a tuple field).
+/// Values are formatted with `Display` and escaped, so `user_id = "1:admin"` can never produce
+/// the key of another user. A name that no parameter binds, a missing field or a value without
+/// `Display` is a compile error on the template. A parameter written as a pattern
+/// (`(a, b): (u64, u64)`) has no name of its own: use the names its pattern binds.
 ///
-/// `<name*>` (one per template) makes one key per item of a collection parameter (anything whose
-/// reference iterates: `Vec`, slices, sets, arrays), and several `key = ...` arguments lock every
-/// resulting name. Several names are locked all-or-none, in one global order, so two calls over
-/// overlapping sets cannot deadlock.
+/// The literal text may not contain `{` or `}`: dlock wraps every name in a Redis Cluster hash
+/// tag of its own.
+///
+/// ## Several names: `<name*>` and several `key`s
+///
+/// `<name*>` (at most one per template) makes one name per item of a collection: anything whose
+/// reference iterates, such as `Vec<T>`, `&[T]`, `HashSet<T>`, `BTreeSet<T>` or `[T; N]` (or a
+/// reference to one); each item is formatted with `Display`. Several `key = ...` arguments add
+/// their names to the same set. Every name of the set is locked all-or-none
+/// (`Locker::lock_all`), in one global order, so two calls over overlapping sets can't deadlock;
+/// if any name stays busy past `wait`, none is held and the call returns the timeout. An empty
+/// collection adds no name (and when no template adds any, the body runs without a lock, as
+/// "lock every item of an empty cart" asks).
 ///
 /// ```no_run
 /// # use dlock_core::{LockError, distributed_lock};
 /// #[distributed_lock(key = "sku:<skus*>", key = "cart:<user_id>", wait = "2s")]
 /// async fn checkout(user_id: u64, skus: Vec<String>) -> Result<(), LockError> {
+///     // Holds `cart:<user_id>` and every `sku:<sku>`.
 ///     Ok(())
 /// }
 /// ```
 ///
 /// # `wait = "3s"`
 ///
-/// How long to wait for a busy lock, counted from the call (default: one attempt). Durations
-/// are written with the units `ms`, `s`, `m` and `h`, combined as in `1m30s`; they are checked at
-/// compile time.
+/// How long to wait for a busy lock, counted from the call (default: one attempt, as
+/// `wait = "0s"`). Durations are written with the units `ms`, `s`, `m` and `h`, combined as in
+/// `1m30s`; they are checked at compile time. A waiter sleeps until the lock is released (a
+/// pub/sub wake-up), it does not poll.
 ///
 /// # `lease = "10s"`
 ///
-/// A fixed lease: the lock is not renewed and expires after it. Without `lease`, the watchdog
-/// keeps the lock alive (a 30 s lease by default, renewed every 10 s) for as long as the body
-/// runs.
+/// A fixed lease: the lock is not renewed and expires after it, whether or not the body is done.
+/// Without `lease`, the watchdog keeps the lock alive for as long as the body runs (a 30 s lease
+/// by default, renewed every 10 s; see `LockerBuilder::watchdog_lease`).
 ///
 /// # `locker = <expr>`
 ///
 /// Which `dlock_core::Locker` to use: an expression evaluated in the function's scope before the
-/// body, such as `self.locker` or `state.locker`. Without it, the process-wide default installed
-/// with `dlock_core::set_default_locker`; if none was installed, the call returns a
-/// configuration error.
+/// body, such as `self.locker`, `state.locker.clone()` or a `locker` parameter. It may be a
+/// `Locker`, a reference to one, or a `Box`, `Arc` or `Rc` of one; it is cloned (cheaply) before
+/// the body starts, so it borrows nothing for longer. Without `locker`, the process-wide default
+/// installed with `dlock_core::set_default_locker`; if none was installed, the call returns a
+/// configuration error (`LockError::Config`) without running the body.
 ///
 /// # `on_lost = "cancel" | "signal"`
 ///
 /// What happens when the lock is lost while the body runs (it expired, was deleted, or was taken
-/// over). `"cancel"` (the default) drops the body at its next `.await` and returns
-/// `Err(LockError::Lost { .. }.into())`. `"signal"` lets the body run on; it can check
-/// `dlock_core::held_lock()` (`is_lost()`, or await `lost()`).
+/// over):
+///
+/// - `"cancel"` (the default): the body is dropped at its next `.await` and the function returns
+///   `Err(LockError::Lost { .. }.into())`.
+/// - `"signal"`: the body runs on, and decides. It observes the loss through
+///   `dlock_core::held_lock()`, the lock it holds: `held.is_lost()` to check, `held.lost().await`
+///   to wait for it (for example in a `tokio::select!` against the work).
+///
+/// ```no_run
+/// # use dlock_core::{LockError, distributed_lock};
+/// # async fn write_batch(_: u64) {}
+/// #[distributed_lock(key = "export:<id>", on_lost = "signal")]
+/// async fn export(id: u64) -> Result<bool, LockError> {
+///     let held = dlock_core::held_lock().expect("inside the lock");
+///     tokio::select! {
+///         () = write_batch(id) => Ok(true),
+///         () = held.lost() => Ok(false), // another process may be exporting now
+///     }
+/// }
+/// ```
 ///
 /// # `reentrant = false`
 ///
-/// By default the body runs in a lock scope (`dlock_core::scope`): a nested call in the same task
-/// that locks the same name re-enters the hold instead of deadlocking. With `reentrant = false`
-/// the hold can't be re-entered: a nested call on the same name waits like any other caller.
+/// By default the body runs in a lock scope (`dlock_core::scope`): a nested `#[distributed_lock]`
+/// call (or `Locker::lock`) in the same task on a name the body holds, through the same `Locker`,
+/// re-enters the hold instead of deadlocking, and shares its fencing token. With
+/// `reentrant = false` the hold can't be re-entered, and the acquisition doesn't re-enter an
+/// outer hold either: a nested call on the same name waits like any other caller (and times out).
 ///
 /// # `crate = "path"`
 ///
-/// The path of `dlock_core` when it is renamed or re-exported (default `::dlock_core`).
+/// The path of `dlock_core` when it is renamed or re-exported (default `::dlock_core`), e.g.
+/// `crate = "my_app::dlock"`.
 ///
 /// # Fencing token
 ///
-/// The body reads the fencing token of its lock with `dlock_core::fencing_token()` and hands it to
-/// the resource it writes, which refuses tokens older than the newest it has seen.
+/// The body reads the fencing token of its lock with `dlock_core::fencing_token()` (the innermost
+/// lock of the scope) and hands it to the resource it writes, which refuses tokens older than the
+/// newest it has seen. With several names, it is the token of the last name taken (names are
+/// taken in sorted order); `dlock_core::held_lock()` gives that lock's name as well.
 ///
 /// # Equivalent code without the macro
+///
+/// `#[distributed_lock(key = "order:<user_id>:<voucher_id>", wait = "3s")]` on
+/// `create_order` does what this hand-written version does:
 ///
 /// ```no_run
 /// # use std::time::Duration;
 /// # use dlock_core::{LockError, LockName};
-/// # async fn create_order_body(_: u64, _: u64) -> Result<u64, LockError> { Ok(0) }
 /// async fn create_order(user_id: u64, voucher_id: u64) -> Result<u64, LockError> {
-///     let locker = dlock_core::default_locker()?.clone();
 ///     let name = LockName::builder()
 ///         .literal("order:")
 ///         .value(user_id)
 ///         .literal(":")
 ///         .value(voucher_id)
 ///         .build()?;
+///     let locker = dlock_core::default_locker()?.clone();
 ///     dlock_core::scope(async move {
 ///         let guard = locker.lock(name).wait(Duration::from_secs(3)).await?;
-///         // Cancelled at its next `.await` if the lock is lost.
-///         let out = guard.run(create_order_body(user_id, voucher_id)).await?;
+///         // Cancelled at its next `.await` if the lock is lost: `Err(LockError::Lost { .. })`.
+///         let out = guard
+///             .run(async move {
+///                 // The original body.
+///                 Ok(user_id + voucher_id)
+///             })
+///             .await?;
+///         // On a panic or a dropped future, the guard's `Drop` releases in the background.
 ///         let _ = guard.release().await;
 ///         out
 ///     })

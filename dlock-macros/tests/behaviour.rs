@@ -1,9 +1,6 @@
 //! `#[distributed_lock]` against a real `redis-server`: held during the body, released on every
-//! exit path, re-entered when nested, cancelled on loss, keys from fields and `self`,
-//! collections all-or-none.
-//!
-//! This file is also the expansion lint check: `cargo clippy --all-targets -- -D warnings` lints
-//! every use of the attribute below.
+//! exit path, re-entered when nested, cancelled (or signalled) on loss, keys from fields and
+//! `self`, several names all-or-none, the default locker.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -330,6 +327,59 @@ async fn collections_are_locked_all_or_none() {
     }
     assert!(blocker.release().await.is_released());
     assert_eq!(checkout(&locker, &skus).await.unwrap(), 3);
+
+    // Nothing to lock: the body runs.
+    assert_eq!(checkout(&locker, &[]).await.unwrap(), 0);
+}
+
+#[distributed_lock(key = "cart:<user>", key = "sku:<skus*>", locker = locker, wait = "100ms")]
+async fn checkout_cart(locker: &Locker, user: &str, skus: Vec<String>) -> Result<usize, AppError> {
+    let held = dlock_core::held_lock().expect("inside the lock");
+    assert!(!held.is_lost());
+    Ok(skus.len())
+}
+
+#[tokio::test]
+async fn several_keys_are_locked_all_or_none() {
+    let server = RedisServer::start();
+    let locker = locker(&server).await;
+    let user = unique_name("user");
+    let prefix = unique_name("cart-sku");
+    let skus: Vec<String> = (1..=2).map(|i| format!("{prefix}-{i}")).collect();
+    let all: Vec<String> = std::iter::once(format!("cart:{user}"))
+        .chain(skus.iter().map(|sku| format!("sku:{sku}")))
+        .collect();
+
+    assert_eq!(
+        checkout_cart(&locker, &user, skus.clone()).await.unwrap(),
+        2
+    );
+    for name in &all {
+        assert!(free_within(&locker, name, Duration::ZERO).await, "{name}");
+    }
+
+    // The cart is busy: no SKU stays held.
+    let blocker = locker.lock(all[0].as_str()).await.unwrap();
+    let err = checkout_cart(&locker, &user, skus.clone())
+        .await
+        .unwrap_err();
+    assert!(err.lock().is_some_and(LockError::is_timeout), "{err:?}");
+    for name in &all[1..] {
+        assert!(free_within(&locker, name, Duration::ZERO).await, "{name}");
+    }
+    assert!(blocker.release().await.is_released());
+
+    // A value the core refuses: an error before anything is locked.
+    let mut bad = skus.clone();
+    bad.push("line\nbreak".to_owned());
+    let err = checkout_cart(&locker, &user, bad).await.unwrap_err();
+    assert!(
+        err.lock().is_some_and(LockError::is_invalid_name),
+        "{err:?}"
+    );
+    for name in &all {
+        assert!(free_within(&locker, name, Duration::ZERO).await, "{name}");
+    }
 }
 
 #[distributed_lock(key = "default:<id>")]

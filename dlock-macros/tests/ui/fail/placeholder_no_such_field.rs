@@ -1,0 +1,12 @@
+use dlock_core::{LockError, distributed_lock};
+
+struct Order {
+    id: u64,
+}
+
+#[distributed_lock(key = "order:<order.number>")]
+async fn f(order: &Order) -> Result<u64, LockError> {
+    Ok(order.id)
+}
+
+fn main() {}
