@@ -1,7 +1,7 @@
 //! The demo: app instances as real processes sharing one Redis and one database, the load
 //! generator against all of them, without locks and with them.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -9,11 +9,12 @@ use tokio::process::{Child, Command};
 
 use crate::loadgen::{self, LoadConfig, Report};
 
-/// Running app instances; killed on drop.
+/// Running app instances and their database; the processes are killed and the database removed
+/// on drop.
 #[derive(Debug)]
 pub struct Instances {
     children: Vec<Child>,
-    /// Their base URLs.
+    /// Their base URLs (`http://127.0.0.1:PORT`).
     pub urls: Vec<String>,
     _dir: Option<tempfile::TempDir>,
 }
@@ -33,15 +34,46 @@ fn free_port() -> Result<u16, String> {
         .map_err(|e| format!("no free port: {e}"))
 }
 
-/// The server binary next to `exe` (cargo builds every binary of the package together).
-pub fn server_binary(exe: &Path) -> PathBuf {
-    exe.with_file_name(format!("flash-sale{}", std::env::consts::EXE_SUFFIX))
+/// How to start one shop instance: a program, and the arguments that come before the
+/// instance's own (`--port N`, `--no-locks`).
+#[derive(Debug, Clone)]
+pub struct ServerCommand {
+    /// The program.
+    pub program: PathBuf,
+    /// Its leading arguments.
+    pub args: Vec<String>,
 }
 
-/// Starts `count` instances of `server` on free ports over a fresh SQLite database (or
-/// `database_url`), and waits until each answers.
+impl ServerCommand {
+    /// The `flash-sale` server binary at `path`.
+    pub fn binary(path: impl Into<PathBuf>) -> Self {
+        Self {
+            program: path.into(),
+            args: Vec::new(),
+        }
+    }
+
+    /// The running program itself with `serve` first: the demo binary serves the shop too, so
+    /// `cargo run --bin demo` needs no other binary built.
+    pub fn this_program() -> Result<Self, String> {
+        let program = std::env::current_exe().map_err(|e| format!("current program: {e}"))?;
+        Ok(Self {
+            program,
+            args: vec!["serve".to_owned()],
+        })
+    }
+
+    fn command(&self) -> Command {
+        let mut command = Command::new(&self.program);
+        command.args(&self.args);
+        command
+    }
+}
+
+/// Starts `count` instances on free loopback ports over `database_url` (default: a fresh SQLite
+/// file in a temporary directory), and waits until each answers.
 pub async fn start(
-    server: &Path,
+    server: &ServerCommand,
     count: usize,
     redis_url: &str,
     database_url: Option<&str>,
@@ -62,12 +94,13 @@ pub async fn start(
     };
     for _ in 0..count {
         let port = free_port()?;
-        let mut command = Command::new(server);
+        let mut command = server.command();
         command
             .arg("--port")
             .arg(port.to_string())
             .env("REDIS_URL", redis_url)
             .env("DATABASE_URL", &database_url)
+            .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .kill_on_drop(true);
@@ -76,32 +109,41 @@ pub async fn start(
         }
         let child = command
             .spawn()
-            .map_err(|e| format!("starting {}: {e}", server.display()))?;
+            .map_err(|e| format!("starting {}: {e}", server.program.display()))?;
         instances.children.push(child);
-        instances.urls.push(format!("http://127.0.0.1:{port}"));
+        let url = format!("http://127.0.0.1:{port}");
         // The first instance creates the tables; the others start after it answers.
-        wait_ready(instances.urls.last().map_or("", String::as_str)).await?;
+        let child = instances.children.last_mut().ok_or("no child")?;
+        wait_ready(child, &url).await?;
+        instances.urls.push(url);
     }
     Ok(instances)
 }
 
-async fn wait_ready(url: &str) -> Result<(), String> {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let addr = url.trim_start_matches("http://").to_owned();
+/// Polls `url` until the instance answers its stats (tables created, Redis reached), failing
+/// fast if the process exits.
+async fn wait_ready(child: &mut Child, url: &str) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        if tokio::net::TcpStream::connect(&addr).await.is_ok() {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(format!(
+                "the instance for {url} exited at start-up ({status})"
+            ));
+        }
+        if loadgen::stats(url).await.is_ok() {
             return Ok(());
         }
         if Instant::now() >= deadline {
-            return Err(format!("{url} did not come up within 20 s"));
+            return Err(format!("{url} did not answer within 30 s"));
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(Duration::from_millis(25)).await;
     }
 }
 
-/// One round: fresh instances and database, the load, the audit.
+/// One round: fresh instances over a fresh database, the load, the audit. The instances are
+/// returned still running.
 pub async fn round(
-    server: &Path,
+    server: &ServerCommand,
     instances: usize,
     redis_url: &str,
     locks: bool,

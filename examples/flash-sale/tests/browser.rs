@@ -31,6 +31,7 @@ fn require(binary: &str) -> String {
     );
 }
 
+#[derive(Clone)]
 struct Driver {
     client: Client<HttpConnector, Full<Bytes>>,
     base: String,
@@ -184,6 +185,21 @@ async fn a_browser_buys_a_voucher_and_sees_stock_drop() {
         .unwrap_or_else(|| panic!("no browser session: {session}"))
         .to_owned();
 
+    // The steps run in a task of their own so that the browser is closed even when one fails.
+    let steps = tokio::spawn(buy_and_watch(driver.clone(), session.clone(), shop));
+    let outcome = steps.await;
+    driver
+        .call("DELETE", &format!("/session/{session}"), None)
+        .await;
+    let _ = driver_process.kill().await;
+    if let Err(failed) = outcome {
+        std::panic::resume_unwind(failed.into_panic());
+    }
+}
+
+/// On the page: the voucher with 3 in stock, Buy, the stock drops and the order appears; Buy
+/// again: refused with a message.
+async fn buy_and_watch(driver: Driver, session: String, shop: String) {
     driver
         .call(
             "POST",
@@ -224,11 +240,32 @@ async fn a_browser_buys_a_voucher_and_sees_stock_drop() {
         Some(driver.text(&session, order).await)
     })
     .await;
-    assert!(order.contains("voucher 1"), "{order}");
+    assert!(order.contains("Browser voucher"), "{order}");
     assert!(order.contains("fencing token"), "{order}");
 
+    // A second click: one order per user, said on the page; the stock stays.
     driver
-        .call("DELETE", &format!("/session/{session}"), None)
+        .call(
+            "POST",
+            &format!("/session/{session}/element/{button}/click"),
+            Some(json!({})),
+        )
         .await;
-    let _ = driver_process.kill().await;
+    eventually("the refusal to show", || async {
+        let message = driver.find_all(&session, "#message").await;
+        let message = driver.text(&session, message.first()?).await;
+        message.contains("one order per user").then_some(())
+    })
+    .await;
+    eventually("the counters to show both requests and the 409", || async {
+        let requests = driver.find_all(&session, "#c-requests").await;
+        let conflicts = driver.find_all(&session, "#c-conflicts").await;
+        let requests = driver.text(&session, requests.first()?).await;
+        let conflicts = driver.text(&session, conflicts.first()?).await;
+        (requests == "2" && conflicts == "1").then_some(())
+    })
+    .await;
+    let cells = driver.find_all(&session, "td.stock").await;
+    assert_eq!(driver.text(&session, &cells[0]).await, "2");
+    assert_eq!(driver.find_all(&session, "li.order").await.len(), 1);
 }

@@ -1,21 +1,30 @@
-//! The demo's flow at small scale: two instances as real processes, one Redis, one database,
-//! a few hundred buyers. With locks every invariant holds.
+//! The demo's flow at small scale: instances as real processes, one Redis, one SQLite database,
+//! a few hundred buyers. With locks every invariant holds; without them the race shows.
+
+use std::process::Stdio;
+use std::time::Duration;
 
 use flash_sale::demo;
 use flash_sale::loadgen::LoadConfig;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_instances_with_locks_never_duplicate_or_oversell() {
-    let redis = dlock_tests::RedisServer::start();
-    let server = std::path::PathBuf::from(env!("CARGO_BIN_EXE_flash-sale"));
-    let load = LoadConfig {
+fn small_load() -> LoadConfig {
+    LoadConfig {
         users: 300,
         requests_per_user: 3,
         concurrency: 100,
         ..LoadConfig::default()
-    };
-    let (report, _instances) = demo::round(&server, 2, &redis.url(), true, &load)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_with_locks_never_duplicate_or_oversell() {
+    let redis = dlock_tests::RedisServer::start();
+    let server = demo::ServerCommand::binary(env!("CARGO_BIN_EXE_flash-sale"));
+    let (url, load) = (redis.url(), small_load());
+    let round = demo::round(&server, 2, &url, true, &load);
+    let (report, _instances) = tokio::time::timeout(Duration::from_secs(180), round)
         .await
+        .expect("the round ends within 180 s")
         .expect("the round runs");
     let stats = &report.stats;
     assert_eq!(report.errors, 0, "{report:?}");
@@ -24,9 +33,69 @@ async fn two_instances_with_locks_never_duplicate_or_oversell() {
     assert_eq!(stats.oversold_vouchers, 0, "{report:?}");
     assert_eq!(stats.sku_units_oversold, 0, "{report:?}");
     assert_eq!(stats.negative_stock_rows, 0, "{report:?}");
-    // 300 buyers for 100 vouchers: all sold, one each.
+    // 300 buyers for 100 vouchers: all sold, one each. 300 checkouts for 100 SKU units: sold,
+    // never beyond (a checkout that waited too long for its SKU is a 409, so maybe not all).
     assert_eq!(stats.voucher_orders, 100, "{report:?}");
-    assert!(stats.sku_units_sold <= 100, "{report:?}");
+    assert!(stats.sku_units_sold > 0, "{report:?}");
+    assert!(
+        stats.sku_units_sold <= stats.sku_initial_stock,
+        "{report:?}"
+    );
+    // Every purchase ran under its locks; nothing was stale in a healthy run.
+    assert_eq!(stats.requests, report.requests, "{report:?}");
     assert!(stats.locked > 0, "{report:?}");
+    assert_eq!(stats.stale_writes_refused, 0, "{report:?}");
     assert!(report.clean());
+}
+
+/// The README's first command, at small scale: its own Redis, both rounds, the table, exit
+/// status 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_command_prints_both_rounds_side_by_side() {
+    let demo = tokio::process::Command::new(env!("CARGO_BIN_EXE_demo"))
+        .args(["--exit", "--users", "300", "--instances", "2"])
+        .env_remove("REDIS_URL")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(240), demo)
+        .await
+        .expect("the demo ends within 240 s")
+        .expect("the demo starts");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{}\n{stdout}\n{stderr}", out.status);
+    assert!(
+        stdout.starts_with("started redis-server on port"),
+        "{stdout}"
+    );
+
+    let row = |label: &str| -> Vec<String> {
+        let line = stdout
+            .lines()
+            .find(|l| l.starts_with(label))
+            .unwrap_or_else(|| panic!("no `{label}` row in:\n{stdout}"));
+        line[label.len()..]
+            .split("  ")
+            .map(str::trim)
+            .filter(|c| !c.is_empty())
+            .map(str::to_owned)
+            .collect()
+    };
+    let header = stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with("without locks"))
+        .unwrap_or_else(|| panic!("no table in:\n{stdout}"));
+    assert!(header.trim_end().ends_with("with locks"), "{stdout}");
+    assert_eq!(row("other errors")[1], "0", "{stdout}");
+    assert_eq!(row("users with duplicate orders")[1], "0", "{stdout}");
+    assert_eq!(row("SKU units oversold")[1], "0", "{stdout}");
+    assert_eq!(row("voucher orders / stock")[1], "100 / 100", "{stdout}");
+    assert_eq!(
+        row("invariants hold"),
+        ["NO", "yes"],
+        "the race shows without locks:\n{stdout}"
+    );
 }

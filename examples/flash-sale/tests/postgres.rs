@@ -134,7 +134,7 @@ impl Drop for Postgres {
 async fn the_shop_runs_on_postgres_without_duplicates_or_oversell() {
     let pg = Postgres::start();
     let redis = dlock_tests::RedisServer::start();
-    let server = PathBuf::from(env!("CARGO_BIN_EXE_flash-sale"));
+    let server = demo::ServerCommand::binary(env!("CARGO_BIN_EXE_flash-sale"));
     let started = Instant::now();
     let instances = demo::start(&server, 2, &redis.url(), Some(&pg.url()), true)
         .await

@@ -1,38 +1,75 @@
 //! The load generator: `loadgen URL [URL ...] [--users N] [--stock N] [--requests N]
-//! [--concurrency N]`. Prints the audit and exits non-zero if an invariant breaks.
+//! [--concurrency N] [--skus N] [--sku-stock N]`. Fires the buyers at every URL, audits the
+//! database behind them, prints the table, and exits 1 if an invariant broke (2 on a usage or
+//! connection error).
+
+use std::process::ExitCode;
 
 use flash_sale::loadgen::{self, LoadConfig};
 
-#[tokio::main]
-async fn main() {
+const USAGE: &str = "loadgen URL [URL ...] [--users N] [--stock N] [--requests N] \
+                     [--concurrency N] [--skus N] [--sku-stock N]";
+
+fn number<T: std::str::FromStr>(flag: &str, value: Option<String>) -> Result<T, String> {
+    value
+        .as_deref()
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| format!("{flag} needs a number"))
+}
+
+fn config() -> Result<Option<LoadConfig>, String> {
     let mut config = LoadConfig::default();
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
-        let mut number = || args.next().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
         match arg.as_str() {
-            "--users" => config.users = number(),
-            "--stock" => config.stock = i64::try_from(number()).unwrap_or(0),
-            "--requests" => config.requests_per_user = u32::try_from(number()).unwrap_or(1),
-            "--concurrency" => config.concurrency = usize::try_from(number()).unwrap_or(1),
-            url if url.starts_with("http") => {
+            "--users" => config.users = number(&arg, args.next())?,
+            "--stock" => config.stock = number(&arg, args.next())?,
+            "--requests" => config.requests_per_user = number(&arg, args.next())?,
+            "--concurrency" => config.concurrency = number(&arg, args.next())?,
+            "--skus" => config.skus = number(&arg, args.next())?,
+            "--sku-stock" => config.sku_stock = number(&arg, args.next())?,
+            "--help" | "-h" => {
+                println!("{USAGE}");
+                return Ok(None);
+            }
+            url if url.starts_with("http://") => {
                 config.targets.push(url.trim_end_matches('/').to_owned())
             }
-            other => {
-                eprintln!("loadgen: unknown argument `{other}`");
-                std::process::exit(2);
-            }
+            other => return Err(format!("unknown argument `{other}`\nusage: {USAGE}")),
         }
     }
+    if config.targets.is_empty() {
+        return Err(format!("no instance to load\nusage: {USAGE}"));
+    }
+    Ok(Some(config))
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let config = match config() {
+        Ok(Some(config)) => config,
+        Ok(None) => return ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("loadgen: {err}");
+            return ExitCode::from(2);
+        }
+    };
     match loadgen::run(&config).await {
         Ok(report) => {
             print!("{}", loadgen::table(&[("this run", &report)]));
-            if !report.clean() {
-                std::process::exit(1);
+            for sample in &report.error_samples {
+                eprintln!("loadgen: an error answer: {sample}");
+            }
+            if report.clean() {
+                ExitCode::SUCCESS
+            } else {
+                eprintln!("loadgen: an invariant broke");
+                ExitCode::FAILURE
             }
         }
         Err(err) => {
             eprintln!("loadgen: {err}");
-            std::process::exit(2);
+            ExitCode::from(2)
         }
     }
 }
