@@ -3,13 +3,14 @@
 //! ```text
 //! cargo run --release -p dlock-bench            # the full run (a few minutes)
 //! cargo run --release -p dlock-bench -- --quick # a smoke run: every workload, no timing verdicts
-//! cargo run --release -p dlock-bench -- --only W2,W3
+//! cargo run --release -p dlock-bench -- --only W2,W3 --libs dlock,raw --duration 20 --rounds 10
 //! ```
 //!
-//! Libraries alternate in short rounds (A B C D A B C D …) and every figure is the median over
-//! rounds, so a machine that drifts doesn't favour one side. One table goes to stdout, then one
-//! JSON line per (library, workload). `--quick` exits non-zero if a workload fails to run or
-//! sees a mutual-exclusion violation; it never judges timings.
+//! Every workload gets a warm-up round per library, then libraries alternate in short rounds
+//! (A B C D A B C D …) and every figure is the median over rounds, so a machine that drifts
+//! doesn't favour one side. One table goes to stdout, then one JSON line per (library,
+//! workload). The run exits non-zero if a workload fails to run, reports an error or a
+//! mutual-exclusion violation, or (W6) leaves a waiter without the lock; it never judges timings.
 
 mod peers;
 mod workloads;
@@ -23,8 +24,12 @@ use dlock_tests::RedisServer;
 #[derive(Debug, Clone)]
 pub(crate) struct Settings {
     pub(crate) quick: bool,
+    /// One measured round of one library.
     pub(crate) round: Duration,
     pub(crate) rounds: usize,
+    /// The unmeasured round each library runs first.
+    pub(crate) warmup: Duration,
+    pub(crate) json_only: bool,
     pub(crate) only: Option<Vec<String>>,
     pub(crate) libs: Option<Vec<String>>,
     pub(crate) url: String,
@@ -60,13 +65,6 @@ pub(crate) struct Server {
 }
 
 impl Server {
-    pub(crate) fn commandstats(&self) -> BTreeMap<String, u64> {
-        match &self.local {
-            Some(server) => server.info_commandstats(),
-            None => parse_commandstats(&info(&self.url, "commandstats")),
-        }
-    }
-
     pub(crate) fn info(&self, section: &str) -> String {
         match &self.local {
             Some(server) => server.info(section),
@@ -110,45 +108,95 @@ fn parse_commandstats(info: &str) -> BTreeMap<String, u64> {
         .collect()
 }
 
+const USAGE: &str = "\
+dlock-bench [--quick] [--only W1,W2,...] [--libs dlock,raw,rslock,rslock-2ms]
+            [--duration SECONDS] [--rounds N] [--json-only]
+
+  --quick       a smoke run: every workload for a second or so, smaller W5/W6
+  --only        run these workloads (W1..W6)
+  --libs        compare only these libraries
+  --duration    measured seconds per library and workload (default 10; quick 0.6)
+  --rounds      rounds that time is cut into, libraries alternating (default 5; quick 2)
+  --json-only   print only the JSON lines
+
+Starts its own redis-server on a free loopback port unless REDIS_URL is set.";
+
 fn parse_args() -> Settings {
     let mut quick = false;
+    let mut json_only = false;
     let mut only = None;
     let mut libs = None;
-    let mut round = None;
-    let mut rounds = None;
+    let mut duration: Option<f64> = None;
+    let mut rounds: Option<usize> = None;
     let mut args = std::env::args().skip(1);
+    let bad = |what: &str| -> ! {
+        eprintln!("{what}\n\n{USAGE}");
+        std::process::exit(2);
+    };
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--quick" => quick = true,
+            "--json-only" => json_only = true,
             "--only" => {
-                only = args
-                    .next()
-                    .map(|v| v.split(',').map(|s| s.trim().to_uppercase()).collect())
+                only = Some(
+                    args.next()
+                        .unwrap_or_else(|| bad("--only needs a list"))
+                        .split(',')
+                        .map(|s| s.trim().to_uppercase())
+                        .collect::<Vec<_>>(),
+                )
             }
             "--libs" => {
-                libs = args
-                    .next()
-                    .map(|v| v.split(',').map(|s| s.trim().to_owned()).collect())
+                libs = Some(
+                    args.next()
+                        .unwrap_or_else(|| bad("--libs needs a list"))
+                        .split(',')
+                        .map(|s| s.trim().to_owned())
+                        .collect::<Vec<_>>(),
+                )
             }
-            "--round-ms" => round = args.next().and_then(|v| v.parse().ok()),
-            "--rounds" => rounds = args.next().and_then(|v| v.parse().ok()),
+            "--duration" => {
+                duration = Some(
+                    args.next()
+                        .and_then(|v| v.parse().ok())
+                        .filter(|d: &f64| *d > 0.0)
+                        .unwrap_or_else(|| bad("--duration needs a number of seconds")),
+                )
+            }
+            "--rounds" => {
+                rounds = Some(
+                    args.next()
+                        .and_then(|v| v.parse().ok())
+                        .filter(|r: &usize| *r > 0)
+                        .unwrap_or_else(|| bad("--rounds needs a positive number")),
+                )
+            }
             "--help" | "-h" => {
-                println!(
-                    "dlock-bench [--quick] [--only W1,W2,...] [--libs dlock,raw,...] [--round-ms N] [--rounds N]\n\
-                     Starts its own redis-server unless REDIS_URL is set."
-                );
+                println!("{USAGE}");
                 std::process::exit(0);
             }
-            other => {
-                eprintln!("unknown argument `{other}` (try --help)");
-                std::process::exit(2);
-            }
+            other => bad(&format!("unknown argument `{other}`")),
         }
     }
+    let known: Vec<&str> = peers::Lib::ALL.iter().map(|l| l.label()).collect();
+    if let Some(unknown) = libs.iter().flatten().find(|l| !known.contains(&l.as_str())) {
+        bad(&format!("unknown library `{unknown}`"));
+    }
+    if let Some(unknown) = only
+        .iter()
+        .flatten()
+        .find(|w| !workloads::IDS.contains(&w.as_str()))
+    {
+        bad(&format!("unknown workload `{unknown}`"));
+    }
+    let duration = duration.unwrap_or(if quick { 0.6 } else { 10.0 });
+    let rounds = rounds.unwrap_or(if quick { 2 } else { 5 });
     Settings {
         quick,
-        round: Duration::from_millis(round.unwrap_or(if quick { 300 } else { 2_000 })),
-        rounds: rounds.unwrap_or(if quick { 2 } else { 5 }),
+        round: Duration::from_secs_f64(duration / rounds as f64),
+        rounds,
+        warmup: Duration::from_millis(if quick { 100 } else { 1_000 }),
+        json_only,
         only,
         libs,
         url: String::new(),
@@ -170,11 +218,26 @@ fn main() {
     settings.url = url.clone();
     let server = Server { url, local };
     let (rows, verdicts) = runtime.block_on(workloads::run_all(&settings, &server));
-    print_table(&rows, &verdicts, settings.quick);
+    drop(runtime);
+    drop(server);
+    if !settings.json_only {
+        print_table(&rows, &verdicts, settings.quick);
+    }
+    print_json(&rows);
     let violations: u64 = rows.iter().map(|r| r.violations).sum();
     let errors: u64 = rows.iter().map(|r| r.errors).sum();
-    if violations > 0 || errors > 0 {
-        eprintln!("FAILED: {violations} mutual-exclusion violations, {errors} errors");
+    let unserved = rows
+        .iter()
+        .any(|r| r.extra.get("acquired_all").is_some_and(|a| *a != 1.0));
+    if violations > 0 || errors > 0 || unserved {
+        eprintln!(
+            "FAILED: {violations} mutual-exclusion violations or lost locks, {errors} errors{}",
+            if unserved {
+                ", a W6 waiter never acquired"
+            } else {
+                ""
+            }
+        );
         std::process::exit(1);
     }
 }
@@ -185,7 +248,7 @@ fn fmt_opt(v: Option<f64>, digits: usize) -> String {
 
 fn print_table(rows: &[Row], verdicts: &[Verdict], quick: bool) {
     println!(
-        "\n{:<4} {:<12} {:>12} {:>10} {:>10} {:>9} {:>6} {:>5}  extra",
+        "\n{:<4} {:<15} {:>10} {:>10} {:>10} {:>9} {:>6} {:>5}  extra",
         "id", "library", "ops/s", "p50 µs", "p99 µs", "cmds/op", "errs", "viol"
     );
     for row in rows {
@@ -195,7 +258,7 @@ fn print_table(rows: &[Row], verdicts: &[Verdict], quick: bool) {
             .map(|(k, v)| format!("{k}={v:.2}"))
             .collect();
         println!(
-            "{:<4} {:<12} {:>12} {:>10} {:>10} {:>9} {:>6} {:>5}  {}",
+            "{:<4} {:<15} {:>10} {:>10} {:>10} {:>9} {:>6} {:>5}  {}",
             row.workload,
             row.lib,
             fmt_opt(row.ops_per_sec, 0),
@@ -229,6 +292,9 @@ fn print_table(rows: &[Row], verdicts: &[Verdict], quick: bool) {
         );
     }
     println!();
+}
+
+fn print_json(rows: &[Row]) {
     for row in rows {
         let mut json = format!(
             "{{\"workload\":\"{}\",\"library\":\"{}\",\"ops_per_sec\":{},\"p50_us\":{},\"p99_us\":{},\"commands_per_op\":{},\"errors\":{},\"violations\":{}",

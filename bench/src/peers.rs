@@ -43,6 +43,16 @@ pub(crate) enum Held {
     Rslock(rslock::Lock),
 }
 
+impl Held {
+    /// The fencing token, for the libraries that give one.
+    pub(crate) fn fence(&self) -> Option<u64> {
+        match self {
+            Held::Dlock(guard) => Some(guard.fencing_token().get()),
+            Held::Raw { .. } | Held::Rslock(_) => None,
+        }
+    }
+}
+
 /// The minimal correct protocol: `SET NX PX`, compare-and-delete by script, 1 ms between tries.
 #[derive(Clone)]
 pub(crate) struct Raw {
@@ -56,6 +66,9 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
 end
 return 0
 "#;
+
+/// How long any one acquisition may wait before it counts as an error.
+const ACQUIRE_BOUND: Duration = Duration::from_secs(60);
 
 impl Client {
     pub(crate) async fn new(lib: Lib, url: &str) -> Client {
@@ -81,20 +94,20 @@ impl Client {
         }
     }
 
-    /// Acquires `name`, waiting as long as it takes.
-    pub(crate) async fn acquire(&self, name: &str) -> Held {
+    /// Acquires `name`, waiting as long as it takes (up to a minute, then it is an error).
+    pub(crate) async fn acquire(&self, name: &str) -> Result<Held, String> {
         match self {
-            Client::Dlock(locker) => Held::Dlock(
-                locker
-                    .lock(name)
-                    .wait(Duration::from_secs(3600))
-                    .await
-                    .expect("dlock acquires"),
-            ),
+            Client::Dlock(locker) => locker
+                .lock(name)
+                .wait(ACQUIRE_BOUND)
+                .await
+                .map(Held::Dlock)
+                .map_err(|e| format!("dlock acquire: {e}")),
             Client::Raw(raw) => {
                 let token = format!("{:032x}", rand_u128());
                 let key = format!("raw:{name}");
                 let mut con = raw.con.clone();
+                let deadline = tokio::time::Instant::now() + ACQUIRE_BOUND;
                 loop {
                     let set: Option<String> = redis::cmd("SET")
                         .arg(&key)
@@ -104,28 +117,39 @@ impl Client {
                         .arg(30_000)
                         .query_async(&mut con)
                         .await
-                        .expect("SET");
+                        .map_err(|e| format!("raw SET: {e}"))?;
                     if set.is_some() {
-                        return Held::Raw { key, token };
+                        return Ok(Held::Raw { key, token });
+                    }
+                    if tokio::time::Instant::now() >= deadline {
+                        return Err("raw acquire: timed out".to_owned());
                     }
                     tokio::time::sleep(Duration::from_millis(1)).await;
                 }
             }
-            Client::Rslock(manager) => Held::Rslock(
-                manager
-                    .acquire_no_guard(format!("rslock:{name}").as_bytes(), Duration::from_secs(30))
-                    .await
-                    .expect("rslock acquires"),
-            ),
+            Client::Rslock(manager) => {
+                let resource = format!("rslock:{name}");
+                let acquiring =
+                    manager.acquire_no_guard(resource.as_bytes(), Duration::from_secs(30));
+                match tokio::time::timeout(ACQUIRE_BOUND, acquiring).await {
+                    Ok(Ok(lock)) => Ok(Held::Rslock(lock)),
+                    Ok(Err(e)) => Err(format!("rslock acquire: {e:?}")),
+                    Err(_) => Err("rslock acquire: timed out".to_owned()),
+                }
+            }
         }
     }
 
-    /// Releases `held`.
-    pub(crate) async fn release(&self, held: Held) {
+    /// Releases `held`; an error if the library says the lock was no longer ours.
+    pub(crate) async fn release(&self, held: Held) -> Result<(), String> {
         match (self, held) {
             (Client::Dlock(_), Held::Dlock(guard)) => {
                 let outcome = guard.release().await;
-                assert!(outcome.is_released(), "dlock release: {outcome:?}");
+                if outcome.is_released() {
+                    Ok(())
+                } else {
+                    Err(format!("dlock release: {outcome:?}"))
+                }
             }
             (Client::Raw(raw), Held::Raw { key, token }) => {
                 let mut con = raw.con.clone();
@@ -135,11 +159,19 @@ impl Client {
                     .arg(&token)
                     .invoke_async(&mut con)
                     .await
-                    .expect("raw release");
-                assert_eq!(deleted, 1, "raw release found another owner");
+                    .map_err(|e| format!("raw release: {e}"))?;
+                if deleted == 1 {
+                    Ok(())
+                } else {
+                    Err("raw release: the lock had another owner".to_owned())
+                }
             }
-            (Client::Rslock(manager), Held::Rslock(lock)) => manager.unlock(&lock).await,
-            _ => unreachable!("a lock released through another library"),
+            // rslock's unlock is best effort and says nothing.
+            (Client::Rslock(manager), Held::Rslock(lock)) => {
+                manager.unlock(&lock).await;
+                Ok(())
+            }
+            _ => Err("a lock released through another library".to_owned()),
         }
     }
 }
