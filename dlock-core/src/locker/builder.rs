@@ -1,0 +1,270 @@
+//! Configuring a `Locker`: where it connects and how it behaves.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::url::redact_url;
+use super::*;
+use crate::backend::Backend;
+use crate::backend::MemoryStore;
+use crate::backend::memory::MemoryBackend;
+use crate::backend::redis::{RedisBackend, RedisConn};
+use crate::error::{BackendError, LockError};
+use crate::name::validate_prefix;
+use std::fmt;
+
+/// Configures and builds a [`Locker`].
+#[derive(Default)]
+pub struct LockerBuilder {
+    source: Source,
+    subscriber: Option<redis::Client>,
+    prefix: Option<String>,
+    watchdog_lease: Option<Duration>,
+    fence_ttl: Option<Option<Duration>>,
+    command_timeout: Option<Duration>,
+    connect_timeout: Option<Duration>,
+    poll_interval: Option<Duration>,
+    handoff: Option<bool>,
+}
+
+#[derive(Default)]
+enum Source {
+    #[default]
+    None,
+    Url(String),
+    Client(redis::Client),
+    Pool(bb8::Pool<bb8_redis::RedisConnectionManager>),
+    Multiplexed(redis::aio::MultiplexedConnection),
+    Memory(MemoryStore),
+}
+
+impl fmt::Debug for LockerBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let source = match &self.source {
+            Source::None => "none".to_owned(),
+            Source::Url(url) => redact_url(url),
+            Source::Client(_) => "client".to_owned(),
+            Source::Pool(_) => "bb8 pool".to_owned(),
+            Source::Multiplexed(_) => "multiplexed connection".to_owned(),
+            Source::Memory(_) => "memory".to_owned(),
+        };
+        f.debug_struct("LockerBuilder")
+            .field("source", &source)
+            .field("prefix", &self.prefix)
+            .field("watchdog_lease", &self.watchdog_lease)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LockerBuilder {
+    /// Connect to this Redis URL (a connection manager that reconnects by itself, plus one
+    /// subscriber connection for wake-ups).
+    pub fn url(mut self, url: impl Into<String>) -> Self {
+        self.source = Source::Url(url.into());
+        self
+    }
+
+    /// Connect with this client (as [`url`](Self::url)).
+    pub fn client(mut self, client: redis::Client) -> Self {
+        self.source = Source::Client(client);
+        self
+    }
+
+    /// Run over an application's bb8 pool. Pass a [`subscriber`](Self::subscriber) client too,
+    /// or waiters poll instead of being woken.
+    pub fn pool(mut self, pool: bb8::Pool<bb8_redis::RedisConnectionManager>) -> Self {
+        self.source = Source::Pool(pool);
+        self
+    }
+
+    /// Run over one multiplexed connection (it is not reconnected). Pass a
+    /// [`subscriber`](Self::subscriber) client too, or waiters poll instead of being woken.
+    pub fn multiplexed(mut self, conn: redis::aio::MultiplexedConnection) -> Self {
+        self.source = Source::Multiplexed(conn);
+        self
+    }
+
+    /// Run over an in-process store.
+    pub fn memory(mut self, store: MemoryStore) -> Self {
+        self.source = Source::Memory(store);
+        self
+    }
+
+    /// The client that opens the subscriber connection for wake-ups (with a pool or a
+    /// multiplexed connection; a URL or client source has one already).
+    pub fn subscriber(mut self, client: redis::Client) -> Self {
+        self.subscriber = Some(client);
+        self
+    }
+
+    /// The prefix of every key (default `dlock:`).
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = Some(prefix.into());
+        self
+    }
+
+    /// The default lease of watchdog-mode locks (default 30 s, renewed every 10 s).
+    pub fn watchdog_lease(mut self, lease: Duration) -> Self {
+        self.watchdog_lease = Some(lease);
+        self
+    }
+
+    /// How long an idle fencing counter lives (default 7 days; `None`: forever). Tokens keep
+    /// increasing across an expiry because a new counter starts from the server clock.
+    pub fn fence_ttl(mut self, ttl: Option<Duration>) -> Self {
+        self.fence_ttl = Some(ttl);
+        self
+    }
+
+    /// The bound on every Redis command (default 2 s).
+    pub fn command_timeout(mut self, timeout: Duration) -> Self {
+        self.command_timeout = Some(timeout);
+        self
+    }
+
+    /// The bound on connecting (default 2 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = Some(timeout);
+        self
+    }
+
+    /// How often a waiter retries when wake-ups can't be delivered (default 50 ms).
+    pub fn poll_interval(mut self, interval: Duration) -> Self {
+        self.poll_interval = Some(interval);
+        self
+    }
+
+    /// Whether a release hands the lock straight to a waiter of the same `Locker` in the same
+    /// round trip (default on).
+    pub fn handoff(mut self, enabled: bool) -> Self {
+        self.handoff = Some(enabled);
+        self
+    }
+
+    /// Connects (for a URL or client) and builds the `Locker`.
+    pub async fn build(self) -> Result<Locker, LockError> {
+        let prefix = self.prefix.unwrap_or_else(|| DEFAULT_PREFIX.to_owned());
+        validate_prefix(&prefix)?;
+        let watchdog_lease = self.watchdog_lease.unwrap_or(DEFAULT_WATCHDOG_LEASE);
+        if watchdog_lease < Duration::from_millis(30) {
+            return Err(LockError::Config(format!(
+                "watchdog lease {watchdog_lease:?} is too short; the minimum is 30ms"
+            )));
+        }
+        let command_timeout = self.command_timeout.unwrap_or(DEFAULT_COMMAND_TIMEOUT);
+        let connect_timeout = self.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT);
+        let config = Config {
+            prefix,
+            watchdog_lease,
+            fence_ttl: self.fence_ttl.unwrap_or(Some(DEFAULT_FENCE_TTL)),
+            poll_interval: self.poll_interval.unwrap_or(DEFAULT_POLL_INTERVAL),
+            handoff: self.handoff.unwrap_or(true),
+        };
+        let (client, display) = match self.source {
+            Source::None => {
+                return Err(LockError::Config(
+                    "no backend: call `url`, `client`, `pool`, `multiplexed` or `memory`".into(),
+                ));
+            }
+            Source::Memory(store) => {
+                return Ok(Locker::from_parts(
+                    Backend::Memory(MemoryBackend::new(store)),
+                    config,
+                    "memory".to_owned(),
+                ));
+            }
+            Source::Pool(pool) => {
+                let backend =
+                    RedisBackend::new(RedisConn::Pool(pool), self.subscriber, command_timeout);
+                return Ok(Locker::from_parts(
+                    Backend::Redis(Arc::new(backend)),
+                    config,
+                    "bb8 pool".to_owned(),
+                ));
+            }
+            Source::Multiplexed(conn) => {
+                let backend = RedisBackend::new(
+                    RedisConn::Multiplexed(conn),
+                    self.subscriber,
+                    command_timeout,
+                );
+                return Ok(Locker::from_parts(
+                    Backend::Redis(Arc::new(backend)),
+                    config,
+                    "multiplexed connection".to_owned(),
+                ));
+            }
+            Source::Url(url) => {
+                let display = redact_url(&url);
+                #[cfg(feature = "tls-rustls")]
+                if url.starts_with("rediss://") {
+                    // rustls needs a process-wide crypto provider; keep the application's if it
+                    // installed one.
+                    let _ = rustls::crypto::ring::default_provider().install_default();
+                }
+                let client = redis::Client::open(url.as_str()).map_err(|e| {
+                    LockError::Config(format!("bad redis url `{display}`: {}", url_error(&e)))
+                })?;
+                (client, display)
+            }
+            Source::Client(client) => {
+                let display = describe_client(&client);
+                (client, display)
+            }
+        };
+        let manager_config = redis::aio::ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(connect_timeout))
+            // Every call is bounded by the command timeout already; a second timer per command
+            // would only cost.
+            .set_response_timeout(None)
+            .set_number_of_retries(1)
+            .set_min_delay(Duration::from_millis(10))
+            .set_max_delay(Duration::from_millis(500));
+        let connecting =
+            redis::aio::ConnectionManager::new_with_config(client.clone(), manager_config);
+        let manager = match tokio::time::timeout(connect_timeout * 2, connecting).await {
+            Ok(Ok(manager)) => manager,
+            Ok(Err(err)) => {
+                return Err(connect_error(&display, err));
+            }
+            Err(_) => {
+                return Err(LockError::Backend(BackendError::timeout(
+                    connect_timeout * 2,
+                )));
+            }
+        };
+        let subscriber = self.subscriber.unwrap_or(client);
+        let backend = RedisBackend::new(
+            RedisConn::Manager(manager),
+            Some(subscriber),
+            command_timeout,
+        );
+        Ok(Locker::from_parts(
+            Backend::Redis(Arc::new(backend)),
+            config,
+            display,
+        ))
+    }
+}
+
+fn url_error(err: &redis::RedisError) -> String {
+    let msg = err.to_string();
+    if msg.to_ascii_lowercase().contains("tls") {
+        format!("{msg} (enable dlock-core's `tls-rustls` feature for rediss:// URLs)")
+    } else {
+        msg
+    }
+}
+
+fn connect_error(at: &str, err: redis::RedisError) -> LockError {
+    if err.kind() == redis::ErrorKind::InvalidClientConfig {
+        return LockError::Config(format!("cannot connect to `{at}`: {}", url_error(&err)));
+    }
+    tracing::debug!(at, error = %err, "dlock: cannot connect");
+    LockError::Backend(BackendError::redis(err))
+}
+
+fn describe_client(client: &redis::Client) -> String {
+    let info = client.get_connection_info();
+    format!("{}", info.addr())
+}

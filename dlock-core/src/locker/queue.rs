@@ -1,0 +1,286 @@
+//! Local waiters: one queue per name, whose head alone waits in Redis, and the hand-over from a
+//! local releaser to the head in one round trip.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use super::*;
+use crate::backend::HandoffReply;
+use crate::error::ReleaseOutcome;
+use crate::guard::HoldState;
+use crate::name::LockKeys;
+use crate::wait::Watch;
+use std::sync::atomic::AtomicU32;
+use std::sync::{Mutex, MutexGuard};
+
+/// After this many hand-overs in a row inside one process, a release goes through Redis so
+/// waiters in other processes get their chance.
+const MAX_HANDOFF_STREAK: u32 = 16;
+
+/// After such a release, local waiters hold back this long so that a waiter in another process,
+/// woken by the release, can take the lock: hand-overs must not starve other processes.
+const YIELD_WINDOW: Duration = Duration::from_millis(2);
+
+/// Local waiters for one name: only the head waits in Redis; the others queue here.
+#[derive(Debug, Default)]
+pub(super) struct LocalQueue {
+    pub(super) turn: tokio::sync::Mutex<()>,
+    handoff: Mutex<Option<HandoffSlot>>,
+    streak: AtomicU32,
+    /// The wake-up registration, passed from one head waiter to the next.
+    watch: Mutex<Option<Arc<Watch>>>,
+    /// Local waiters hold back until then (see [`YIELD_WINDOW`]).
+    defer_until: Mutex<Option<Instant>>,
+    /// The last release broke a hand-over streak.
+    yield_pending: std::sync::atomic::AtomicBool,
+}
+
+/// The head waiter's offer to take the lock over directly from a local releaser.
+#[derive(Debug)]
+struct HandoffSlot {
+    owner: Arc<str>,
+    lease: Duration,
+    tx: oneshot::Sender<(u64, Instant)>,
+}
+
+impl LocalQueue {
+    fn slot(&self) -> MutexGuard<'_, Option<HandoffSlot>> {
+        self.handoff.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Until when local waiters hold back, if that is still ahead.
+    pub(super) fn deferred(&self) -> Option<Instant> {
+        let until = *self.defer_until.lock().unwrap_or_else(|e| e.into_inner());
+        until.filter(|u| *u > Instant::now())
+    }
+
+    fn defer(&self) {
+        *self.defer_until.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some(Instant::now() + YIELD_WINDOW);
+    }
+}
+
+impl Locker {
+    pub(super) fn queue(&self, lock_key: &str) -> QueueTicket {
+        let mut queues = self.inner.queues.lock().unwrap_or_else(|e| e.into_inner());
+        let queue = queues.entry(lock_key.to_owned()).or_default().clone();
+        QueueTicket {
+            locker: self.clone(),
+            key: lock_key.to_owned(),
+            queue,
+        }
+    }
+
+    pub(super) fn existing_queue(&self, lock_key: &str) -> Option<Arc<LocalQueue>> {
+        let queues = self.inner.queues.lock().unwrap_or_else(|e| e.into_inner());
+        queues.get(lock_key).cloned()
+    }
+
+    /// After a release that broke a hand-over streak: if the wake-up reached another process
+    /// (more subscribers than this `Locker`'s own), local waiters hold back briefly so that one
+    /// of those can take the lock.
+    pub(super) fn yield_to_other_processes(&self, hold: &HoldState, woke: u32) {
+        let Some(queue) = self.existing_queue(&hold.keys.lock) else {
+            return;
+        };
+        if queue.yield_pending.swap(false, Ordering::Relaxed) && woke > 1 {
+            queue.defer();
+        }
+    }
+
+    /// Hands the lock straight to the local head waiter, if there is one.
+    pub(super) async fn try_handoff(&self, hold: &HoldState) -> Option<ReleaseOutcome> {
+        if !self.inner.config.handoff || hold.is_lost() {
+            return None;
+        }
+        let queue = self.existing_queue(&hold.keys.lock)?;
+        if queue.streak.load(Ordering::Relaxed) >= MAX_HANDOFF_STREAK {
+            // This one goes through Redis; if it wakes waiters of other processes, local
+            // waiters hold back for them (see `yield_to_other_processes`).
+            queue.streak.store(0, Ordering::Relaxed);
+            queue.yield_pending.store(true, Ordering::Relaxed);
+            return None;
+        }
+        let Some(slot) = queue.slot().take().filter(|s| !s.tx.is_closed()) else {
+            queue.streak.store(0, Ordering::Relaxed);
+            return None;
+        };
+        let sent_at = Instant::now();
+        let reply = self
+            .inner
+            .backend
+            .handoff(
+                &hold.keys,
+                &hold.owner,
+                &slot.owner,
+                slot.lease,
+                self.inner.config.fence_ttl,
+            )
+            .await;
+        match reply {
+            Ok(HandoffReply::HandedOver { fence }) => {
+                queue.streak.fetch_add(1, Ordering::Relaxed);
+                if slot.tx.send((fence, sent_at)).is_err() {
+                    // The waiter left meanwhile: release what it was given.
+                    let _ = self.inner.backend.release(&hold.keys, &slot.owner).await;
+                }
+                let outcome = ReleaseOutcome::Released;
+                log_release(hold, &outcome);
+                Some(outcome)
+            }
+            Ok(HandoffReply::NotHandedOver(reply)) => {
+                let mut current = queue.slot();
+                if current.is_none() && !slot.tx.is_closed() {
+                    *current = Some(slot);
+                }
+                drop(current);
+                let outcome = release_outcome(hold, reply);
+                log_release(hold, &outcome);
+                Some(outcome)
+            }
+            Err(_) => {
+                // Unknown whether it ran: the waiter may own the lock now. Releasing for the
+                // waiter's token is safe either way; then fall back to a normal release.
+                let _ = self.inner.backend.release(&hold.keys, &slot.owner).await;
+                let mut current = queue.slot();
+                if current.is_none() && !slot.tx.is_closed() {
+                    *current = Some(slot);
+                }
+                None
+            }
+        }
+    }
+}
+
+/// The head waiter's state: its wake-up registration (kept in the queue for the next head, so
+/// the subscription survives while local waiters remain) and its hand-over offer.
+///
+/// A hand-over gives the lock to a token of its own, never used for attempts: if the waiter
+/// leaves before taking a lock handed to it, that token's hold is released, and nothing else can
+/// be confused with it.
+pub(super) struct HeadWait<'a> {
+    locker: &'a Locker,
+    queue: &'a Arc<LocalQueue>,
+    keys: Arc<LockKeys>,
+    watch: Arc<Watch>,
+    pub(super) handoff_owner: Arc<str>,
+    rx: Option<oneshot::Receiver<(u64, Instant)>>,
+}
+
+impl<'a> HeadWait<'a> {
+    pub(super) async fn new(
+        locker: &'a Locker,
+        queue: &'a Arc<LocalQueue>,
+        keys: &Arc<LockKeys>,
+        lease: Duration,
+    ) -> HeadWait<'a> {
+        // Subscribe before the retry, so a release in between is not missed.
+        let kept = queue.watch.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let watch = match kept {
+            Some(watch) => watch,
+            None => Arc::new(locker.inner.backend.watch(&keys.channel).await),
+        };
+        // No `.await` from here until `HeadWait` exists: once the offer is out, only its `Drop`
+        // can give back a lock handed over to a waiter that was dropped.
+        let handoff_owner = new_owner();
+        let mut rx = None;
+        if locker.inner.config.handoff {
+            let (tx, handoff_rx) = oneshot::channel();
+            *queue.slot() = Some(HandoffSlot {
+                owner: handoff_owner.clone(),
+                lease,
+                tx,
+            });
+            rx = Some(handoff_rx);
+        }
+        HeadWait {
+            locker,
+            queue,
+            keys: keys.clone(),
+            watch,
+            handoff_owner,
+            rx,
+        }
+    }
+
+    /// The wake-up registration and the hand-over receiver.
+    pub(super) fn parts(&mut self) -> (&Watch, &mut Option<oneshot::Receiver<(u64, Instant)>>) {
+        (&self.watch, &mut self.rx)
+    }
+}
+
+impl Drop for HeadWait<'_> {
+    fn drop(&mut self) {
+        {
+            let mut slot = self.queue.slot();
+            if slot
+                .as_ref()
+                .is_some_and(|s| Arc::ptr_eq(&s.owner, &self.handoff_owner))
+            {
+                *slot = None;
+            }
+        }
+        let handed_late = self.rx.as_mut().and_then(reclaim).is_some();
+        if handed_late {
+            // Handed over after this waiter stopped waiting: give it back.
+            let backend = self.locker.inner.backend.clone();
+            let (keys, owner) = (self.keys.clone(), self.handoff_owner.clone());
+            if let Ok(handle) = tokio::runtime::Handle::try_current() {
+                handle.spawn(async move {
+                    let _ = backend.release(&keys, &owner).await;
+                });
+            }
+        }
+        // The map, the ticket and this head: other waiters remain if there are more users.
+        if Arc::strong_count(self.queue) > 2 {
+            *self.queue.watch.lock().unwrap_or_else(|e| e.into_inner()) = Some(self.watch.clone());
+        }
+    }
+}
+
+/// Closes `rx` and takes what was sent before it closed: after this, a sender finds the
+/// receiver gone (and cleans up itself), or its value is returned here (and the caller cleans
+/// up). Nothing sent falls between the two.
+pub(super) fn reclaim<T>(rx: &mut oneshot::Receiver<T>) -> Option<T> {
+    rx.close();
+    rx.try_recv().ok()
+}
+
+/// Resolves when a local releaser hands the lock over (never, with hand-over off).
+pub(super) async fn handed(
+    rx: &mut Option<oneshot::Receiver<(u64, Instant)>>,
+) -> Option<(u64, Instant)> {
+    let answer = match rx.as_mut() {
+        Some(receiver) => receiver.await,
+        None => std::future::pending().await,
+    };
+    // A oneshot receiver must not be polled again once it has answered.
+    *rx = None;
+    answer.ok()
+}
+
+/// A place in a local queue; removes the queue from the map when its last user leaves.
+pub(super) struct QueueTicket {
+    locker: Locker,
+    key: String,
+    pub(super) queue: Arc<LocalQueue>,
+}
+
+impl Drop for QueueTicket {
+    fn drop(&mut self) {
+        let mut queues = self
+            .locker
+            .inner
+            .queues
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        // The map and this ticket: nobody else uses the queue.
+        if Arc::strong_count(&self.queue) == 2 {
+            queues.remove(&self.key);
+        }
+    }
+}

@@ -1,0 +1,95 @@
+//! Lock requests: how long to wait and how to lease, then `.await`.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tracing::Instrument as _;
+
+use super::*;
+use crate::error::LockError;
+use crate::guard::LockGuard;
+use crate::name::LockName;
+use std::future::{Future, IntoFuture};
+use std::pin::Pin;
+
+/// A lock request: set how long to wait and how to lease, then `.await` it.
+#[must_use = "a lock request does nothing until awaited"]
+#[derive(Debug)]
+pub struct LockRequest {
+    pub(super) locker: Locker,
+    pub(super) name: Result<LockName, LockError>,
+    pub(super) wait: Duration,
+    pub(super) lease: Lease,
+}
+
+impl LockRequest {
+    /// Waits up to `wait`, counted from the call, for the lock to become free (default: one
+    /// attempt, no waiting).
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// A fixed lease: the lock is not renewed and expires `lease` after acquisition unless
+    /// released first.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = Lease::Fixed(lease);
+        self
+    }
+
+    /// Watchdog mode with this lease (renewed every third of it while the guard lives).
+    pub fn watchdog_lease(mut self, lease: Duration) -> Self {
+        self.lease = Lease::Watchdog(lease);
+        self
+    }
+
+    /// Makes one attempt (ignoring any wait): `Ok(None)` when the lock is busy.
+    pub async fn try_lock(mut self) -> Result<Option<LockGuard>, LockError> {
+        self.wait = Duration::ZERO;
+        match self.run().await? {
+            (Attempted::Held(guard), _) => Ok(Some(guard)),
+            (Attempted::Busy(_), _) => Ok(None),
+        }
+    }
+
+    async fn run(self) -> Result<(Attempted, LockName), LockError> {
+        let name = self.name?;
+        if self.lease.duration() < Duration::from_millis(10) {
+            return Err(LockError::Config(format!(
+                "lease {:?} is too short; the minimum is 10ms",
+                self.lease.duration()
+            )));
+        }
+        let span = tracing::debug_span!("dlock.acquire", name = %name);
+        let attempted = self
+            .locker
+            .acquire(name.clone(), self.wait, self.lease)
+            .instrument(span)
+            .await?;
+        Ok((attempted, name))
+    }
+
+    async fn acquire_or_timeout(self) -> Result<LockGuard, LockError> {
+        let started = Instant::now();
+        match self.run().await? {
+            (Attempted::Held(guard), _) => Ok(guard),
+            (Attempted::Busy(retry_after), name) => {
+                metrics::counter!("dlock_timeout_total").increment(1);
+                Err(LockError::Timeout {
+                    name: name.to_string(),
+                    waited: started.elapsed(),
+                    retry_after,
+                })
+            }
+        }
+    }
+}
+
+impl IntoFuture for LockRequest {
+    type Output = Result<LockGuard, LockError>;
+    type IntoFuture = Pin<Box<dyn Future<Output = Self::Output> + Send>>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(self.acquire_or_timeout())
+    }
+}
