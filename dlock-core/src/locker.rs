@@ -164,7 +164,7 @@ impl Locker {
 
     /// Starts a lock request for `name`: await it to acquire.
     ///
-    /// `name` is a `&str`/`String` (trusted text, validated) or a [`LockName`] built from escaped
+    /// `name` is a `&str`/`String` (trusted text, validated) or a [`LockName`](crate::LockName) built from escaped
     /// values. With no further settings the request makes one attempt and uses the watchdog.
     pub fn lock(&self, name: impl IntoLockName) -> LockRequest {
         LockRequest {
