@@ -11,6 +11,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::clock;
 use crate::error::{LockError, ReleaseOutcome};
 use crate::locker::Locker;
 use crate::name::{LockKeys, LockName};
@@ -70,10 +71,15 @@ pub(crate) struct HoldState {
     pub(crate) fence: FencingToken,
     /// Renewed by the watchdog (otherwise a fixed lease).
     pub(crate) watchdog: bool,
+    /// The lease that renewals apply, in ms (set by `extend`).
     pub(crate) lease_ms: AtomicU64,
-    /// Live guards of this hold.
+    /// Live guards of this hold: the outer guard and the ones that re-entered it. Redis knows
+    /// one hold per owner token; the count lives here.
     pub(crate) holds: AtomicU32,
-    deadline: Mutex<Instant>,
+    /// Lease changes sent and confirmed, from which the validity deadline follows.
+    book: Mutex<LeaseBook>,
+    /// Notified whenever the deadline may have moved earlier.
+    deadline_moved: tokio::sync::Notify,
     pub(crate) acquired_at: Instant,
     lost: CancellationToken,
     loss: OnceLock<LossReason>,
@@ -91,6 +97,37 @@ impl fmt::Debug for HoldState {
             .field("lost", &self.loss.get())
             .finish_non_exhaustive()
     }
+}
+
+/// What this process knows of a hold's lease in Redis.
+///
+/// Every lease change (watchdog renewal, `extend`) gets a sequence number, and Redis applies a
+/// change only if its number is above the last one applied. So the lease in Redis is the one of
+/// the last change confirmed applied, unless a later change still in flight (or whose answer was
+/// lost) applies after it: the deadline is the earliest of those. A change confirmed applied
+/// retires every earlier one.
+#[derive(Debug)]
+struct LeaseBook {
+    next_seq: u64,
+    confirmed_seq: u64,
+    /// The deadline that the last confirmed change (or the acquisition) gives.
+    confirmed: Instant,
+    /// Changes newer than the confirmed one that may still apply: (sequence, deadline).
+    pending: Vec<(u64, Instant)>,
+}
+
+impl LeaseBook {
+    fn deadline(&self) -> Instant {
+        self.pending
+            .iter()
+            .map(|(_, d)| *d)
+            .fold(self.confirmed, Instant::min)
+    }
+}
+
+/// The deadline a lease of `lease` sent at `sent_at` gives: Redis starts it no earlier.
+fn lease_deadline(sent_at: Instant, lease: Duration) -> Instant {
+    clock::after(sent_at, lease.saturating_sub(drift(lease)))
 }
 
 /// The safety margin taken off every lease: clock drift between this process and Redis plus a
@@ -120,7 +157,13 @@ impl HoldState {
             watchdog,
             lease_ms: AtomicU64::new(u64::try_from(lease.as_millis()).unwrap_or(u64::MAX)),
             holds: AtomicU32::new(1),
-            deadline: Mutex::new(sent_at + lease.saturating_sub(drift(lease))),
+            book: Mutex::new(LeaseBook {
+                next_seq: 1,
+                confirmed_seq: 0,
+                confirmed: lease_deadline(sent_at, lease),
+                pending: Vec::new(),
+            }),
+            deadline_moved: tokio::sync::Notify::new(),
             acquired_at: Instant::now(),
             lost: CancellationToken::new(),
             loss: OnceLock::new(),
@@ -132,17 +175,63 @@ impl HoldState {
         Duration::from_millis(self.lease_ms.load(Ordering::Relaxed))
     }
 
-    pub(crate) fn deadline(&self) -> Instant {
-        *self.deadline.lock().unwrap_or_else(|e| e.into_inner())
+    fn book(&self) -> std::sync::MutexGuard<'_, LeaseBook> {
+        self.book.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Records a successful renewal sent at `sent_at` for `lease`.
-    pub(crate) fn renewed(&self, sent_at: Instant, lease: Duration) {
-        let new = sent_at + lease.saturating_sub(drift(lease));
-        let mut deadline = self.deadline.lock().unwrap_or_else(|e| e.into_inner());
-        if new > *deadline {
-            *deadline = new;
+    pub(crate) fn deadline(&self) -> Instant {
+        self.book().deadline()
+    }
+
+    /// Records a lease change of `lease` about to be sent at `sent_at`; returns its sequence
+    /// number. Until it is answered, the deadline assumes it may apply.
+    pub(crate) fn begin_change(&self, lease: Duration, sent_at: Instant) -> u64 {
+        let mut book = self.book();
+        let seq = book.next_seq;
+        book.next_seq += 1;
+        let before = book.deadline();
+        book.pending.push((seq, lease_deadline(sent_at, lease)));
+        let moved_earlier = book.deadline() < before;
+        drop(book);
+        if moved_earlier {
+            self.deadline_moved.notify_waiters();
         }
+        seq
+    }
+
+    /// Redis applied change `seq`.
+    pub(crate) fn change_applied(&self, seq: u64) {
+        let mut book = self.book();
+        if seq <= book.confirmed_seq {
+            return;
+        }
+        let Some(deadline) = book
+            .pending
+            .iter()
+            .find(|(s, _)| *s == seq)
+            .map(|(_, d)| *d)
+        else {
+            return;
+        };
+        let before = book.deadline();
+        book.confirmed_seq = seq;
+        book.confirmed = deadline;
+        book.pending.retain(|(s, _)| *s > seq);
+        let moved_earlier = book.deadline() < before;
+        drop(book);
+        if moved_earlier {
+            self.deadline_moved.notify_waiters();
+        }
+    }
+
+    /// Redis ignored change `seq` (a later one was applied first): it will never apply.
+    pub(crate) fn change_ignored(&self, seq: u64) {
+        self.book().pending.retain(|(s, _)| *s != seq);
+    }
+
+    /// Why the hold was lost, if it was.
+    pub(crate) fn loss(&self) -> Option<LossReason> {
+        self.loss.get().copied()
     }
 
     pub(crate) fn is_lost(&self) -> bool {
@@ -154,10 +243,6 @@ impl HoldState {
             return true;
         }
         false
-    }
-
-    pub(crate) fn is_live(&self) -> bool {
-        self.holds.load(Ordering::Acquire) > 0 && !self.is_lost()
     }
 
     /// Records the last release: from now on the hold is over, not lost.
@@ -193,10 +278,14 @@ impl HoldState {
     /// validity deadline passing.
     pub(crate) async fn wait_lost(self: Arc<Self>) {
         loop {
+            let moved = self.deadline_moved.notified();
+            tokio::pin!(moved);
+            moved.as_mut().enable();
             let deadline = self.deadline();
             tokio::select! {
                 () = self.lost.cancelled() => return,
                 () = self.released.cancelled() => std::future::pending::<()>().await,
+                () = &mut moved => {}
                 () = tokio::time::sleep_until(deadline) => {
                     if Instant::now() >= self.deadline() {
                         self.mark_lost(LossReason::Expired);
@@ -296,8 +385,12 @@ impl LockGuard {
         }
     }
 
-    /// Sets the lease to `lease` from now (owner-checked). For a watchdog lock, later renewals
-    /// use the new lease too.
+    /// Sets the lease to `lease` from now (owner-checked), shorter or longer than before:
+    /// [`valid_until`](LockGuard::valid_until) follows it either way. For a watchdog lock, later
+    /// renewals use the new lease too (every third of it).
+    ///
+    /// If the call fails (the backend timed out, say), the change may still reach Redis later:
+    /// until a later renewal is confirmed, the guard counts on the shorter of the two leases.
     pub async fn extend(&self, lease: Duration) -> Result<(), LockError> {
         if self.state.is_lost() {
             return Err(self.state.lost_error());

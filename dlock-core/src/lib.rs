@@ -20,12 +20,14 @@
 //!
 //! # What a lock is
 //!
-//! - **Acquire** is one Lua script: if the name is free (or already held by this owner inside a
-//!   [`scope`]) it records the owner with a hold count, sets the lease and returns a
-//!   [`FencingToken`]; otherwise it returns the holder's remaining lease.
-//! - **Release** is one script: only the owner counts down; the last release deletes the lock and
-//!   publishes a wake-up. [`LockGuard::release`] says whether the lock was released, had already
-//!   expired, or had been taken over — or whether Redis could not be reached.
+//! - **Acquire** is one Lua script: if the name is free it records the owner (a random token),
+//!   sets the lease and returns a [`FencingToken`]; otherwise it returns the holder's remaining
+//!   lease. Re-entering a hold inside a [`scope`] only checks that Redis still has it and counts
+//!   the new guard in this process, so nothing a re-entry does can be left behind.
+//! - **Release** is one script: only the owner may delete the lock, which publishes a wake-up.
+//!   [`LockGuard::release`] says whether the lock was released, had already expired, or had been
+//!   taken over — or whether Redis could not be reached. A release whose answer was lost is sent
+//!   once more, and recognised as the same release.
 //! - **Leases**: by default a lock is leased for 30 s and renewed every 10 s while its guard lives
 //!   (the *watchdog*). The watchdog renews every lock of a [`Locker`] in one round trip per tick.
 //!   [`LockRequest::lease`] sets a fixed lease instead.
@@ -34,7 +36,8 @@
 //! - **Fencing**: every fresh acquisition gets a token strictly greater than the last one for the
 //!   same name. A lease cannot protect against a holder paused past its lease; a resource that
 //!   refuses stale tokens can.
-//! - **Waiting**: [`LockRequest::wait`] waits up to a deadline. Waiters sleep on a pub/sub
+//! - **Waiting**: [`LockRequest::wait`] waits up to a deadline (`Duration::MAX`: for as long as
+//!   it takes); a failing backend is retried within it. Waiters sleep on a pub/sub
 //!   wake-up (one subscriber connection per `Locker` for every waited name), with a fallback timer
 //!   bounded by the holder's remaining lease. Local waiters for one name queue in-process, so only
 //!   one of them waits in Redis, and a release hands the lock straight to the next local waiter
@@ -64,6 +67,7 @@
 //! The minimum supported Rust version is 1.88.
 
 mod backend;
+mod clock;
 mod error;
 mod guard;
 mod locker;

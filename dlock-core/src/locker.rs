@@ -26,8 +26,8 @@ use acquire::{Attempted, InFlight};
 pub use builder::LockerBuilder;
 pub use default::{default_locker, set_default_locker};
 pub(crate) use lease::Lease;
-use queue::{HeadWait, LocalQueue, handed, reclaim};
-use release::{log_release, release_outcome};
+use queue::{HeadWait, QueueEntry, handed};
+use release::release_outcome;
 pub use request::LockRequest;
 
 /// The default lease of a watchdog-mode lock; it is renewed every third of it.
@@ -79,7 +79,7 @@ pub(crate) struct LockerInner {
     pub(crate) backend: Backend,
     config: Config,
     pub(crate) watchdog: Watchdog,
-    queues: Mutex<HashMap<String, Arc<LocalQueue>>>,
+    queues: Mutex<HashMap<String, QueueEntry>>,
     /// Where the locker points, with any password removed.
     display: String,
 }

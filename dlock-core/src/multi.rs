@@ -88,7 +88,7 @@ impl MultiLockRequest {
 
     async fn acquire(self) -> Result<MultiGuard, LockError> {
         let started = Instant::now();
-        let deadline = started + self.wait;
+        let deadline = crate::clock::after(started, self.wait);
         let mut names = self.names?;
         // Key order is the global order every multi-lock follows.
         names.sort_by(|a, b| a.as_str().cmp(b.as_str()));

@@ -15,6 +15,7 @@
 //! acquisitions can happen.
 
 use std::future::Future;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, Weak};
 
 use crate::guard::{FencingToken, HoldState};
@@ -149,7 +150,7 @@ pub fn held_lock() -> Option<HeldLock> {
             held.iter()
                 .rev()
                 .filter_map(|e| e.hold.upgrade())
-                .find(|h| h.holds.load(std::sync::atomic::Ordering::Acquire) > 0)
+                .find(|h| h.holds.load(Ordering::Acquire) > 0)
                 .map(|hold| HeldLock { hold })
         })
         .ok()
@@ -184,7 +185,8 @@ impl HeldLock {
     }
 }
 
-/// The live hold of `lock_key` through `locker` in the current scope.
+/// The hold of `lock_key` through `locker` in the current scope that still has guards — lost or
+/// not: re-entering a lost hold reports the loss.
 pub(crate) fn find(locker: u64, lock_key: &str) -> Option<Arc<HoldState>> {
     SCOPE
         .try_with(|state| {
@@ -192,7 +194,7 @@ pub(crate) fn find(locker: u64, lock_key: &str) -> Option<Arc<HoldState>> {
             held.iter()
                 .filter(|e| e.locker == locker && e.reentrant)
                 .filter_map(|e| e.hold.upgrade())
-                .find(|h| h.keys.lock == lock_key && h.is_live())
+                .find(|h| h.keys.lock == lock_key && h.holds.load(Ordering::Acquire) > 0)
         })
         .ok()
         .flatten()
@@ -207,7 +209,11 @@ pub(crate) fn record(locker: u64, hold: &Arc<HoldState>) {
 pub(crate) fn record_with(locker: u64, hold: &Arc<HoldState>, reentrant: bool) {
     let _ = SCOPE.try_with(|state| {
         let mut held = state.held.lock().unwrap_or_else(|e| e.into_inner());
-        held.retain(|e| e.hold.upgrade().is_some_and(|h| h.is_live()));
+        held.retain(|e| {
+            e.hold
+                .upgrade()
+                .is_some_and(|h| h.holds.load(Ordering::Acquire) > 0)
+        });
         held.push(Entry {
             locker,
             hold: Arc::downgrade(hold),

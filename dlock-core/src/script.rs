@@ -4,7 +4,7 @@
 //!
 //! | key | type | holds |
 //! | --- | --- | --- |
-//! | `<prefix>{<name>}` | hash | `<owner token> -> hold count`, `#f -> fencing token`; lease = PTTL |
+//! | `<prefix>{<name>}` | hash | `<owner token> -> 1`, `#f -> fencing token`, `#s -> sequence number of the last lease change`; lease = PTTL |
 //! | `<prefix>{<name>}:fence` | hash | `n -> last fencing token`, `r -> last released owner` |
 //! | `<prefix>{<name>}:wake` | channel | a message on every final release |
 //!
@@ -13,18 +13,26 @@
 //! is created and is not refreshed: when it expires, the next counter starts from the clock again,
 //! which is past every token the old one gave unless that one counted faster than one acquisition
 //! per microsecond for its whole life. So tokens keep increasing across expiries, and no counter
-//! key outlives its use by more than the TTL.
+//! key outlives its use by more than the TTL: a release that finds the counter gone re-creates it
+//! (to remember the released owner) with the TTL again.
+//!
+//! Holds are not counted in Redis: one owner token is one hold, and re-entry inside a lock scope
+//! counts guards in the process (see `scope`). A re-entry only checks, read-only, that Redis still
+//! has the hold, so nothing a re-entry does can be left behind by a dropped future or a timeout.
+//!
+//! Lease changes (watchdog renewals, `extend`) carry a per-hold sequence number and apply only
+//! if it is higher than the last one applied: a renewal that arrives late (a slow server, a
+//! command that timed out but ran anyway) can't undo a later `extend`.
 
 use std::sync::LazyLock;
 
 use redis::Script;
 
-/// Acquire or re-enter.
+/// Acquire.
 ///
-/// `KEYS[1]` lock, `KEYS[2]` fence; `ARGV[1]` owner, `ARGV[2]` lease ms, `ARGV[3]` fence TTL ms
-/// (0 = none), `ARGV[4]` `1` to re-enter a hold of the same owner (count + 1), `0` to take it
-/// as it is (a fresh owner that already holds the lock was handed it, or is retrying).
-/// Returns `{1, token}` fresh, `{2, token}` re-entered, `{0, pttl}` busy.
+/// `KEYS[1]` lock, `KEYS[2]` fence; `ARGV[1]` owner (a fresh token), `ARGV[2]` lease ms,
+/// `ARGV[3]` fence TTL ms (0 = none). Returns `{1, token}` acquired (also when `ARGV[1]` holds it
+/// already: it was handed the lock, or this is a retry), `{0, pttl}` busy.
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_LUA));
 
 pub(crate) const ACQUIRE_LUA: &str = r#"
@@ -43,11 +51,18 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
   return {1, f}
 end
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  if ARGV[4] == '1' then
-    redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
-    return {2, tonumber(redis.call('HGET', KEYS[1], '#f'))}
-  end
+  return {1, tonumber(redis.call('HGET', KEYS[1], '#f'))}
+end
+return {0, redis.call('PTTL', KEYS[1])}
+"#;
+
+/// Re-entry check, read-only: does `ARGV[1]` still hold `KEYS[1]`?
+///
+/// Returns `{1, token}` held, `{0, pttl}` not held by this owner (`pttl` -2 when nobody holds it).
+pub(crate) static HOLDS: LazyLock<Script> = LazyLock::new(|| Script::new(HOLDS_LUA));
+
+pub(crate) const HOLDS_LUA: &str = r#"
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
   return {1, tonumber(redis.call('HGET', KEYS[1], '#f'))}
 end
 return {0, redis.call('PTTL', KEYS[1])}
@@ -55,44 +70,52 @@ return {0, redis.call('PTTL', KEYS[1])}
 
 /// Owner-checked release.
 ///
-/// `KEYS[1]` lock, `KEYS[2]` fence, `KEYS[3]` wake channel; `ARGV[1]` owner.
-/// Returns `{code, woken}`: code `0` released (`woken` subscribers got the wake-up), `n > 0`
-/// still held with `n` holds left, `-1` expired, `-2` taken over. A retry of a release whose reply
-/// was lost answers `0` again (the last released owner is remembered next to the fencing
-/// counter).
+/// `KEYS[1]` lock, `KEYS[2]` fence, `KEYS[3]` wake channel; `ARGV[1]` owner, `ARGV[2]` the owner a
+/// hand-over of `ARGV[1]`'s hold may have gone to (empty: none), `ARGV[3]` fence TTL ms (0 = none).
+/// Returns `{code, woken}`: code `0` released (`woken` subscribers got the wake-up), `-1` expired,
+/// `-2` taken over. A retry of a release whose reply was lost answers `0` again: the last released
+/// owner is remembered next to the fencing counter.
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_LUA));
 
 pub(crate) const RELEASE_LUA: &str = r#"
-local c = redis.call('HGET', KEYS[1], ARGV[1])
-if not c then
-  if redis.call('HGET', KEYS[2], 'r') == ARGV[1] then
-    return {0, 0}
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1
+  or (ARGV[2] ~= '' and redis.call('HEXISTS', KEYS[1], ARGV[2]) == 1) then
+  redis.call('DEL', KEYS[1])
+  if redis.call('HSET', KEYS[2], 'r', ARGV[1]) == 1 and ARGV[3] ~= '0'
+    and redis.call('PTTL', KEYS[2]) == -1 then
+    redis.call('PEXPIRE', KEYS[2], ARGV[3])
   end
-  if redis.call('EXISTS', KEYS[1]) == 1 then
-    return {-2, 0}
-  end
-  return {-1, 0}
+  return {0, redis.call('PUBLISH', KEYS[3], '1')}
 end
-c = tonumber(c) - 1
-if c > 0 then
-  redis.call('HSET', KEYS[1], ARGV[1], c)
-  return {c, 0}
+if redis.call('HGET', KEYS[2], 'r') == ARGV[1] then
+  return {0, 0}
 end
-redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[2], 'r', ARGV[1])
-return {0, redis.call('PUBLISH', KEYS[3], '1')}
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  return {-2, 0}
+end
+return {-1, 0}
 "#;
 
-/// Batched renewal: every `KEYS[i]` is paired with `ARGV[2i-1]` owner and `ARGV[2i]` lease ms.
-/// Returns one integer per key: `1` renewed, `0` gone or owned by someone else.
+/// Batched lease change: every `KEYS[i]` is paired with `ARGV[3i-2]` owner, `ARGV[3i-1]` lease ms
+/// and `ARGV[3i]` sequence number. Returns one integer per key: `1` applied, `2` still held but a
+/// later change was applied already (this one is stale and was ignored), `0` gone or owned by
+/// someone else. A key holding something other than a lock answers `0` without failing the rest.
 pub(crate) static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(RENEW_LUA));
 
 pub(crate) const RENEW_LUA: &str = r#"
 local out = {}
 for i = 1, #KEYS do
-  if redis.call('HEXISTS', KEYS[i], ARGV[2 * i - 1]) == 1 then
-    redis.call('PEXPIRE', KEYS[i], ARGV[2 * i])
-    out[i] = 1
+  local held = redis.pcall('HEXISTS', KEYS[i], ARGV[3 * i - 2])
+  if held == 1 then
+    local seq = tonumber(ARGV[3 * i])
+    local last = tonumber(redis.call('HGET', KEYS[i], '#s') or '0')
+    if seq > last then
+      redis.call('PEXPIRE', KEYS[i], ARGV[3 * i - 1])
+      redis.call('HSET', KEYS[i], '#s', ARGV[3 * i])
+      out[i] = 1
+    else
+      out[i] = 2
+    end
   else
     out[i] = 0
   end
@@ -100,27 +123,20 @@ end
 return out
 "#;
 
-/// Hand-over inside one process: release `ARGV[1]`'s last hold and, in the same step, acquire for
+/// Hand-over inside one process: release `ARGV[1]`'s hold and, in the same step, acquire for
 /// `ARGV[2]` with a fresh fencing token, so a local waiter takes over without a wake-up round trip.
 ///
-/// `KEYS` as for [`ACQUIRE`] plus `KEYS[3]` wake channel; `ARGV[1]` old owner, `ARGV[2]` new
-/// owner, `ARGV[3]` lease ms, `ARGV[4]` fence TTL ms. Returns `{1, token}` handed over,
-/// `{0, code}` not handed over (`code` as [`RELEASE`]'s reply; the lock was released normally if
-/// `code` is `0`).
+/// `KEYS` as for [`RELEASE`]; `ARGV[1]` old owner, `ARGV[2]` new owner, `ARGV[3]` lease ms,
+/// `ARGV[4]` fence TTL ms. Returns `{1, token}` handed over, `{0, code}` not handed over (`code`
+/// as [`RELEASE`]'s: `-1` expired, `-2` taken over).
 pub(crate) static HANDOFF: LazyLock<Script> = LazyLock::new(|| Script::new(HANDOFF_LUA));
 
 pub(crate) const HANDOFF_LUA: &str = r#"
-local c = redis.call('HGET', KEYS[1], ARGV[1])
-if not c then
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then
   if redis.call('EXISTS', KEYS[1]) == 1 then
     return {0, -2}
   end
   return {0, -1}
-end
-c = tonumber(c) - 1
-if c > 0 then
-  redis.call('HSET', KEYS[1], ARGV[1], c)
-  return {0, c}
 end
 local f = redis.call('HINCRBY', KEYS[2], 'n', 1)
 if f == 1 then

@@ -173,21 +173,23 @@ pub(crate) enum SubCmd {
     Unsubscribe(String),
 }
 
-/// The one subscriber connection of a Redis-backed `Locker`.
-#[derive(Debug)]
+/// The one subscriber connection of a Redis-backed `Locker`: a handle to the task that owns it.
+#[derive(Debug, Clone)]
 pub(crate) struct Subscriber {
-    pub(crate) slots: Arc<Slots>,
+    slots: Arc<Slots>,
     tx: mpsc::UnboundedSender<SubCmd>,
     healthy: Arc<AtomicBool>,
     timeout: Duration,
 }
 
 impl Subscriber {
-    /// Starts the subscriber task (it connects lazily, on the first subscription).
-    pub(crate) fn spawn(client: redis::Client, timeout: Duration) -> Self {
-        let slots = Arc::new(Slots::default());
+    /// Starts the subscriber task on the current runtime (it connects lazily, on the first
+    /// subscription) for the channels of `slots`.
+    pub(crate) fn spawn(client: redis::Client, timeout: Duration, slots: Arc<Slots>) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         let healthy = Arc::new(AtomicBool::new(false));
+        // A new task knows of no subscription: every watcher polls until it resubscribes.
+        slots.set_all_confirmed(false);
         tokio::spawn(run(client, slots.clone(), rx, healthy.clone(), timeout));
         Self {
             slots,
@@ -197,8 +199,14 @@ impl Subscriber {
         }
     }
 
-    /// Registers a watcher and makes sure the channel is subscribed before returning.
-    pub(crate) async fn watch(&self, channel: &str) -> Watch {
+    /// Whether the task still runs (it ends with the runtime it was spawned on).
+    pub(crate) fn is_running(&self) -> bool {
+        !self.tx.is_closed()
+    }
+
+    /// Registers a watcher and makes sure the channel is subscribed before returning — or gives
+    /// up at `deadline` (or after the command timeout), leaving a watcher that polls.
+    pub(crate) async fn watch(&self, channel: &str, deadline: tokio::time::Instant) -> Watch {
         let (watch, _first) = Watch::new(self.slots.clone(), channel, Some(self.tx.clone()));
         if !watch.is_reliable() {
             let (ack_tx, ack_rx) = oneshot::channel();
@@ -206,12 +214,8 @@ impl Subscriber {
                 .tx
                 .send(SubCmd::Subscribe(channel.to_owned(), ack_tx))
                 .is_ok();
-            if sent
-                && matches!(
-                    tokio::time::timeout(self.timeout, ack_rx).await,
-                    Ok(Ok(true))
-                )
-            {
+            let until = deadline.min(tokio::time::Instant::now() + self.timeout);
+            if sent && matches!(tokio::time::timeout_at(until, ack_rx).await, Ok(Ok(true))) {
                 watch.mark_confirmed();
             }
         }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::backend::RenewItem;
+use crate::backend::{RenewItem, RenewReply};
 use crate::guard::{HoldState, LossReason};
 use crate::locker::LockerInner;
 
@@ -21,7 +21,8 @@ pub(crate) struct Watchdog {
     wake: Arc<Notify>,
     /// The lease the current tick period is based on, in ms (0: idle).
     basis_ms: AtomicU64,
-    started: AtomicBool,
+    /// Whether the task runs; cleared by the task itself when it ends or is dropped.
+    started: Arc<AtomicBool>,
     /// Renewal round trips made (for tests and benchmarks).
     pub(crate) round_trips: AtomicU64,
 }
@@ -35,9 +36,21 @@ impl Watchdog {
     pub(crate) fn register(&self, inner: &Arc<LockerInner>, hold: Arc<HoldState>) {
         let lease_ms = hold.lease_ms.load(Ordering::Relaxed);
         self.holds().insert(hold.id, hold);
+        self.ensure_running(inner);
+        self.replan(lease_ms);
+    }
+
+    /// Starts the task on the current runtime if it isn't running: a runtime that shuts down
+    /// drops its tasks, and a `Locker` may be used from another runtime afterwards.
+    pub(crate) fn ensure_running(&self, inner: &Arc<LockerInner>) {
         if !self.started.swap(true, Ordering::AcqRel) {
-            tokio::spawn(run(Arc::downgrade(inner), self.wake.clone()));
+            let running = Running(self.started.clone());
+            tokio::spawn(run(Arc::downgrade(inner), self.wake.clone(), running));
         }
+    }
+
+    /// A hold's lease is now `lease_ms`: plan the next tick again if it must come sooner.
+    pub(crate) fn replan(&self, lease_ms: u64) {
         let basis = self.basis_ms.load(Ordering::Relaxed);
         if basis == 0 || lease_ms < basis {
             self.wake.notify_one();
@@ -76,26 +89,36 @@ impl Watchdog {
         if snapshot.is_empty() {
             return;
         }
+        let sent_at = Instant::now();
         let items: Vec<RenewItem> = snapshot
             .iter()
-            .map(|h| RenewItem {
-                key: h.keys.lock.clone(),
-                owner: h.owner.to_string(),
-                lease_ms: h.lease_ms.load(Ordering::Relaxed),
+            .map(|h| {
+                let lease = h.lease();
+                RenewItem {
+                    key: h.keys.lock.clone(),
+                    owner: h.owner.to_string(),
+                    lease_ms: u64::try_from(lease.as_millis()).unwrap_or(u64::MAX),
+                    seq: h.begin_change(lease, sent_at),
+                }
             })
             .collect();
-        let sent_at = Instant::now();
         self.round_trips.fetch_add(1, Ordering::Relaxed);
         match inner.backend.renew(&items).await {
-            Ok(flags) => {
+            Ok(replies) => {
                 let mut renewed = 0u64;
-                for (hold, ok) in snapshot.iter().zip(flags) {
-                    if ok {
-                        hold.renewed(sent_at, hold.lease());
-                        renewed += 1;
-                    } else if hold.holds.load(Ordering::Acquire) > 0 {
-                        hold.mark_lost(LossReason::Gone);
-                        self.deregister(hold.id);
+                for ((hold, item), reply) in snapshot.iter().zip(&items).zip(replies) {
+                    match reply {
+                        RenewReply::Applied => {
+                            hold.change_applied(item.seq);
+                            renewed += 1;
+                        }
+                        RenewReply::Stale => hold.change_ignored(item.seq),
+                        RenewReply::Gone => {
+                            if hold.holds.load(Ordering::Acquire) > 0 {
+                                hold.mark_lost(LossReason::Gone);
+                            }
+                            self.deregister(hold.id);
+                        }
                     }
                 }
                 metrics::counter!("dlock_renewed_total").increment(renewed);
@@ -116,7 +139,17 @@ impl Watchdog {
     }
 }
 
-async fn run(inner: Weak<LockerInner>, wake: Arc<Notify>) {
+/// Clears the running flag when the task ends, however it ends.
+#[derive(Debug)]
+struct Running(Arc<AtomicBool>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
+async fn run(inner: Weak<LockerInner>, wake: Arc<Notify>, _running: Running) {
     loop {
         let period = match inner.upgrade() {
             Some(inner) => inner.watchdog.period(),

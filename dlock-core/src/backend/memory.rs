@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{AcquireReply, HandoffReply, ReleaseReply, RenewItem};
+use super::{AcquireReply, HandoffReply, ReleaseReply, RenewItem, RenewReply};
+use crate::clock;
 use crate::name::LockKeys;
 use crate::wait::{Slots, Watch};
 
@@ -45,9 +46,10 @@ struct State {
 
 struct Held {
     owner: String,
-    holds: u32,
     fence: u64,
     expires: Instant,
+    /// The sequence number of the last lease change applied.
+    seq: u64,
 }
 
 impl fmt::Debug for MemoryStore {
@@ -115,25 +117,12 @@ impl MemoryBackend {
         entry.0
     }
 
-    pub(crate) fn acquire(
-        &self,
-        keys: &LockKeys,
-        owner: &str,
-        lease: Duration,
-        reenter: bool,
-    ) -> AcquireReply {
+    pub(crate) fn acquire(&self, keys: &LockKeys, owner: &str, lease: Duration) -> AcquireReply {
         let now = Instant::now();
         let mut state = self.store.state();
         if let Some(held) = Self::live(&mut state, &keys.lock, now) {
             if held.owner == owner {
-                held.expires = now + lease;
-                if reenter {
-                    held.holds += 1;
-                }
-                return AcquireReply::Acquired {
-                    fence: held.fence,
-                    reentered: reenter,
-                };
+                return AcquireReply::Acquired { fence: held.fence };
             }
             return AcquireReply::Busy {
                 pttl: Some(held.expires - now),
@@ -144,33 +133,42 @@ impl MemoryBackend {
             keys.lock.clone(),
             Held {
                 owner: owner.to_owned(),
-                holds: 1,
                 fence,
-                expires: now + lease,
+                expires: clock::after(now, lease),
+                seq: 0,
             },
         );
-        AcquireReply::Acquired {
-            fence,
-            reentered: false,
+        AcquireReply::Acquired { fence }
+    }
+
+    pub(crate) fn holds(&self, keys: &LockKeys, owner: &str) -> AcquireReply {
+        let now = Instant::now();
+        let mut state = self.store.state();
+        match Self::live(&mut state, &keys.lock, now) {
+            Some(held) if held.owner == owner => AcquireReply::Acquired { fence: held.fence },
+            Some(held) => AcquireReply::Busy {
+                pttl: Some(held.expires - now),
+            },
+            None => AcquireReply::Busy { pttl: None },
         }
     }
 
-    fn release_locked(state: &mut State, keys: &LockKeys, owner: &str) -> ReleaseReply {
+    fn release_locked(
+        state: &mut State,
+        keys: &LockKeys,
+        owner: &str,
+        handed_to: Option<&str>,
+    ) -> ReleaseReply {
         let now = Instant::now();
-        match Self::live(state, &keys.lock, now) {
-            Some(held) if held.owner == owner => {
-                held.holds -= 1;
-                if held.holds > 0 {
-                    return ReleaseReply::StillHeld(held.holds);
-                }
+        let holder = Self::live(state, &keys.lock, now).map(|held| held.owner.clone());
+        match holder {
+            Some(holder) if holder == owner || Some(holder.as_str()) == handed_to => {
                 state.locks.remove(&keys.lock);
-                if let Some(f) = state.fences.get_mut(&keys.lock) {
-                    f.1 = Some(owner.to_owned());
-                }
+                state.fences.entry(keys.lock.clone()).or_insert((0, None)).1 =
+                    Some(owner.to_owned());
                 ReleaseReply::Released { woke: 0 }
             }
-            Some(_) => ReleaseReply::TakenOver,
-            None => {
+            holder => {
                 let released_before = state
                     .fences
                     .get(&keys.lock)
@@ -178,6 +176,8 @@ impl MemoryBackend {
                     .is_some_and(|o| o == owner);
                 if released_before {
                     ReleaseReply::Released { woke: 0 }
+                } else if holder.is_some() {
+                    ReleaseReply::TakenOver
                 } else {
                     ReleaseReply::Expired
                 }
@@ -185,8 +185,13 @@ impl MemoryBackend {
         }
     }
 
-    pub(crate) fn release(&self, keys: &LockKeys, owner: &str) -> ReleaseReply {
-        let reply = Self::release_locked(&mut self.store.state(), keys, owner);
+    pub(crate) fn release(
+        &self,
+        keys: &LockKeys,
+        owner: &str,
+        handed_to: Option<&str>,
+    ) -> ReleaseReply {
+        let reply = Self::release_locked(&mut self.store.state(), keys, owner, handed_to);
         if let ReleaseReply::Released { .. } = reply {
             let woke = self.store.inner.slots.wake(&keys.channel);
             return ReleaseReply::Released {
@@ -203,35 +208,43 @@ impl MemoryBackend {
         to: &str,
         lease: Duration,
     ) -> HandoffReply {
+        let now = Instant::now();
         let mut state = self.store.state();
-        let reply = Self::release_locked(&mut state, keys, from);
-        if !matches!(reply, ReleaseReply::Released { .. }) {
-            return HandoffReply::NotHandedOver(reply);
+        match Self::live(&mut state, &keys.lock, now) {
+            Some(held) if held.owner == from => {}
+            Some(_) => return HandoffReply::NotHandedOver(ReleaseReply::TakenOver),
+            None => return HandoffReply::NotHandedOver(ReleaseReply::Expired),
         }
+        state.fences.entry(keys.lock.clone()).or_insert((0, None)).1 = Some(from.to_owned());
         let fence = Self::next_fence(&mut state, &keys.lock);
         state.locks.insert(
             keys.lock.clone(),
             Held {
                 owner: to.to_owned(),
-                holds: 1,
                 fence,
-                expires: Instant::now() + lease,
+                expires: clock::after(now, lease),
+                seq: 0,
             },
         );
         HandoffReply::HandedOver { fence }
     }
 
-    pub(crate) fn renew(&self, items: &[RenewItem]) -> Vec<bool> {
+    pub(crate) fn renew(&self, items: &[RenewItem]) -> Vec<RenewReply> {
         let now = Instant::now();
         let mut state = self.store.state();
         items
             .iter()
             .map(|item| match Self::live(&mut state, &item.key, now) {
                 Some(held) if held.owner == item.owner => {
-                    held.expires = now + Duration::from_millis(item.lease_ms);
-                    true
+                    if item.seq > held.seq {
+                        held.seq = item.seq;
+                        held.expires = clock::after(now, Duration::from_millis(item.lease_ms));
+                        RenewReply::Applied
+                    } else {
+                        RenewReply::Stale
+                    }
                 }
-                _ => false,
+                _ => RenewReply::Gone,
             })
             .collect()
     }

@@ -12,41 +12,36 @@ pub(crate) mod redis;
 
 pub use memory::MemoryStore;
 
-/// The answer to one acquisition attempt.
+/// The answer to one acquisition attempt, or to a re-entry check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum AcquireReply {
-    /// Held now, with this fencing token; `reentered` when the owner already held it.
-    Acquired { fence: u64, reentered: bool },
-    /// Held by someone else, who has this much lease left (`None`: unknown or no expiry).
+    /// Held by this owner now, with this fencing token.
+    Acquired { fence: u64 },
+    /// Not held by this owner; the holder, if any, has this much lease left (`None`: unknown,
+    /// no expiry, or nobody holds it).
     Busy { pttl: Option<Duration> },
 }
 
 /// The answer to one release.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum ReleaseReply {
-    /// Released; `woke` subscribers received the wake-up (0 when none listened, or unknown).
-    Released {
-        woke: u32,
-    },
-    StillHeld(u32),
+    /// Released (now, or by an earlier try of the same release); `woke` subscribers received the
+    /// wake-up (0 when none listened, or unknown).
+    Released { woke: u32 },
+    /// The lock was gone.
     Expired,
+    /// The lock was held by another owner.
     TakenOver,
 }
 
 impl ReleaseReply {
-    /// A released reply with the number of subscribers woken.
-    pub(crate) fn released(woke: i64) -> Self {
-        Self::Released {
-            woke: u32::try_from(woke).unwrap_or(0),
-        }
-    }
-
-    pub(crate) fn from_code(code: i64) -> Self {
+    pub(crate) fn from_code(code: i64, woke: i64) -> Self {
         match code {
-            0 => Self::Released { woke: 0 },
             -1 => Self::Expired,
             -2 => Self::TakenOver,
-            n => Self::StillHeld(u32::try_from(n).unwrap_or(u32::MAX)),
+            _ => Self::Released {
+                woke: u32::try_from(woke).unwrap_or(0),
+            },
         }
     }
 }
@@ -58,12 +53,25 @@ pub(crate) enum HandoffReply {
     NotHandedOver(ReleaseReply),
 }
 
-/// One lock to renew in a batch.
+/// One lease change in a batch (a watchdog renewal or an `extend`).
 #[derive(Debug, Clone)]
 pub(crate) struct RenewItem {
     pub(crate) key: String,
     pub(crate) owner: String,
     pub(crate) lease_ms: u64,
+    /// The hold's sequence number for this change: applied only above the last one applied.
+    pub(crate) seq: u64,
+}
+
+/// What became of one lease change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RenewReply {
+    /// Applied: the lease runs from when Redis ran it.
+    Applied,
+    /// Still held, but a later change was applied first; this one was ignored.
+    Stale,
+    /// Gone, or owned by someone else.
+    Gone,
 }
 
 #[derive(Debug, Clone)]
@@ -72,29 +80,109 @@ pub(crate) enum Backend {
     Memory(memory::MemoryBackend),
 }
 
+/// One connection for the commands of one operation, in order: a clean-up sent on it after a
+/// command that timed out always reaches the server after that command, even over a pool.
+#[derive(Debug, Clone)]
+pub(crate) enum Session {
+    Redis(std::sync::Arc<redis::RedisBackend>, redis::OpConn),
+    Memory(memory::MemoryBackend),
+}
+
 impl Backend {
+    /// A connection to run one operation's commands on, in order.
+    pub(crate) async fn session(&self) -> Result<Session, BackendError> {
+        match self {
+            Self::Redis(r) => Ok(Session::Redis(r.clone(), r.op_conn().await?)),
+            Self::Memory(m) => Ok(Session::Memory(m.clone())),
+        }
+    }
+
+    pub(crate) async fn renew(&self, items: &[RenewItem]) -> Result<Vec<RenewReply>, BackendError> {
+        if items.is_empty() {
+            return Ok(Vec::new());
+        }
+        match self {
+            Self::Redis(r) => r.renew(items).await,
+            Self::Memory(m) => Ok(m.renew(items)),
+        }
+    }
+
+    /// Registers interest in wake-ups on `channel`. Subscribes (and waits for the confirmation,
+    /// until `deadline` at the latest) before returning, so a release published after a
+    /// confirmed watch returns is never missed.
+    pub(crate) async fn watch(&self, channel: &str, deadline: tokio::time::Instant) -> Watch {
+        match self {
+            Self::Redis(r) => r.watch(channel, deadline).await,
+            Self::Memory(m) => m.watch(channel),
+        }
+    }
+
+    /// Whether this backend runs commands over the network (and so needs cancellation-safe
+    /// operations).
+    pub(crate) fn is_remote(&self) -> bool {
+        matches!(self, Self::Redis(_))
+    }
+
+    pub(crate) fn kind(&self) -> &'static str {
+        match self {
+            Self::Redis(r) => r.kind(),
+            Self::Memory(_) => "memory",
+        }
+    }
+}
+
+impl Session {
     pub(crate) async fn acquire(
         &self,
         keys: &LockKeys,
         owner: &str,
         lease: Duration,
         fence_ttl: Option<Duration>,
-        reenter: bool,
     ) -> Result<AcquireReply, BackendError> {
         match self {
-            Self::Redis(r) => r.acquire(keys, owner, lease, fence_ttl, reenter).await,
-            Self::Memory(m) => Ok(m.acquire(keys, owner, lease, reenter)),
+            Self::Redis(r, c) => r.acquire(c, keys, owner, lease, fence_ttl).await,
+            Self::Memory(m) => Ok(m.acquire(keys, owner, lease)),
         }
     }
 
+    /// Whether `owner` still holds the lock (read-only).
+    pub(crate) async fn holds(
+        &self,
+        keys: &LockKeys,
+        owner: &str,
+    ) -> Result<AcquireReply, BackendError> {
+        match self {
+            Self::Redis(r, c) => r.holds(c, keys, owner).await,
+            Self::Memory(m) => Ok(m.holds(keys, owner)),
+        }
+    }
+
+    /// Releases `owner`'s hold, or the hold of `handed_to` if a hand-over of `owner`'s hold to it
+    /// may have happened.
     pub(crate) async fn release(
         &self,
         keys: &LockKeys,
         owner: &str,
+        handed_to: Option<&str>,
+        fence_ttl: Option<Duration>,
     ) -> Result<ReleaseReply, BackendError> {
         match self {
-            Self::Redis(r) => r.release(keys, owner).await,
-            Self::Memory(m) => Ok(m.release(keys, owner)),
+            Self::Redis(r, c) => r.release(c, keys, owner, handed_to, fence_ttl).await,
+            Self::Memory(m) => Ok(m.release(keys, owner, handed_to)),
+        }
+    }
+
+    /// Releases `owner`'s hold after a command for it whose answer didn't come; runs even on a
+    /// server that lost its script cache.
+    pub(crate) async fn clean_up(
+        &self,
+        keys: &LockKeys,
+        owner: &str,
+        fence_ttl: Option<Duration>,
+    ) -> Result<ReleaseReply, BackendError> {
+        match self {
+            Self::Redis(r, c) => r.clean_up(c, keys, owner, fence_ttl).await,
+            Self::Memory(m) => Ok(m.release(keys, owner, None)),
         }
     }
 
@@ -107,49 +195,8 @@ impl Backend {
         fence_ttl: Option<Duration>,
     ) -> Result<HandoffReply, BackendError> {
         match self {
-            Self::Redis(r) => r.handoff(keys, from, to, lease, fence_ttl).await,
+            Self::Redis(r, c) => r.handoff(c, keys, from, to, lease, fence_ttl).await,
             Self::Memory(m) => Ok(m.handoff(keys, from, to, lease)),
-        }
-    }
-
-    pub(crate) async fn renew(&self, items: &[RenewItem]) -> Result<Vec<bool>, BackendError> {
-        if items.is_empty() {
-            return Ok(Vec::new());
-        }
-        match self {
-            Self::Redis(r) => r.renew(items).await,
-            Self::Memory(m) => Ok(m.renew(items)),
-        }
-    }
-
-    /// Registers interest in wake-ups on `channel`. Subscribes (and waits for the confirmation)
-    /// before returning, so a release published after this returns is never missed.
-    pub(crate) async fn watch(&self, channel: &str) -> Watch {
-        match self {
-            Self::Redis(r) => r.watch(channel).await,
-            Self::Memory(m) => m.watch(channel),
-        }
-    }
-
-    /// Whether this backend runs acquisitions over the network (and so needs a cancellation-safe
-    /// attempt).
-    pub(crate) fn is_remote(&self) -> bool {
-        matches!(self, Self::Redis(_))
-    }
-
-    /// Whether every command goes down one pipelined connection, in order: then a clean-up
-    /// release sent after an attempt always reaches Redis after it.
-    pub(crate) fn is_ordered(&self) -> bool {
-        match self {
-            Self::Redis(r) => r.is_pipelined(),
-            Self::Memory(_) => true,
-        }
-    }
-
-    pub(crate) fn kind(&self) -> &'static str {
-        match self {
-            Self::Redis(r) => r.kind(),
-            Self::Memory(_) => "memory",
         }
     }
 }

@@ -2,13 +2,13 @@
 //! bb8 pool, every call bounded by the command timeout.
 
 use std::fmt;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, MultiplexedConnection};
 use redis::{FromRedisValue, Pipeline, RedisResult, ScriptInvocation, Value};
 
-use super::{AcquireReply, HandoffReply, ReleaseReply, RenewItem};
+use super::{AcquireReply, HandoffReply, ReleaseReply, RenewItem, RenewReply};
 use crate::error::BackendError;
 use crate::name::LockKeys;
 use crate::script;
@@ -34,13 +34,31 @@ impl RedisConn {
     }
 }
 
+/// The connection one operation runs on (see [`RedisBackend::op_conn`]).
+#[derive(Clone)]
+pub(crate) enum OpConn {
+    Manager(ConnectionManager),
+    Multiplexed(MultiplexedConnection),
+}
+
+impl fmt::Debug for OpConn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Manager(_) => "OpConn::Manager",
+            Self::Multiplexed(_) => "OpConn::Multiplexed",
+        })
+    }
+}
+
 #[derive(Clone)]
 pub(crate) struct RedisBackend {
     conn: RedisConn,
     timeout: Duration,
     /// The client used for the subscriber connection, if any.
     client: Option<redis::Client>,
-    subscriber: Arc<OnceLock<Subscriber>>,
+    subscriber: Arc<Mutex<Option<Subscriber>>>,
+    /// The channels the subscriber watches (kept across restarts of its task).
+    sub_slots: Arc<Slots>,
     /// Slots used when there is no subscriber: waiters poll.
     poll_slots: Arc<Slots>,
 }
@@ -61,18 +79,14 @@ impl RedisBackend {
             conn,
             timeout,
             client,
-            subscriber: Arc::new(OnceLock::new()),
+            subscriber: Arc::new(Mutex::new(None)),
+            sub_slots: Arc::new(Slots::default()),
             poll_slots: Arc::new(Slots::default()),
         }
     }
 
     pub(crate) fn kind(&self) -> &'static str {
         self.conn.kind()
-    }
-
-    /// One multiplexed connection (directly or through the manager): commands stay in order.
-    pub(crate) fn is_pipelined(&self) -> bool {
-        !matches!(self.conn, RedisConn::Pool(_))
     }
 
     async fn bounded<T>(
@@ -85,18 +99,43 @@ impl RedisBackend {
         }
     }
 
+    /// A connection for one operation: the manager or the multiplexed connection itself, or one
+    /// connection of the pool (a multiplexed connection, kept in order for the operation).
+    pub(crate) async fn op_conn(&self) -> Result<OpConn, BackendError> {
+        match &self.conn {
+            RedisConn::Manager(c) => Ok(OpConn::Manager(c.clone())),
+            RedisConn::Multiplexed(c) => Ok(OpConn::Multiplexed(c.clone())),
+            RedisConn::Pool(p) => {
+                let pooled = self
+                    .bounded(async { p.get().await.map_err(BackendError::pool) })
+                    .await?;
+                Ok(OpConn::Multiplexed((*pooled).clone()))
+            }
+        }
+    }
+
+    /// Runs a script, bounded by the command timeout. An `idempotent` script (one that does the
+    /// same thing when it runs twice) is sent once more on a connection manager whose connection
+    /// turned out to be gone (a restarted server, or a runtime that shut down with the old
+    /// connection's task): the manager reconnects for the second try.
     async fn invoke<T: FromRedisValue>(
         &self,
+        conn: &OpConn,
         inv: &ScriptInvocation<'_>,
+        idempotent: bool,
     ) -> Result<T, BackendError> {
         self.bounded(async {
-            let res: RedisResult<T> = match &self.conn {
-                RedisConn::Manager(c) => inv.invoke_async(&mut c.clone()).await,
-                RedisConn::Multiplexed(c) => inv.invoke_async(&mut c.clone()).await,
-                RedisConn::Pool(p) => {
-                    let mut c = p.get().await.map_err(BackendError::pool)?;
-                    inv.invoke_async(&mut *c).await
+            let res: RedisResult<T> = match conn {
+                OpConn::Manager(c) => {
+                    let first = inv.invoke_async(&mut c.clone()).await;
+                    match first {
+                        Err(err) if idempotent && err.is_connection_dropped() => {
+                            inv.invoke_async(&mut c.clone()).await
+                        }
+                        other => other,
+                    }
                 }
+                OpConn::Multiplexed(c) => inv.invoke_async(&mut c.clone()).await,
             };
             res.map_err(BackendError::redis)
         })
@@ -127,7 +166,13 @@ impl RedisBackend {
         }
         self.bounded(async {
             let res = match &self.conn {
-                RedisConn::Manager(c) => go(&mut c.clone(), pipe, reload).await,
+                // Lease changes carry sequence numbers: a second try is harmless.
+                RedisConn::Manager(c) => match go(&mut c.clone(), pipe, reload).await {
+                    Err(err) if err.is_connection_dropped() => {
+                        go(&mut c.clone(), pipe, reload).await
+                    }
+                    other => other,
+                },
                 RedisConn::Multiplexed(c) => go(&mut c.clone(), pipe, reload).await,
                 RedisConn::Pool(p) => {
                     let mut c = p.get().await.map_err(BackendError::pool)?;
@@ -148,54 +193,87 @@ impl RedisBackend {
 
     pub(crate) async fn acquire(
         &self,
+        conn: &OpConn,
         keys: &LockKeys,
         owner: &str,
         lease: Duration,
         fence_ttl: Option<Duration>,
-        reenter: bool,
     ) -> Result<AcquireReply, BackendError> {
         let mut inv = script::ACQUIRE.prepare_invoke();
         inv.key(&keys.lock)
             .key(&keys.fence)
             .arg(owner)
             .arg(millis(lease))
-            .arg(fence_ttl.map_or(0, millis))
-            .arg(u8::from(reenter));
-        let (code, value): (i64, i64) = self.invoke(&inv).await?;
-        match code {
-            1 | 2 => Ok(AcquireReply::Acquired {
-                fence: u64::try_from(value)
-                    .map_err(|_| BackendError::protocol("negative fencing token"))?,
-                reentered: code == 2,
-            }),
-            0 => Ok(AcquireReply::Busy {
-                pttl: u64::try_from(value).ok().map(Duration::from_millis),
-            }),
-            other => Err(BackendError::protocol(format!(
-                "acquire script answered {other}"
-            ))),
-        }
+            .arg(fence_ttl.map_or(0, millis));
+        let reply: (i64, i64) = self.invoke(conn, &inv, true).await?;
+        acquire_reply(reply)
+    }
+
+    pub(crate) async fn holds(
+        &self,
+        conn: &OpConn,
+        keys: &LockKeys,
+        owner: &str,
+    ) -> Result<AcquireReply, BackendError> {
+        let mut inv = script::HOLDS.prepare_invoke();
+        inv.key(&keys.lock).arg(owner);
+        let reply: (i64, i64) = self.invoke(conn, &inv, true).await?;
+        acquire_reply(reply)
     }
 
     pub(crate) async fn release(
         &self,
+        conn: &OpConn,
         keys: &LockKeys,
         owner: &str,
+        handed_to: Option<&str>,
+        fence_ttl: Option<Duration>,
     ) -> Result<ReleaseReply, BackendError> {
         let mut inv = script::RELEASE.prepare_invoke();
         inv.key(&keys.lock)
             .key(&keys.fence)
             .key(&keys.channel)
-            .arg(owner);
-        let (code, woke): (i64, i64) = self.invoke(&inv).await?;
-        Ok(match code {
-            0 => ReleaseReply::released(woke),
-            code => ReleaseReply::from_code(code),
-        })
+            .arg(owner)
+            .arg(handed_to.unwrap_or(""))
+            .arg(fence_ttl.map_or(0, millis));
+        let (code, woke): (i64, i64) = self.invoke(conn, &inv, true).await?;
+        Ok(ReleaseReply::from_code(code, woke))
+    }
+
+    /// A release sent after a command whose answer didn't come (it may still run): sent as
+    /// `EVAL` with the script's text, so it runs even if it reaches a server whose script cache
+    /// is empty — it may itself time out, and then nobody would be left to load the script.
+    pub(crate) async fn clean_up(
+        &self,
+        conn: &OpConn,
+        keys: &LockKeys,
+        owner: &str,
+        fence_ttl: Option<Duration>,
+    ) -> Result<ReleaseReply, BackendError> {
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(script::RELEASE_LUA)
+            .arg(3)
+            .arg(&keys.lock)
+            .arg(&keys.fence)
+            .arg(&keys.channel)
+            .arg(owner)
+            .arg("")
+            .arg(fence_ttl.map_or(0, millis));
+        let (code, woke): (i64, i64) = self
+            .bounded(async {
+                let res: RedisResult<(i64, i64)> = match conn {
+                    OpConn::Manager(c) => cmd.query_async(&mut c.clone()).await,
+                    OpConn::Multiplexed(c) => cmd.query_async(&mut c.clone()).await,
+                };
+                res.map_err(BackendError::redis)
+            })
+            .await?;
+        Ok(ReleaseReply::from_code(code, woke))
     }
 
     pub(crate) async fn handoff(
         &self,
+        conn: &OpConn,
         keys: &LockKeys,
         from: &str,
         to: &str,
@@ -210,19 +288,21 @@ impl RedisBackend {
             .arg(to)
             .arg(millis(lease))
             .arg(fence_ttl.map_or(0, millis));
-        let (code, value): (i64, i64) = self.invoke(&inv).await?;
+        let (code, value): (i64, i64) = self.invoke(conn, &inv, false).await?;
         if code == 1 {
             Ok(HandoffReply::HandedOver {
                 fence: u64::try_from(value)
                     .map_err(|_| BackendError::protocol("negative fencing token"))?,
             })
         } else {
-            Ok(HandoffReply::NotHandedOver(ReleaseReply::from_code(value)))
+            Ok(HandoffReply::NotHandedOver(ReleaseReply::from_code(
+                value, 0,
+            )))
         }
     }
 
-    /// Renews every item in one round trip: one script call per chunk, all pipelined.
-    pub(crate) async fn renew(&self, items: &[RenewItem]) -> Result<Vec<bool>, BackendError> {
+    /// Applies every lease change in one round trip: one script call per chunk, all pipelined.
+    pub(crate) async fn renew(&self, items: &[RenewItem]) -> Result<Vec<RenewReply>, BackendError> {
         let mut pipe = redis::pipe();
         let hash = script::RENEW.get_hash();
         for chunk in items.chunks(RENEW_CHUNK) {
@@ -231,15 +311,19 @@ impl RedisBackend {
                 cmd.arg(&item.key);
             }
             for item in chunk {
-                cmd.arg(&item.owner).arg(item.lease_ms);
+                cmd.arg(&item.owner).arg(item.lease_ms).arg(item.seq);
             }
         }
         let replies = self.pipeline(&pipe, &[&script::RENEW]).await?;
         let mut out = Vec::with_capacity(items.len());
         for reply in replies {
-            let flags: Vec<i64> = FromRedisValue::from_redis_value(reply)
+            let codes: Vec<i64> = FromRedisValue::from_redis_value(reply)
                 .map_err(|e| BackendError::protocol(format!("renew reply: {e}")))?;
-            out.extend(flags.into_iter().map(|f| f == 1));
+            out.extend(codes.into_iter().map(|c| match c {
+                1 => RenewReply::Applied,
+                2 => RenewReply::Stale,
+                _ => RenewReply::Gone,
+            }));
         }
         if out.len() != items.len() {
             return Err(BackendError::protocol("renew reply has the wrong length"));
@@ -247,29 +331,61 @@ impl RedisBackend {
         Ok(out)
     }
 
-    pub(crate) async fn watch(&self, channel: &str) -> Watch {
+    pub(crate) async fn watch(&self, channel: &str, deadline: tokio::time::Instant) -> Watch {
         match &self.client {
             Some(client) => {
-                let sub = self
-                    .subscriber
-                    .get_or_init(|| Subscriber::spawn(client.clone(), self.timeout));
-                sub.watch(channel).await
+                let sub = self.subscriber(client);
+                sub.watch(channel, deadline).await
             }
             None => Watch::new(self.poll_slots.clone(), channel, None).0,
         }
     }
 
+    /// The subscriber task's handle, (re)started on the current runtime if it is not running: a
+    /// runtime that shuts down takes its tasks with it, and a `Locker` may outlive the runtime
+    /// that first used it.
+    fn subscriber(&self, client: &redis::Client) -> Subscriber {
+        let mut current = self.subscriber.lock().unwrap_or_else(|e| e.into_inner());
+        match current.as_ref() {
+            Some(sub) if sub.is_running() => sub.clone(),
+            _ => {
+                let sub = Subscriber::spawn(client.clone(), self.timeout, self.sub_slots.clone());
+                *current = Some(sub.clone());
+                sub
+            }
+        }
+    }
+
     /// The number of channels the subscriber watches now (for diagnostics and tests).
     pub(crate) fn watched_channels(&self) -> usize {
-        self.subscriber.get().map_or(0, |s| s.slots.len())
+        self.sub_slots.len()
     }
 
     /// Whether the subscriber connection is up (false when none was started).
     pub(crate) fn subscriber_healthy(&self) -> bool {
-        self.subscriber.get().is_some_and(Subscriber::is_healthy)
+        self.subscriber
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .is_some_and(|s| s.is_running() && s.is_healthy())
     }
 }
 
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+fn acquire_reply((code, value): (i64, i64)) -> Result<AcquireReply, BackendError> {
+    match code {
+        1 => Ok(AcquireReply::Acquired {
+            fence: u64::try_from(value)
+                .map_err(|_| BackendError::protocol("negative fencing token"))?,
+        }),
+        0 => Ok(AcquireReply::Busy {
+            pttl: u64::try_from(value).ok().map(Duration::from_millis),
+        }),
+        other => Err(BackendError::protocol(format!(
+            "acquire script answered {other}"
+        ))),
+    }
 }

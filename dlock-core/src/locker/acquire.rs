@@ -1,96 +1,90 @@
-//! The acquire path: cancellation-safe attempts, re-entry, and waiting at the head of the local queue.
+//! The acquire path: cancellation-safe attempts, re-entry, and waiting at the head of the local
+//! queue.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::*;
-use crate::backend::{AcquireReply, Backend};
-use crate::error::{BackendError, LockError};
+use crate::backend::{AcquireReply, Backend, Session};
+use crate::clock;
+use crate::error::LockError;
 use crate::guard::{FencingToken, HoldState, LockGuard, LossReason};
 use crate::name::{LockKeys, LockName};
 use crate::scope;
 
 impl Locker {
-    /// One acquisition attempt, cancellation-safe: dropping the caller's future never leaks a
-    /// lock that Redis granted.
-    ///
-    /// Over one pipelined connection the attempt runs inline: if it is dropped (or fails, and so
-    /// may have been granted), a release for its token is sent down the same connection, where
-    /// it can only arrive after the attempt. Over a pool, whose connections are not ordered with
-    /// each other, the attempt runs in its own task, which releases what it was granted if
-    /// nobody is left to take it.
+    /// One acquisition attempt for `owner`, cancellation-safe: if the caller's future is dropped
+    /// while the script is in flight, or the call fails (so the script may have run), a release
+    /// for `owner` follows it down the same connection, where it can only arrive after it.
     async fn attempt(
         &self,
         keys: &Arc<LockKeys>,
         owner: &Arc<str>,
         lease: Duration,
-        fresh: bool,
     ) -> Result<AcquireReply, LockError> {
-        let fence_ttl = self.inner.config.fence_ttl;
-        if !self.inner.backend.is_remote() {
-            return self
-                .inner
-                .backend
-                .acquire(keys, owner, lease, fence_ttl, !fresh)
-                .await
-                .map_err(LockError::Backend);
+        let session = self
+            .inner
+            .backend
+            .session()
+            .await
+            .map_err(LockError::Backend)?;
+        let mut in_flight = InFlight::new(self, keys, owner);
+        in_flight.session = Some(session.clone());
+        let res = session
+            .acquire(keys, owner, lease, self.inner.config.fence_ttl)
+            .await;
+        // Answered: the caller turns a grant into a guard before its next `.await`.
+        if res.is_ok() {
+            in_flight.disarm();
         }
-        if self.inner.backend.is_ordered() {
-            let mut in_flight = InFlight {
-                backend: &self.inner.backend,
-                keys,
-                owner,
-                armed: fresh,
-            };
-            let res = self
-                .inner
-                .backend
-                .acquire(keys, owner, lease, fence_ttl, !fresh)
-                .await;
-            // Answered: the caller turns a grant into a guard before its next `.await`. An
-            // error leaves the clean-up armed, as the script may have run.
-            if res.is_ok() {
-                in_flight.armed = false;
-            }
-            return res.map_err(LockError::Backend);
+        res.map_err(LockError::Backend)
+    }
+
+    /// Re-enters `hold`, which this task holds in the current scope: checks (read-only) that
+    /// Redis still has it, then counts one more guard in. `Ok(None)` when the hold was released
+    /// meanwhile (the caller acquires afresh); the loss when it was lost.
+    async fn reenter(&self, hold: Arc<HoldState>) -> Result<Option<LockGuard>, LockError> {
+        if hold.is_lost() {
+            return Err(hold.lost_error());
         }
-        let (tx, rx) = oneshot::channel();
-        let backend = self.inner.backend.clone();
-        let (task_keys, task_owner) = (keys.clone(), owner.clone());
-        tokio::spawn(async move {
-            let (keys, owner) = (task_keys, task_owner);
-            let res = backend
-                .acquire(&keys, &owner, lease, fence_ttl, !fresh)
-                .await;
-            // On an error the script may still have run: treat the lock as possibly granted.
-            let maybe_granted = matches!(res, Ok(AcquireReply::Acquired { .. }) | Err(_));
-            let failed = res.is_err();
-            let undelivered = tx.send(res).is_err();
-            if fresh && maybe_granted && (undelivered || failed) {
-                let _ = backend.release(&keys, &owner).await;
+        let session = self
+            .inner
+            .backend
+            .session()
+            .await
+            .map_err(LockError::Backend)?;
+        let reply = session
+            .holds(&hold.keys, &hold.owner)
+            .await
+            .map_err(LockError::Backend)?;
+        // No `.await` from here on: nothing below can be left half-done by a dropped future.
+        let counted_in = hold
+            .holds
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n > 0).then_some(n + 1)
+            })
+            .is_ok();
+        if !counted_in {
+            return Ok(None);
+        }
+        match reply {
+            AcquireReply::Acquired { .. } => {
+                tracing::debug!(name = %hold.name, fencing_token = hold.fence.get(), "dlock: re-entered");
+                Ok(Some(LockGuard {
+                    state: hold,
+                    locker: self.clone(),
+                    reentrant: true,
+                    done: false,
+                }))
             }
-        });
-        let mut pending = PendingAttempt {
-            rx: Some(rx),
-            backend: &self.inner.backend,
-            keys,
-            owner,
-            fresh,
-        };
-        let answer = match pending.rx.as_mut() {
-            Some(rx) => rx.await,
-            None => return Err(LockError::Config("attempt already answered".to_owned())),
-        };
-        pending.rx = None;
-        match answer {
-            Ok(res) => res.map_err(LockError::Backend),
-            Err(_) => Err(LockError::Backend(BackendError::protocol(
-                "acquisition task ended without an answer",
-            ))),
+            AcquireReply::Busy { .. } => {
+                hold.holds.fetch_sub(1, Ordering::AcqRel);
+                hold.mark_lost(LossReason::Gone);
+                Err(hold.lost_error())
+            }
         }
     }
 
@@ -134,51 +128,43 @@ impl Locker {
         lease: Lease,
     ) -> Result<Attempted, LockError> {
         let started = Instant::now();
-        let deadline = started + wait;
+        let deadline = clock::after(started, wait);
         let keys = Arc::new(LockKeys::new(&self.inner.config.prefix, &name));
 
-        // Re-entry inside a lock scope.
-        if let Some(hold) = scope::find(self.inner.id, &keys.lock) {
-            hold.holds.fetch_add(1, Ordering::AcqRel);
-            let reply = self.attempt(&keys, &hold.owner, hold.lease(), false).await;
-            match reply {
-                Ok(AcquireReply::Acquired { .. }) => {
-                    tracing::debug!(name = %name, fencing_token = hold.fence.get(), "dlock: re-entered");
-                    return Ok(Attempted::Held(LockGuard {
-                        state: hold,
-                        locker: self.clone(),
-                        reentrant: true,
-                        done: false,
-                    }));
-                }
-                Ok(AcquireReply::Busy { .. }) => {
-                    hold.holds.fetch_sub(1, Ordering::AcqRel);
-                    hold.mark_lost(LossReason::Gone);
-                }
-                Err(err) => {
-                    hold.holds.fetch_sub(1, Ordering::AcqRel);
-                    return Err(err);
-                }
-            }
+        // Re-entry inside a lock scope: a hold this task has (even a lost one, whose loss is
+        // reported rather than papered over with a new lock).
+        if let Some(hold) = scope::find(self.inner.id, &keys.lock)
+            && let Some(guard) = self.reenter(hold).await?
+        {
+            return Ok(Attempted::Held(guard));
         }
 
-        let owner = new_owner();
+        let mut owner = new_owner();
+        // The last backend error, while no attempt has answered since: what the call returns
+        // if the deadline comes first.
+        let mut failed: Option<LockError> = None;
+        let mut pttl = None;
         // A first attempt, ahead of any local queue — unless local waiters are holding back for
         // other processes right now.
         let holding_back = !wait.is_zero()
             && self
                 .existing_queue(&keys.lock)
                 .is_some_and(|q| q.deferred().is_some());
-        let mut pttl = None;
         if !holding_back {
             let sent_at = Instant::now();
-            match self.attempt(&keys, &owner, lease.duration(), true).await? {
-                AcquireReply::Acquired { fence, .. } => {
+            match self.attempt(&keys, &owner, lease.duration()).await {
+                Ok(AcquireReply::Acquired { fence }) => {
                     return Ok(Attempted::Held(
                         self.acquired(name, keys, owner, fence, lease, sent_at, started),
                     ));
                 }
-                AcquireReply::Busy { pttl: now_pttl } => pttl = now_pttl,
+                Ok(AcquireReply::Busy { pttl: now_pttl }) => pttl = now_pttl,
+                Err(err) if wait.is_zero() => return Err(err),
+                Err(err) => {
+                    // The clean-up of that attempt releases `owner`: never reuse it.
+                    owner = new_owner();
+                    failed = Some(err);
+                }
             }
             if wait.is_zero() {
                 return Ok(busy(&name, started, pttl));
@@ -188,9 +174,9 @@ impl Locker {
         // Queue behind local waiters for the same name; only the head waits in Redis.
         let ticket = self.queue(&keys.lock);
         let Ok(_turn) = tokio::time::timeout_at(deadline, ticket.queue.turn.lock()).await else {
-            return Ok(busy(&name, started, pttl));
+            return gave_up(&name, started, pttl, failed);
         };
-        let mut head = HeadWait::new(&self, &ticket.queue, &keys, lease.duration()).await;
+        let mut head = HeadWait::new(&self, &ticket, &keys, lease.duration(), deadline).await;
         let handoff_owner = head.handoff_owner.clone();
         loop {
             let (watch, rx) = head.parts();
@@ -201,25 +187,33 @@ impl Locker {
                 tokio::time::sleep_until(until.min(deadline)).await;
             }
             let sent_at = Instant::now();
-            match self.attempt(&keys, &owner, lease.duration(), true).await? {
-                AcquireReply::Acquired { fence, .. } => {
+            match self.attempt(&keys, &owner, lease.duration()).await {
+                Ok(AcquireReply::Acquired { fence }) => {
                     return Ok(Attempted::Held(
                         self.acquired(name, keys, owner, fence, lease, sent_at, started),
                     ));
                 }
-                AcquireReply::Busy { pttl: now_pttl } => pttl = now_pttl,
+                Ok(AcquireReply::Busy { pttl: now_pttl }) => {
+                    pttl = now_pttl;
+                    failed = None;
+                }
+                Err(err) => {
+                    owner = new_owner();
+                    failed = Some(err);
+                }
             }
             let now = Instant::now();
             if now >= deadline {
-                return Ok(busy(&name, started, pttl));
+                return gave_up(&name, started, pttl, failed);
             }
             // The fallback timer: the holder's remaining lease (a lock nobody releases expires
-            // then), or a short poll when wake-ups can't be delivered.
-            let fallback = match (watch.is_reliable(), pttl) {
+            // then), or a short poll when wake-ups can't be delivered or Redis just failed.
+            let poll = self.inner.config.poll_interval;
+            let fallback = match (failed.is_none() && watch.is_reliable(), pttl) {
                 (true, Some(pttl)) => pttl + Duration::from_millis(1),
-                (true, None) => self.inner.config.poll_interval,
-                (false, Some(pttl)) => pttl.min(self.inner.config.poll_interval),
-                (false, None) => self.inner.config.poll_interval,
+                (true, None) => poll,
+                (false, Some(pttl)) => pttl.min(poll),
+                (false, None) => poll,
             };
             let until = deadline.min(now + fallback);
             tokio::select! {
@@ -276,54 +270,66 @@ pub(super) fn busy(name: &LockName, started: Instant, pttl: Option<Duration>) ->
     Attempted::Busy(pttl)
 }
 
-/// An inline attempt; dropped while armed, it releases its token in the background.
-pub(super) struct InFlight<'a> {
-    pub(super) backend: &'a Backend,
-    pub(super) keys: &'a Arc<LockKeys>,
-    pub(super) owner: &'a Arc<str>,
-    pub(super) armed: bool,
-}
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
-        let backend = self.backend.clone();
-        let (keys, owner) = (self.keys.clone(), self.owner.clone());
-        if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            handle.spawn(async move {
-                let _ = backend.release(&keys, &owner).await;
-            });
-        }
+/// The deadline came: busy, or the backend error if Redis failed since the last answer.
+fn gave_up(
+    name: &LockName,
+    started: Instant,
+    pttl: Option<Duration>,
+    failed: Option<LockError>,
+) -> Result<Attempted, LockError> {
+    match failed {
+        Some(err) => Err(err),
+        None => Ok(busy(name, started, pttl)),
     }
 }
 
-/// The receiving end of an attempt that runs in its own task. Dropped before the answer was
-/// taken (the caller's future was dropped), it releases a lock the attempt was granted.
-struct PendingAttempt<'a> {
-    rx: Option<oneshot::Receiver<Result<AcquireReply, BackendError>>>,
-    backend: &'a Backend,
-    keys: &'a Arc<LockKeys>,
-    owner: &'a Arc<str>,
-    fresh: bool,
+/// A command whose reply may not have come: dropped while armed, it sends a release for its
+/// owner in the background — on the command's own connection when there is one, so the release
+/// arrives after it.
+pub(super) struct InFlight {
+    backend: Backend,
+    pub(super) session: Option<Session>,
+    keys: Arc<LockKeys>,
+    owner: Arc<str>,
+    fence_ttl: Option<Duration>,
+    armed: bool,
 }
 
-impl Drop for PendingAttempt<'_> {
+impl InFlight {
+    pub(super) fn new(locker: &Locker, keys: &Arc<LockKeys>, owner: &Arc<str>) -> Self {
+        Self {
+            backend: locker.inner.backend.clone(),
+            session: None,
+            keys: keys.clone(),
+            owner: owner.clone(),
+            fence_ttl: locker.inner.config.fence_ttl,
+            armed: true,
+        }
+    }
+
+    pub(super) fn disarm(&mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for InFlight {
     fn drop(&mut self) {
-        let granted = self
-            .rx
-            .as_mut()
-            .and_then(reclaim)
-            .is_some_and(|answer| matches!(answer, Ok(AcquireReply::Acquired { .. })));
-        if granted && self.fresh {
-            let backend = self.backend.clone();
-            let (keys, owner) = (self.keys.clone(), self.owner.clone());
-            if let Ok(handle) = tokio::runtime::Handle::try_current() {
-                handle.spawn(async move {
-                    let _ = backend.release(&keys, &owner).await;
-                });
-            }
+        if !self.armed || !self.backend.is_remote() {
+            return;
+        }
+        let (backend, session) = (self.backend.clone(), self.session.take());
+        let (keys, owner, fence_ttl) = (self.keys.clone(), self.owner.clone(), self.fence_ttl);
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move {
+                let session = match session {
+                    Some(session) => session,
+                    None => match backend.session().await {
+                        Ok(session) => session,
+                        Err(_) => return,
+                    },
+                };
+                let _ = session.clean_up(&keys, &owner, fence_ttl).await;
+            });
         }
     }
 }

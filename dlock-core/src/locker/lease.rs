@@ -6,7 +6,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::*;
-use crate::backend::RenewItem;
+use crate::backend::{RenewItem, RenewReply};
 use crate::error::LockError;
 use crate::guard::{HoldState, LossReason};
 
@@ -27,28 +27,69 @@ impl Lease {
     }
 }
 
+/// The shortest lease accepted.
+pub(crate) const MIN_LEASE: Duration = Duration::from_millis(10);
+/// The longest lease accepted (about ten years): Redis takes leases in milliseconds, and longer
+/// ones mean nothing for a lock.
+pub(crate) const MAX_LEASE: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
+
+/// Rejects a lease outside [`MIN_LEASE`, `MAX_LEASE`].
+pub(crate) fn check_lease(lease: Duration) -> Result<(), LockError> {
+    if lease < MIN_LEASE {
+        return Err(LockError::Config(format!(
+            "lease {lease:?} is too short; the minimum is {MIN_LEASE:?}"
+        )));
+    }
+    if lease > MAX_LEASE {
+        return Err(LockError::Config(format!(
+            "lease {lease:?} is too long; the maximum is {} days",
+            MAX_LEASE.as_secs() / 86_400
+        )));
+    }
+    Ok(())
+}
+
 impl Locker {
+    /// Sets `hold`'s lease to `lease` from now, owner-checked. The change carries the hold's next
+    /// sequence number, so a renewal still in flight can't undo it, and the validity deadline
+    /// follows it whether it moves later or earlier.
     pub(crate) async fn extend(&self, hold: &HoldState, lease: Duration) -> Result<(), LockError> {
+        check_lease(lease)?;
+        let lease_ms = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX);
+        // Renewals from now on carry the new lease, whatever becomes of this call.
+        hold.lease_ms.store(lease_ms, Ordering::Relaxed);
+        if hold.watchdog {
+            self.inner.watchdog.ensure_running(&self.inner);
+            self.inner.watchdog.replan(lease_ms);
+        }
+        let sent_at = Instant::now();
         let item = RenewItem {
             key: hold.keys.lock.clone(),
             owner: hold.owner.to_string(),
-            lease_ms: u64::try_from(lease.as_millis()).unwrap_or(u64::MAX).max(1),
+            lease_ms,
+            seq: hold.begin_change(lease, sent_at),
         };
-        let sent_at = Instant::now();
-        let renewed = self
+        let replies = self
             .inner
             .backend
             .renew(std::slice::from_ref(&item))
             .await
             .map_err(LockError::Backend)?;
-        if renewed.first().copied().unwrap_or(false) {
-            hold.lease_ms.store(item.lease_ms, Ordering::Relaxed);
-            hold.renewed(sent_at, lease);
-            tracing::debug!(name = %hold.name, lease_ms = item.lease_ms, "dlock: extended");
-            Ok(())
-        } else {
-            hold.mark_lost(LossReason::Gone);
-            Err(hold.lost_error())
+        match replies.first() {
+            Some(RenewReply::Applied) => {
+                hold.change_applied(item.seq);
+                tracing::debug!(name = %hold.name, lease_ms, "dlock: extended");
+                Ok(())
+            }
+            // A later renewal, which carries this lease too, was applied first.
+            Some(RenewReply::Stale) => {
+                hold.change_ignored(item.seq);
+                Ok(())
+            }
+            Some(RenewReply::Gone) | None => {
+                hold.mark_lost(LossReason::Gone);
+                Err(hold.lost_error())
+            }
         }
     }
 }

@@ -14,6 +14,7 @@ use crate::error::ReleaseOutcome;
 use crate::guard::HoldState;
 use crate::name::LockKeys;
 use crate::wait::Watch;
+use std::collections::HashMap;
 use std::sync::atomic::AtomicU32;
 use std::sync::{Mutex, MutexGuard};
 
@@ -58,26 +59,57 @@ impl LocalQueue {
         until.filter(|u| *u > Instant::now())
     }
 
+    /// Puts back an offer that was not taken, unless the waiter left or another offer is there.
+    fn offer_again(&self, slot: HandoffSlot) {
+        let mut current = self.slot();
+        if current.is_none() && !slot.tx.is_closed() {
+            *current = Some(slot);
+        }
+    }
+
     fn defer(&self) {
         *self.defer_until.lock().unwrap_or_else(|e| e.into_inner()) =
             Some(Instant::now() + YIELD_WINDOW);
     }
 }
 
+/// A queue in the `Locker`'s map, with the number of tickets out for it: the queue leaves the
+/// map when the last one is returned (counted under the map's lock, never guessed from
+/// reference counts).
+#[derive(Debug)]
+pub(super) struct QueueEntry {
+    queue: Arc<LocalQueue>,
+    users: usize,
+}
+
 impl Locker {
+    fn queues(&self) -> MutexGuard<'_, HashMap<String, QueueEntry>> {
+        self.inner.queues.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     pub(super) fn queue(&self, lock_key: &str) -> QueueTicket {
-        let mut queues = self.inner.queues.lock().unwrap_or_else(|e| e.into_inner());
-        let queue = queues.entry(lock_key.to_owned()).or_default().clone();
+        let mut queues = self.queues();
+        let entry = queues
+            .entry(lock_key.to_owned())
+            .or_insert_with(|| QueueEntry {
+                queue: Arc::default(),
+                users: 0,
+            });
+        entry.users += 1;
         QueueTicket {
             locker: self.clone(),
             key: lock_key.to_owned(),
-            queue,
+            queue: entry.queue.clone(),
         }
     }
 
     pub(super) fn existing_queue(&self, lock_key: &str) -> Option<Arc<LocalQueue>> {
-        let queues = self.inner.queues.lock().unwrap_or_else(|e| e.into_inner());
-        queues.get(lock_key).cloned()
+        self.queues().get(lock_key).map(|e| e.queue.clone())
+    }
+
+    /// How many local waiters (tickets) the queue of `lock_key` has.
+    fn queue_users(&self, lock_key: &str) -> usize {
+        self.queues().get(lock_key).map_or(0, |e| e.users)
     }
 
     /// After a release that broke a hand-over streak: if the wake-up reached another process
@@ -92,7 +124,8 @@ impl Locker {
         }
     }
 
-    /// Hands the lock straight to the local head waiter, if there is one.
+    /// Hands the lock straight to the local head waiter, if there is one; `None` when the lock
+    /// is to be released normally.
     pub(super) async fn try_handoff(&self, hold: &HoldState) -> Option<ReleaseOutcome> {
         if !self.inner.config.handoff || hold.is_lost() {
             return None;
@@ -109,48 +142,40 @@ impl Locker {
             queue.streak.store(0, Ordering::Relaxed);
             return None;
         };
+        let fence_ttl = self.inner.config.fence_ttl;
+        let session = match self.inner.backend.session().await {
+            Ok(session) => session,
+            Err(_) => {
+                queue.offer_again(slot);
+                return None;
+            }
+        };
         let sent_at = Instant::now();
-        let reply = self
-            .inner
-            .backend
-            .handoff(
-                &hold.keys,
-                &hold.owner,
-                &slot.owner,
-                slot.lease,
-                self.inner.config.fence_ttl,
-            )
+        let reply = session
+            .handoff(&hold.keys, &hold.owner, &slot.owner, slot.lease, fence_ttl)
             .await;
         match reply {
             Ok(HandoffReply::HandedOver { fence }) => {
                 queue.streak.fetch_add(1, Ordering::Relaxed);
                 if slot.tx.send((fence, sent_at)).is_err() {
                     // The waiter left meanwhile: release what it was given.
-                    let _ = self.inner.backend.release(&hold.keys, &slot.owner).await;
+                    let _ = session
+                        .release(&hold.keys, &slot.owner, None, fence_ttl)
+                        .await;
                 }
-                let outcome = ReleaseOutcome::Released;
-                log_release(hold, &outcome);
-                Some(outcome)
+                Some(ReleaseOutcome::Released)
             }
             Ok(HandoffReply::NotHandedOver(reply)) => {
-                let mut current = queue.slot();
-                if current.is_none() && !slot.tx.is_closed() {
-                    *current = Some(slot);
-                }
-                drop(current);
-                let outcome = release_outcome(hold, reply);
-                log_release(hold, &outcome);
-                Some(outcome)
+                queue.offer_again(slot);
+                Some(release_outcome(hold, reply))
             }
             Err(_) => {
-                // Unknown whether it ran: the waiter may own the lock now. Releasing for the
-                // waiter's token is safe either way; then fall back to a normal release.
-                let _ = self.inner.backend.release(&hold.keys, &slot.owner).await;
-                let mut current = queue.slot();
-                if current.is_none() && !slot.tx.is_closed() {
-                    *current = Some(slot);
-                }
-                None
+                // Unknown whether it ran: the lock is ours still, or the waiter's token holds
+                // it. One release covers both (in either order with the hand-over, should that
+                // still be on its way), and the waiter goes on waiting.
+                let handed_to = slot.owner.clone();
+                queue.offer_again(slot);
+                Some(self.release_in_redis(hold, Some(&handed_to)).await)
             }
         }
     }
@@ -165,6 +190,7 @@ impl Locker {
 pub(super) struct HeadWait<'a> {
     locker: &'a Locker,
     queue: &'a Arc<LocalQueue>,
+    ticket: &'a QueueTicket,
     keys: Arc<LockKeys>,
     watch: Arc<Watch>,
     pub(super) handoff_owner: Arc<str>,
@@ -172,17 +198,21 @@ pub(super) struct HeadWait<'a> {
 }
 
 impl<'a> HeadWait<'a> {
+    /// Becomes the head waiter: subscribes to wake-ups (giving up on the confirmation at
+    /// `deadline`, then polling) and offers to take a hand-over.
     pub(super) async fn new(
         locker: &'a Locker,
-        queue: &'a Arc<LocalQueue>,
+        ticket: &'a QueueTicket,
         keys: &Arc<LockKeys>,
         lease: Duration,
+        deadline: Instant,
     ) -> HeadWait<'a> {
+        let queue = &ticket.queue;
         // Subscribe before the retry, so a release in between is not missed.
         let kept = queue.watch.lock().unwrap_or_else(|e| e.into_inner()).take();
         let watch = match kept {
             Some(watch) => watch,
-            None => Arc::new(locker.inner.backend.watch(&keys.channel).await),
+            None => Arc::new(locker.inner.backend.watch(&keys.channel, deadline).await),
         };
         // No `.await` from here until `HeadWait` exists: once the offer is out, only its `Drop`
         // can give back a lock handed over to a waiter that was dropped.
@@ -200,6 +230,7 @@ impl<'a> HeadWait<'a> {
         HeadWait {
             locker,
             queue,
+            ticket,
             keys: keys.clone(),
             watch,
             handoff_owner,
@@ -227,16 +258,11 @@ impl Drop for HeadWait<'_> {
         let handed_late = self.rx.as_mut().and_then(reclaim).is_some();
         if handed_late {
             // Handed over after this waiter stopped waiting: give it back.
-            let backend = self.locker.inner.backend.clone();
-            let (keys, owner) = (self.keys.clone(), self.handoff_owner.clone());
-            if let Ok(handle) = tokio::runtime::Handle::try_current() {
-                handle.spawn(async move {
-                    let _ = backend.release(&keys, &owner).await;
-                });
-            }
+            // The hand-over was answered, so any connection reaches Redis after it.
+            drop(InFlight::new(self.locker, &self.keys, &self.handoff_owner));
         }
-        // The map, the ticket and this head: other waiters remain if there are more users.
-        if Arc::strong_count(self.queue) > 2 {
+        // Other local waiters remain: the next head takes over the subscription.
+        if self.locker.queue_users(&self.ticket.key) > 1 {
             *self.queue.watch.lock().unwrap_or_else(|e| e.into_inner()) = Some(self.watch.clone());
         }
     }
@@ -245,7 +271,7 @@ impl Drop for HeadWait<'_> {
 /// Closes `rx` and takes what was sent before it closed: after this, a sender finds the
 /// receiver gone (and cleans up itself), or its value is returned here (and the caller cleans
 /// up). Nothing sent falls between the two.
-pub(super) fn reclaim<T>(rx: &mut oneshot::Receiver<T>) -> Option<T> {
+fn reclaim<T>(rx: &mut oneshot::Receiver<T>) -> Option<T> {
     rx.close();
     rx.try_recv().ok()
 }
@@ -266,21 +292,18 @@ pub(super) async fn handed(
 /// A place in a local queue; removes the queue from the map when its last user leaves.
 pub(super) struct QueueTicket {
     locker: Locker,
-    key: String,
+    pub(super) key: String,
     pub(super) queue: Arc<LocalQueue>,
 }
 
 impl Drop for QueueTicket {
     fn drop(&mut self) {
-        let mut queues = self
-            .locker
-            .inner
-            .queues
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        // The map and this ticket: nobody else uses the queue.
-        if Arc::strong_count(&self.queue) == 2 {
-            queues.remove(&self.key);
+        let mut queues = self.locker.queues();
+        if let Some(entry) = queues.get_mut(&self.key) {
+            entry.users -= 1;
+            if entry.users == 0 {
+                queues.remove(&self.key);
+            }
         }
     }
 }

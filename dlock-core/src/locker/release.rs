@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use tokio::time::Instant;
 use tracing::Instrument as _;
 
 use super::*;
@@ -12,31 +13,28 @@ use crate::error::{BackendError, LockError, ReleaseOutcome};
 use crate::guard::{HoldState, LossReason};
 
 impl Locker {
-    /// Releases one hold of `hold` (cancellation-safe: the work runs in its own task for a
-    /// remote backend).
+    /// Releases one guard of `hold`. A guard that re-entered the hold only counts down here
+    /// (Redis has one hold per owner); the last one releases in Redis, cancellation-safe.
     pub(crate) async fn release_hold(&self, hold: Arc<HoldState>) -> ReleaseOutcome {
-        if !self.inner.backend.is_remote() {
-            return self.release_now(hold).await;
+        if !self.count_down(&hold) {
+            return inner_outcome(&hold);
         }
-        // The last hold, nobody local waiting (so no hand-over), one ordered connection: release
-        // inline; if this future is dropped half-way, the plain release is sent again in the
-        // background (a repeated final release is recognised by the script).
-        let simple = self.inner.backend.is_ordered()
-            && hold.holds.load(Ordering::Acquire) == 1
-            && self.existing_queue(&hold.keys.lock).is_none();
-        if simple {
-            let mut in_flight = InFlight {
-                backend: &self.inner.backend,
-                keys: &hold.keys,
-                owner: &hold.owner,
-                armed: true,
-            };
-            let outcome = self.release_now(hold.clone()).await;
-            in_flight.armed = false;
+        if !self.inner.backend.is_remote() {
+            return self.finish_release(hold).await;
+        }
+        if self.existing_queue(&hold.keys.lock).is_none() {
+            // Nobody local waits, so no hand-over: release inline. If this future is dropped
+            // half-way, the same release is sent again in the background (a repeated release is
+            // recognised by the script).
+            let mut in_flight = InFlight::new(self, &hold.keys, &hold.owner);
+            let outcome = self.finish_release(hold.clone()).await;
+            in_flight.disarm();
             return outcome;
         }
+        // A hand-over is a two-party exchange that must not stop half-way: it runs in a task of
+        // its own, which finishes even if the caller stops waiting.
         let this = self.clone();
-        match tokio::spawn(async move { this.release_now(hold).await }).await {
+        match tokio::spawn(async move { this.finish_release(hold).await }).await {
             Ok(outcome) => outcome,
             Err(err) => ReleaseOutcome::Unreachable(LockError::Backend(BackendError::protocol(
                 format!("release task failed: {err}"),
@@ -49,47 +47,39 @@ impl Locker {
         match tokio::runtime::Handle::try_current() {
             Ok(handle) => {
                 handle.spawn(async move {
-                    let _ = this.release_now(hold).await;
+                    let _ = this.release_hold(hold).await;
                 });
             }
             Err(_) => {
                 // No runtime to release on: stop renewing; the lease runs out by itself.
-                if hold.holds.fetch_sub(1, Ordering::AcqRel) == 1 {
-                    self.inner.watchdog.deregister(hold.id);
+                if self.count_down(&hold) {
+                    tracing::warn!(name = %hold.name, "dlock: guard dropped outside a runtime; the lock expires at the end of its lease");
                 }
-                tracing::warn!(name = %hold.name, "dlock: guard dropped outside a runtime; the lock expires at the end of its lease");
             }
         }
     }
 
-    async fn release_now(&self, hold: Arc<HoldState>) -> ReleaseOutcome {
+    /// Counts one guard of `hold` out; for the last one, ends the hold here (no more renewals,
+    /// no loss reported from now on) and returns true.
+    fn count_down(&self, hold: &HoldState) -> bool {
+        if hold.holds.fetch_sub(1, Ordering::AcqRel) != 1 {
+            return false;
+        }
+        self.inner.watchdog.deregister(hold.id);
+        if !hold.is_lost() {
+            hold.mark_released();
+        }
+        metrics::histogram!("dlock_hold_seconds").record(hold.acquired_at.elapsed().as_secs_f64());
+        true
+    }
+
+    /// The Redis part of a final release: a hand-over to the local head waiter, or a release.
+    async fn finish_release(&self, hold: Arc<HoldState>) -> ReleaseOutcome {
         let span = tracing::debug_span!("dlock.release", name = %hold.name);
         async {
-            let last = hold.holds.fetch_sub(1, Ordering::AcqRel) == 1;
-            if last {
-                self.inner.watchdog.deregister(hold.id);
-                if !hold.is_lost() {
-                    hold.mark_released();
-                }
-                metrics::histogram!("dlock_hold_seconds")
-                    .record(hold.acquired_at.elapsed().as_secs_f64());
-                if let Some(outcome) = self.try_handoff(&hold).await {
-                    return outcome;
-                }
-            }
-            let mut reply = self.inner.backend.release(&hold.keys, &hold.owner).await;
-            if reply.is_err() {
-                // One retry: a release whose answer was lost is recognised by the script.
-                reply = self.inner.backend.release(&hold.keys, &hold.owner).await;
-            }
-            let outcome = match reply {
-                Ok(reply) => {
-                    if let ReleaseReply::Released { woke } = reply {
-                        self.yield_to_other_processes(&hold, woke);
-                    }
-                    release_outcome(&hold, reply)
-                }
-                Err(err) => ReleaseOutcome::Unreachable(LockError::Backend(err)),
+            let outcome = match self.try_handoff(&hold).await {
+                Some(outcome) => outcome,
+                None => self.release_in_redis(&hold, None).await,
             };
             log_release(&hold, &outcome);
             outcome
@@ -97,12 +87,65 @@ impl Locker {
         .instrument(span)
         .await
     }
+
+    /// Releases `hold` in Redis (or the hold of `handed_to`, if a hand-over to it may have
+    /// happened), retrying once if the answer was lost.
+    pub(super) async fn release_in_redis(
+        &self,
+        hold: &HoldState,
+        handed_to: Option<&str>,
+    ) -> ReleaseOutcome {
+        let fence_ttl = self.inner.config.fence_ttl;
+        let release = || async {
+            let session = self.inner.backend.session().await?;
+            session
+                .release(&hold.keys, &hold.owner, handed_to, fence_ttl)
+                .await
+        };
+        let first_sent = Instant::now();
+        let mut reply = release().await;
+        if reply.is_err() {
+            // One retry: if the first try ran, the script remembers its owner as released.
+            reply = release().await;
+            if matches!(reply, Ok(ReleaseReply::Expired | ReleaseReply::TakenOver))
+                && first_sent < hold.deadline()
+                && hold.loss().is_none()
+            {
+                // Neither our hold nor our marker (a later release overwrote it): the first try
+                // released it, or the lease ran out after it was sent. Either way the lock was
+                // ours, under a running lease, until this release let it go.
+                reply = Ok(ReleaseReply::Released { woke: 0 });
+            }
+        }
+        match reply {
+            Ok(reply) => {
+                if let ReleaseReply::Released { woke } = reply {
+                    self.yield_to_other_processes(hold, woke);
+                }
+                release_outcome(hold, reply)
+            }
+            Err(err) => ReleaseOutcome::Unreachable(LockError::Backend(err)),
+        }
+    }
+}
+
+/// What releasing a guard that re-entered a hold reports: the hold's state, as far as this
+/// process knows (the enclosing guard still holds the lock in Redis).
+fn inner_outcome(hold: &HoldState) -> ReleaseOutcome {
+    if hold.is_lost() {
+        match hold.loss() {
+            Some(LossReason::Expired) => ReleaseOutcome::Expired,
+            _ => ReleaseOutcome::TakenOver,
+        }
+    } else {
+        ReleaseOutcome::Released
+    }
 }
 
 /// What a release reply means for the hold (marking it lost when it was).
 pub(super) fn release_outcome(hold: &HoldState, reply: ReleaseReply) -> ReleaseOutcome {
     match reply {
-        ReleaseReply::Released { .. } | ReleaseReply::StillHeld(_) => ReleaseOutcome::Released,
+        ReleaseReply::Released { .. } => ReleaseOutcome::Released,
         ReleaseReply::Expired => {
             hold.mark_lost(LossReason::Expired);
             ReleaseOutcome::Expired
@@ -114,7 +157,7 @@ pub(super) fn release_outcome(hold: &HoldState, reply: ReleaseReply) -> ReleaseO
     }
 }
 
-pub(super) fn log_release(hold: &HoldState, outcome: &ReleaseOutcome) {
+fn log_release(hold: &HoldState, outcome: &ReleaseOutcome) {
     match outcome {
         ReleaseOutcome::Released => {
             metrics::counter!("dlock_released_total").increment(1);

@@ -24,7 +24,11 @@ pub struct LockRequest {
 
 impl LockRequest {
     /// Waits up to `wait`, counted from the call, for the lock to become free (default: one
-    /// attempt, no waiting).
+    /// attempt, no waiting). `Duration::MAX` waits for as long as it takes.
+    ///
+    /// The call returns within `wait` plus one command timeout. A backend error during the wait
+    /// is retried until the deadline (Redis may be back in a moment); at the deadline the call
+    /// returns that error if Redis has not answered since, [`LockError::Timeout`] otherwise.
     pub fn wait(mut self, wait: Duration) -> Self {
         self.wait = wait;
         self
@@ -54,12 +58,7 @@ impl LockRequest {
 
     async fn run(self) -> Result<(Attempted, LockName), LockError> {
         let name = self.name?;
-        if self.lease.duration() < Duration::from_millis(10) {
-            return Err(LockError::Config(format!(
-                "lease {:?} is too short; the minimum is 10ms",
-                self.lease.duration()
-            )));
-        }
+        super::lease::check_lease(self.lease.duration())?;
         let span = tracing::debug_span!("dlock.acquire", name = %name);
         let attempted = self
             .locker

@@ -1,0 +1,249 @@
+//! Waiting against real Redis: deadlines kept whatever the subscriber does, waiting "forever",
+//! transient failures inside the wait, hand-overs whose answer is lost, and clean-ups over a pool.
+
+use std::time::{Duration, Instant};
+
+use dlock_core::redis::{self, AsyncCommands as _};
+use dlock_core::{LockError, Locker, ReleaseOutcome};
+use dlock_tests::{RedisServer, unique_name};
+
+async fn pause_writes(con: &mut redis::aio::MultiplexedConnection, ms: u64) {
+    let () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(ms)
+        .arg("WRITE")
+        .query_async(con)
+        .await
+        .expect("CLIENT PAUSE");
+}
+
+/// A listener that accepts connections and never answers: a subscriber that can't confirm.
+async fn black_hole() -> (String, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("redis://{}/", listener.local_addr().expect("address"));
+    let task = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            held.push(socket);
+        }
+    });
+    (url, task)
+}
+
+#[tokio::test]
+async fn a_wait_keeps_its_deadline_when_the_subscriber_never_confirms() {
+    let server = RedisServer::start();
+    let (silent, hole) = black_hole().await;
+    let holder = Locker::connect(&server.url()).await.expect("connect");
+    let waiter = Locker::builder()
+        .url(server.url())
+        .subscriber(redis::Client::open(silent.as_str()).expect("client"))
+        .command_timeout(Duration::from_secs(1))
+        .build()
+        .await
+        .expect("connect");
+    let name = unique_name("deadline");
+    let guard = holder.lock(name.as_str()).await.expect("lock");
+    for _ in 0..3 {
+        let started = Instant::now();
+        let err = waiter
+            .lock(name.as_str())
+            .wait(Duration::from_millis(100))
+            .await
+            .expect_err("the lock is held");
+        let took = started.elapsed();
+        assert!(err.is_timeout(), "{err}");
+        assert!(
+            took < Duration::from_millis(500),
+            "wait(100ms) took {took:?}"
+        );
+    }
+    assert!(guard.release().await.is_released());
+    hole.abort();
+}
+
+#[tokio::test]
+async fn waiting_for_duration_max_waits_as_long_as_it_takes() {
+    let server = RedisServer::start();
+    let locker = Locker::connect(&server.url()).await.expect("connect");
+    let name = unique_name("forever");
+    let free = locker
+        .lock(name.as_str())
+        .wait(Duration::MAX)
+        .await
+        .expect("a free lock");
+    let waiting = tokio::spawn({
+        let (locker, name) = (locker.clone(), name.clone());
+        async move {
+            let one = locker.lock(name.as_str()).wait(Duration::MAX).await?;
+            let both = locker
+                .lock_all([name.as_str(), "forever-other"])
+                .wait(Duration::MAX);
+            let released = one.release().await;
+            let both = both.await?;
+            assert!(both.release().await.iter().all(ReleaseOutcome::is_released));
+            Ok::<_, LockError>(released)
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(free.release().await.is_released());
+    let released = waiting.await.expect("task").expect("lock");
+    assert!(released.is_released());
+    // A lease can't be "forever": a clear error, not a panic.
+    for request in [
+        locker.lock(name.as_str()).lease(Duration::MAX),
+        Locker::memory().lock(name.as_str()).lease(Duration::MAX),
+        Locker::memory()
+            .lock(name.as_str())
+            .watchdog_lease(Duration::MAX),
+    ] {
+        let err = request.await.expect_err("an endless lease");
+        assert!(err.is_config(), "{err}");
+    }
+}
+
+#[tokio::test]
+async fn a_waiter_rides_out_a_stalled_server_within_its_wait() {
+    let server = RedisServer::start();
+    let holder = Locker::connect(&server.url()).await.expect("connect");
+    let waiter = Locker::builder()
+        .url(server.url())
+        .command_timeout(Duration::from_millis(150))
+        .build()
+        .await
+        .expect("connect");
+    let name = unique_name("stall");
+    let guard = holder
+        .lock(name.as_str())
+        .lease(Duration::from_millis(400))
+        .await
+        .expect("lock");
+    std::mem::forget(guard);
+    let waiting = tokio::spawn({
+        let name = name.clone();
+        async move {
+            waiter
+                .lock(name.as_str())
+                .wait(Duration::from_secs(5))
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    server.pause();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    server.resume();
+    let guard = waiting
+        .await
+        .expect("task")
+        .expect("the waiter gave up on a transient failure");
+    assert!(guard.release().await.is_released());
+}
+
+#[tokio::test]
+async fn a_release_whose_hand_over_timed_out_reports_the_truth_and_leaks_nothing() {
+    let server = RedisServer::start();
+    let mut admin = server.connection().await;
+    let locker = Locker::builder()
+        .url(server.url())
+        .command_timeout(Duration::from_millis(300))
+        .build()
+        .await
+        .expect("connect");
+    let name = unique_name("handoff-timeout");
+    let key = locker.key_of(name.as_str()).unwrap();
+    let guard = locker.lock(name.as_str()).await.expect("lock");
+    let waiter = tokio::spawn({
+        let (locker, name) = (locker.clone(), name.clone());
+        async move {
+            locker
+                .lock(name.as_str())
+                .wait(Duration::from_secs(10))
+                .await
+        }
+    });
+    // Let the waiter become the head and offer to take a hand-over.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The hand-over waits in the paused server past the command timeout; the release that
+    // follows it arrives after the pause.
+    pause_writes(&mut admin, 450).await;
+    let outcome = guard.release().await;
+    assert!(outcome.is_released(), "{outcome:?}");
+    let next = waiter
+        .await
+        .expect("task")
+        .expect("the waiter gets the lock");
+    assert!(next.release().await.is_released());
+    let exists: bool = admin.exists(&key).await.expect("EXISTS");
+    assert!(!exists);
+}
+
+#[tokio::test]
+async fn over_a_pool_a_timed_out_acquisition_is_cleaned_up_after_it_ran() {
+    let server = RedisServer::start();
+    let mut admin = server.connection().await;
+    let manager =
+        dlock_core::bb8_redis::RedisConnectionManager::new(server.url()).expect("manager");
+    let pool = dlock_core::bb8::Pool::builder()
+        .max_size(4)
+        .build(manager)
+        .await
+        .expect("pool");
+    let locker = Locker::builder()
+        .pool(pool)
+        .subscriber(server.client())
+        .command_timeout(Duration::from_millis(50))
+        .build()
+        .await
+        .expect("build");
+    for i in 0..10 {
+        let name = unique_name("pool-cleanup");
+        let key = locker.key_of(name.as_str()).unwrap();
+        pause_writes(&mut admin, 150).await;
+        let err = locker
+            .lock(name.as_str())
+            .await
+            .expect_err("no answer while writes are paused");
+        assert!(err.is_backend(), "{err}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let exists: bool = admin.exists(&key).await.expect("EXISTS");
+        assert!(
+            !exists,
+            "round {i}: the late acquisition was left holding the lock"
+        );
+    }
+}
+
+#[tokio::test]
+async fn waiters_that_give_up_together_leave_no_queue_or_subscription() {
+    let server = RedisServer::start();
+    let holder = Locker::connect(&server.url()).await.expect("connect");
+    let locker = Locker::connect(&server.url()).await.expect("connect");
+    let name = unique_name("give-up");
+    let guard = holder.lock(name.as_str()).await.expect("lock");
+    for round in 0..20u64 {
+        let mut tasks = Vec::new();
+        for i in 0..8u64 {
+            let (locker, name) = (locker.clone(), name.clone());
+            tasks.push(tokio::spawn(async move {
+                let wait = Duration::from_millis(10 + (i * 7 + round) % 30);
+                locker.lock(name.as_str()).wait(wait).await.map(drop)
+            }));
+        }
+        for task in tasks {
+            let err = task.await.expect("task").expect_err("the lock is held");
+            assert!(err.is_timeout(), "{err}");
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while locker.watched_names() != 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        locker.watched_names(),
+        0,
+        "a subscription outlived its waiters"
+    );
+    assert!(guard.release().await.is_released());
+}
