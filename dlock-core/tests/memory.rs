@@ -267,3 +267,91 @@ async fn bad_names_are_typed_errors() {
         )
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn extend_to_a_shorter_lease_moves_the_deadline_earlier() {
+    let locker = Locker::memory();
+    let guard = locker
+        .lock("shorter")
+        .lease(Duration::from_secs(30))
+        .await
+        .unwrap();
+    guard.extend(Duration::from_secs(2)).await.unwrap();
+    assert!(guard.remaining() <= Duration::from_secs(2));
+    // The lost future learns of the earlier deadline without waiting for the old one.
+    let started = Instant::now();
+    guard.lost().await;
+    assert!(started.elapsed() <= Duration::from_secs(2));
+    // The guard stops believing a drift margin before the store lets the lock go.
+    sleep(Duration::from_millis(50)).await;
+    assert!(locker.lock("shorter").try_lock().await.unwrap().is_some());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_watchdog_lock_extended_shorter_is_renewed_at_the_shorter_lease() {
+    let locker = Locker::memory();
+    let guard = locker.lock("renewed-shorter").await.unwrap();
+    guard.extend(Duration::from_secs(3)).await.unwrap();
+    for _ in 0..10 {
+        sleep(Duration::from_secs(2)).await;
+        assert!(!guard.is_lost());
+        assert!(guard.remaining() <= Duration::from_secs(3));
+    }
+    assert!(guard.release().await.is_released());
+}
+
+#[tokio::test(start_paused = true)]
+async fn re_entering_a_deleted_lock_reports_the_loss_and_mints_nothing() {
+    let store = MemoryStore::new();
+    let locker = Locker::memory_with(store.clone());
+    dlock_core::scope(async {
+        let outer = locker.lock("gone").await.unwrap();
+        assert!(store.delete(&locker.key_of("gone").unwrap()));
+        let err = locker.lock("gone").await.unwrap_err();
+        assert!(err.is_lost(), "{err}");
+        assert!(outer.is_lost());
+        assert!(store.is_empty());
+        assert!(!outer.release().await.is_released());
+    })
+    .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn inner_releases_count_down_in_the_process_and_the_last_one_releases() {
+    let store = MemoryStore::new();
+    let locker = Locker::memory_with(store.clone());
+    dlock_core::scope(async {
+        let outer = locker.lock("nested").await.unwrap();
+        let inner = locker.lock("nested").await.unwrap();
+        let innermost = locker.lock("nested").await.unwrap();
+        assert!(innermost.release().await.is_released());
+        assert!(outer.release().await.is_released());
+        // The middle guard still holds it.
+        assert_eq!(store.len(), 1);
+        assert!(inner.release().await.is_released());
+        assert!(store.is_empty());
+    })
+    .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn waiting_for_duration_max_does_not_overflow() {
+    let locker = Locker::memory();
+    let first = locker.lock("max").await.unwrap();
+    let waiter = tokio::spawn({
+        let locker = locker.clone();
+        async move { locker.lock("max").wait(Duration::MAX).await }
+    });
+    sleep(Duration::from_secs(3600)).await;
+    assert!(first.release().await.is_released());
+    let second = waiter.await.unwrap().unwrap();
+    assert!(second.release().await.is_released());
+    let all = locker
+        .lock_all(["a", "b"])
+        .wait(Duration::MAX)
+        .await
+        .unwrap();
+    assert_eq!(all.len(), 2);
+    let err = locker.lock("max").lease(Duration::MAX).await.unwrap_err();
+    assert!(err.is_config(), "{err}");
+}
