@@ -111,7 +111,7 @@ async fn a_renewal_that_lands_after_extend_cannot_shorten_the_lease_behind_the_g
     let mut con = server.connection().await;
     let locker = Locker::builder()
         .url(server.url())
-        .watchdog_lease(Duration::from_millis(600))
+        .watchdog_lease(Duration::from_millis(900))
         .build()
         .await
         .expect("connect");
@@ -119,15 +119,19 @@ async fn a_renewal_that_lands_after_extend_cannot_shorten_the_lease_behind_the_g
     let key = locker.key_of(name.as_str()).unwrap();
     let guard = locker.lock(name.as_str()).await.expect("lock");
     for _ in 0..5 {
-        // Writes wait in the server: the extend goes in first, then a watchdog tick (every
-        // 200 ms) queues behind it.
-        pause_writes(&mut con, 350).await;
+        // Right after a watchdog tick (one every 300 ms), writes wait in the server: the extend
+        // goes in first, then the next tick queues behind it.
+        let ticks = locker.renewal_round_trips();
+        while locker.renewal_round_trips() == ticks {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        pause_writes(&mut con, 400).await;
         guard.extend(Duration::from_secs(10)).await.expect("extend");
         assert_belief_within_redis(&mut con, &guard, &key).await;
-        tokio::time::sleep(Duration::from_millis(250)).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
         assert_belief_within_redis(&mut con, &guard, &key).await;
         guard
-            .extend(Duration::from_millis(600))
+            .extend(Duration::from_millis(900))
             .await
             .expect("extend back");
     }

@@ -153,28 +153,33 @@ async fn a_release_whose_hand_over_timed_out_reports_the_truth_and_leaks_nothing
         .expect("connect");
     let name = unique_name("handoff-timeout");
     let key = locker.key_of(name.as_str()).unwrap();
-    let guard = locker.lock(name.as_str()).await.expect("lock");
-    let waiter = tokio::spawn({
-        let (locker, name) = (locker.clone(), name.clone());
-        async move {
-            locker
-                .lock(name.as_str())
-                .wait(Duration::from_secs(10))
-                .await
+    let mut guard = locker.lock(name.as_str()).await.expect("lock");
+    for paused in [false, true] {
+        let waiter = tokio::spawn({
+            let (locker, name) = (locker.clone(), name.clone());
+            async move {
+                locker
+                    .lock(name.as_str())
+                    .wait(Duration::from_secs(10))
+                    .await
+            }
+        });
+        // Let the waiter become the head and offer to take a hand-over.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        if paused {
+            // The hand-over waits in the paused server past the command timeout; the release
+            // that follows it arrives after the pause. (The first round, unpaused, loaded the
+            // scripts: a command stuck in the pause must find them there.)
+            pause_writes(&mut admin, 450).await;
         }
-    });
-    // Let the waiter become the head and offer to take a hand-over.
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    // The hand-over waits in the paused server past the command timeout; the release that
-    // follows it arrives after the pause.
-    pause_writes(&mut admin, 450).await;
-    let outcome = guard.release().await;
-    assert!(outcome.is_released(), "{outcome:?}");
-    let next = waiter
-        .await
-        .expect("task")
-        .expect("the waiter gets the lock");
-    assert!(next.release().await.is_released());
+        let outcome = guard.release().await;
+        assert!(outcome.is_released(), "paused: {paused}: {outcome:?}");
+        guard = waiter
+            .await
+            .expect("task")
+            .expect("the waiter gets the lock");
+    }
+    assert!(guard.release().await.is_released());
     let exists: bool = admin.exists(&key).await.expect("EXISTS");
     assert!(!exists);
 }
