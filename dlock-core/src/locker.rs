@@ -218,6 +218,16 @@ impl Locker {
         }
     }
 
+    /// How many names have waiters of this `Locker` queued in the process now (a diagnostic:
+    /// zero once nobody waits).
+    pub fn queued_names(&self) -> usize {
+        self.inner
+            .queues
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .len()
+    }
+
     /// Whether the subscriber connection is up (Redis backends; false before the first wait).
     pub fn subscriber_connected(&self) -> bool {
         match &self.inner.backend {
