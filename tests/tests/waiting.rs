@@ -250,5 +250,10 @@ async fn waiters_that_give_up_together_leave_no_queue_or_subscription() {
         0,
         "a subscription outlived its waiters"
     );
+    assert_eq!(
+        locker.queued_names(),
+        0,
+        "a local queue outlived its waiters"
+    );
     assert!(guard.release().await.is_released());
 }
