@@ -66,6 +66,8 @@
 //!
 //! The minimum supported Rust version is 1.88.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod backend;
 mod clock;
 mod error;
@@ -102,4 +104,5 @@ pub use bb8;
 pub use bb8_redis;
 
 #[cfg(feature = "macros")]
+#[cfg_attr(docsrs, doc(cfg(feature = "macros")))]
 pub use dlock_macros::distributed_lock;

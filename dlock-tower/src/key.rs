@@ -225,6 +225,7 @@ fn percent_decode(s: &str, plus_is_space: bool) -> String {
 }
 
 #[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub(crate) mod extract {
     //! Key functions over axum extractors, for every arity from 0 to 12.
 

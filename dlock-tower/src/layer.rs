@@ -143,6 +143,7 @@ impl<S> LockLayer<S> {
     ///
     /// The extractors run on the request head only; the body goes to the handler untouched.
     #[cfg(feature = "axum")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
     pub fn key<F, T>(mut self, f: F) -> Self
     where
         F: crate::key::extract::KeyFn<S, T>,
@@ -178,6 +179,7 @@ impl<S> LockLayer<S> {
     /// # let _ = app;
     /// ```
     #[cfg(feature = "axum")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
     pub fn sync_key<F, T>(mut self, f: F) -> Self
     where
         F: crate::key::extract::SyncKeyFn<S, T>,

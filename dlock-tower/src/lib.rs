@@ -203,6 +203,7 @@
 
 // The links to the extractor form go nowhere when it is compiled out.
 #![cfg_attr(not(feature = "axum"), allow(rustdoc::broken_intra_doc_links))]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod body;
 mod future;
@@ -214,6 +215,7 @@ mod service;
 pub use body::{BoxError, LockBody};
 pub use future::{HeldLocks, ResponseFuture};
 #[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub use key::extract::{KeyFn, SyncKeyFn};
 pub use key::{IntoLockKeys, KeyFrom, LockKeys};
 pub use layer::LockLayer;
@@ -221,6 +223,7 @@ pub use rejection::LockRejection;
 pub use service::Lock;
 
 #[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 impl<S: Send + Sync> axum_core::extract::FromRequestParts<S> for HeldLocks {
     type Rejection = (http::StatusCode, &'static str);
 
@@ -237,6 +240,7 @@ impl<S: Send + Sync> axum_core::extract::FromRequestParts<S> for HeldLocks {
 }
 
 #[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 impl<S: Send + Sync> axum_core::extract::OptionalFromRequestParts<S> for HeldLocks {
     type Rejection = std::convert::Infallible;
 
