@@ -1,0 +1,44 @@
+//! The history checker in CI: at least 20,000 operations with faults against Redis, split over
+//! one test per fault family (nextest runs them in parallel processes), and 200,000 against the
+//! memory backend on a paused clock.
+//!
+//! Each test prints its seed; `DLOCK_CHECKER_SEED=<n>` replays one (see `dlock_tests::checker`
+//! for what replays and what does not), `DLOCK_CHECKER_OPS=<n>` sets the number of operations.
+
+use dlock_tests::checker::{Config, FaultFamily, run_memory, run_redis};
+
+/// Operations per Redis test (four tests).
+const REDIS_OPS: usize = 5_000;
+/// Operations of the memory test.
+const MEMORY_OPS: usize = 200_000;
+
+async fn redis(family: FaultFamily) {
+    let report = run_redis(Config::from_env(family, REDIS_OPS)).await;
+    report.assert_clean();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checker_redis_pause_and_del() {
+    redis(FaultFamily::PauseAndDel).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checker_redis_restart() {
+    redis(FaultFamily::Restart).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checker_redis_proxy_cut() {
+    redis(FaultFamily::ProxyCut).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checker_redis_mixed() {
+    redis(FaultFamily::Mixed).await;
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn checker_memory_paused_clock() {
+    let report = run_memory(Config::from_env(FaultFamily::Memory, MEMORY_OPS)).await;
+    report.assert_clean();
+}
