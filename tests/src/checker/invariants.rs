@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::history::{Event, EventKind, FaultKind, FaultRec, GuardRec, History, Outcome, ms};
+use super::history::{
+    ErrKind, Event, EventKind, FaultKind, FaultRec, GuardRec, History, Outcome, locked, ms,
+};
 
 /// A `run(work)` that returned `Ok` may have finished this long after its hold's validity
 /// ended (the two timers share a millisecond wheel).
@@ -28,6 +30,8 @@ pub enum Invariant {
     ReleaseTruth,
     /// (c) `run(work)` is cancelled once the hold is over.
     RunTruth,
+    /// (f) The watchdog keeps a hold alive while nothing goes wrong.
+    WatchdogKeeps,
     /// (d) Nothing is left behind.
     LeftBehind,
     /// (e) Every call returns within its bound.
@@ -44,6 +48,7 @@ impl fmt::Display for Invariant {
             Self::FencingOrder => "(b) fencing order",
             Self::ReleaseTruth => "(c) release outcomes tell the truth",
             Self::RunTruth => "(c) run() is cancelled when the hold ends",
+            Self::WatchdogKeeps => "(f) the watchdog keeps healthy holds",
             Self::LeftBehind => "(d) nothing left behind",
             Self::Bounded => "(e) bounded calls",
             Self::Panic => "(e) no panics",
@@ -69,7 +74,7 @@ pub struct Violation {
 /// The hint for a hold whose lease an `extend` had shortened.
 pub const HINT_SHORTENED: &str = "the earlier hold's lease had been shortened by extend()";
 /// The hint for a hold with a re-entry dropped half-way.
-pub const HINT_DROPPED_REENTRY: &str = "a re-entry into this hold was dropped half-way";
+pub const HINT_DROPPED_REENTRY: &str = "a re-entry into this hold failed or was dropped half-way";
 
 /// One hold: a fresh guard and the guards that re-entered it.
 #[derive(Debug)]
@@ -101,12 +106,13 @@ fn last_of(g: &GuardRec, finish: Instant) -> Instant {
 fn describe(history: &History, g: &GuardRec, finish: Instant) -> String {
     let end = g.end();
     format!(
-        "g{} ({} w{}, token {}{}) believed held {} .. {}{}",
+        "g{} ({} w{}, token {}{}, called {}) believed held {} .. {}{}",
         g.id,
         history.lockers[usize::from(g.locker)],
         g.worker,
         g.token,
         if g.reentrant { ", re-entered" } else { "" },
+        history.rel(g.call),
         history.rel(g.start),
         history.rel(g.belief_end(finish)),
         match end {
@@ -176,7 +182,7 @@ fn holds(
         // Once a fault destroyed the hold, nothing may re-enter it: the key is gone for good.
         let destroyed_before = faults
             .iter()
-            .any(|f| f.kind.destructive() && f.hits(r.name) && f.from >= p.start && f.to <= r.call);
+            .any(|f| f.kind.destructive() && f.hits(r.name) && f.from > p.start && f.to < r.call);
         if destroyed_before {
             out.push(Violation {
                 invariant: Invariant::Reentry,
@@ -213,21 +219,30 @@ fn mutual_exclusion(
             if a.guard.token == b.guard.token {
                 continue;
             }
-            if destroyed_within(faults, name, a.start, b.start) {
+            // The hold minted first (the smaller token) must have vanished from Redis before the
+            // other was granted: excused only if a destructive fault may have removed it, at or
+            // after its acquisition was called and before the other's belief began.
+            let (first, second) = if a.guard.token < b.guard.token {
+                (a, b)
+            } else {
+                (b, a)
+            };
+            if destroyed_within(faults, name, first.guard.call, second.start) {
                 continue;
             }
             out.push(Violation {
                 invariant: Invariant::MutualExclusion,
                 summary: format!(
-                    "two holds of `{}` overlap by {} with no destructive fault between their \
-                     starts:\n      A: {}\n      B: {}",
+                    "two holds of `{}` overlap by {} with no destructive fault that could have \
+                     removed the first-minted one before the other was granted:\n      \
+                     A: {}\n      B: {}",
                     history.names[usize::from(name)],
                     ms(a.end.min(b.end) - b.start),
                     describe(history, &a.guard, finish),
                     describe(history, &b.guard, finish)
                 ),
-                window: Some((name, a.guard.call, a.last.max(b.last))),
-                hint: if a.guard.shortened_before(b.start) {
+                window: Some((name, a.guard.call.min(b.guard.call), a.last.max(b.last))),
+                hint: if first.guard.shortened_before(second.start) {
                     HINT_SHORTENED
                 } else {
                     ""
@@ -302,7 +317,10 @@ fn release_truth(
                     && e.name == g.name
                     && e.at >= g.start
                     && e.at <= end.at
-                    && matches!(e.kind, EventKind::AcquireDropped)
+                    && matches!(
+                        e.kind,
+                        EventKind::AcquireDropped | EventKind::AcquireFailed(ErrKind::Backend)
+                    )
             });
             out.push(Violation {
                 invariant: Invariant::ReleaseTruth,
@@ -410,9 +428,52 @@ fn bounded(history: &History, faults: &[FaultRec], out: &mut Vec<Violation>) {
     }
 }
 
+/// (f): a watchdog hold that was lost while its guard lived, with no fault of any kind anywhere
+/// near it (from a lease before its acquisition to its loss) and no `extend`, was let go by the
+/// watchdog itself. `unreliable` lockers (a command timeout meant to expire) are left out.
+fn watchdog_keeps(
+    history: &History,
+    guards: &[Arc<GuardRec>],
+    faults: &[FaultRec],
+    unreliable: &[u8],
+    finish: Instant,
+    out: &mut Vec<Violation>,
+) {
+    for g in guards {
+        if g.reentrant || !g.watchdog || unreliable.contains(&g.locker) {
+            continue;
+        }
+        let Some(&lost) = g.lost_at.get() else {
+            continue;
+        };
+        if g.end().is_some_and(|e| e.at <= lost) || !locked(&g.extends).is_empty() {
+            continue;
+        }
+        let from = g.call.checked_sub(g.lease).unwrap_or(g.call);
+        if faults
+            .iter()
+            .any(|f| f.hits(g.name) && f.to >= from && f.from <= lost)
+        {
+            continue;
+        }
+        out.push(Violation {
+            invariant: Invariant::WatchdogKeeps,
+            summary: format!(
+                "a watchdog hold (lease {}) was lost {} after it was acquired with no fault \
+                 near it: {}",
+                ms(g.lease),
+                ms(lost - g.start),
+                describe(history, g, finish)
+            ),
+            window: Some((g.name, g.call, last_of(g, finish))),
+            hint: "",
+        });
+    }
+}
+
 /// Every invariant over the history, up to `finish` (guards never ended count as held until
-/// then).
-pub fn check(history: &History, finish: Instant) -> Vec<Violation> {
+/// then). `unreliable` lockers are left out of (f).
+pub fn check(history: &History, finish: Instant, unreliable: &[u8]) -> Vec<Violation> {
     let guards = history.guards();
     let faults = history.faults();
     let mut out = Vec::new();
@@ -443,56 +504,7 @@ pub fn check(history: &History, finish: Instant) -> Vec<Violation> {
     }
     let events = history.events();
     release_truth(history, &events, &guards, &faults, finish, &mut out);
+    watchdog_keeps(history, &guards, &faults, unreliable, finish, &mut out);
     bounded(history, &faults, &mut out);
-    out
-}
-
-/// The report of the violations: counts per invariant, and for each invariant the few with the
-/// shortest histories, printed in full.
-pub fn render(history: &History, violations: &[Violation], per_invariant: usize) -> String {
-    let events: Vec<Event> = history.events();
-    let faults = history.faults();
-    let guards = history.guards();
-    let mut tokens = vec![0u64; guards.len()];
-    for g in &guards {
-        tokens[g.id as usize] = g.token;
-    }
-    let token = |id: u32| tokens.get(id as usize).copied().unwrap_or(0);
-    let mut by_inv: HashMap<(Invariant, &str), Vec<&Violation>> = HashMap::new();
-    for v in violations {
-        by_inv.entry((v.invariant, v.hint)).or_default().push(v);
-    }
-    let mut invs: Vec<_> = by_inv.keys().copied().collect();
-    invs.sort();
-    let mut out = String::new();
-    for (inv, hint) in invs {
-        let mut vs = by_inv.remove(&(inv, hint)).unwrap_or_default();
-        let hint = if hint.is_empty() {
-            String::new()
-        } else {
-            format!(" [{hint}]")
-        };
-        out.push_str(&format!(
-            "\n=== {inv}{hint}: {} violation(s) ===\n",
-            vs.len()
-        ));
-        let compact = inv != Invariant::Bounded;
-        let span = |v: &Violation| v.window.map_or(Duration::ZERO, |(_, a, b)| b - a);
-        vs.sort_by_key(|v| span(v));
-        for v in vs.iter().take(per_invariant) {
-            out.push_str(&format!("  * {}\n", v.summary));
-            if let Some((name, from, to)) = v.window {
-                out.push_str(&format!(
-                    "    history of `{}` from {} to {}:\n",
-                    history.names[usize::from(name)],
-                    history.rel(from),
-                    history.rel(to)
-                ));
-                out.push_str(
-                    &history.render_window(&events, &faults, &token, name, from, to, compact),
-                );
-            }
-        }
-    }
     out
 }

@@ -24,6 +24,7 @@ mod history;
 pub mod invariants;
 mod ops;
 mod plan;
+mod render;
 mod run;
 
 pub use faults::FaultFamily;

@@ -270,10 +270,14 @@ fn finish(
     faults: BTreeMap<String, u64>,
     mut violations: Vec<Violation>,
 ) -> Report {
-    violations.extend(invariants::check(&ctx.history, Instant::now()));
+    let unreliable: Vec<u8> = (0..ctx.actors.len())
+        .filter(|&i| ctx.actors[i].tiny)
+        .map(|i| u8::try_from(i).expect("a few lockers"))
+        .collect();
+    violations.extend(invariants::check(&ctx.history, Instant::now(), &unreliable));
     let wall = wall.elapsed();
     let summary = summarize(config, wall, ctx, &faults, &violations);
-    let rendered = invariants::render(&ctx.history, &violations, PRINTED_PER_INVARIANT);
+    let rendered = super::render::render(&ctx.history, &violations, PRINTED_PER_INVARIANT);
     let stats = Stats::default();
     for (to, from) in [
         (&stats.sessions, &ctx.stats.sessions),
