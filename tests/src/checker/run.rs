@@ -176,6 +176,66 @@ async fn drive(
     counts
 }
 
+/// How long the final liveness probe holds its watchdog lock, in leases.
+const PROBE_LEASES: u32 = 3;
+
+/// (f) at the end: every locker (but an unreliable one) keeps a watchdog lock alive across a few
+/// leases on a quiet backend. A locker whose watchdog task died (e.g. with the runtime it was
+/// started on) loses it.
+async fn watchdog_probe(actors: &[Actor], out: &mut Vec<Violation>) {
+    let lease = Duration::from_millis(300);
+    let probes = actors
+        .iter()
+        .enumerate()
+        .filter(|(_, a)| !a.tiny)
+        .map(|(i, actor)| async move {
+            let l = actor.locker();
+            let name = format!("probe-{i}");
+            // A connection broken by a fault comes back on the next command or two.
+            let mut guard = None;
+            for _ in 0..10 {
+                match l.lock(name.as_str()).watchdog_lease(lease).await {
+                    Ok(g) => {
+                        guard = Some(g);
+                        break;
+                    }
+                    Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+                }
+            }
+            let Some(guard) = guard else {
+                return Some(format!(
+                    "locker {} could not take a free lock at the end",
+                    actor.label
+                ));
+            };
+            tokio::time::sleep(lease * PROBE_LEASES).await;
+            let lost = guard.is_lost();
+            let renewals = l.renewal_round_trips();
+            let outcome = guard.release().await;
+            (lost || !outcome.is_released()).then(|| {
+            format!(
+                "locker {} let a watchdog lock (lease {}) lapse on a quiet backend: lost {lost} \
+                 after {PROBE_LEASES} leases, {renewals} renewal round trips in the whole run, \
+                 release said {outcome:?}",
+                actor.label,
+                ms(lease)
+            )
+        })
+        });
+    for failure in futures_util::future::join_all(probes)
+        .await
+        .into_iter()
+        .flatten()
+    {
+        out.push(Violation {
+            invariant: Invariant::WatchdogKeeps,
+            summary: failure,
+            window: None,
+            hint: "",
+        });
+    }
+}
+
 fn locker_leftovers(actors: &[Actor], out: &mut Vec<Violation>) {
     for actor in actors {
         for (generation, l) in actor.generations().iter().enumerate() {
@@ -362,7 +422,8 @@ pub async fn run_redis(config: Config) -> Report {
         actors: ctx.actors.clone(),
     });
     let faults = drive(&ctx, &targets, config, p).await;
-    let leftovers = redis_leftovers(&ctx, &admin, &prefix).await;
+    let mut leftovers = redis_leftovers(&ctx, &admin, &prefix).await;
+    watchdog_probe(&ctx.actors, &mut leftovers).await;
     finish(config, wall, &ctx, faults, leftovers)
 }
 
@@ -399,6 +460,6 @@ pub async fn run_memory(config: Config) -> Report {
         });
     }
     locker_leftovers(&ctx.actors, &mut leftovers);
-    let _ = ms;
+    watchdog_probe(&ctx.actors, &mut leftovers).await;
     finish(config, wall, &ctx, faults, leftovers)
 }
