@@ -5,7 +5,7 @@
 //! On dlock-core as of this checker's first commit these tests FAIL, on purpose: they find
 //! `extend()` to a shorter lease leaving `valid_until` where it was (a, c), re-entries that fail
 //! or are dropped half-way leaking a hold count (c, d), `Duration::MAX` waits and extensions
-//! panicking (e), a fencing counter re-created without a TTL (d), and a locker built on a runtime
+//! panicking (e), a re-entry succeeding into a hold an external `DEL` had removed (a), a fencing counter re-created without a TTL (d), and a locker built on a runtime
 //! that is gone never renewing anything (f). They are not ignored: they turn green as
 //! the fixes land, and the report each prints names the invariant, the seed and the history.
 //!

@@ -512,6 +512,7 @@ pub(crate) async fn run_session(ctx: Arc<Ctx>, worker: u16, session: Session) {
             locker,
             name,
             outer,
+            gap,
             inner,
             hold,
             inner_first,
@@ -523,6 +524,7 @@ pub(crate) async fn run_session(ctx: Arc<Ctx>, worker: u16, session: Session) {
                 else {
                     return;
                 };
+                tokio::time::sleep(gap).await;
                 let kind = AcquireKind::Reenter;
                 let inner = acquire_one(&ctx, worker, locker, name, &inner, kind).await;
                 tokio::time::sleep(hold).await;

@@ -67,6 +67,8 @@ pub(crate) enum Session {
         name: u8,
         /// The first acquisition.
         outer: Acquire,
+        /// How long the outer guard is held before the nested acquisition.
+        gap: Duration,
         /// The nested one.
         inner: Acquire,
         /// How long both are held.
@@ -249,6 +251,11 @@ fn reenter(rng: &mut StdRng, shape: Shape) -> Session {
         locker: rng.random_range(0..shape.lockers),
         name: rng.random_range(0..shape.names),
         outer: acquire(rng, false),
+        gap: if rng.random_bool(0.5) {
+            Duration::ZERO
+        } else {
+            between(rng, 0, 20)
+        },
         inner,
         hold: between(rng, 0, 20),
         inner_first: rng.random_bool(0.5),
