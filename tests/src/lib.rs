@@ -8,6 +8,8 @@
 //!   of its log.
 //! - [`Proxy`] forwards a loopback port to a server and can cut every connection through it.
 //!
+//! - [`checker`] is the randomized, seeded, replayable history checker for dlock-core.
+//!
 //! A missing `redis-server` binary is a loud failure naming the command that installs it.
 
 use std::collections::BTreeMap;
@@ -20,6 +22,8 @@ use std::sync::{Arc, Mutex, MutexGuard, Once, PoisonError};
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
+
+pub mod checker;
 
 /// The environment variable naming the `redis-server` binary.
 pub const REDIS_SERVER_ENV: &str = "DLOCK_REDIS_SERVER";

@@ -1,0 +1,218 @@
+//! The lockers a run drives: over a URL, through the cutting proxy, over a bb8 pool, over one
+//! multiplexed connection, with a tiny command timeout, built on a runtime that is gone; or
+//! several over one memory store.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use dlock_core::{Locker, LockerBuilder, MemoryStore};
+
+use super::history::locked;
+
+/// One locker of the run, as the workers see it: a label, its settings, and the current
+/// `Locker` (replaced when its connection can't come back, e.g. a multiplexed connection after
+/// a restart) plus every one it ever was.
+#[derive(Debug)]
+pub(crate) struct Actor {
+    pub(crate) label: String,
+    /// The command timeout (zero for the memory backend: no commands).
+    pub(crate) command_timeout: Duration,
+    /// The locker's watchdog lease.
+    pub(crate) watchdog_lease: Duration,
+    /// Whether its commands are meant to time out (a tiny command timeout).
+    pub(crate) tiny: bool,
+    current: Mutex<Locker>,
+    all: Mutex<Vec<Locker>>,
+}
+
+impl Actor {
+    fn new(label: &str, command_timeout: Duration, watchdog_lease: Duration, l: Locker) -> Self {
+        Self {
+            label: label.to_owned(),
+            command_timeout,
+            watchdog_lease,
+            tiny: false,
+            current: Mutex::new(l.clone()),
+            all: Mutex::new(vec![l]),
+        }
+    }
+
+    /// The current locker.
+    pub(crate) fn locker(&self) -> Locker {
+        locked(&self.current).clone()
+    }
+
+    /// Replaces the current locker (the old one stays on the list, for the final checks).
+    pub(crate) fn replace(&self, l: Locker) {
+        locked(&self.all).push(l.clone());
+        *locked(&self.current) = l;
+    }
+
+    /// Every locker this actor ever was.
+    pub(crate) fn generations(&self) -> Vec<Locker> {
+        locked(&self.all).clone()
+    }
+}
+
+/// The settings every Redis locker of a run shares.
+#[derive(Debug, Clone)]
+pub(crate) struct RedisSetup {
+    pub(crate) url: String,
+    pub(crate) proxy_url: String,
+    pub(crate) prefix: String,
+    pub(crate) watchdog_lease: Duration,
+    pub(crate) command_timeout: Duration,
+    pub(crate) tiny_timeout: Duration,
+    pub(crate) fence_ttl: Option<Duration>,
+}
+
+impl RedisSetup {
+    fn builder(&self, command_timeout: Duration) -> LockerBuilder {
+        Locker::builder()
+            .prefix(self.prefix.clone())
+            .watchdog_lease(self.watchdog_lease)
+            .fence_ttl(self.fence_ttl)
+            .command_timeout(command_timeout)
+            .connect_timeout(self.command_timeout.max(Duration::from_millis(200)))
+    }
+
+    fn client(&self) -> dlock_core::redis::Client {
+        dlock_core::redis::Client::open(self.url.as_str()).expect("a valid redis url")
+    }
+
+    /// A locker over one fresh multiplexed connection (it never reconnects by itself).
+    pub(crate) async fn multiplexed(&self) -> Result<Locker, String> {
+        let conn = self
+            .client()
+            .get_multiplexed_async_connection()
+            .await
+            .map_err(|e| format!("multiplexed connection: {e}"))?;
+        self.builder(self.command_timeout)
+            .multiplexed(conn)
+            .subscriber(self.client())
+            .build()
+            .await
+            .map_err(|e| format!("multiplexed locker: {e}"))
+    }
+
+    /// A locker built (and used once: a watchdog lock, a wait on it) inside a temporary runtime
+    /// on its own thread; the runtime is gone before the locker is handed back.
+    fn second_runtime(&self, warm_up_name: &str) -> Locker {
+        let setup = self.clone();
+        let name = warm_up_name.to_owned();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a temporary runtime");
+            let locker = rt.block_on(async {
+                let locker = setup
+                    .builder(setup.command_timeout)
+                    .url(setup.url.clone())
+                    .build()
+                    .await
+                    .expect("the second-runtime locker connects");
+                let held = locker
+                    .lock(name.as_str())
+                    .await
+                    .expect("the warm-up lock is free");
+                let waited = locker
+                    .lock(name.as_str())
+                    .wait(Duration::from_millis(20))
+                    .await;
+                assert!(
+                    waited
+                        .as_ref()
+                        .is_err_and(dlock_core::LockError::is_timeout),
+                    "the warm-up wait times out: {waited:?}"
+                );
+                assert!(held.release().await.is_released());
+                locker
+            });
+            drop(rt);
+            locker
+        })
+        .join()
+        .expect("the second-runtime thread")
+    }
+
+    /// Every Redis actor.
+    pub(crate) async fn actors(&self, warm_up_name: &str) -> Vec<Actor> {
+        let ct = self.command_timeout;
+        let lease = self.watchdog_lease;
+        let url = self
+            .builder(ct)
+            .url(self.url.clone())
+            .build()
+            .await
+            .expect("the url locker connects");
+        let proxied = self
+            .builder(ct)
+            .url(self.proxy_url.clone())
+            .build()
+            .await
+            .expect("the proxied locker connects");
+        let manager = dlock_core::bb8_redis::RedisConnectionManager::new(self.url.as_str())
+            .expect("a bb8 connection manager");
+        let pool = dlock_core::bb8::Pool::builder()
+            .max_size(8)
+            .connection_timeout(ct.max(Duration::from_millis(200)))
+            .build(manager)
+            .await
+            .expect("a bb8 pool");
+        let pooled = self
+            .builder(ct)
+            .pool(pool)
+            .subscriber(self.client())
+            .build()
+            .await
+            .expect("the pooled locker");
+        let multiplexed = self.multiplexed().await.expect("the multiplexed locker");
+        let tiny = self
+            .builder(self.tiny_timeout)
+            .url(self.url.clone())
+            .build()
+            .await
+            .expect("the tiny-timeout locker connects");
+        let second = self.second_runtime(warm_up_name);
+        let mut tiny = Actor::new("tiny-timeout", self.tiny_timeout, lease, tiny);
+        tiny.tiny = true;
+        vec![
+            Actor::new("url", ct, lease, url),
+            Actor::new("proxy", ct, lease, proxied),
+            Actor::new("bb8-pool", ct, lease, pooled),
+            Actor::new("multiplexed", ct, lease, multiplexed),
+            tiny,
+            Actor::new("2nd-runtime", ct, lease, second),
+        ]
+    }
+}
+
+/// The index of the multiplexed actor in [`RedisSetup::actors`].
+pub(crate) const MULTIPLEXED: usize = 3;
+
+/// `count` lockers over clones of one memory store.
+pub(crate) async fn memory_actors(
+    store: &MemoryStore,
+    prefix: &str,
+    watchdog_lease: Duration,
+    count: u8,
+) -> Vec<Actor> {
+    let mut actors = Vec::new();
+    for i in 0..count {
+        let l = Locker::builder()
+            .memory(store.clone())
+            .prefix(prefix)
+            .watchdog_lease(watchdog_lease)
+            .build()
+            .await
+            .expect("a memory locker");
+        actors.push(Actor::new(
+            &format!("memory-{i}"),
+            Duration::ZERO,
+            watchdog_lease,
+            l,
+        ));
+    }
+    actors
+}

@@ -1,0 +1,246 @@
+//! The fault injector: a plan drawn from the seed (pauses, deletes, restarts, cuts, time jumps)
+//! and the task that carries it out while the workers run, recording each fault with its span.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use dlock_core::MemoryStore;
+use dlock_core::redis::{self, AsyncCommands as _};
+use rand::rngs::StdRng;
+use rand::{Rng as _, SeedableRng as _};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::actors::{Actor, MULTIPLEXED, RedisSetup};
+use super::history::{FaultKind, FaultRec, History, locked};
+use crate::{Proxy, RedisServer};
+
+/// Which faults a run injects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultFamily {
+    /// `CLIENT PAUSE .. WRITE` and external `DEL`s.
+    PauseAndDel,
+    /// Server kills and restarts, and external `DEL`s.
+    Restart,
+    /// The proxy cutting connections, and external `DEL`s.
+    ProxyCut,
+    /// All of the above.
+    Mixed,
+    /// Memory backend: `MemoryStore::delete` and virtual-time jumps past the leases.
+    Memory,
+}
+
+/// One planned fault.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum FaultSpec {
+    Pause(Duration),
+    Del(u8),
+    Restart { down: Duration },
+    Cut(Duration),
+    Jump(Duration),
+}
+
+/// A restart costs a new process and every connection: at most one per this much planned time.
+const MIN_RESTART_INTERVAL: Duration = Duration::from_secs(4);
+
+/// The endless, seeded sequence of faults (gap before each, fault).
+#[derive(Debug)]
+pub(crate) struct FaultPlan {
+    rng: StdRng,
+    family: FaultFamily,
+    names: u8,
+    longest_lease: Duration,
+    since_restart: Duration,
+}
+
+fn between(rng: &mut StdRng, lo_ms: u64, hi_ms: u64) -> Duration {
+    Duration::from_micros(rng.random_range(lo_ms * 1_000..=hi_ms * 1_000))
+}
+
+impl FaultPlan {
+    pub(crate) fn new(seed: u64, family: FaultFamily, names: u8, longest_lease: Duration) -> Self {
+        Self {
+            rng: StdRng::seed_from_u64(seed ^ 0x00fa_0175),
+            family,
+            names,
+            longest_lease,
+            since_restart: Duration::ZERO,
+        }
+    }
+
+    /// The next gap and fault.
+    pub(crate) fn next_fault(&mut self) -> (Duration, FaultSpec) {
+        let rng = &mut self.rng;
+        let (gap, weights): (Duration, [u32; 5]) = match self.family {
+            // pause, del, restart, cut, jump
+            FaultFamily::PauseAndDel => (between(rng, 30, 300), [50, 50, 0, 0, 0]),
+            FaultFamily::Restart => (between(rng, 200, 800), [0, 60, 40, 0, 0]),
+            FaultFamily::ProxyCut => (between(rng, 50, 300), [0, 30, 0, 70, 0]),
+            FaultFamily::Mixed => (between(rng, 50, 300), [30, 30, 10, 30, 0]),
+            FaultFamily::Memory => (between(rng, 20, 500), [0, 60, 0, 0, 40]),
+        };
+        self.since_restart += gap;
+        let mut roll = rng.random_range(0..weights.iter().sum::<u32>());
+        let mut pick = 0;
+        while roll >= weights[pick] {
+            roll -= weights[pick];
+            pick += 1;
+        }
+        if pick == 2 && self.since_restart < MIN_RESTART_INTERVAL {
+            pick = 1;
+        }
+        let fault = match pick {
+            0 => FaultSpec::Pause(between(rng, 10, 400)),
+            1 => FaultSpec::Del(rng.random_range(0..self.names)),
+            2 => {
+                self.since_restart = Duration::ZERO;
+                FaultSpec::Restart {
+                    down: between(rng, 0, 200),
+                }
+            }
+            3 => FaultSpec::Cut(between(rng, 20, 400)),
+            _ => FaultSpec::Jump(self.longest_lease.mul_f64(rng.random_range(1.0..3.0))),
+        };
+        (gap, fault)
+    }
+}
+
+/// What the Redis injector acts on.
+#[derive(Debug)]
+pub(crate) struct RedisTargets {
+    pub(crate) server: Arc<Mutex<RedisServer>>,
+    pub(crate) proxy: Arc<Proxy>,
+    pub(crate) admin: redis::aio::ConnectionManager,
+    pub(crate) keys: Vec<String>,
+    pub(crate) setup: RedisSetup,
+    pub(crate) actors: Arc<Vec<Actor>>,
+}
+
+/// What the memory injector acts on.
+#[derive(Debug)]
+pub(crate) struct MemoryTargets {
+    pub(crate) store: MemoryStore,
+    pub(crate) keys: Vec<String>,
+}
+
+/// Either backend.
+#[derive(Debug)]
+pub(crate) enum Targets {
+    Redis(RedisTargets),
+    Memory(MemoryTargets),
+}
+
+/// How long an admin command may take.
+const ADMIN_TIMEOUT: Duration = Duration::from_secs(2);
+
+async fn admin_cmd(admin: &redis::aio::ConnectionManager, cmd: &redis::Cmd) -> bool {
+    let mut con = admin.clone();
+    matches!(
+        tokio::time::timeout(ADMIN_TIMEOUT, cmd.query_async::<redis::Value>(&mut con)).await,
+        Ok(Ok(_))
+    )
+}
+
+impl Targets {
+    /// Carries out one fault and records it; returns whether it was applied.
+    async fn apply(&self, fault: FaultSpec, history: &History) -> bool {
+        let from = Instant::now();
+        let (kind, name, applied) = match (self, fault) {
+            (Self::Redis(t), FaultSpec::Pause(d)) => {
+                let mut cmd = redis::cmd("CLIENT");
+                cmd.arg("PAUSE").arg(d.as_millis() as u64).arg("WRITE");
+                let ok = admin_cmd(&t.admin, &cmd).await;
+                if ok {
+                    // Faults don't overlap: wait the pause out.
+                    tokio::time::sleep(d).await;
+                }
+                (FaultKind::Pause, None, ok)
+            }
+            (Self::Redis(t), FaultSpec::Del(n)) => {
+                let key = &t.keys[usize::from(n)];
+                let mut con = t.admin.clone();
+                let done = tokio::time::timeout(ADMIN_TIMEOUT, con.del::<_, i64>(key)).await;
+                (FaultKind::Del, Some(n), matches!(done, Ok(Ok(_))))
+            }
+            (Self::Redis(t), FaultSpec::Restart { down }) => {
+                let server = t.server.clone();
+                tokio::task::spawn_blocking(move || {
+                    let mut server = locked(&server);
+                    server.kill();
+                    std::thread::sleep(down);
+                    server.restart();
+                })
+                .await
+                .expect("the restart task");
+                // A multiplexed connection does not come back by itself: its owner reconnects.
+                if let Ok(l) = t.setup.multiplexed().await {
+                    t.actors[MULTIPLEXED].replace(l);
+                }
+                (FaultKind::Restart, None, true)
+            }
+            (Self::Redis(t), FaultSpec::Cut(d)) => {
+                t.proxy.cut();
+                tokio::time::sleep(d).await;
+                t.proxy.restore();
+                (FaultKind::Cut, None, true)
+            }
+            (Self::Memory(t), FaultSpec::Del(n)) => {
+                t.store.delete(&t.keys[usize::from(n)]);
+                (FaultKind::Del, Some(n), true)
+            }
+            (Self::Memory(_), FaultSpec::Jump(d)) => {
+                tokio::time::advance(d).await;
+                (FaultKind::Jump, None, true)
+            }
+            (_, other) => unreachable!("fault {other:?} planned for the wrong backend"),
+        };
+        if applied {
+            let to = Instant::now();
+            history.fault(FaultRec {
+                kind,
+                name,
+                from,
+                to,
+            });
+        }
+        applied
+    }
+
+    /// Undoes what a fault may have left on: a pause, a cut.
+    pub(crate) async fn settle(&self) {
+        if let Self::Redis(t) = self {
+            t.proxy.restore();
+            let mut cmd = redis::cmd("CLIENT");
+            cmd.arg("UNPAUSE");
+            admin_cmd(&t.admin, &cmd).await;
+        }
+    }
+}
+
+/// Injects faults from `plan` until `stop` turns true; returns how many of each kind.
+pub(crate) async fn inject(
+    targets: &Targets,
+    mut plan: FaultPlan,
+    history: Arc<History>,
+    mut stop: watch::Receiver<bool>,
+) -> BTreeMap<String, u64> {
+    let mut counts = BTreeMap::new();
+    loop {
+        let (gap, fault) = plan.next_fault();
+        tokio::select! {
+            () = tokio::time::sleep(gap) => {}
+            _ = stop.wait_for(|s| *s) => break,
+        }
+        if *stop.borrow() {
+            break;
+        }
+        if targets.apply(fault, &history).await {
+            let kind = format!("{fault:?}");
+            let kind = kind.split(['(', ' ']).next().unwrap_or("?").to_owned();
+            *counts.entry(kind).or_insert(0) += 1;
+        }
+    }
+    targets.settle().await;
+    counts
+}

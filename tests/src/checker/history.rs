@@ -1,0 +1,492 @@
+//! The run's history on one monotonic clock (`tokio::time::Instant`, the clock of
+//! `LockGuard::valid_until`): every call and its outcome, every guard's belief interval, every
+//! fault, and the rendering of a minimal history around a violation.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// Locks a mutex, tolerating poison: a panicking worker must not hide the history.
+pub(crate) fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// How a request leases its lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseSpec {
+    /// The locker's own watchdog lease.
+    LockerDefault,
+    /// `.watchdog_lease(d)`.
+    Watchdog(Duration),
+    /// `.lease(d)`.
+    Fixed(Duration),
+}
+
+impl fmt::Display for LeaseSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::LockerDefault => f.write_str("watchdog(default)"),
+            Self::Watchdog(d) => write!(f, "watchdog({})", ms(*d)),
+            Self::Fixed(d) => write!(f, "fixed({})", ms(*d)),
+        }
+    }
+}
+
+/// Which acquisition call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AcquireKind {
+    /// `lock(name).wait(..)`.
+    Lock,
+    /// `lock(name).try_lock()`.
+    TryLock,
+    /// `lock(name)` again inside a `scope` that holds the name.
+    Reenter,
+    /// `lock_all([..])`.
+    LockAll,
+}
+
+/// A release outcome, reduced to its kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// `ReleaseOutcome::Released`.
+    Released,
+    /// `ReleaseOutcome::Expired`.
+    Expired,
+    /// `ReleaseOutcome::TakenOver`.
+    TakenOver,
+    /// `ReleaseOutcome::Unreachable`.
+    Unreachable,
+    /// A variant added after this checker was written.
+    Other,
+}
+
+impl Outcome {
+    /// The kind of a release outcome.
+    pub fn of(outcome: &dlock_core::ReleaseOutcome) -> Self {
+        match outcome {
+            dlock_core::ReleaseOutcome::Released => Self::Released,
+            dlock_core::ReleaseOutcome::Expired => Self::Expired,
+            dlock_core::ReleaseOutcome::TakenOver => Self::TakenOver,
+            dlock_core::ReleaseOutcome::Unreachable(_) => Self::Unreachable,
+            _ => Self::Other,
+        }
+    }
+}
+
+/// An error, reduced to its kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrKind {
+    /// Busy until the deadline.
+    Timeout,
+    /// Lost while held.
+    Lost,
+    /// Redis unreachable or timed out.
+    Backend,
+    /// A configuration error.
+    Config,
+    /// Anything else.
+    Other,
+}
+
+impl ErrKind {
+    /// The kind of a lock error.
+    pub fn of(err: &dlock_core::LockError) -> Self {
+        if err.is_timeout() {
+            Self::Timeout
+        } else if err.is_lost() {
+            Self::Lost
+        } else if err.is_backend() {
+            Self::Backend
+        } else if err.is_config() {
+            Self::Config
+        } else {
+            Self::Other
+        }
+    }
+}
+
+/// What happened.
+#[derive(Debug, Clone, Copy)]
+pub enum EventKind {
+    /// An acquisition was called.
+    AcquireCall {
+        /// Which call.
+        kind: AcquireKind,
+        /// Its wait.
+        wait: Duration,
+        /// Its lease.
+        lease: LeaseSpec,
+    },
+    /// An acquisition returned a guard.
+    Acquired {
+        /// The guard's id in the history.
+        guard: u32,
+        /// Its fencing token.
+        token: u64,
+        /// Whether it re-entered a hold.
+        reentrant: bool,
+    },
+    /// An acquisition found the lock busy.
+    Busy,
+    /// An acquisition failed.
+    AcquireFailed(ErrKind),
+    /// An acquisition future was dropped before it finished.
+    AcquireDropped,
+    /// The guard's `lost()` future resolved.
+    Lost {
+        /// The guard.
+        guard: u32,
+    },
+    /// `extend` was called.
+    ExtendCall {
+        /// The guard.
+        guard: u32,
+        /// The new lease.
+        lease: Duration,
+    },
+    /// `extend` returned.
+    ExtendDone {
+        /// The guard.
+        guard: u32,
+        /// Its result.
+        result: Result<(), ErrKind>,
+    },
+    /// `run(work)` returned.
+    RunDone {
+        /// The guard.
+        guard: u32,
+        /// How long the work was meant to take.
+        work: Duration,
+        /// Whether it was cancelled with `LockError::Lost`.
+        cancelled: bool,
+    },
+    /// `release` was called.
+    ReleaseCall {
+        /// The guard.
+        guard: u32,
+    },
+    /// `release` returned.
+    ReleaseDone {
+        /// The guard.
+        guard: u32,
+        /// What it said.
+        outcome: Outcome,
+    },
+    /// A `release` future was dropped before it finished.
+    ReleaseDropped {
+        /// The guard.
+        guard: u32,
+    },
+    /// The guard was dropped (released in the background).
+    Dropped {
+        /// The guard.
+        guard: u32,
+    },
+    /// `HGET <lock key> '#f'` right after a final release.
+    Hget {
+        /// The guard.
+        guard: u32,
+        /// The token found, if any.
+        found: Option<u64>,
+    },
+}
+
+/// One event of the history.
+#[derive(Debug, Clone, Copy)]
+pub struct Event {
+    /// When.
+    pub at: Instant,
+    /// Which worker task.
+    pub worker: u16,
+    /// Which locker.
+    pub locker: u8,
+    /// Which name.
+    pub name: u8,
+    /// What.
+    pub kind: EventKind,
+}
+
+/// How a guard's belief ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EndHow {
+    /// `release().await` ran to its end.
+    Released,
+    /// The release future was dropped half-way.
+    ReleaseDropped,
+    /// The guard was dropped.
+    Dropped,
+}
+
+/// The end of one guard.
+#[derive(Debug, Clone, Copy)]
+pub struct GuardEnd {
+    /// When the release was called or the guard dropped.
+    pub at: Instant,
+    /// How.
+    pub how: EndHow,
+    /// `valid_until()` read just before.
+    pub valid_until: Instant,
+    /// `is_lost()` read just before.
+    pub lost_before: bool,
+    /// When the release returned, and what it said.
+    pub returned: Option<(Instant, Outcome)>,
+    /// Whether this release ended the last guard of its hold (so Redis must let the hold go).
+    pub final_of_hold: bool,
+    /// When `HGET` ran right after a final `Released`, and the token it found (Redis only;
+    /// `None`: unchecked).
+    pub hget: Option<(Instant, Option<u64>)>,
+}
+
+/// Everything known about one guard.
+#[derive(Debug)]
+pub struct GuardRec {
+    /// Its id in the history.
+    pub id: u32,
+    /// The worker that took it.
+    pub worker: u16,
+    /// The locker.
+    pub locker: u8,
+    /// The name.
+    pub name: u8,
+    /// The fencing token.
+    pub token: u64,
+    /// Whether it re-entered a hold.
+    pub reentrant: bool,
+    /// Whether the watchdog renews it.
+    pub watchdog: bool,
+    /// When its acquisition was called.
+    pub call: Instant,
+    /// When its acquisition returned: its belief starts.
+    pub start: Instant,
+    /// When its `lost()` future was seen resolved.
+    pub lost_at: OnceLock<Instant>,
+    /// Its lease when acquired.
+    pub lease: Duration,
+    /// Every successful `extend`: when it was called and to what lease.
+    pub extends: Mutex<Vec<(Instant, Duration)>>,
+    /// How it ended (`None`: never ended before the run's end).
+    pub end: Mutex<Option<GuardEnd>>,
+}
+
+impl GuardRec {
+    /// The end of its belief interval: the earliest of the release call or drop, the observed
+    /// loss, and the last `valid_until`; `finish` for a guard that never ended.
+    pub fn belief_end(&self, finish: Instant) -> Instant {
+        let end = *locked(&self.end);
+        let mut at = end.map_or(finish, |e| e.at.min(e.valid_until));
+        if let Some(lost) = self.lost_at.get() {
+            at = at.min(*lost);
+        }
+        at
+    }
+
+    /// Whether a successful `extend` before `before` shortened its lease.
+    pub fn shortened_before(&self, before: Instant) -> bool {
+        let mut lease = self.lease;
+        for &(at, to) in locked(&self.extends).iter() {
+            if at <= before && to < lease {
+                return true;
+            }
+            lease = to;
+        }
+        false
+    }
+
+    /// The guard's end record.
+    pub fn end(&self) -> Option<GuardEnd> {
+        *locked(&self.end)
+    }
+}
+
+/// What kind of fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultKind {
+    /// `CLIENT PAUSE <ms> WRITE`.
+    Pause,
+    /// `DEL` of a lock key (or `MemoryStore::delete`).
+    Del,
+    /// The server killed, down for a while, and restarted (its data gone).
+    Restart,
+    /// The proxy cut every connection and refused new ones for a while.
+    Cut,
+    /// Virtual time jumped forward (memory backend).
+    Jump,
+}
+
+impl FaultKind {
+    /// Whether it destroys holds (and so excuses an overlap).
+    pub fn destructive(self) -> bool {
+        matches!(self, Self::Del | Self::Restart)
+    }
+}
+
+/// One fault, over the span it may have acted in.
+#[derive(Debug, Clone, Copy)]
+pub struct FaultRec {
+    /// What.
+    pub kind: FaultKind,
+    /// The name it hits (`None`: every name).
+    pub name: Option<u8>,
+    /// From when.
+    pub from: Instant,
+    /// Until when.
+    pub to: Instant,
+}
+
+impl FaultRec {
+    /// Whether it hits `name`.
+    pub fn hits(&self, name: u8) -> bool {
+        self.name.is_none_or(|n| n == name)
+    }
+}
+
+/// A finished call with a bound on its duration (invariant e).
+#[derive(Debug, Clone, Copy)]
+pub struct CallRec {
+    /// The worker.
+    pub worker: u16,
+    /// The locker.
+    pub locker: u8,
+    /// The (first) name.
+    pub name: u8,
+    /// What was called.
+    pub what: &'static str,
+    /// When.
+    pub call: Instant,
+    /// When it returned.
+    pub ret: Instant,
+    /// Its bound.
+    pub bound: Duration,
+}
+
+/// A guarded `run(work)` (for the check that it was cancelled when the hold ended).
+#[derive(Debug, Clone)]
+pub struct RunRec {
+    /// The guard.
+    pub guard: Arc<GuardRec>,
+    /// When the work started.
+    pub started: Instant,
+    /// How long the work sleeps.
+    pub work: Duration,
+    /// Whether `run` returned `Ok` (the work finished).
+    pub ok: bool,
+    /// `valid_until()` read after `run` returned.
+    pub valid_until_after: Instant,
+}
+
+/// The whole history of a run.
+#[derive(Debug)]
+pub struct History {
+    /// The run's start.
+    pub origin: Instant,
+    /// The lock names.
+    pub names: Vec<String>,
+    /// The lockers' labels.
+    pub lockers: Vec<String>,
+    events: Mutex<Vec<Event>>,
+    guards: Mutex<Vec<Arc<GuardRec>>>,
+    faults: Mutex<Vec<FaultRec>>,
+    calls: Mutex<Vec<CallRec>>,
+    runs: Mutex<Vec<RunRec>>,
+    panics: Mutex<Vec<String>>,
+    next_guard: AtomicU32,
+}
+
+/// Milliseconds with three decimals.
+pub(crate) fn ms(d: Duration) -> String {
+    format!("{:.3}ms", d.as_secs_f64() * 1e3)
+}
+
+impl History {
+    /// A new, empty history starting now.
+    pub fn new(names: Vec<String>, lockers: Vec<String>) -> Self {
+        Self {
+            origin: Instant::now(),
+            names,
+            lockers,
+            events: Mutex::default(),
+            guards: Mutex::default(),
+            faults: Mutex::default(),
+            calls: Mutex::default(),
+            runs: Mutex::default(),
+            panics: Mutex::default(),
+            next_guard: AtomicU32::new(0),
+        }
+    }
+
+    /// Records an event at `at`.
+    pub fn event(&self, at: Instant, worker: u16, locker: u8, name: u8, kind: EventKind) {
+        locked(&self.events).push(Event {
+            at,
+            worker,
+            locker,
+            name,
+            kind,
+        });
+    }
+
+    /// A fresh guard id.
+    pub fn next_guard_id(&self) -> u32 {
+        self.next_guard.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Records a guard.
+    pub fn guard(&self, rec: Arc<GuardRec>) {
+        locked(&self.guards).push(rec);
+    }
+
+    /// Records a fault.
+    pub fn fault(&self, rec: FaultRec) {
+        locked(&self.faults).push(rec);
+    }
+
+    /// Records a bounded call.
+    pub fn call(&self, rec: CallRec) {
+        locked(&self.calls).push(rec);
+    }
+
+    /// Records a guarded run.
+    pub fn run(&self, rec: RunRec) {
+        locked(&self.runs).push(rec);
+    }
+
+    /// Every guarded run so far.
+    pub fn runs(&self) -> Vec<RunRec> {
+        locked(&self.runs).clone()
+    }
+
+    /// Records a panic of a task.
+    pub fn panic(&self, what: String) {
+        locked(&self.panics).push(what);
+    }
+
+    /// Every event so far, in time order.
+    pub fn events(&self) -> Vec<Event> {
+        let mut events = locked(&self.events).clone();
+        events.sort_by_key(|e| e.at);
+        events
+    }
+
+    /// Every guard so far.
+    pub fn guards(&self) -> Vec<Arc<GuardRec>> {
+        locked(&self.guards).clone()
+    }
+
+    /// Every fault so far.
+    pub fn faults(&self) -> Vec<FaultRec> {
+        locked(&self.faults).clone()
+    }
+
+    /// Every bounded call so far.
+    pub fn calls(&self) -> Vec<CallRec> {
+        locked(&self.calls).clone()
+    }
+
+    /// Every panic so far.
+    pub fn panics(&self) -> Vec<String> {
+        locked(&self.panics).clone()
+    }
+}

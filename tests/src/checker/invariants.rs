@@ -1,0 +1,510 @@
+//! The checks run over a finished history: mutual exclusion (a), fencing order (b), truthful
+//! release and run outcomes (c), bounded calls and no panics (e). What is left behind (d) is
+//! checked by the run driver, which can see the backend.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::history::{
+    ErrKind, Event, EventKind, FaultKind, FaultRec, GuardRec, History, Outcome, locked, ms,
+};
+
+/// A `run(work)` that returned `Ok` may have finished this long after its hold's validity
+/// ended (the two timers share a millisecond wheel).
+pub const RUN_TIMER_TOLERANCE: Duration = Duration::from_millis(2);
+
+/// Which invariant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Invariant {
+    /// (a) No two holds of one name with different tokens overlap (unexcused).
+    MutualExclusion,
+    /// (a) A re-entered guard lies inside a live hold with its token.
+    Reentry,
+    /// (b) Tokens rise with acquisition order; no token is handed out twice.
+    FencingOrder,
+    /// (c) A release outcome tells the truth.
+    ReleaseTruth,
+    /// (c) `run(work)` is cancelled once the hold is over.
+    RunTruth,
+    /// (f) The watchdog keeps a hold alive while nothing goes wrong.
+    WatchdogKeeps,
+    /// (d) Nothing is left behind.
+    LeftBehind,
+    /// (e) Every call returns within its bound.
+    Bounded,
+    /// (e) No task panics.
+    Panic,
+}
+
+impl fmt::Display for Invariant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = match self {
+            Self::MutualExclusion => "(a) mutual exclusion",
+            Self::Reentry => "(a) re-entry inside a live hold",
+            Self::FencingOrder => "(b) fencing order",
+            Self::ReleaseTruth => "(c) release outcomes tell the truth",
+            Self::RunTruth => "(c) run() is cancelled when the hold ends",
+            Self::WatchdogKeeps => "(f) the watchdog keeps healthy holds",
+            Self::LeftBehind => "(d) nothing left behind",
+            Self::Bounded => "(e) bounded calls",
+            Self::Panic => "(e) no panics",
+        };
+        f.write_str(s)
+    }
+}
+
+/// One violation: what, and where in the history to look.
+#[derive(Debug, Clone)]
+pub struct Violation {
+    /// Which invariant.
+    pub invariant: Invariant,
+    /// One paragraph saying what went wrong.
+    pub summary: String,
+    /// The name and the window of the history that shows it.
+    pub window: Option<(u8, Instant, Instant)>,
+    /// What the history suggests as the cause, if anything stands out (violations are grouped
+    /// by it in the report).
+    pub hint: &'static str,
+}
+
+/// The hint for a hold whose lease an `extend` had shortened.
+pub const HINT_SHORTENED: &str = "the earlier hold's lease had been shortened by extend()";
+/// The hint for a hold with a re-entry dropped half-way.
+pub const HINT_DROPPED_REENTRY: &str = "a re-entry into this hold failed or was dropped half-way";
+
+/// One hold: a fresh guard and the guards that re-entered it.
+#[derive(Debug)]
+struct Hold {
+    guard: Arc<GuardRec>,
+    start: Instant,
+    end: Instant,
+    last: Instant,
+}
+
+/// The latest instant anything about a guard happened (for history windows).
+fn last_of(g: &GuardRec, finish: Instant) -> Instant {
+    let mut last = g.belief_end(finish).max(g.start);
+    if let Some(e) = g.end() {
+        last = last.max(e.at);
+        if let Some((ret, _)) = e.returned {
+            last = last.max(ret);
+        }
+        if let Some((at, _)) = e.hget {
+            last = last.max(at);
+        }
+    }
+    if let Some(lost) = g.lost_at.get() {
+        last = last.max(*lost);
+    }
+    last
+}
+
+fn describe(history: &History, g: &GuardRec, finish: Instant) -> String {
+    let end = g.end();
+    format!(
+        "g{} ({} w{}, token {}{}, called {}) believed held {} .. {}{}",
+        g.id,
+        history.lockers[usize::from(g.locker)],
+        g.worker,
+        g.token,
+        if g.reentrant { ", re-entered" } else { "" },
+        history.rel(g.call),
+        history.rel(g.start),
+        history.rel(g.belief_end(finish)),
+        match end {
+            Some(e) => format!(
+                " (ended by {:?} at {}, valid_until {})",
+                e.how,
+                history.rel(e.at),
+                history.rel(e.valid_until)
+            ),
+            None => " (never ended)".to_owned(),
+        }
+    )
+}
+
+/// Whether a destructive fault on `name` may have acted within `[from, to]`.
+fn destroyed_within(faults: &[FaultRec], name: u8, from: Instant, to: Instant) -> bool {
+    faults
+        .iter()
+        .any(|f| f.kind.destructive() && f.hits(name) && f.to >= from && f.from <= to)
+}
+
+/// Groups each name's guards into holds; reports re-entered guards outside any live hold.
+fn holds(
+    history: &History,
+    guards: &[Arc<GuardRec>],
+    faults: &[FaultRec],
+    finish: Instant,
+    out: &mut Vec<Violation>,
+) -> HashMap<u8, Vec<Hold>> {
+    let mut by_name: HashMap<u8, Vec<Hold>> = HashMap::new();
+    let mut fresh: HashMap<(u8, u64, u8), Vec<usize>> = HashMap::new();
+    for g in guards.iter().filter(|g| !g.reentrant) {
+        let holds = by_name.entry(g.name).or_default();
+        fresh
+            .entry((g.name, g.token, g.locker))
+            .or_default()
+            .push(holds.len());
+        holds.push(Hold {
+            guard: g.clone(),
+            start: g.start,
+            end: g.belief_end(finish),
+            last: last_of(g, finish),
+        });
+    }
+    for r in guards.iter().filter(|g| g.reentrant) {
+        let holds = by_name.entry(r.name).or_default();
+        let parent = fresh
+            .get(&(r.name, r.token, r.locker))
+            .into_iter()
+            .flatten()
+            .copied()
+            .filter(|&i| holds[i].start <= r.start)
+            .max_by_key(|&i| holds[i].start);
+        let Some(parent) = parent else {
+            out.push(Violation {
+                invariant: Invariant::Reentry,
+                summary: format!(
+                    "re-entered guard with no hold of its token on its locker before it: {}",
+                    describe(history, r, finish)
+                ),
+                window: Some((r.name, r.call, last_of(r, finish))),
+                hint: "",
+            });
+            continue;
+        };
+        let p = &holds[parent];
+        // Once a fault destroyed the hold, nothing may re-enter it: the key is gone for good.
+        let destroyed_before = faults
+            .iter()
+            .any(|f| f.kind.destructive() && f.hits(r.name) && f.from > p.start && f.to < r.call);
+        if destroyed_before {
+            out.push(Violation {
+                invariant: Invariant::Reentry,
+                summary: format!(
+                    "re-entry succeeded into a hold a fault had destroyed before the call: {} \
+                     re-entered {}",
+                    describe(history, r, finish),
+                    describe(history, &p.guard, finish)
+                ),
+                window: Some((r.name, p.guard.call, last_of(r, finish))),
+                hint: "",
+            });
+        }
+        let (end, last) = (r.belief_end(finish), last_of(r, finish));
+        let p = &mut holds[parent];
+        p.end = p.end.max(end);
+        p.last = p.last.max(last);
+    }
+    by_name
+}
+
+fn mutual_exclusion(
+    history: &History,
+    name: u8,
+    holds: &[&Hold],
+    faults: &[FaultRec],
+    finish: Instant,
+    out: &mut Vec<Violation>,
+) {
+    let mut active: Vec<&Hold> = Vec::new();
+    for b in holds {
+        active.retain(|a| a.end > b.start);
+        for a in &active {
+            if a.guard.token == b.guard.token {
+                continue;
+            }
+            // The hold minted first (the smaller token) must have vanished from Redis before the
+            // other was granted: excused only if a destructive fault may have removed it, at or
+            // after its acquisition was called and before the other's belief began.
+            let (first, second) = if a.guard.token < b.guard.token {
+                (a, b)
+            } else {
+                (b, a)
+            };
+            if destroyed_within(faults, name, first.guard.call, second.start) {
+                continue;
+            }
+            out.push(Violation {
+                invariant: Invariant::MutualExclusion,
+                summary: format!(
+                    "two holds of `{}` overlap by {} with no destructive fault that could have \
+                     removed the first-minted one before the other was granted:\n      \
+                     A: {}\n      B: {}",
+                    history.names[usize::from(name)],
+                    ms(a.end.min(b.end) - b.start),
+                    describe(history, &a.guard, finish),
+                    describe(history, &b.guard, finish)
+                ),
+                window: Some((name, a.guard.call.min(b.guard.call), a.last.max(b.last))),
+                hint: if first.guard.shortened_before(second.start) {
+                    HINT_SHORTENED
+                } else {
+                    ""
+                },
+            });
+        }
+        active.push(b);
+    }
+}
+
+fn fencing_order(
+    history: &History,
+    name: u8,
+    holds: &[&Hold],
+    finish: Instant,
+    out: &mut Vec<Violation>,
+) {
+    // A before B when A's belief ended before B's acquisition was even called: B's token was
+    // minted after A's, whatever happened in between.
+    let mut by_end: Vec<&Hold> = holds.to_vec();
+    by_end.sort_by_key(|h| h.end);
+    let mut by_call: Vec<&Hold> = holds.to_vec();
+    by_call.sort_by_key(|h| h.guard.call);
+    let mut max: Option<&Hold> = None;
+    let mut i = 0;
+    for b in by_call {
+        while i < by_end.len() && by_end[i].end <= b.guard.call {
+            if max.is_none_or(|m| by_end[i].guard.token > m.guard.token) {
+                max = Some(by_end[i]);
+            }
+            i += 1;
+        }
+        if let Some(a) = max
+            && a.guard.token >= b.guard.token
+        {
+            out.push(Violation {
+                invariant: Invariant::FencingOrder,
+                summary: format!(
+                    "a later hold of `{}` has a token no greater than an earlier one:\n      \
+                     A: {}\n      B: {}",
+                    history.names[usize::from(name)],
+                    describe(history, &a.guard, finish),
+                    describe(history, &b.guard, finish)
+                ),
+                window: Some((name, a.guard.call, a.last.max(b.last))),
+                hint: "",
+            });
+        }
+    }
+}
+
+fn release_truth(
+    history: &History,
+    events: &[Event],
+    guards: &[Arc<GuardRec>],
+    faults: &[FaultRec],
+    finish: Instant,
+    out: &mut Vec<Violation>,
+) {
+    for g in guards {
+        let Some(end) = g.end() else { continue };
+        let Some((ret, outcome)) = end.returned else {
+            continue;
+        };
+        let window = Some((g.name, g.call, last_of(g, finish)));
+        if outcome == Outcome::Released
+            && end.final_of_hold
+            && end.hget.is_some_and(|(_, found)| found == Some(g.token))
+        {
+            let dropped_reentry = events.iter().any(|e| {
+                e.worker == g.worker
+                    && e.name == g.name
+                    && e.at >= g.start
+                    && e.at <= end.at
+                    && matches!(
+                        e.kind,
+                        EventKind::AcquireDropped | EventKind::AcquireFailed(ErrKind::Backend)
+                    )
+            });
+            out.push(Violation {
+                invariant: Invariant::ReleaseTruth,
+                summary: format!(
+                    "the last release of a hold said Released, but Redis still holds it \
+                     (HGET #f = {}): {}",
+                    g.token,
+                    describe(history, g, finish)
+                ),
+                window,
+                hint: if dropped_reentry {
+                    HINT_DROPPED_REENTRY
+                } else {
+                    ""
+                },
+            });
+        }
+        if matches!(outcome, Outcome::Expired | Outcome::TakenOver) {
+            let lost = end.lost_before || g.lost_at.get().is_some_and(|l| *l <= end.at);
+            let destroyed = destroyed_within(faults, g.name, g.call, ret);
+            // A pause while the release is in flight delays its script past the lease: the
+            // outcome is then the truth about the moment Redis ran it.
+            let paused = faults
+                .iter()
+                .any(|f| f.kind == FaultKind::Pause && f.to >= end.at && f.from <= ret);
+            if !lost && end.at < end.valid_until && !destroyed && !paused {
+                out.push(Violation {
+                    invariant: Invariant::ReleaseTruth,
+                    summary: format!(
+                        "release said {outcome:?} for a hold that was not lost, was released \
+                         {} before its valid_until, and no destructive fault hit: {}",
+                        ms(end.valid_until - end.at),
+                        describe(history, g, finish)
+                    ),
+                    window,
+                    hint: if g.shortened_before(end.at) {
+                        HINT_SHORTENED
+                    } else {
+                        ""
+                    },
+                });
+            }
+        }
+    }
+    for run in history.runs() {
+        let g = &run.guard;
+        let work_end = run.started + run.work;
+        let mut over = run.valid_until_after;
+        if let Some(lost) = g.lost_at.get() {
+            over = over.min(*lost);
+        }
+        if run.ok && work_end > over + RUN_TIMER_TOLERANCE {
+            out.push(Violation {
+                invariant: Invariant::RunTruth,
+                summary: format!(
+                    "run() let its work finish {} after the hold's validity ended: {}",
+                    ms(work_end - over),
+                    describe(history, g, finish)
+                ),
+                window: Some((g.name, g.call, work_end.max(last_of(g, finish)))),
+                hint: "",
+            });
+        }
+    }
+}
+
+/// How much of `[from, to]` virtual-time jumps took.
+fn jumped(faults: &[FaultRec], from: Instant, to: Instant) -> Duration {
+    faults
+        .iter()
+        .filter(|f| f.kind == FaultKind::Jump)
+        .map(|f| {
+            let (a, b) = (f.from.max(from), f.to.min(to));
+            b.saturating_duration_since(a)
+        })
+        .sum()
+}
+
+fn bounded(history: &History, faults: &[FaultRec], out: &mut Vec<Violation>) {
+    for c in history.calls() {
+        let took = (c.ret - c.call).saturating_sub(jumped(faults, c.call, c.ret));
+        if took > c.bound {
+            out.push(Violation {
+                invariant: Invariant::Bounded,
+                summary: format!(
+                    "{} on {} (w{}) took {}, over its bound of {} (slack included)",
+                    c.what,
+                    history.lockers[usize::from(c.locker)],
+                    c.worker,
+                    ms(took),
+                    ms(c.bound)
+                ),
+                window: Some((c.name, c.call, c.ret)),
+                hint: "",
+            });
+        }
+    }
+    for p in history.panics() {
+        out.push(Violation {
+            invariant: Invariant::Panic,
+            summary: format!("a task panicked: {p}"),
+            window: None,
+            hint: "",
+        });
+    }
+}
+
+/// (f): a watchdog hold that was lost while its guard lived, with no fault of any kind anywhere
+/// near it (from a lease before its acquisition to its loss) and no `extend`, was let go by the
+/// watchdog itself. `unreliable` lockers (a command timeout meant to expire) are left out.
+fn watchdog_keeps(
+    history: &History,
+    guards: &[Arc<GuardRec>],
+    faults: &[FaultRec],
+    unreliable: &[u8],
+    finish: Instant,
+    out: &mut Vec<Violation>,
+) {
+    for g in guards {
+        if g.reentrant || !g.watchdog || unreliable.contains(&g.locker) {
+            continue;
+        }
+        let Some(&lost) = g.lost_at.get() else {
+            continue;
+        };
+        if g.end().is_some_and(|e| e.at <= lost) || !locked(&g.extends).is_empty() {
+            continue;
+        }
+        let from = g.call.checked_sub(g.lease).unwrap_or(g.call);
+        if faults
+            .iter()
+            .any(|f| f.hits(g.name) && f.to >= from && f.from <= lost)
+        {
+            continue;
+        }
+        out.push(Violation {
+            invariant: Invariant::WatchdogKeeps,
+            summary: format!(
+                "a watchdog hold (lease {}) was lost {} after it was acquired with no fault \
+                 near it: {}",
+                ms(g.lease),
+                ms(lost - g.start),
+                describe(history, g, finish)
+            ),
+            window: Some((g.name, g.call, last_of(g, finish))),
+            hint: "",
+        });
+    }
+}
+
+/// Every invariant over the history, up to `finish` (guards never ended count as held until
+/// then). `unreliable` lockers are left out of (f).
+pub fn check(history: &History, finish: Instant, unreliable: &[u8]) -> Vec<Violation> {
+    let guards = history.guards();
+    let faults = history.faults();
+    let mut out = Vec::new();
+    let by_name = holds(history, &guards, &faults, finish, &mut out);
+    let mut names: Vec<&u8> = by_name.keys().collect();
+    names.sort();
+    for &name in names {
+        let mut holds: Vec<&Hold> = by_name[&name].iter().filter(|h| h.start < h.end).collect();
+        holds.sort_by_key(|h| h.start);
+        mutual_exclusion(history, name, &holds, &faults, finish, &mut out);
+        fencing_order(history, name, &holds, finish, &mut out);
+        // A token handed out twice (as fresh holds) is a fencing failure whatever the times.
+        let mut seen: HashMap<u64, &Hold> = HashMap::new();
+        for h in &by_name[&name] {
+            if let Some(first) = seen.insert(h.guard.token, h) {
+                out.push(Violation {
+                    invariant: Invariant::FencingOrder,
+                    summary: format!(
+                        "one token handed out to two fresh holds:\n      A: {}\n      B: {}",
+                        describe(history, &first.guard, finish),
+                        describe(history, &h.guard, finish)
+                    ),
+                    window: Some((name, first.guard.call, first.last.max(h.last))),
+                    hint: "",
+                });
+            }
+        }
+    }
+    let events = history.events();
+    release_truth(history, &events, &guards, &faults, finish, &mut out);
+    watchdog_keeps(history, &guards, &faults, unreliable, finish, &mut out);
+    bounded(history, &faults, &mut out);
+    out
+}

@@ -1,0 +1,324 @@
+//! The operation generator: every session a worker will run, drawn up front from the seed, so the
+//! sequence of operations is a pure function of the seed whatever the calls return.
+
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::{Rng as _, SeedableRng as _};
+
+use super::history::LeaseSpec;
+
+/// One acquisition, as planned.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Acquire {
+    /// `try_lock()` instead of `lock().wait(..)`.
+    pub(crate) try_lock: bool,
+    /// The wait (ignored by `try_lock`).
+    pub(crate) wait: Duration,
+    /// The lease.
+    pub(crate) lease: LeaseSpec,
+    /// Drop the acquisition future after this long if it has not finished.
+    pub(crate) cancel_after: Option<Duration>,
+}
+
+/// One step while a guard is held.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Step {
+    /// Sleep this long.
+    Hold(Duration),
+    /// `guard.extend(d)`.
+    Extend(Duration),
+    /// `guard.run(sleep(work))`.
+    Run(Duration),
+}
+
+/// How a guard ends.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum End {
+    /// `release().await`.
+    Release,
+    /// `release()` dropped after this long if it has not finished.
+    ReleaseWithin(Duration),
+    /// Drop the guard.
+    Drop,
+}
+
+/// What one worker does in one go.
+#[derive(Debug, Clone)]
+pub(crate) enum Session {
+    /// One lock: acquire, steps, end.
+    Single {
+        /// The locker.
+        locker: u8,
+        /// The name.
+        name: u8,
+        /// The acquisition.
+        acquire: Acquire,
+        /// What to do while held.
+        steps: Vec<Step>,
+        /// How it ends.
+        end: End,
+    },
+    /// Acquire a name, then acquire it again in the same `scope`, then end both.
+    Reenter {
+        /// The locker.
+        locker: u8,
+        /// The name.
+        name: u8,
+        /// The first acquisition.
+        outer: Acquire,
+        /// How long the outer guard is held before the nested acquisition.
+        gap: Duration,
+        /// The nested one.
+        inner: Acquire,
+        /// How long both are held.
+        hold: Duration,
+        /// End the inner guard first.
+        inner_first: bool,
+        /// How the outer and the inner guard end.
+        ends: [End; 2],
+    },
+    /// `lock_all` of a few names.
+    Multi {
+        /// The locker.
+        locker: u8,
+        /// The names (distinct).
+        names: Vec<u8>,
+        /// The acquisition (its `try_lock`, wait, lease and cancellation).
+        acquire: Acquire,
+        /// How long they are held.
+        hold: Duration,
+        /// How each guard ends.
+        end: End,
+    },
+}
+
+/// What the generator needs to know about the run.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Shape {
+    /// How many lockers.
+    pub(crate) lockers: u8,
+    /// How many names.
+    pub(crate) names: u8,
+}
+
+/// The longest lease (or extension) the generator ever asks for, `Duration::MAX` aside.
+pub(crate) const MAX_PLANNED_LEASE: Duration = Duration::from_millis(1_500);
+
+fn between(rng: &mut StdRng, lo_ms: u64, hi_ms: u64) -> Duration {
+    Duration::from_micros(rng.random_range(lo_ms * 1_000..=hi_ms * 1_000))
+}
+
+fn wait(rng: &mut StdRng) -> Duration {
+    match rng.random_range(0..100) {
+        0..15 => Duration::ZERO,
+        15..40 => between(rng, 1, 10),
+        _ => between(rng, 10, 300),
+    }
+}
+
+fn lease(rng: &mut StdRng) -> LeaseSpec {
+    match rng.random_range(0..100) {
+        0..35 => LeaseSpec::Fixed(between(rng, 100, 1_000)),
+        35..70 => LeaseSpec::Watchdog(between(rng, 300, 1_000)),
+        _ => LeaseSpec::LockerDefault,
+    }
+}
+
+/// The lease a spec stands for, with the locker's default.
+pub(crate) fn lease_of(spec: LeaseSpec, default: Duration) -> Duration {
+    match spec {
+        LeaseSpec::LockerDefault => default,
+        LeaseSpec::Watchdog(d) | LeaseSpec::Fixed(d) => d,
+    }
+}
+
+/// A hold time: mostly short, sometimes past the lease.
+fn hold(rng: &mut StdRng, lease: Duration) -> Duration {
+    match rng.random_range(0..100) {
+        0..60 => between(rng, 0, 5),
+        60..90 => between(rng, 5, 30),
+        90..98 => between(rng, 30, 100),
+        _ => lease
+            .mul_f64(rng.random_range(1.0..1.5))
+            .min(MAX_PLANNED_LEASE),
+    }
+}
+
+fn end(rng: &mut StdRng) -> End {
+    match rng.random_range(0..100) {
+        0..70 => End::Release,
+        70..90 => End::Drop,
+        _ => End::ReleaseWithin(between(rng, 0, 3)),
+    }
+}
+
+fn acquire(rng: &mut StdRng, try_lock: bool) -> Acquire {
+    Acquire {
+        try_lock,
+        wait: if try_lock { Duration::ZERO } else { wait(rng) },
+        lease: lease(rng),
+        cancel_after: None,
+    }
+}
+
+/// An extension shorter or longer than `lease`.
+fn extension(rng: &mut StdRng, lease: Duration) -> Duration {
+    if rng.random_bool(0.5) {
+        between(rng, 5, (lease.as_millis() as u64 / 2).max(6))
+    } else {
+        lease
+            .mul_f64(rng.random_range(1.2..2.0))
+            .min(MAX_PLANNED_LEASE)
+    }
+}
+
+fn single(rng: &mut StdRng, shape: Shape, default_lease: Duration) -> Session {
+    let locker = rng.random_range(0..shape.lockers);
+    let name = rng.random_range(0..shape.names);
+    let roll = rng.random_range(0..1_000);
+    let mut acquire = acquire(rng, roll < 200);
+    let lease = lease_of(acquire.lease, default_lease);
+    let mut steps = vec![Step::Hold(hold(rng, lease))];
+    match roll {
+        // A guarded run under a fixed lease, the work sometimes outliving it.
+        200..350 => {
+            let fixed = between(rng, 100, 600);
+            acquire.lease = LeaseSpec::Fixed(fixed);
+            let work = if rng.random_bool(0.3) {
+                fixed.mul_f64(rng.random_range(1.0..1.5))
+            } else {
+                fixed.mul_f64(rng.random_range(0.0..0.5))
+            };
+            steps = vec![Step::Run(work)];
+        }
+        // An acquisition dropped half-way.
+        350..500 => {
+            acquire.cancel_after = Some(if rng.random_bool(0.7) {
+                between(rng, 0, 3)
+            } else {
+                between(rng, 3, 50)
+            });
+        }
+        // Extend, then hold on (sometimes past a shortened lease).
+        500..700 => {
+            let to = extension(rng, lease);
+            steps.push(Step::Extend(to));
+            let after = if rng.random_bool(0.5) {
+                to.mul_f64(rng.random_range(1.0..2.0))
+                    .min(MAX_PLANNED_LEASE)
+            } else {
+                hold(rng, to)
+            };
+            steps.push(Step::Hold(after));
+        }
+        // Rare edge values: waiting "forever", extending "forever".
+        999.. => {
+            if rng.random_bool(0.5) {
+                acquire.try_lock = false;
+                acquire.wait = Duration::MAX;
+            } else {
+                steps.push(Step::Extend(Duration::MAX));
+            }
+        }
+        _ => {}
+    }
+    Session::Single {
+        locker,
+        name,
+        acquire,
+        steps,
+        end: end(rng),
+    }
+}
+
+fn reenter(rng: &mut StdRng, shape: Shape) -> Session {
+    let mut inner = acquire(rng, false);
+    inner.wait = between(rng, 0, 50);
+    if rng.random_bool(0.25) {
+        inner.cancel_after = Some(between(rng, 0, 2));
+    }
+    let mut ends = [end(rng), end(rng)];
+    for e in &mut ends {
+        if let End::Drop = e {
+            // Mostly awaited releases, so the final one can be checked against Redis.
+            if rng.random_bool(0.5) {
+                *e = End::Release;
+            }
+        }
+    }
+    Session::Reenter {
+        locker: rng.random_range(0..shape.lockers),
+        name: rng.random_range(0..shape.names),
+        outer: acquire(rng, false),
+        gap: if rng.random_bool(0.5) {
+            Duration::ZERO
+        } else {
+            between(rng, 0, 20)
+        },
+        inner,
+        hold: between(rng, 0, 20),
+        inner_first: rng.random_bool(0.5),
+        ends,
+    }
+}
+
+fn multi(rng: &mut StdRng, shape: Shape) -> Session {
+    let count = rng.random_range(2..=3u8).min(shape.names);
+    let mut names: Vec<u8> = (0..shape.names).collect();
+    // A partial Fisher–Yates shuffle picks `count` distinct names.
+    for i in 0..usize::from(count) {
+        let j = rng.random_range(i..names.len());
+        names.swap(i, j);
+    }
+    names.truncate(usize::from(count));
+    let try_lock = rng.random_bool(0.2);
+    let mut acquire = acquire(rng, try_lock);
+    if rng.random_bool(0.1) {
+        acquire.cancel_after = Some(between(rng, 0, 5));
+    }
+    Session::Multi {
+        locker: rng.random_range(0..shape.lockers),
+        names,
+        acquire,
+        hold: between(rng, 0, 30),
+        end: end(rng),
+    }
+}
+
+/// `count` sessions for one worker, from its own stream of the seed.
+pub(crate) fn sessions(
+    seed: u64,
+    worker: u16,
+    count: usize,
+    shape: Shape,
+    default_lease: Duration,
+) -> Vec<Session> {
+    let mut rng =
+        StdRng::seed_from_u64(seed ^ (u64::from(worker) + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    (0..count)
+        .map(|_| match rng.random_range(0..100) {
+            0..74 => single(&mut rng, shape, default_lease),
+            74..88 => reenter(&mut rng, shape),
+            _ => multi(&mut rng, shape),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_plan_is_a_function_of_the_seed() {
+        let shape = Shape {
+            lockers: 4,
+            names: 3,
+        };
+        let a = sessions(7, 2, 200, shape, Duration::from_millis(500));
+        let b = sessions(7, 2, 200, shape, Duration::from_millis(500));
+        assert_eq!(format!("{a:?}"), format!("{b:?}"));
+        let c = sessions(8, 2, 200, shape, Duration::from_millis(500));
+        assert_ne!(format!("{a:?}"), format!("{c:?}"));
+    }
+}

@@ -1,0 +1,465 @@
+//! The run driver: sets the backend and the lockers up, runs the workers and the fault injector,
+//! lets every lease run out, checks what is left behind (d) and every other invariant, and
+//! reports.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use dlock_core::MemoryStore;
+use dlock_core::redis::{self, AsyncCommands as _};
+use rand::rngs::StdRng;
+use rand::{Rng as _, SeedableRng as _};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::actors::{self, Actor, RedisSetup};
+use super::faults::{FaultPlan, MemoryTargets, RedisTargets, Targets, inject};
+use super::history::{History, ms};
+use super::invariants::{self, Invariant, Violation};
+use super::ops::{Ctx, Stats, run_worker};
+use super::plan::{self, MAX_PLANNED_LEASE, Shape};
+use super::{Config, FaultFamily};
+use crate::{Proxy, RedisServer, unique_name};
+
+/// How many violations of each invariant are printed with their history.
+const PRINTED_PER_INVARIANT: usize = 3;
+
+/// Added to the longest lease and a watchdog tick before the final look at the backend.
+const SETTLE_MARGIN: Duration = Duration::from_millis(500);
+
+/// The run's shape, drawn from the seed.
+#[derive(Debug, Clone, Copy)]
+struct Params {
+    workers: u16,
+    names: u8,
+    watchdog_lease: Duration,
+    command_timeout: Duration,
+    tiny_timeout: Duration,
+    fence_ttl: Option<Duration>,
+}
+
+fn params(seed: u64) -> Params {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let ms = |rng: &mut StdRng, lo: u64, hi: u64| Duration::from_millis(rng.random_range(lo..=hi));
+    Params {
+        workers: rng.random_range(16..=32),
+        names: rng.random_range(3..=5),
+        watchdog_lease: ms(&mut rng, 300, 1_000),
+        command_timeout: ms(&mut rng, 150, 500),
+        tiny_timeout: ms(&mut rng, 1, 5),
+        // Half the runs let fencing counters expire quickly, so they are re-created mid-run.
+        fence_ttl: if rng.random_bool(0.5) {
+            Some(ms(&mut rng, 200, 2_000))
+        } else {
+            Some(dlock_core::DEFAULT_FENCE_TTL)
+        },
+    }
+}
+
+/// What a run did and found.
+#[derive(Debug)]
+pub struct Report {
+    /// What was run.
+    pub config: Config,
+    /// Wall-clock time of the whole run, set-up and checks included.
+    pub wall: std::time::Duration,
+    /// Counters.
+    pub stats: Stats,
+    /// Guards handed out.
+    pub guards: usize,
+    /// Faults injected, by kind.
+    pub faults: BTreeMap<String, u64>,
+    /// Every violation found.
+    pub violations: Vec<Violation>,
+    summary: String,
+    rendered: String,
+}
+
+impl Report {
+    /// One paragraph: what ran, how fast, what it found.
+    pub fn summary(&self) -> &str {
+        &self.summary
+    }
+
+    /// Panics with the seed, the violated invariants and their minimal histories, if any.
+    pub fn assert_clean(&self) {
+        assert!(
+            self.violations.is_empty(),
+            "{}\n{}\nreplay: {}={} {}={}",
+            self.summary,
+            self.rendered,
+            super::SEED_ENV,
+            self.config.seed,
+            super::OPS_ENV,
+            self.config.ops,
+        );
+    }
+}
+
+fn summarize(
+    config: Config,
+    wall: std::time::Duration,
+    ctx: &Ctx,
+    faults: &BTreeMap<String, u64>,
+    violations: &[Violation],
+) -> String {
+    let s = &ctx.stats;
+    let get = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+    let secs = wall.as_secs_f64();
+    let mut counts: BTreeMap<Invariant, usize> = BTreeMap::new();
+    for v in violations {
+        *counts.entry(v.invariant).or_default() += 1;
+    }
+    let mut out = format!(
+        "checker {:?} seed {}: {} sessions, {} calls, {} guards, {} busy, {} backend errors, \
+         {} dropped futures, {} runs cancelled; faults {:?}; {:.1} s wall, {:.0} sessions/s, \
+         {:.0} calls/s; lockers: {}",
+        config.family,
+        config.seed,
+        get(&s.sessions),
+        get(&s.calls),
+        get(&s.acquired),
+        get(&s.busy),
+        get(&s.backend_errors),
+        get(&s.dropped_futures),
+        get(&s.runs_cancelled),
+        faults,
+        secs,
+        get(&s.sessions) as f64 / secs,
+        get(&s.calls) as f64 / secs,
+        ctx.history.lockers.join(", "),
+    );
+    if counts.is_empty() {
+        out.push_str("; no violations");
+    } else {
+        let _ = write!(out, "; VIOLATIONS: {counts:?}");
+    }
+    out
+}
+
+/// Runs the workers and the fault injector to the end; returns the faults injected.
+async fn drive(
+    ctx: &Arc<Ctx>,
+    targets: &Targets,
+    config: Config,
+    p: Params,
+) -> BTreeMap<String, u64> {
+    let shape = Shape {
+        lockers: u8::try_from(ctx.actors.len()).expect("a few lockers"),
+        names: p.names,
+    };
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let plan = FaultPlan::new(config.seed, config.family, p.names, MAX_PLANNED_LEASE);
+    let faults = inject(targets, plan, ctx.history.clone(), stop_rx);
+    let work = async {
+        let workers = usize::from(p.workers);
+        let mut handles = Vec::new();
+        for w in 0..p.workers {
+            let count = config.ops / workers + usize::from(usize::from(w) < config.ops % workers);
+            let sessions = plan::sessions(config.seed, w, count, shape, p.watchdog_lease);
+            handles.push(tokio::spawn(run_worker(ctx.clone(), w, sessions)));
+        }
+        for (w, h) in handles.into_iter().enumerate() {
+            if let Err(err) = h.await {
+                ctx.history.panic(format!("worker {w} died: {err}"));
+            }
+        }
+        let _ = stop_tx.send(true);
+    };
+    let (counts, ()) = tokio::join!(faults, work);
+    // Every guard is gone: let every lease and one more watchdog tick run out.
+    let longest = MAX_PLANNED_LEASE.max(p.watchdog_lease);
+    tokio::time::sleep(longest + p.watchdog_lease / 3 + SETTLE_MARGIN).await;
+    counts
+}
+
+/// How long the final liveness probe holds its watchdog lock, in leases.
+const PROBE_LEASES: u32 = 3;
+
+/// (f) at the end: every locker (but an unreliable one) keeps a watchdog lock alive across a few
+/// leases on a quiet backend. A locker whose watchdog task died (e.g. with the runtime it was
+/// started on) loses it.
+async fn watchdog_probe(actors: &[Actor], out: &mut Vec<Violation>) {
+    let lease = Duration::from_millis(300);
+    let probes = actors
+        .iter()
+        .enumerate()
+        .filter(|(_, a)| !a.tiny)
+        .map(|(i, actor)| async move {
+            let l = actor.locker();
+            let name = format!("probe-{i}");
+            // A connection broken by a fault comes back on the next command or two.
+            let mut guard = None;
+            for _ in 0..10 {
+                match l.lock(name.as_str()).watchdog_lease(lease).await {
+                    Ok(g) => {
+                        guard = Some(g);
+                        break;
+                    }
+                    Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+                }
+            }
+            let Some(guard) = guard else {
+                return Some(format!(
+                    "locker {} could not take a free lock at the end",
+                    actor.label
+                ));
+            };
+            tokio::time::sleep(lease * PROBE_LEASES).await;
+            let lost = guard.is_lost();
+            let renewals = l.renewal_round_trips();
+            let outcome = guard.release().await;
+            (lost || !outcome.is_released()).then(|| {
+            format!(
+                "locker {} let a watchdog lock (lease {}) lapse on a quiet backend: lost {lost} \
+                 after {PROBE_LEASES} leases, {renewals} renewal round trips in the whole run, \
+                 release said {outcome:?}",
+                actor.label,
+                ms(lease)
+            )
+        })
+        });
+    for failure in futures_util::future::join_all(probes)
+        .await
+        .into_iter()
+        .flatten()
+    {
+        out.push(Violation {
+            invariant: Invariant::WatchdogKeeps,
+            summary: failure,
+            window: None,
+            hint: "",
+        });
+    }
+}
+
+fn locker_leftovers(actors: &[Actor], out: &mut Vec<Violation>) {
+    for actor in actors {
+        for (generation, l) in actor.generations().iter().enumerate() {
+            let (renewed, watched) = (l.renewed_holds(), l.watched_names());
+            if renewed != 0 || watched != 0 {
+                out.push(Violation {
+                    invariant: Invariant::LeftBehind,
+                    summary: format!(
+                        "locker {} (generation {generation}) still renews {renewed} hold(s) and \
+                         watches {watched} name(s) after every guard is gone",
+                        actor.label
+                    ),
+                    window: None,
+                    hint: "",
+                });
+            }
+        }
+    }
+}
+
+async fn redis_leftovers(
+    ctx: &Ctx,
+    admin: &redis::aio::ConnectionManager,
+    prefix: &str,
+) -> Vec<Violation> {
+    let mut out = Vec::new();
+    let mut con = admin.clone();
+    let keys: Vec<String> = {
+        let mut iter = con
+            .scan_match::<_, String>(format!("{prefix}*"))
+            .await
+            .expect("SCAN the run's prefix");
+        let mut keys = Vec::new();
+        while let Some(key) = futures_util::StreamExt::next(&mut iter).await {
+            keys.push(key.expect("a SCAN reply"));
+        }
+        keys
+    };
+    let guards = ctx.history.guards();
+    for key in keys {
+        let mut con = admin.clone();
+        let pttl: i64 = con.pttl(&key).await.expect("PTTL");
+        if key.ends_with(":fence") {
+            if pttl == -1 {
+                out.push(Violation {
+                    invariant: Invariant::LeftBehind,
+                    summary: format!("fencing counter {key} has no TTL"),
+                    window: None,
+                    hint: "",
+                });
+            }
+            continue;
+        }
+        let fields: BTreeMap<String, String> = con.hgetall(&key).await.unwrap_or_default();
+        let name = ctx.keys.iter().position(|k| *k == key);
+        let token: Option<u64> = fields.get("#f").and_then(|f| f.parse().ok());
+        let holder = guards
+            .iter()
+            .filter(|g| Some(usize::from(g.name)) == name && Some(g.token) == token)
+            .min_by_key(|g| g.call);
+        let window = holder.map(|g| {
+            let end = g.end();
+            let last = end.map_or(g.start, |e| {
+                e.hget.map_or(e.returned.map_or(e.at, |r| r.0), |h| h.0)
+            });
+            (g.name, g.call, last.max(g.start))
+        });
+        out.push(Violation {
+            invariant: Invariant::LeftBehind,
+            summary: format!(
+                "lock key {key} remains after every guard is gone and every lease ran out: \
+                 {fields:?}, PTTL {pttl} ms{}",
+                holder.map_or(String::new(), |g| format!(
+                    ", hold of g{} ({} w{})",
+                    g.id,
+                    ctx.history.lockers[usize::from(g.locker)],
+                    g.worker
+                ))
+            ),
+            window,
+            hint: "",
+        });
+    }
+    locker_leftovers(&ctx.actors, &mut out);
+    out
+}
+
+fn finish(
+    config: Config,
+    wall: std::time::Instant,
+    ctx: &Ctx,
+    faults: BTreeMap<String, u64>,
+    mut violations: Vec<Violation>,
+) -> Report {
+    let unreliable: Vec<u8> = (0..ctx.actors.len())
+        .filter(|&i| ctx.actors[i].tiny)
+        .map(|i| u8::try_from(i).expect("a few lockers"))
+        .collect();
+    violations.extend(invariants::check(&ctx.history, Instant::now(), &unreliable));
+    let wall = wall.elapsed();
+    let summary = summarize(config, wall, ctx, &faults, &violations);
+    let rendered = super::render::render(&ctx.history, &violations, PRINTED_PER_INVARIANT);
+    let stats = Stats::default();
+    for (to, from) in [
+        (&stats.sessions, &ctx.stats.sessions),
+        (&stats.calls, &ctx.stats.calls),
+        (&stats.acquired, &ctx.stats.acquired),
+        (&stats.busy, &ctx.stats.busy),
+        (&stats.backend_errors, &ctx.stats.backend_errors),
+        (&stats.dropped_futures, &ctx.stats.dropped_futures),
+        (&stats.runs_cancelled, &ctx.stats.runs_cancelled),
+    ] {
+        to.store(from.load(Ordering::Relaxed), Ordering::Relaxed);
+    }
+    eprintln!("{summary}");
+    Report {
+        config,
+        wall,
+        stats,
+        guards: ctx.history.guards().len(),
+        faults,
+        violations,
+        summary,
+        rendered,
+    }
+}
+
+fn names(p: Params) -> Vec<String> {
+    (0..p.names).map(|i| format!("hot{i}")).collect()
+}
+
+fn ctx(
+    actors: Vec<Actor>,
+    names: Vec<String>,
+    admin: Option<redis::aio::ConnectionManager>,
+) -> Arc<Ctx> {
+    let labels = actors.iter().map(|a| a.label.clone()).collect();
+    let first = actors[0].locker();
+    let keys = names
+        .iter()
+        .map(|n| first.key_of(n.as_str()).expect("a valid name"))
+        .collect();
+    Arc::new(Ctx {
+        history: Arc::new(History::new(names, labels)),
+        actors: Arc::new(actors),
+        admin,
+        keys,
+        stats: Stats::default(),
+    })
+}
+
+/// One run against a real `redis-server` (started here), on a multi-threaded runtime.
+pub async fn run_redis(config: Config) -> Report {
+    assert_ne!(
+        config.family,
+        FaultFamily::Memory,
+        "a Redis run needs a Redis fault family"
+    );
+    let wall = std::time::Instant::now();
+    let p = params(config.seed);
+    let server = RedisServer::start();
+    let proxy = Arc::new(Proxy::start(server.addr()).await);
+    let prefix = format!("chk-{}-{}:", config.seed, unique_name("run"));
+    let setup = RedisSetup {
+        url: server.url(),
+        proxy_url: proxy.url(),
+        prefix: prefix.clone(),
+        watchdog_lease: p.watchdog_lease,
+        command_timeout: p.command_timeout,
+        tiny_timeout: p.tiny_timeout,
+        fence_ttl: p.fence_ttl,
+    };
+    let actors = setup.actors("warm-up").await;
+    let admin = redis::aio::ConnectionManager::new(server.client())
+        .await
+        .expect("an admin connection");
+    let ctx = ctx(actors, names(p), Some(admin.clone()));
+    let targets = Targets::Redis(RedisTargets {
+        server: Arc::new(Mutex::new(server)),
+        proxy,
+        admin: admin.clone(),
+        keys: ctx.keys.clone(),
+        setup,
+        actors: ctx.actors.clone(),
+    });
+    let faults = drive(&ctx, &targets, config, p).await;
+    let mut leftovers = redis_leftovers(&ctx, &admin, &prefix).await;
+    watchdog_probe(&ctx.actors, &mut leftovers).await;
+    finish(config, wall, &ctx, faults, leftovers)
+}
+
+/// One run against lockers over one memory store. Meant for a paused clock
+/// (`#[tokio::test(flavor = "current_thread", start_paused = true)]`): sleeps cost nothing.
+pub async fn run_memory(config: Config) -> Report {
+    assert_eq!(
+        config.family,
+        FaultFamily::Memory,
+        "a memory run takes the memory faults"
+    );
+    let wall = std::time::Instant::now();
+    let p = params(config.seed);
+    let store = MemoryStore::new();
+    let prefix = format!("chk-{}:", config.seed);
+    let actors = actors::memory_actors(&store, &prefix, p.watchdog_lease, 4).await;
+    let ctx = ctx(actors, names(p), None);
+    let targets = Targets::Memory(MemoryTargets {
+        store: store.clone(),
+        keys: ctx.keys.clone(),
+    });
+    let faults = drive(&ctx, &targets, config, p).await;
+    let mut leftovers = Vec::new();
+    if !store.is_empty() {
+        leftovers.push(Violation {
+            invariant: Invariant::LeftBehind,
+            summary: format!(
+                "the store still holds {} unexpired lock(s) after every guard is gone and every \
+                 lease ran out ({store:?})",
+                store.len()
+            ),
+            window: None,
+            hint: "",
+        });
+    }
+    locker_leftovers(&ctx.actors, &mut leftovers);
+    watchdog_probe(&ctx.actors, &mut leftovers).await;
+    finish(config, wall, &ctx, faults, leftovers)
+}
