@@ -2,12 +2,13 @@
 //! one test per fault family (nextest runs them in parallel processes), and 200,000 against the
 //! memory backend on a paused clock.
 //!
-//! On dlock-core as of this checker's first commit these tests FAIL, on purpose: they find
-//! `extend()` to a shorter lease leaving `valid_until` where it was (a, c), re-entries that fail
-//! or are dropped half-way leaking a hold count (c, d), `Duration::MAX` waits and extensions
-//! panicking (e), a re-entry succeeding into a hold an external `DEL` had removed (a), a fencing counter re-created without a TTL (d), and a locker built on a runtime
-//! that is gone never renewing anything (f). They are not ignored: they turn green as
-//! the fixes land, and the report each prints names the invariant, the seed and the history.
+//! What it found on its own in the core it was first run against, each now fixed with a
+//! regression test of its own: `extend()` to a shorter lease leaving `valid_until` where it was
+//! (a, c); re-entries that failed or were dropped half-way leaking a hold (c, d); `Duration::MAX`
+//! waits and extensions panicking (e); a re-entry succeeding into a hold an external `DEL` had
+//! removed (a); a fencing counter re-created without a TTL (d); a locker first used on a runtime
+//! that is gone never renewing anything (f); one foreign value under a lock key stopping every
+//! renewal of its locker (f, end-of-run probe); a subscription outliving its last waiter (d).
 //!
 //! Each test prints its seed; `DLOCK_CHECKER_SEED=<n>` replays one (see `dlock_tests::checker`
 //! for what replays and what does not), `DLOCK_CHECKER_OPS=<n>` sets the number of operations.

@@ -202,9 +202,11 @@ fn a_locker_first_used_on_a_runtime_that_is_gone_keeps_renewing_and_waking() {
     let url = server.url();
     let first = tokio::runtime::Runtime::new().expect("runtime");
     let (locker, rival) = first.block_on(async {
+        // A waiter that is not woken polls only every 5 s: a dead subscriber shows.
         let locker = Locker::builder()
             .url(url.as_str())
             .watchdog_lease(Duration::from_millis(300))
+            .poll_interval(Duration::from_secs(5))
             .build()
             .await
             .expect("connect");
@@ -252,6 +254,7 @@ fn a_locker_first_used_on_a_runtime_that_is_gone_keeps_renewing_and_waking() {
         let (got, waited) = waiting.await.expect("waiter");
         got.expect("the waiter got the lock");
         assert!(waited < Duration::from_secs(2), "woken after {waited:?}");
+        assert!(locker.subscriber_connected());
         assert!(guard.release().await.is_released());
     });
 }

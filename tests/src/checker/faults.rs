@@ -19,7 +19,7 @@ use crate::{Proxy, RedisServer};
 /// Which faults a run injects.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FaultFamily {
-    /// `CLIENT PAUSE .. WRITE` and external `DEL`s.
+    /// `CLIENT PAUSE .. WRITE`, external `DEL`s, and foreign values written over lock keys.
     PauseAndDel,
     /// Server kills and restarts, and external `DEL`s.
     Restart,
@@ -36,9 +36,13 @@ pub enum FaultFamily {
 pub(crate) enum FaultSpec {
     Pause(Duration),
     Del(u8),
-    Restart { down: Duration },
+    Restart {
+        down: Duration,
+    },
     Cut(Duration),
     Jump(Duration),
+    /// A foreign value written over a lock key, expiring after the duration.
+    Clobber(u8, Duration),
 }
 
 /// A restart costs a new process and every connection: at most one per this much planned time.
@@ -72,13 +76,13 @@ impl FaultPlan {
     /// The next gap and fault.
     pub(crate) fn next_fault(&mut self) -> (Duration, FaultSpec) {
         let rng = &mut self.rng;
-        let (gap, weights): (Duration, [u32; 5]) = match self.family {
-            // pause, del, restart, cut, jump
-            FaultFamily::PauseAndDel => (between(rng, 30, 300), [50, 50, 0, 0, 0]),
-            FaultFamily::Restart => (between(rng, 200, 800), [0, 60, 40, 0, 0]),
-            FaultFamily::ProxyCut => (between(rng, 50, 300), [0, 30, 0, 70, 0]),
-            FaultFamily::Mixed => (between(rng, 50, 300), [30, 30, 10, 30, 0]),
-            FaultFamily::Memory => (between(rng, 20, 500), [0, 60, 0, 0, 40]),
+        let (gap, weights): (Duration, [u32; 6]) = match self.family {
+            // pause, del, restart, cut, jump, clobber
+            FaultFamily::PauseAndDel => (between(rng, 30, 300), [45, 40, 0, 0, 0, 15]),
+            FaultFamily::Restart => (between(rng, 200, 800), [0, 60, 40, 0, 0, 0]),
+            FaultFamily::ProxyCut => (between(rng, 50, 300), [0, 30, 0, 70, 0, 0]),
+            FaultFamily::Mixed => (between(rng, 50, 300), [25, 25, 10, 25, 0, 15]),
+            FaultFamily::Memory => (between(rng, 20, 500), [0, 60, 0, 0, 40, 0]),
         };
         self.since_restart += gap;
         let mut roll = rng.random_range(0..weights.iter().sum::<u32>());
@@ -100,6 +104,8 @@ impl FaultPlan {
                 }
             }
             3 => FaultSpec::Cut(between(rng, 20, 400)),
+            // Long enough to outlast a lease: the other holds must be renewed meanwhile.
+            5 => FaultSpec::Clobber(rng.random_range(0..self.names), between(rng, 200, 1500)),
             _ => FaultSpec::Jump(self.longest_lease.mul_f64(rng.random_range(1.0..3.0))),
         };
         (gap, fault)
@@ -162,6 +168,19 @@ impl Targets {
                 let mut con = t.admin.clone();
                 let done = tokio::time::timeout(ADMIN_TIMEOUT, con.del::<_, i64>(key)).await;
                 (FaultKind::Del, Some(n), matches!(done, Ok(Ok(_))))
+            }
+            (Self::Redis(t), FaultSpec::Clobber(n, ttl)) => {
+                let mut cmd = redis::cmd("SET");
+                cmd.arg(&t.keys[usize::from(n)])
+                    .arg("not a lock")
+                    .arg("PX")
+                    .arg(ttl.as_millis() as u64);
+                let ok = admin_cmd(&t.admin, &cmd).await;
+                if ok {
+                    // It acts until it expires.
+                    tokio::time::sleep(ttl).await;
+                }
+                (FaultKind::Clobber, Some(n), ok)
             }
             (Self::Redis(t), FaultSpec::Restart { down }) => {
                 let server = t.server.clone();

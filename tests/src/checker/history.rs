@@ -314,12 +314,14 @@ pub enum FaultKind {
     Cut,
     /// Virtual time jumped forward (memory backend).
     Jump,
+    /// A foreign value written over a lock key (`SET ... PX`), until it expires.
+    Clobber,
 }
 
 impl FaultKind {
     /// Whether it destroys holds (and so excuses an overlap).
     pub fn destructive(self) -> bool {
-        matches!(self, Self::Del | Self::Restart)
+        matches!(self, Self::Del | Self::Restart | Self::Clobber)
     }
 }
 

@@ -182,7 +182,14 @@ const PROBE_LEASES: u32 = 3;
 /// (f) at the end: every locker (but an unreliable one) keeps a watchdog lock alive across a few
 /// leases on a quiet backend. A locker whose watchdog task died (e.g. with the runtime it was
 /// started on) loses it.
-async fn watchdog_probe(actors: &[Actor], out: &mut Vec<Violation>) {
+///
+/// With an admin connection, each locker also holds a second lock whose key gets a foreign value
+/// written over it: that hold is lost, and the first must be renewed regardless.
+async fn watchdog_probe(
+    actors: &[Actor],
+    admin: Option<&redis::aio::ConnectionManager>,
+    out: &mut Vec<Violation>,
+) {
     let lease = Duration::from_millis(300);
     let probes = actors
         .iter()
@@ -208,7 +215,55 @@ async fn watchdog_probe(actors: &[Actor], out: &mut Vec<Violation>) {
                     actor.label
                 ));
             };
+            // A wait on the held name goes through the subscriber, which must be up (restarted
+            // on this runtime if the one it started on is gone) within a reconnect or two.
+            let waited = l.lock(name.as_str()).wait(Duration::from_millis(50)).await;
+            let subscribed = async {
+                for _ in 0..100 {
+                    if l.subscriber_connected() {
+                        return true;
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                false
+            };
+            if waited.is_ok() || !subscribed.await {
+                return Some(format!(
+                    "locker {}: a wait on a held lock {}, subscriber connected: {}",
+                    actor.label,
+                    if waited.is_ok() {
+                        "got it"
+                    } else {
+                        "timed out"
+                    },
+                    l.subscriber_connected()
+                ));
+            }
+            let mut clobbered = None;
+            if let Some(admin) = admin {
+                let other = format!("probe-{i}-clobbered");
+                if let Ok(g) = l.lock(other.as_str()).watchdog_lease(lease).await {
+                    let mut cmd = redis::cmd("SET");
+                    cmd.arg(l.key_of(other.as_str()).expect("a valid name"))
+                        .arg("not a lock")
+                        .arg("PX")
+                        .arg(u64::try_from((lease * 2).as_millis()).unwrap_or(u64::MAX));
+                    let mut con = admin.clone();
+                    let _: Result<redis::Value, _> = cmd.query_async(&mut con).await;
+                    clobbered = Some(g);
+                }
+            }
             tokio::time::sleep(lease * PROBE_LEASES).await;
+            if let Some(g) = clobbered {
+                if !g.is_lost() {
+                    return Some(format!(
+                        "locker {}: a hold whose key was overwritten by a foreign value still \
+                         believes it holds the lock",
+                        actor.label
+                    ));
+                }
+                drop(g);
+            }
             let lost = guard.is_lost();
             let renewals = l.renewal_round_trips();
             let outcome = guard.release().await;
@@ -423,7 +478,7 @@ pub async fn run_redis(config: Config) -> Report {
     });
     let faults = drive(&ctx, &targets, config, p).await;
     let mut leftovers = redis_leftovers(&ctx, &admin, &prefix).await;
-    watchdog_probe(&ctx.actors, &mut leftovers).await;
+    watchdog_probe(&ctx.actors, Some(&admin), &mut leftovers).await;
     finish(config, wall, &ctx, faults, leftovers)
 }
 
@@ -460,6 +515,6 @@ pub async fn run_memory(config: Config) -> Report {
         });
     }
     locker_leftovers(&ctx.actors, &mut leftovers);
-    watchdog_probe(&ctx.actors, &mut leftovers).await;
+    watchdog_probe(&ctx.actors, None, &mut leftovers).await;
     finish(config, wall, &ctx, faults, leftovers)
 }
