@@ -399,6 +399,8 @@ impl Drop for RedisServer {
 pub struct Proxy {
     port: u16,
     cut: Arc<AtomicBool>,
+    /// While true, nothing is forwarded either way and new connections wait.
+    stalled: watch::Sender<bool>,
     generation: watch::Sender<u64>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -412,9 +414,11 @@ impl Proxy {
         let port = listener.local_addr().expect("proxy address").port();
         let cut = Arc::new(AtomicBool::new(false));
         let (generation, _) = watch::channel(0u64);
+        let (stalled, _) = watch::channel(false);
         let task = tokio::spawn({
             let cut = cut.clone();
             let generation = generation.clone();
+            let stalled = stalled.clone();
             async move {
                 loop {
                     let Ok((inbound, _)) = listener.accept().await else {
@@ -427,13 +431,22 @@ impl Proxy {
                         drop(inbound);
                         continue;
                     }
+                    let stall = stalled.subscribe();
                     tokio::spawn(async move {
-                        let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await else {
-                            return;
+                        let forward = async move {
+                            unstalled(stall.clone()).await;
+                            let Ok(outbound) = tokio::net::TcpStream::connect(target).await else {
+                                return;
+                            };
+                            let (from_client, to_client) = inbound.into_split();
+                            let (from_server, to_server) = outbound.into_split();
+                            tokio::join!(
+                                pump(from_client, to_server, stall.clone()),
+                                pump(from_server, to_client, stall),
+                            );
                         };
-                        let mut inbound = inbound;
                         tokio::select! {
-                            _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                            () = forward => {}
                             _ = cut_signal.changed() => {}
                         }
                     });
@@ -443,6 +456,7 @@ impl Proxy {
         Self {
             port,
             cut,
+            stalled,
             generation,
             task,
         }
@@ -473,6 +487,44 @@ impl Proxy {
     pub fn restore(&self) {
         self.cut.store(false, Ordering::SeqCst);
     }
+
+    /// Keeps every connection open but forwards nothing, either way, until
+    /// [`unstall`](Proxy::unstall): a server that accepts and never answers. New connections are
+    /// accepted and wait.
+    pub fn stall(&self) {
+        self.stalled.send_replace(true);
+    }
+
+    /// Forwards again what a stall held back.
+    pub fn unstall(&self) {
+        self.stalled.send_replace(false);
+    }
+}
+
+/// Resolves when the proxy is not stalled.
+async fn unstalled(mut stall: watch::Receiver<bool>) {
+    let _ = stall.wait_for(|stalled| !stalled).await;
+}
+
+/// Copies one direction, holding back what it read while the proxy is stalled.
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    stall: watch::Receiver<bool>,
+) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        unstalled(stall.clone()).await;
+        if to.write_all(&buf[..n]).await.is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown().await;
 }
 
 impl Drop for Proxy {

@@ -67,6 +67,41 @@ async fn the_proxy_forwards_cuts_and_restores() {
 }
 
 #[tokio::test]
+async fn a_stalled_proxy_answers_nothing_until_it_is_unstalled() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.addr()).await;
+    let client = redis::Client::open(proxy.url()).unwrap();
+    let mut con = client.get_multiplexed_async_connection().await.unwrap();
+    let () = con.set("held", 3).await.unwrap();
+    proxy.stall();
+    let mut reading = con.clone();
+    let read = tokio::spawn(async move { reading.get::<_, i64>("held").await });
+    let connecting = tokio::spawn({
+        let client = client.clone();
+        async move { client.get_multiplexed_async_connection().await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!read.is_finished(), "a stalled proxy answered");
+    assert!(
+        !connecting.is_finished(),
+        "a stalled proxy let a handshake through"
+    );
+    proxy.unstall();
+    let value = tokio::time::timeout(Duration::from_secs(2), read)
+        .await
+        .expect("answered once unstalled")
+        .expect("task");
+    assert_eq!(value.unwrap(), 3);
+    let mut fresh = tokio::time::timeout(Duration::from_secs(2), connecting)
+        .await
+        .expect("connected once unstalled")
+        .expect("task")
+        .unwrap();
+    let value: i64 = fresh.get("held").await.unwrap();
+    assert_eq!(value, 3);
+}
+
+#[tokio::test]
 async fn commandstats_count_commands() {
     let server = RedisServer::start();
     let mut con = server.connection().await;

@@ -39,6 +39,9 @@ impl RedisConn {
 pub(crate) enum OpConn {
     Manager(ConnectionManager),
     Multiplexed(MultiplexedConnection),
+    /// A pool's connection, and the end of the command timeout that started when it was asked
+    /// for: checking it out and the first command share one timeout.
+    Pooled(MultiplexedConnection, tokio::time::Instant),
 }
 
 impl fmt::Debug for OpConn {
@@ -46,6 +49,7 @@ impl fmt::Debug for OpConn {
         f.write_str(match self {
             Self::Manager(_) => "OpConn::Manager",
             Self::Multiplexed(_) => "OpConn::Multiplexed",
+            Self::Pooled(..) => "OpConn::Pooled",
         })
     }
 }
@@ -106,10 +110,11 @@ impl RedisBackend {
             RedisConn::Manager(c) => Ok(OpConn::Manager(c.clone())),
             RedisConn::Multiplexed(c) => Ok(OpConn::Multiplexed(c.clone())),
             RedisConn::Pool(p) => {
+                let until = tokio::time::Instant::now() + self.timeout;
                 let pooled = self
                     .bounded(async { p.get().await.map_err(BackendError::pool) })
                     .await?;
-                Ok(OpConn::Multiplexed((*pooled).clone()))
+                Ok(OpConn::Pooled((*pooled).clone(), until))
             }
         }
     }
@@ -124,7 +129,12 @@ impl RedisBackend {
         inv: &ScriptInvocation<'_>,
         idempotent: bool,
     ) -> Result<T, BackendError> {
-        self.bounded(async {
+        let started = tokio::time::Instant::now();
+        let until = match conn {
+            OpConn::Pooled(_, until) => (*until).min(started + self.timeout),
+            _ => started + self.timeout,
+        };
+        let run = async {
             let res: RedisResult<T> = match conn {
                 OpConn::Manager(c) => {
                     let first = inv.invoke_async(&mut c.clone()).await;
@@ -135,11 +145,16 @@ impl RedisBackend {
                         other => other,
                     }
                 }
-                OpConn::Multiplexed(c) => inv.invoke_async(&mut c.clone()).await,
+                OpConn::Multiplexed(c) | OpConn::Pooled(c, _) => {
+                    inv.invoke_async(&mut c.clone()).await
+                }
             };
             res.map_err(BackendError::redis)
-        })
-        .await
+        };
+        match tokio::time::timeout_at(until, run).await {
+            Ok(res) => res,
+            Err(_) => Err(BackendError::timeout(until - started)),
+        }
     }
 
     async fn pipeline(
@@ -263,7 +278,9 @@ impl RedisBackend {
             .bounded(async {
                 let res: RedisResult<(i64, i64)> = match conn {
                     OpConn::Manager(c) => cmd.query_async(&mut c.clone()).await,
-                    OpConn::Multiplexed(c) => cmd.query_async(&mut c.clone()).await,
+                    OpConn::Multiplexed(c) | OpConn::Pooled(c, _) => {
+                        cmd.query_async(&mut c.clone()).await
+                    }
                 };
                 res.map_err(BackendError::redis)
             })

@@ -144,6 +144,9 @@ impl Locker {
         // if the deadline comes first.
         let mut failed: Option<LockError> = None;
         let mut pttl = None;
+        // When the last attempt came back: one that came back past the deadline is the last (the
+        // call returns within its wait plus one command timeout).
+        let mut came_back: Option<Instant> = None;
         // A first attempt, ahead of any local queue — unless local waiters are holding back for
         // other processes right now.
         let holding_back = !wait.is_zero()
@@ -152,7 +155,9 @@ impl Locker {
                 .is_some_and(|q| q.deferred().is_some());
         if !holding_back {
             let sent_at = Instant::now();
-            match self.attempt(&keys, &owner, lease.duration()).await {
+            let reply = self.attempt(&keys, &owner, lease.duration()).await;
+            came_back = Some(Instant::now());
+            match reply {
                 Ok(AcquireReply::Acquired { fence }) => {
                     return Ok(Attempted::Held(
                         self.acquired(name, keys, owner, fence, lease, sent_at, started),
@@ -186,8 +191,13 @@ impl Locker {
             if let Some(until) = ticket.queue.deferred() {
                 tokio::time::sleep_until(until.min(deadline)).await;
             }
+            if came_back.is_some_and(|at| at >= deadline) {
+                return gave_up(&name, started, pttl, failed);
+            }
             let sent_at = Instant::now();
-            match self.attempt(&keys, &owner, lease.duration()).await {
+            let reply = self.attempt(&keys, &owner, lease.duration()).await;
+            came_back = Some(Instant::now());
+            match reply {
                 Ok(AcquireReply::Acquired { fence }) => {
                     return Ok(Attempted::Held(
                         self.acquired(name, keys, owner, fence, lease, sent_at, started),

@@ -159,9 +159,7 @@ impl Locker {
                 queue.streak.fetch_add(1, Ordering::Relaxed);
                 if slot.tx.send((fence, sent_at)).is_err() {
                     // The waiter left meanwhile: release what it was given.
-                    let _ = session
-                        .release(&hold.keys, &slot.owner, None, fence_ttl)
-                        .await;
+                    let _ = session.clean_up(&hold.keys, &slot.owner, fence_ttl).await;
                 }
                 Some(ReleaseOutcome::Released)
             }
@@ -175,7 +173,7 @@ impl Locker {
                 // still be on its way), and the waiter goes on waiting.
                 let handed_to = slot.owner.clone();
                 queue.offer_again(slot);
-                Some(self.release_in_redis(hold, Some(&handed_to)).await)
+                Some(self.release_in_redis(hold, Some(&handed_to), false).await)
             }
         }
     }

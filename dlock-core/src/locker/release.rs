@@ -79,7 +79,7 @@ impl Locker {
         async {
             let outcome = match self.try_handoff(&hold).await {
                 Some(outcome) => outcome,
-                None => self.release_in_redis(&hold, None).await,
+                None => self.release_in_redis(&hold, None, true).await,
             };
             log_release(&hold, &outcome);
             outcome
@@ -89,11 +89,13 @@ impl Locker {
     }
 
     /// Releases `hold` in Redis (or the hold of `handed_to`, if a hand-over to it may have
-    /// happened), retrying once if the answer was lost.
+    /// happened), once more if the answer was lost and `retry` allows (a release takes at most
+    /// two command timeouts, whatever went before it).
     pub(super) async fn release_in_redis(
         &self,
         hold: &HoldState,
         handed_to: Option<&str>,
+        retry: bool,
     ) -> ReleaseOutcome {
         let fence_ttl = self.inner.config.fence_ttl;
         let release = || async {
@@ -104,7 +106,7 @@ impl Locker {
         };
         let first_sent = Instant::now();
         let mut reply = release().await;
-        if reply.is_err() {
+        if reply.is_err() && retry {
             // One retry: if the first try ran, the script remembers its owner as released.
             reply = release().await;
             if matches!(reply, Ok(ReleaseReply::Expired | ReleaseReply::TakenOver))

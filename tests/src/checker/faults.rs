@@ -23,7 +23,8 @@ pub enum FaultFamily {
     PauseAndDel,
     /// Server kills and restarts, and external `DEL`s.
     Restart,
-    /// The proxy cutting connections, and external `DEL`s.
+    /// The proxy cutting connections or stalling them (a server that stops answering), and
+    /// external `DEL`s.
     ProxyCut,
     /// All of the above.
     Mixed,
@@ -43,6 +44,8 @@ pub(crate) enum FaultSpec {
     Jump(Duration),
     /// A foreign value written over a lock key, expiring after the duration.
     Clobber(u8, Duration),
+    /// The proxy forwarding nothing (connections stay open) for a while.
+    Stall(Duration),
 }
 
 /// A restart costs a new process and every connection: at most one per this much planned time.
@@ -76,13 +79,13 @@ impl FaultPlan {
     /// The next gap and fault.
     pub(crate) fn next_fault(&mut self) -> (Duration, FaultSpec) {
         let rng = &mut self.rng;
-        let (gap, weights): (Duration, [u32; 6]) = match self.family {
-            // pause, del, restart, cut, jump, clobber
-            FaultFamily::PauseAndDel => (between(rng, 30, 300), [45, 40, 0, 0, 0, 15]),
-            FaultFamily::Restart => (between(rng, 200, 800), [0, 60, 40, 0, 0, 0]),
-            FaultFamily::ProxyCut => (between(rng, 50, 300), [0, 30, 0, 70, 0, 0]),
-            FaultFamily::Mixed => (between(rng, 50, 300), [25, 25, 10, 25, 0, 15]),
-            FaultFamily::Memory => (between(rng, 20, 500), [0, 60, 0, 0, 40, 0]),
+        let (gap, weights): (Duration, [u32; 7]) = match self.family {
+            // pause, del, restart, cut, jump, clobber, stall
+            FaultFamily::PauseAndDel => (between(rng, 30, 300), [45, 40, 0, 0, 0, 15, 0]),
+            FaultFamily::Restart => (between(rng, 200, 800), [0, 60, 40, 0, 0, 0, 0]),
+            FaultFamily::ProxyCut => (between(rng, 50, 300), [0, 30, 0, 40, 0, 0, 30]),
+            FaultFamily::Mixed => (between(rng, 50, 300), [20, 25, 10, 20, 0, 15, 10]),
+            FaultFamily::Memory => (between(rng, 20, 500), [0, 60, 0, 0, 40, 0, 0]),
         };
         self.since_restart += gap;
         let mut roll = rng.random_range(0..weights.iter().sum::<u32>());
@@ -105,6 +108,7 @@ impl FaultPlan {
             }
             3 => FaultSpec::Cut(between(rng, 20, 400)),
             // Long enough to outlast a lease: the other holds must be renewed meanwhile.
+            6 => FaultSpec::Stall(between(rng, 50, 1_000)),
             5 => FaultSpec::Clobber(rng.random_range(0..self.names), between(rng, 200, 1500)),
             _ => FaultSpec::Jump(self.longest_lease.mul_f64(rng.random_range(1.0..3.0))),
         };
@@ -198,6 +202,12 @@ impl Targets {
                 }
                 (FaultKind::Restart, None, true)
             }
+            (Self::Redis(t), FaultSpec::Stall(d)) => {
+                t.proxy.stall();
+                tokio::time::sleep(d).await;
+                t.proxy.unstall();
+                (FaultKind::Stall, None, true)
+            }
             (Self::Redis(t), FaultSpec::Cut(d)) => {
                 t.proxy.cut();
                 tokio::time::sleep(d).await;
@@ -226,10 +236,11 @@ impl Targets {
         applied
     }
 
-    /// Undoes what a fault may have left on: a pause, a cut.
+    /// Undoes what a fault may have left on: a pause, a cut, a stall.
     pub(crate) async fn settle(&self) {
         if let Self::Redis(t) = self {
             t.proxy.restore();
+            t.proxy.unstall();
             let mut cmd = redis::cmd("CLIENT");
             cmd.arg("UNPAUSE");
             admin_cmd(&t.admin, &cmd).await;

@@ -316,6 +316,8 @@ pub enum FaultKind {
     Jump,
     /// A foreign value written over a lock key (`SET ... PX`), until it expires.
     Clobber,
+    /// The proxy forwarded nothing for a while (its lockers' commands went unanswered).
+    Stall,
 }
 
 impl FaultKind {
@@ -393,6 +395,7 @@ pub struct History {
     faults: Mutex<Vec<FaultRec>>,
     calls: Mutex<Vec<CallRec>>,
     runs: Mutex<Vec<RunRec>>,
+    samples: Mutex<Vec<super::sample::SampleRec>>,
     panics: Mutex<Vec<String>>,
     next_guard: AtomicU32,
 }
@@ -412,6 +415,7 @@ impl History {
             events: Mutex::default(),
             guards: Mutex::default(),
             faults: Mutex::default(),
+            samples: Mutex::default(),
             calls: Mutex::default(),
             runs: Mutex::default(),
             panics: Mutex::default(),
@@ -458,6 +462,16 @@ impl History {
     /// Every guarded run so far.
     pub fn runs(&self) -> Vec<RunRec> {
         locked(&self.runs).clone()
+    }
+
+    /// Records a reading of a guard's belief against its key's lease.
+    pub(crate) fn sample(&self, rec: super::sample::SampleRec) {
+        locked(&self.samples).push(rec);
+    }
+
+    /// Every reading so far.
+    pub(crate) fn samples(&self) -> Vec<super::sample::SampleRec> {
+        locked(&self.samples).clone()
     }
 
     /// Records a panic of a task.

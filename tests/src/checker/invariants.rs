@@ -24,6 +24,8 @@ pub enum Invariant {
     MutualExclusion,
     /// (a) A re-entered guard lies inside a live hold with its token.
     Reentry,
+    /// (a) A guard believes no longer than Redis keeps its lock.
+    BeliefWithinLease,
     /// (b) Tokens rise with acquisition order; no token is handed out twice.
     FencingOrder,
     /// (c) A release outcome tells the truth.
@@ -45,6 +47,7 @@ impl fmt::Display for Invariant {
         let s = match self {
             Self::MutualExclusion => "(a) mutual exclusion",
             Self::Reentry => "(a) re-entry inside a live hold",
+            Self::BeliefWithinLease => "(a) a guard believes no longer than Redis keeps its lock",
             Self::FencingOrder => "(b) fencing order",
             Self::ReleaseTruth => "(c) release outcomes tell the truth",
             Self::RunTruth => "(c) run() is cancelled when the hold ends",
@@ -478,6 +481,7 @@ pub fn check(history: &History, finish: Instant, unreliable: &[u8]) -> Vec<Viola
     let faults = history.faults();
     let mut out = Vec::new();
     let by_name = holds(history, &guards, &faults, finish, &mut out);
+    super::sample::check(history, &mut out);
     let mut names: Vec<&u8> = by_name.keys().collect();
     names.sort();
     for &name in names {

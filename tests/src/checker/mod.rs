@@ -26,6 +26,7 @@ mod ops;
 mod plan;
 mod render;
 mod run;
+mod sample;
 
 pub use faults::FaultFamily;
 pub use history::History;

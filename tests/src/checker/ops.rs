@@ -185,6 +185,7 @@ impl Tracked {
         let ret = Instant::now();
         if result.is_ok() {
             locked(&self.rec.extends).push((call, lease));
+            super::sample::sample(&self.ctx, &self.rec, guard, "extend").await;
         }
         if result.as_ref().is_err_and(LockError::is_backend) {
             bump(&self.ctx.stats.backend_errors);
@@ -236,6 +237,9 @@ impl Tracked {
             End::ReleaseWithin(d) => Some(d),
         };
         bump(&self.ctx.stats.calls);
+        if let Some(guard) = &self.guard {
+            super::sample::sample(&self.ctx, &self.rec, guard, "release").await;
+        }
         let guard = self.guard.take().expect("a tracked guard ends once");
         let (valid_until, lost_before) = (guard.valid_until(), guard.is_lost());
         let at = Instant::now();
