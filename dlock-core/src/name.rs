@@ -274,7 +274,8 @@ impl IntoLockName for Result<LockName, LockError> {
 /// The Redis keys of one lock, all sharing one hash tag.
 #[derive(Debug, Clone)]
 pub(crate) struct LockKeys {
-    /// The owner hash: `owner token -> hold count`, plus the fencing token of the current hold.
+    /// The owner hash: `owner token -> 1`, plus the fencing token and the lease sequence number
+    /// of the current hold.
     pub(crate) lock: String,
     /// The fencing counter (and the last released owner, for idempotent release retries).
     pub(crate) fence: String,

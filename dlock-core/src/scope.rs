@@ -1,10 +1,13 @@
 //! Lock scopes: task-local reentrancy.
 //!
 //! Inside [`scope`], acquiring a name that the same logical task already holds (through the same
-//! `Locker`) re-enters the hold: the hold count in Redis goes up by one, the new guard carries the
-//! same fencing token, and releasing it counts the hold down. The `#[distributed_lock]` attribute
-//! and the tower layer open a scope around the code they guard, so nested guarded calls on the
-//! same key re-enter instead of deadlocking.
+//! `Locker`) re-enters the hold: after a read-only check that Redis still has it, the new guard
+//! is counted in this process and carries the same fencing token; releasing it counts it out,
+//! and the lock is released in Redis when the last guard of the hold goes. Re-entering a hold
+//! that was lost (expired, deleted, taken over) returns [`LockError::Lost`](crate::LockError)
+//! instead of taking a new lock behind the outer guard's back. The `#[distributed_lock]`
+//! attribute and the tower layer open a scope around the code they guard, so nested guarded
+//! calls on the same key re-enter instead of deadlocking.
 //!
 //! A scope belongs to one task: a task spawned from inside it does not inherit it, so two tasks
 //! never share a hold.
