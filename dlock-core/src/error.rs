@@ -209,13 +209,17 @@ impl From<redis::RedisError> for BackendError {
 #[must_use = "a failed release may mean the lock was lost while held"]
 #[non_exhaustive]
 pub enum ReleaseOutcome {
-    /// The lock was released (or this hold counted down and the enclosing hold remains).
+    /// The guard held the lock until it let go: the lock was released, or this guard re-entered
+    /// a hold and counted itself out (the enclosing guard still holds it). Also when the release
+    /// reached Redis only after the lease could have run out by itself, having been sent while
+    /// it still ran: nothing was unprotected.
     Released,
-    /// The lock had already expired: nobody held it any more. The work it guarded ran, at least
-    /// in part, unprotected.
+    /// The lock was gone before the guard let go: it expired, or was deleted, while the guard
+    /// still counted on it. The work it guarded ran, at least in part, unprotected.
     Expired,
-    /// Another owner holds the lock now: this hold expired and someone else acquired it. A safety
-    /// incident worth logging; the fencing token is what protects the resource.
+    /// Another owner held the lock before the guard let go: this hold was lost and someone else
+    /// acquired it. A safety incident worth logging; the fencing token is what protects the
+    /// resource.
     TakenOver,
     /// The backend could not be reached; the lock will expire at the end of its lease.
     Unreachable(LockError),

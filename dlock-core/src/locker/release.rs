@@ -104,20 +104,23 @@ impl Locker {
                 .release(&hold.keys, &hold.owner, handed_to, fence_ttl)
                 .await
         };
+        // What the holder believed as it let go.
+        let (deadline, lost) = (hold.deadline(), hold.loss().is_some());
         let first_sent = Instant::now();
         let mut reply = release().await;
+        let mut retried = false;
         if reply.is_err() && retry {
             // One retry: if the first try ran, the script remembers its owner as released.
             reply = release().await;
-            if matches!(reply, Ok(ReleaseReply::Expired | ReleaseReply::TakenOver))
-                && first_sent < hold.deadline()
-                && hold.loss().is_none()
-            {
-                // Neither our hold nor our marker (a later release overwrote it): the first try
-                // released it, or the lease ran out after it was sent. Either way the lock was
-                // ours, under a running lease, until this release let it go.
-                reply = Ok(ReleaseReply::Released { woke: 0 });
-            }
+            retried = true;
+        }
+        let gone = matches!(reply, Ok(ReleaseReply::Expired | ReleaseReply::TakenOver));
+        if gone && !lost && first_sent < deadline && (retried || Instant::now() >= deadline) {
+            // Not a loss: the release went out while the lease still ran, and Redis answered
+            // after the lease could have run out by itself (the command was slow, or the first
+            // try released it and a later release overwrote its marker). The lock was this
+            // guard's until it let go. Gone *before* the lease could end is a loss, and said.
+            reply = Ok(ReleaseReply::Released { woke: 0 });
         }
         match reply {
             Ok(reply) => {

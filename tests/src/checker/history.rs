@@ -396,6 +396,8 @@ pub struct History {
     calls: Mutex<Vec<CallRec>>,
     runs: Mutex<Vec<RunRec>>,
     samples: Mutex<Vec<super::sample::SampleRec>>,
+    /// How late the machine woke tasks during the run (Redis runs only).
+    pub(crate) lags: super::lag::LagLog,
     panics: Mutex<Vec<String>>,
     next_guard: AtomicU32,
 }
@@ -416,6 +418,7 @@ impl History {
             guards: Mutex::default(),
             faults: Mutex::default(),
             samples: Mutex::default(),
+            lags: super::lag::LagLog::default(),
             calls: Mutex::default(),
             runs: Mutex::default(),
             panics: Mutex::default(),

@@ -405,16 +405,20 @@ fn jumped(faults: &[FaultRec], from: Instant, to: Instant) -> Duration {
 fn bounded(history: &History, faults: &[FaultRec], out: &mut Vec<Violation>) {
     for c in history.calls() {
         let took = (c.ret - c.call).saturating_sub(jumped(faults, c.call, c.ret));
-        if took > c.bound {
+        // What the scheduler took is not dlock's.
+        let lag = history.lags.max_within(c.call, c.ret);
+        if took > c.bound.saturating_add(lag) {
             out.push(Violation {
                 invariant: Invariant::Bounded,
                 summary: format!(
-                    "{} on {} (w{}) took {}, over its bound of {} (slack included)",
+                    "{} on {} (w{}) took {}, over its bound of {} (slack included) and the \
+                     {} the scheduler was late meanwhile",
                     c.what,
                     history.lockers[usize::from(c.locker)],
                     c.worker,
                     ms(took),
-                    ms(c.bound)
+                    ms(c.bound),
+                    ms(lag)
                 ),
                 window: Some((c.name, c.call, c.ret)),
                 hint: "",

@@ -22,6 +22,7 @@ mod actors;
 mod faults;
 mod history;
 pub mod invariants;
+mod lag;
 mod ops;
 mod plan;
 mod render;

@@ -153,6 +153,13 @@ async fn drive(
     };
     let (stop_tx, stop_rx) = watch::channel(false);
     let plan = FaultPlan::new(config.seed, config.family, p.names, MAX_PLANNED_LEASE);
+    let lag_stop = stop_rx.clone();
+    let lags = async move {
+        // Virtual time has no scheduler lag, and a sleeper would keep it moving.
+        if matches!(targets, Targets::Redis(_)) {
+            ctx.history.lags.monitor(lag_stop).await;
+        }
+    };
     let faults = inject(targets, plan, ctx.history.clone(), stop_rx);
     let work = async {
         let workers = usize::from(p.workers);
@@ -169,7 +176,7 @@ async fn drive(
         }
         let _ = stop_tx.send(true);
     };
-    let (counts, ()) = tokio::join!(faults, work);
+    let (counts, (), ()) = tokio::join!(faults, work, lags);
     // Every guard is gone: let every lease and one more watchdog tick run out.
     let longest = MAX_PLANNED_LEASE.max(p.watchdog_lease);
     tokio::time::sleep(longest + p.watchdog_lease / 3 + SETTLE_MARGIN).await;
