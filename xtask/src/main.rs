@@ -112,7 +112,19 @@ fn demo(args: Vec<String>) -> Result<(), String> {
     if std::env::var_os("REDIS_URL").is_none() {
         ensure(&[REDIS])?;
     }
-    cargo(&["run", "--release", "--locked", "-p", "flash-sale", "--bin", "demo", "--"], &args)
+    cargo(
+        &[
+            "run",
+            "--release",
+            "--locked",
+            "-p",
+            "flash-sale",
+            "--bin",
+            "demo",
+            "--",
+        ],
+        &args,
+    )
 }
 
 fn test() -> Result<(), String> {

@@ -16,7 +16,12 @@ async fn main() {
     let mut args = std::env::args().skip(1);
     let outcome = match (args.next().as_deref(), args.next()) {
         (Some("--worker"), Some(who)) => worker(&who).await,
-        _ => orchestrate().await,
+        // Ctrl-C drops the orchestration, and with it the workers and the redis-server it
+        // started.
+        _ => tokio::select! {
+            outcome = orchestrate() => outcome,
+            _ = tokio::signal::ctrl_c() => Err("interrupted".to_owned()),
+        },
     };
     if let Err(err) = outcome {
         eprintln!("quickstart: {err}");
@@ -33,6 +38,7 @@ async fn orchestrate() -> Result<(), String> {
         let child = tokio::process::Command::new(&exe)
             .args(["--worker", who])
             .env("REDIS_URL", &url)
+            .kill_on_drop(true)
             .spawn()
             .map_err(|e| format!("start worker {who}: {e}"))?;
         workers.push((who, child));

@@ -21,7 +21,13 @@ fn number<T: std::str::FromStr>(flag: &str, value: Option<String>) -> Result<T, 
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    match run().await {
+    // Ctrl-C at any point drops `run`, and with it the shop instances and the redis-server it
+    // started: nothing outlives the demo.
+    let outcome = tokio::select! {
+        outcome = run() => outcome,
+        _ = tokio::signal::ctrl_c() => return ExitCode::from(130),
+    };
+    match outcome {
         Ok(code) => code,
         Err(err) => {
             eprintln!("demo: {err}");
@@ -114,6 +120,6 @@ async fn run() -> Result<ExitCode, String> {
         println!("  {url}/");
     }
     println!("Open one in a browser; Ctrl-C to stop.");
-    tokio::signal::ctrl_c().await.map_err(|e| e.to_string())?;
+    std::future::pending::<()>().await;
     Ok(ExitCode::SUCCESS)
 }
