@@ -85,6 +85,8 @@ pub(crate) struct HoldState {
     loss: OnceLock<LossReason>,
     /// Set by the last release: a released hold is never reported lost.
     released: CancellationToken,
+    /// When the last guard let go, the deadline it believed then, and whether it was lost then.
+    let_go: OnceLock<(Instant, Instant, bool)>,
 }
 
 impl fmt::Debug for HoldState {
@@ -168,6 +170,7 @@ impl HoldState {
             lost: CancellationToken::new(),
             loss: OnceLock::new(),
             released: CancellationToken::new(),
+            let_go: OnceLock::new(),
         }
     }
 
@@ -248,6 +251,20 @@ impl HoldState {
     /// Records the last release: from now on the hold is over, not lost.
     pub(crate) fn mark_released(&self) {
         self.released.cancel();
+    }
+
+    /// Records that the last guard lets go now (with what it believed at that moment).
+    pub(crate) fn mark_let_go(&self) {
+        let lost = self.is_lost();
+        let _ = self.let_go.set((Instant::now(), self.deadline(), lost));
+    }
+
+    /// When the last guard let go, the deadline it believed then, and whether it was lost then.
+    pub(crate) fn let_go(&self) -> (Instant, Instant, bool) {
+        self.let_go
+            .get()
+            .copied()
+            .unwrap_or_else(|| (Instant::now(), self.deadline(), self.is_lost()))
     }
 
     /// Marks the hold lost (once): `lost()` resolves and guarded futures are cancelled.

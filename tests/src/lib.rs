@@ -135,6 +135,27 @@ pub fn unique_name(prefix: &str) -> String {
     )
 }
 
+/// `CLIENT PAUSE <ms> WRITE` on `con`: the server holds every write (every dlock script) for
+/// `ms`, and key expiry with it, while reads go on — a slow server, for real.
+pub async fn pause_writes(con: &mut redis::aio::MultiplexedConnection, ms: u64) {
+    let () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(ms)
+        .arg("WRITE")
+        .query_async(con)
+        .await
+        .expect("CLIENT PAUSE");
+}
+
+/// `CLIENT UNPAUSE` on `con`.
+pub async fn unpause(con: &mut redis::aio::MultiplexedConnection) {
+    let () = redis::cmd("CLIENT")
+        .arg("UNPAUSE")
+        .query_async(con)
+        .await
+        .expect("CLIENT UNPAUSE");
+}
+
 /// A `redis-server` process on a free loopback port, killed on drop.
 #[derive(Debug)]
 pub struct RedisServer {

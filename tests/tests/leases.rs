@@ -8,17 +8,7 @@ use std::time::Duration;
 
 use dlock_core::redis::{self, AsyncCommands as _};
 use dlock_core::{LockGuard, Locker};
-use dlock_tests::{RedisServer, unique_name};
-
-async fn pause_writes(con: &mut redis::aio::MultiplexedConnection, ms: u64) {
-    let () = redis::cmd("CLIENT")
-        .arg("PAUSE")
-        .arg(ms)
-        .arg("WRITE")
-        .query_async(con)
-        .await
-        .expect("CLIENT PAUSE");
-}
+use dlock_tests::{RedisServer, pause_writes, unique_name};
 
 async fn pttl(con: &mut redis::aio::MultiplexedConnection, key: &str) -> i64 {
     con.pttl(key).await.expect("PTTL")

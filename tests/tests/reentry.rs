@@ -6,26 +6,8 @@
 use std::time::Duration;
 
 use dlock_core::Locker;
-use dlock_core::redis::{self, AsyncCommands as _};
-use dlock_tests::{RedisServer, unique_name};
-
-async fn pause_writes(con: &mut redis::aio::MultiplexedConnection, ms: u64) {
-    let () = redis::cmd("CLIENT")
-        .arg("PAUSE")
-        .arg(ms)
-        .arg("WRITE")
-        .query_async(con)
-        .await
-        .expect("CLIENT PAUSE");
-}
-
-async fn unpause(con: &mut redis::aio::MultiplexedConnection) {
-    let () = redis::cmd("CLIENT")
-        .arg("UNPAUSE")
-        .query_async(con)
-        .await
-        .expect("CLIENT UNPAUSE");
-}
+use dlock_core::redis::AsyncCommands as _;
+use dlock_tests::{RedisServer, pause_writes, unique_name, unpause};
 
 async fn locker_with_timeout(server: &RedisServer, timeout: Duration) -> Locker {
     Locker::builder()

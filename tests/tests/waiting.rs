@@ -5,17 +5,7 @@ use std::time::{Duration, Instant};
 
 use dlock_core::redis::{self, AsyncCommands as _};
 use dlock_core::{LockError, Locker, ReleaseOutcome};
-use dlock_tests::{RedisServer, unique_name};
-
-async fn pause_writes(con: &mut redis::aio::MultiplexedConnection, ms: u64) {
-    let () = redis::cmd("CLIENT")
-        .arg("PAUSE")
-        .arg(ms)
-        .arg("WRITE")
-        .query_async(con)
-        .await
-        .expect("CLIENT PAUSE");
-}
+use dlock_tests::{RedisServer, pause_writes, unique_name};
 
 /// A listener that accepts connections and never answers: a subscriber that can't confirm.
 async fn black_hole() -> (String, tokio::task::JoinHandle<()>) {

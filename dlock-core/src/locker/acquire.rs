@@ -88,39 +88,6 @@ impl Locker {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn new_hold(
-        &self,
-        name: LockName,
-        keys: Arc<LockKeys>,
-        owner: Arc<str>,
-        fence: u64,
-        lease: Lease,
-        sent_at: Instant,
-    ) -> LockGuard {
-        let watchdog = matches!(lease, Lease::Watchdog(_));
-        let state = Arc::new(HoldState::new(
-            next_id(),
-            name,
-            keys,
-            owner,
-            FencingToken::new(fence),
-            watchdog,
-            lease.duration(),
-            sent_at,
-        ));
-        if watchdog {
-            self.inner.watchdog.register(&self.inner, state.clone());
-        }
-        scope::record(self.inner.id, &state);
-        LockGuard {
-            state,
-            locker: self.clone(),
-            reentrant: false,
-            done: false,
-        }
-    }
-
     pub(super) async fn acquire(
         self,
         name: LockName,
@@ -238,6 +205,7 @@ impl Locker {
         }
     }
 
+    /// Turns a grant into a guard: the hold's state, the watchdog, the scope; no `.await`.
     #[allow(clippy::too_many_arguments)]
     fn acquired(
         &self,
@@ -258,7 +226,27 @@ impl Locker {
             waited_us = u64::try_from(waited.as_micros()).unwrap_or(u64::MAX),
             "dlock: acquired"
         );
-        self.new_hold(name, keys, owner, fence, lease, sent_at)
+        let watchdog = matches!(lease, Lease::Watchdog(_));
+        let state = Arc::new(HoldState::new(
+            next_id(),
+            name,
+            keys,
+            owner,
+            FencingToken::new(fence),
+            watchdog,
+            lease.duration(),
+            sent_at,
+        ));
+        if watchdog {
+            self.inner.watchdog.register(&self.inner, state.clone());
+        }
+        scope::record(self.inner.id, &state);
+        LockGuard {
+            state,
+            locker: self.clone(),
+            reentrant: false,
+            done: false,
+        }
     }
 }
 

@@ -66,6 +66,7 @@ impl Locker {
             return false;
         }
         self.inner.watchdog.deregister(hold.id);
+        hold.mark_let_go();
         if !hold.is_lost() {
             hold.mark_released();
         }
@@ -104,9 +105,8 @@ impl Locker {
                 .release(&hold.keys, &hold.owner, handed_to, fence_ttl)
                 .await
         };
-        // What the holder believed as it let go.
-        let (deadline, lost) = (hold.deadline(), hold.loss().is_some());
-        let first_sent = Instant::now();
+        // When the holder let go, and what it believed then.
+        let (let_go, deadline, lost) = hold.let_go();
         let mut reply = release().await;
         let mut retried = false;
         if reply.is_err() && retry {
@@ -115,11 +115,12 @@ impl Locker {
             retried = true;
         }
         let gone = matches!(reply, Ok(ReleaseReply::Expired | ReleaseReply::TakenOver));
-        if gone && !lost && first_sent < deadline && (retried || Instant::now() >= deadline) {
-            // Not a loss: the release went out while the lease still ran, and Redis answered
-            // after the lease could have run out by itself (the command was slow, or the first
-            // try released it and a later release overwrote its marker). The lock was this
-            // guard's until it let go. Gone *before* the lease could end is a loss, and said.
+        if gone && !lost && let_go < deadline && (retried || Instant::now() >= deadline) {
+            // Not a loss: the guard let go while the lease still ran, and Redis answered after
+            // the lease could have run out by itself (the commands were slow, a hand-over went
+            // unanswered first, or the first try released it and a later release overwrote its
+            // marker). The lock was this guard's until it let go. Gone *before* the lease could
+            // end is a loss, and said so.
             reply = Ok(ReleaseReply::Released { woke: 0 });
         }
         match reply {
