@@ -82,6 +82,7 @@ impl Locker {
                 Some(outcome) => outcome,
                 None => self.release_in_redis(&hold, None, true).await,
             };
+            let outcome = judged_at_let_go(&hold, outcome);
             log_release(&hold, &outcome);
             outcome
         }
@@ -115,12 +116,10 @@ impl Locker {
             retried = true;
         }
         let gone = matches!(reply, Ok(ReleaseReply::Expired | ReleaseReply::TakenOver));
-        if gone && !lost && let_go < deadline && (retried || Instant::now() >= deadline) {
-            // Not a loss: the guard let go while the lease still ran, and Redis answered after
-            // the lease could have run out by itself (the commands were slow, a hand-over went
-            // unanswered first, or the first try released it and a later release overwrote its
-            // marker). The lock was this guard's until it let go. Gone *before* the lease could
-            // end is a loss, and said so.
+        if gone && retried && !lost && let_go < deadline {
+            // Neither our hold nor our marker: the first try released it and a later release
+            // overwrote the marker, or the lease ran out after the guard let go (see
+            // `judged_at_let_go`). Either way the lock was this guard's until it let go.
             reply = Ok(ReleaseReply::Released { woke: 0 });
         }
         match reply {
@@ -132,6 +131,21 @@ impl Locker {
             }
             Err(err) => ReleaseOutcome::Unreachable(LockError::Backend(err)),
         }
+    }
+}
+
+/// A final release's outcome, judged from the moment the guard let go: if it let go while the
+/// lease still ran, and the answer came only after the lease could have run out by itself (slow
+/// commands, a stalled connection, a hand-over that went unanswered first), finding the lock
+/// gone is no loss: the lock was this guard's until it let go. Found gone *before* the lease
+/// could end, it is a loss, and said so.
+fn judged_at_let_go(hold: &HoldState, outcome: ReleaseOutcome) -> ReleaseOutcome {
+    let (let_go, deadline, lost) = hold.let_go();
+    let gone = matches!(outcome, ReleaseOutcome::Expired | ReleaseOutcome::TakenOver);
+    if gone && !lost && let_go < deadline && Instant::now() >= deadline {
+        ReleaseOutcome::Released
+    } else {
+        outcome
     }
 }
 
