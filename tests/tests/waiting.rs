@@ -247,3 +247,55 @@ async fn waiters_that_give_up_together_leave_no_queue_or_subscription() {
     );
     assert!(guard.release().await.is_released());
 }
+
+#[tokio::test]
+async fn a_release_sent_in_time_is_not_a_loss_when_its_answer_comes_late() {
+    let server = RedisServer::start();
+    let proxy = dlock_tests::Proxy::start(server.addr()).await;
+    let locker = Locker::builder()
+        .url(proxy.url())
+        .command_timeout(Duration::from_secs(2))
+        .build()
+        .await
+        .expect("connect");
+    let rival = Locker::connect(&server.url()).await.expect("connect");
+    for with_waiter in [false, true] {
+        let name = unique_name("late-answer");
+        let guard = locker
+            .lock(name.as_str())
+            .lease(Duration::from_millis(400))
+            .await
+            .expect("lock");
+        // A local waiter makes the release a hand-over attempt.
+        let waiter = with_waiter.then(|| {
+            let (locker, name) = (locker.clone(), name.clone());
+            tokio::spawn(async move {
+                locker
+                    .lock(name.as_str())
+                    .wait(Duration::from_secs(3))
+                    .await
+                    .map(drop)
+            })
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        // Nothing reaches Redis for a while: the lease runs out there, and a rival takes the
+        // lock, while the release (sent with 300 ms of lease left) waits in the stall.
+        proxy.stall();
+        let releasing = tokio::spawn(guard.release());
+        let taken = rival
+            .lock(name.as_str())
+            .wait(Duration::from_secs(2))
+            .await
+            .expect("the rival takes the expired lock");
+        proxy.unstall();
+        let outcome = releasing.await.expect("task");
+        assert!(
+            outcome.is_released(),
+            "with a waiter: {with_waiter}: {outcome:?}"
+        );
+        assert!(taken.release().await.is_released());
+        if let Some(waiter) = waiter {
+            let _ = waiter.await.expect("waiter task");
+        }
+    }
+}
