@@ -366,6 +366,21 @@ pub struct CallRec {
     pub bound: Duration,
 }
 
+/// A session that did not finish in time: a call that never returned.
+#[derive(Debug, Clone)]
+pub(crate) struct HungRec {
+    /// The worker.
+    pub(crate) worker: u16,
+    /// The name it touched last, if any.
+    pub(crate) name: Option<u8>,
+    /// When the session started.
+    pub(crate) from: Instant,
+    /// When it was given up on.
+    pub(crate) to: Instant,
+    /// The session, as planned.
+    pub(crate) session: String,
+}
+
 /// A guarded `run(work)` (for the check that it was cancelled when the hold ended).
 #[derive(Debug, Clone)]
 pub struct RunRec {
@@ -396,6 +411,7 @@ pub struct History {
     calls: Mutex<Vec<CallRec>>,
     runs: Mutex<Vec<RunRec>>,
     samples: Mutex<Vec<super::sample::SampleRec>>,
+    hung: Mutex<Vec<HungRec>>,
     /// How late the machine woke tasks during the run (Redis runs only).
     pub(crate) lags: super::lag::LagLog,
     panics: Mutex<Vec<String>>,
@@ -418,6 +434,7 @@ impl History {
             guards: Mutex::default(),
             faults: Mutex::default(),
             samples: Mutex::default(),
+            hung: Mutex::default(),
             lags: super::lag::LagLog::default(),
             calls: Mutex::default(),
             runs: Mutex::default(),
@@ -480,6 +497,16 @@ impl History {
     /// Records a panic of a task.
     pub fn panic(&self, what: String) {
         locked(&self.panics).push(what);
+    }
+
+    /// Records a session that did not finish in time (and was abandoned).
+    pub(crate) fn hung(&self, rec: HungRec) {
+        locked(&self.hung).push(rec);
+    }
+
+    /// Every session that did not finish in time.
+    pub(crate) fn hangs(&self) -> Vec<HungRec> {
+        locked(&self.hung).clone()
     }
 
     /// Every event so far, in time order.

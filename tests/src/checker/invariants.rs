@@ -425,6 +425,22 @@ fn bounded(history: &History, faults: &[FaultRec], out: &mut Vec<Violation>) {
             });
         }
     }
+    for h in history.hangs() {
+        out.push(Violation {
+            invariant: Invariant::Bounded,
+            summary: format!(
+                "worker w{} never finished its session (given up after {}): {}",
+                h.worker,
+                ms(h.to - h.from),
+                h.session
+            ),
+            // Where it got stuck: the first seconds of the session.
+            window: h
+                .name
+                .map(|n| (n, h.from, (h.from + Duration::from_secs(5)).min(h.to))),
+            hint: "a call never returned",
+        });
+    }
     for p in history.panics() {
         out.push(Violation {
             invariant: Invariant::Panic,

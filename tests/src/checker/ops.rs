@@ -574,10 +574,36 @@ pub(crate) async fn run_session(ctx: Arc<Ctx>, worker: u16, session: Session) {
 
 /// Runs every session of one worker, each in its own task so that a panic is recorded against
 /// its session and the worker goes on.
+/// A session still running after this is hung: no call may take this long (the longest planned
+/// wait and hold are well under a few seconds; a `Duration::MAX` wait only waits for leases of at
+/// most 1.5 s at a time).
+const HUNG_AFTER: Duration = Duration::from_secs(90);
+
 pub(crate) async fn run_worker(ctx: Arc<Ctx>, worker: u16, sessions: Vec<Session>) {
     for (i, session) in sessions.into_iter().enumerate() {
         let described = format!("{session:?}");
-        if let Err(err) = tokio::spawn(run_session(ctx.clone(), worker, session)).await {
+        let from = Instant::now();
+        let mut task = tokio::spawn(run_session(ctx.clone(), worker, session));
+        let Ok(done) = tokio::time::timeout(HUNG_AFTER, &mut task).await else {
+            task.abort();
+            let to = Instant::now();
+            let name = ctx
+                .history
+                .events()
+                .iter()
+                .rev()
+                .find(|e| e.worker == worker && e.at >= from)
+                .map(|e| e.name);
+            ctx.history.hung(super::history::HungRec {
+                worker,
+                name,
+                from,
+                to,
+                session: described,
+            });
+            continue;
+        };
+        if let Err(err) = done {
             let msg = if err.is_panic() {
                 let payload = err.into_panic();
                 payload
