@@ -125,6 +125,8 @@ pub enum InvalidName {
 #[derive(Debug, Clone)]
 pub struct BackendError {
     kind: BackendErrorKind,
+    /// Retrying can't help: the one connection the `Locker` was given is gone.
+    permanent: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -139,25 +141,43 @@ impl BackendError {
     pub(crate) fn timeout(after: Duration) -> Self {
         Self {
             kind: BackendErrorKind::Timeout(after),
+            permanent: false,
         }
     }
 
     pub(crate) fn redis(err: redis::RedisError) -> Self {
         Self {
             kind: BackendErrorKind::Redis(err),
+            permanent: false,
         }
     }
 
     pub(crate) fn pool(msg: impl fmt::Display) -> Self {
         Self {
             kind: BackendErrorKind::Pool(msg.to_string()),
+            permanent: false,
         }
     }
 
     pub(crate) fn protocol(msg: impl fmt::Display) -> Self {
         Self {
             kind: BackendErrorKind::Protocol(msg.to_string()),
+            permanent: false,
         }
+    }
+
+    /// Marks the error as one that retrying can't cure.
+    pub(crate) fn permanent(mut self) -> Self {
+        self.permanent = true;
+        self
+    }
+
+    /// Retrying can't help: the `Locker` runs over one multiplexed connection
+    /// ([`LockerBuilder::multiplexed`](crate::LockerBuilder::multiplexed)), which is not
+    /// reconnected, and that connection is gone. A waiter gives up at once on such an error
+    /// instead of retrying until its deadline.
+    pub fn is_permanent(&self) -> bool {
+        self.permanent
     }
 
     /// The command did not complete within the configured timeout.

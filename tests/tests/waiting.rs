@@ -299,3 +299,36 @@ async fn a_release_sent_in_time_is_not_a_loss_when_its_answer_comes_late() {
         }
     }
 }
+
+#[tokio::test]
+async fn a_wait_over_a_dead_multiplexed_connection_gives_up_at_once() {
+    let mut server = RedisServer::start();
+    let locker = Locker::builder()
+        .multiplexed(server.connection().await)
+        .build()
+        .await
+        .expect("build");
+    let name = unique_name("dead-connection");
+    let guard = locker.lock(name.as_str()).await.expect("lock");
+    drop(guard);
+    // The connection a `multiplexed` locker was given is not reconnected: once the server is
+    // gone, no retry can help, and even a wait for "as long as it takes" must end.
+    server.restart();
+    let started = Instant::now();
+    let err = tokio::time::timeout(
+        Duration::from_secs(10),
+        locker.lock(name.as_str()).wait(Duration::MAX),
+    )
+    .await
+    .expect("the wait gave up")
+    .expect_err("a dead connection");
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    match &err {
+        LockError::Backend(e) => assert!(e.is_permanent(), "{e}"),
+        other => panic!("not a backend error: {other}"),
+    }
+}

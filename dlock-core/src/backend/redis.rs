@@ -145,8 +145,14 @@ impl RedisBackend {
                         other => other,
                     }
                 }
-                OpConn::Multiplexed(c) | OpConn::Pooled(c, _) => {
-                    inv.invoke_async(&mut c.clone()).await
+                OpConn::Pooled(c, _) => inv.invoke_async(&mut c.clone()).await,
+                // The one connection the `Locker` was given: once it is gone, it stays gone.
+                OpConn::Multiplexed(c) => {
+                    return inv.invoke_async(&mut c.clone()).await.map_err(|err| {
+                        let dropped = err.is_connection_dropped() || err.is_unrecoverable_error();
+                        let err = BackendError::redis(err);
+                        if dropped { err.permanent() } else { err }
+                    });
                 }
             };
             res.map_err(BackendError::redis)

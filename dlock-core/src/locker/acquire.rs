@@ -131,7 +131,7 @@ impl Locker {
                     ));
                 }
                 Ok(AcquireReply::Busy { pttl: now_pttl }) => pttl = now_pttl,
-                Err(err) if wait.is_zero() => return Err(err),
+                Err(err) if wait.is_zero() || is_permanent(&err) => return Err(err),
                 Err(err) => {
                     // The clean-up of that attempt releases `owner`: never reuse it.
                     owner = new_owner();
@@ -174,6 +174,7 @@ impl Locker {
                     pttl = now_pttl;
                     failed = None;
                 }
+                Err(err) if is_permanent(&err) => return Err(err),
                 Err(err) => {
                     owner = new_owner();
                     failed = Some(err);
@@ -266,6 +267,11 @@ pub(super) fn busy(name: &LockName, started: Instant, pttl: Option<Duration>) ->
         "dlock: busy"
     );
     Attempted::Busy(pttl)
+}
+
+/// Whether retrying can't cure `err` (see [`crate::BackendError::is_permanent`]).
+fn is_permanent(err: &LockError) -> bool {
+    matches!(err, LockError::Backend(e) if e.is_permanent())
 }
 
 /// The deadline came: busy, or the backend error if Redis failed since the last answer.
