@@ -49,9 +49,24 @@ fn next_id() -> u64 {
     NEXT_ID.fetch_add(1, Ordering::Relaxed)
 }
 
-/// A fresh random owner token (128 bits, hex).
+/// A fresh owner token: 128 random bits from the operating system, in hex. Should the system
+/// have no randomness to give, the token is still unique to this hold: the process id, the
+/// time, and a counter no other token of this process shares.
 fn new_owner() -> Arc<str> {
-    Arc::from(format!("{:032x}", rand::random::<u128>()).as_str())
+    let mut bytes = [0u8; 16];
+    let value = match getrandom::fill(&mut bytes) {
+        Ok(()) => u128::from_le_bytes(bytes),
+        Err(_) => {
+            static FALLBACK: AtomicU64 = AtomicU64::new(0);
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64);
+            (u128::from(std::process::id()) << 96)
+                ^ (u128::from(nanos) << 32)
+                ^ u128::from(FALLBACK.fetch_add(1, Ordering::Relaxed))
+        }
+    };
+    Arc::from(format!("{value:032x}").as_str())
 }
 
 /// Acquires distributed locks.

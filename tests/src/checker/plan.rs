@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use rand::rngs::StdRng;
-use rand::{Rng as _, SeedableRng as _};
+use rand::{RngExt as _, SeedableRng as _};
 
 use super::history::LeaseSpec;
 

@@ -11,7 +11,7 @@ use std::time::Duration;
 use dlock_core::MemoryStore;
 use dlock_core::redis::{self, AsyncCommands as _};
 use rand::rngs::StdRng;
-use rand::{Rng as _, SeedableRng as _};
+use rand::{RngExt as _, SeedableRng as _};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
