@@ -133,6 +133,7 @@ pub struct BackendError {
 enum BackendErrorKind {
     Timeout(Duration),
     Redis(redis::RedisError),
+    #[cfg_attr(not(any(feature = "bb8", feature = "deadpool")), allow(dead_code))]
     Pool(String),
     Protocol(String),
 }
@@ -152,6 +153,7 @@ impl BackendError {
         }
     }
 
+    #[cfg_attr(not(any(feature = "bb8", feature = "deadpool")), allow(dead_code))]
     pub(crate) fn pool(msg: impl fmt::Display) -> Self {
         Self {
             kind: BackendErrorKind::Pool(msg.to_string()),

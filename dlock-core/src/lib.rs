@@ -55,7 +55,21 @@
 //!
 //! - `macros` (default): re-exports [`distributed_lock`], the attribute that guards an async
 //!   function.
+//! - `bb8`: [`LockerBuilder::bb8_pool`], a `Locker` over an application's `bb8-redis` pool.
+//! - `deadpool`: [`LockerBuilder::deadpool`], a `Locker` over a `deadpool-redis` pool.
 //! - `tls-rustls`: `rediss://` URLs.
+//!
+//! # Connections, and which crates dlock exposes
+//!
+//! A `Locker` connects from a URL ([`Locker::connect`]) or runs over what the application already
+//! has: a `redis::Client`, a [`redis::aio::ConnectionManager`], a multiplexed connection, or a
+//! pool (see [`LockerBuilder`]). Those types appear in dlock's API, so dlock re-exports the one
+//! crate a user must name to build them, [`redis`]: an application without its own `redis`
+//! dependency uses `dlock_core::redis::Client`, and one with its own needs a `redis` 1.x, the
+//! same major version. The pool crates are not re-exported: an application that has a pool
+//! already depends on its crate (`bb8-redis` 0.26, `deadpool-redis` 0.23), and each pool is an
+//! opt-in feature because a new major version of a pool crate is a new major version of the
+//! feature that names it.
 //!
 //! # Testing your code
 //!
@@ -96,12 +110,9 @@ pub use scope::{
     HeldLock, LockScope, Scoped, fencing_token, held_lock, in_scope, isolated_scope, scope,
 };
 
-/// The `redis` crate this version of dlock is built on.
+/// The `redis` crate this version of dlock is built on: its `Client` and connection types are
+/// what [`LockerBuilder`] takes.
 pub use redis;
-
-/// The `bb8` pool crate and its Redis connection manager, as used by [`LockerBuilder::pool`].
-pub use bb8;
-pub use bb8_redis;
 
 #[cfg(feature = "macros")]
 #[cfg_attr(docsrs, doc(cfg(feature = "macros")))]

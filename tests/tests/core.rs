@@ -506,14 +506,14 @@ async fn invalid_names_are_typed_errors() {
 #[tokio::test]
 async fn pool_and_multiplexed_backends_behave_the_same() {
     let server = RedisServer::start();
-    let manager = dlock_core::bb8_redis::RedisConnectionManager::new(server.url()).unwrap();
-    let pool = dlock_core::bb8::Pool::builder()
+    let manager = bb8_redis::RedisConnectionManager::new(server.url()).unwrap();
+    let pool = bb8::Pool::builder()
         .max_size(4)
         .build(manager)
         .await
         .unwrap();
     let pooled = Locker::builder()
-        .pool(pool)
+        .bb8_pool(pool)
         .subscriber(server.client())
         .build()
         .await

@@ -178,15 +178,14 @@ async fn a_release_whose_hand_over_timed_out_reports_the_truth_and_leaks_nothing
 async fn over_a_pool_a_timed_out_acquisition_is_cleaned_up_after_it_ran() {
     let server = RedisServer::start();
     let mut admin = server.connection().await;
-    let manager =
-        dlock_core::bb8_redis::RedisConnectionManager::new(server.url()).expect("manager");
-    let pool = dlock_core::bb8::Pool::builder()
+    let manager = bb8_redis::RedisConnectionManager::new(server.url()).expect("manager");
+    let pool = bb8::Pool::builder()
         .max_size(4)
         .build(manager)
         .await
         .expect("pool");
     let locker = Locker::builder()
-        .pool(pool)
+        .bb8_pool(pool)
         .subscriber(server.client())
         .command_timeout(Duration::from_millis(50))
         .build()

@@ -1,5 +1,5 @@
 //! The Redis backend: scripts by SHA over a connection manager, a multiplexed connection or a
-//! bb8 pool, every call bounded by the command timeout.
+//! pool (bb8 or deadpool), every call bounded by the command timeout.
 
 use std::fmt;
 use std::sync::{Arc, Mutex};
@@ -21,7 +21,7 @@ const RENEW_CHUNK: usize = 256;
 pub(crate) enum RedisConn {
     Manager(ConnectionManager),
     Multiplexed(MultiplexedConnection),
-    Pool(bb8::Pool<bb8_redis::RedisConnectionManager>),
+    Pool(Pool),
 }
 
 impl RedisConn {
@@ -29,7 +29,44 @@ impl RedisConn {
         match self {
             Self::Manager(_) => "redis",
             Self::Multiplexed(_) => "redis (multiplexed connection)",
-            Self::Pool(_) => "redis (bb8 pool)",
+            Self::Pool(p) => p.kind(),
+        }
+    }
+}
+
+/// An application's pool (without the `bb8` and `deadpool` features there is none).
+#[derive(Clone)]
+pub(crate) enum Pool {
+    #[cfg(feature = "bb8")]
+    Bb8(bb8::Pool<bb8_redis::RedisConnectionManager>),
+    #[cfg(feature = "deadpool")]
+    Deadpool(deadpool_redis::Pool),
+}
+
+impl Pool {
+    pub(crate) fn kind(&self) -> &'static str {
+        match *self {
+            #[cfg(feature = "bb8")]
+            Self::Bb8(_) => "redis (bb8 pool)",
+            #[cfg(feature = "deadpool")]
+            Self::Deadpool(_) => "redis (deadpool pool)",
+        }
+    }
+
+    /// One connection of the pool. Both pools hand out multiplexed connections; a clone keeps
+    /// the operation's commands in order on it after the pool has it back.
+    async fn checkout(&self) -> Result<MultiplexedConnection, BackendError> {
+        match *self {
+            #[cfg(feature = "bb8")]
+            Self::Bb8(ref p) => match p.get().await {
+                Ok(c) => Ok((*c).clone()),
+                Err(err) => Err(BackendError::pool(err)),
+            },
+            #[cfg(feature = "deadpool")]
+            Self::Deadpool(ref p) => match p.get().await {
+                Ok(c) => Ok((*c).clone()),
+                Err(err) => Err(BackendError::pool(err)),
+            },
         }
     }
 }
@@ -109,12 +146,10 @@ impl RedisBackend {
         match &self.conn {
             RedisConn::Manager(c) => Ok(OpConn::Manager(c.clone())),
             RedisConn::Multiplexed(c) => Ok(OpConn::Multiplexed(c.clone())),
-            RedisConn::Pool(p) => {
+            RedisConn::Pool(pool) => {
                 let until = tokio::time::Instant::now() + self.timeout;
-                let pooled = self
-                    .bounded(async { p.get().await.map_err(BackendError::pool) })
-                    .await?;
-                Ok(OpConn::Pooled((*pooled).clone(), until))
+                let pooled = self.bounded(pool.checkout()).await?;
+                Ok(OpConn::Pooled(pooled, until))
             }
         }
     }
@@ -195,10 +230,7 @@ impl RedisBackend {
                     other => other,
                 },
                 RedisConn::Multiplexed(c) => go(&mut c.clone(), pipe, reload).await,
-                RedisConn::Pool(p) => {
-                    let mut c = p.get().await.map_err(BackendError::pool)?;
-                    go(&mut *c, pipe, reload).await
-                }
+                RedisConn::Pool(pool) => go(&mut pool.checkout().await?, pipe, reload).await,
             };
             res.map_err(BackendError::redis)
         })

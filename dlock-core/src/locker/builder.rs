@@ -8,7 +8,7 @@ use super::*;
 use crate::backend::Backend;
 use crate::backend::MemoryStore;
 use crate::backend::memory::MemoryBackend;
-use crate::backend::redis::{RedisBackend, RedisConn};
+use crate::backend::redis::{Pool, RedisBackend, RedisConn};
 use crate::error::{BackendError, LockError};
 use crate::name::validate_prefix;
 use std::fmt;
@@ -33,7 +33,9 @@ enum Source {
     None,
     Url(String),
     Client(redis::Client),
-    Pool(bb8::Pool<bb8_redis::RedisConnectionManager>),
+    Manager(redis::aio::ConnectionManager),
+    #[cfg_attr(not(any(feature = "bb8", feature = "deadpool")), allow(dead_code))]
+    Pool(Pool),
     Multiplexed(redis::aio::MultiplexedConnection),
     Memory(MemoryStore),
 }
@@ -44,7 +46,8 @@ impl fmt::Debug for LockerBuilder {
             Source::None => "none".to_owned(),
             Source::Url(url) => redact_url(url),
             Source::Client(_) => "client".to_owned(),
-            Source::Pool(_) => "bb8 pool".to_owned(),
+            Source::Manager(_) => "connection manager".to_owned(),
+            Source::Pool(p) => p.kind().to_owned(),
             Source::Multiplexed(_) => "multiplexed connection".to_owned(),
             Source::Memory(_) => "memory".to_owned(),
         };
@@ -70,10 +73,31 @@ impl LockerBuilder {
         self
     }
 
-    /// Run over an application's bb8 pool. Pass a [`subscriber`](Self::subscriber) client too,
-    /// or waiters poll instead of being woken.
-    pub fn pool(mut self, pool: bb8::Pool<bb8_redis::RedisConnectionManager>) -> Self {
-        self.source = Source::Pool(pool);
+    /// Run over an application's connection manager (what most axum states hold). It
+    /// reconnects by itself, as with [`url`](Self::url), but brings no subscriber: pass a
+    /// [`subscriber`](Self::subscriber) client too, or waiters poll instead of being woken.
+    pub fn connection_manager(mut self, manager: redis::aio::ConnectionManager) -> Self {
+        self.source = Source::Manager(manager);
+        self
+    }
+
+    /// Run over an application's bb8 pool (`bb8-redis`). Each operation checks one connection
+    /// out, within the command timeout. Pass a [`subscriber`](Self::subscriber) client too, or
+    /// waiters poll instead of being woken.
+    #[cfg(feature = "bb8")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "bb8")))]
+    pub fn bb8_pool(mut self, pool: bb8::Pool<bb8_redis::RedisConnectionManager>) -> Self {
+        self.source = Source::Pool(Pool::Bb8(pool));
+        self
+    }
+
+    /// Run over an application's `deadpool-redis` pool. Each operation checks one connection
+    /// out, within the command timeout. Pass a [`subscriber`](Self::subscriber) client too, or
+    /// waiters poll instead of being woken.
+    #[cfg(feature = "deadpool")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "deadpool")))]
+    pub fn deadpool(mut self, pool: deadpool_redis::Pool) -> Self {
+        self.source = Source::Pool(Pool::Deadpool(pool));
         self
     }
 
@@ -90,8 +114,8 @@ impl LockerBuilder {
         self
     }
 
-    /// The client that opens the subscriber connection for wake-ups (with a pool or a
-    /// multiplexed connection; a URL or client source has one already).
+    /// The client that opens the subscriber connection for wake-ups (with a pool, a connection
+    /// manager or a multiplexed connection; a URL or client source has one already).
     pub fn subscriber(mut self, client: redis::Client) -> Self {
         self.subscriber = Some(client);
         self
@@ -163,7 +187,9 @@ impl LockerBuilder {
         let (client, display) = match self.source {
             Source::None => {
                 return Err(LockError::Config(
-                    "no backend: call `url`, `client`, `pool`, `multiplexed` or `memory`".into(),
+                    "no backend: call `url`, `client`, `connection_manager`, `bb8_pool`, \
+                     `deadpool`, `multiplexed` or `memory`"
+                        .into(),
                 ));
             }
             Source::Memory(store) => {
@@ -174,12 +200,25 @@ impl LockerBuilder {
                 ));
             }
             Source::Pool(pool) => {
+                let display = pool.kind().to_owned();
                 let backend =
                     RedisBackend::new(RedisConn::Pool(pool), self.subscriber, command_timeout);
                 return Ok(Locker::from_parts(
                     Backend::Redis(Arc::new(backend)),
                     config,
-                    "bb8 pool".to_owned(),
+                    display,
+                ));
+            }
+            Source::Manager(manager) => {
+                let backend = RedisBackend::new(
+                    RedisConn::Manager(manager),
+                    self.subscriber,
+                    command_timeout,
+                );
+                return Ok(Locker::from_parts(
+                    Backend::Redis(Arc::new(backend)),
+                    config,
+                    "connection manager".to_owned(),
                 ));
             }
             Source::Multiplexed(conn) => {

@@ -152,9 +152,9 @@ impl RedisSetup {
             .build()
             .await
             .expect("the proxied locker connects");
-        let manager = dlock_core::bb8_redis::RedisConnectionManager::new(self.url.as_str())
+        let manager = bb8_redis::RedisConnectionManager::new(self.url.as_str())
             .expect("a bb8 connection manager");
-        let pool = dlock_core::bb8::Pool::builder()
+        let pool = bb8::Pool::builder()
             .max_size(8)
             .connection_timeout(ct.max(Duration::from_millis(200)))
             .build(manager)
@@ -162,11 +162,37 @@ impl RedisSetup {
             .expect("a bb8 pool");
         let pooled = self
             .builder(ct)
-            .pool(pool)
+            .bb8_pool(pool)
             .subscriber(self.client())
             .build()
             .await
             .expect("the pooled locker");
+        let deadpool = deadpool_redis::Config::from_url(self.url.as_str())
+            .builder()
+            .expect("a deadpool config")
+            .max_size(8)
+            .wait_timeout(Some(ct.max(Duration::from_millis(200))))
+            .runtime(deadpool_redis::Runtime::Tokio1)
+            .build()
+            .expect("a deadpool pool");
+        let deadpooled = self
+            .builder(ct)
+            .deadpool(deadpool)
+            .subscriber(self.client())
+            .build()
+            .await
+            .expect("the deadpool locker");
+        // The application's own connection manager, as an axum state would hold it.
+        let app_manager = dlock_core::redis::aio::ConnectionManager::new(self.client())
+            .await
+            .expect("an application connection manager");
+        let managed = self
+            .builder(ct)
+            .connection_manager(app_manager)
+            .subscriber(self.client())
+            .build()
+            .await
+            .expect("the connection-manager locker");
         let multiplexed = self.multiplexed().await.expect("the multiplexed locker");
         let tiny = self
             .builder(self.tiny_timeout)
@@ -184,6 +210,8 @@ impl RedisSetup {
             Actor::new("multiplexed", ct, lease, multiplexed),
             tiny,
             Actor::new("2nd-runtime", ct, lease, second),
+            Actor::new("deadpool", ct, lease, deadpooled),
+            Actor::new("app-manager", ct, lease, managed),
         ]
     }
 }

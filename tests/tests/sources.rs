@@ -1,0 +1,244 @@
+//! A `Locker` over each connection an application may already have: a URL, its own
+//! `ConnectionManager`, a bb8 pool, a deadpool pool, one multiplexed connection. Every source is
+//! one lock to every other, wakes waiters when given a subscriber, and comes back after Redis
+//! restarts (the multiplexed connection, which is never reconnected, excepted).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use dlock_core::Locker;
+use dlock_core::redis;
+use dlock_tests::{RedisServer, unique_name};
+
+async fn manager(server: &RedisServer) -> redis::aio::ConnectionManager {
+    redis::aio::ConnectionManager::new(server.client())
+        .await
+        .expect("connection manager")
+}
+
+async fn bb8_pool(server: &RedisServer) -> bb8::Pool<bb8_redis::RedisConnectionManager> {
+    let manager = bb8_redis::RedisConnectionManager::new(server.url()).expect("bb8 manager");
+    bb8::Pool::builder()
+        .max_size(4)
+        .build(manager)
+        .await
+        .expect("bb8 pool")
+}
+
+fn deadpool(server: &RedisServer) -> deadpool_redis::Pool {
+    deadpool_redis::Config::from_url(server.url())
+        .builder()
+        .expect("deadpool config")
+        .max_size(4)
+        .runtime(deadpool_redis::Runtime::Tokio1)
+        .build()
+        .expect("deadpool pool")
+}
+
+/// One `Locker` per source, each with a subscriber so that waiters are woken.
+async fn every_source(server: &RedisServer) -> Vec<(&'static str, Locker)> {
+    let with_subscriber = |b: dlock_core::LockerBuilder| b.subscriber(server.client());
+    vec![
+        ("url", Locker::connect(&server.url()).await.expect("url")),
+        (
+            "connection manager",
+            with_subscriber(Locker::builder().connection_manager(manager(server).await))
+                .build()
+                .await
+                .expect("manager locker"),
+        ),
+        (
+            "bb8",
+            with_subscriber(Locker::builder().bb8_pool(bb8_pool(server).await))
+                .build()
+                .await
+                .expect("bb8 locker"),
+        ),
+        (
+            "deadpool",
+            with_subscriber(Locker::builder().deadpool(deadpool(server)))
+                .build()
+                .await
+                .expect("deadpool locker"),
+        ),
+        (
+            "multiplexed",
+            with_subscriber(Locker::builder().multiplexed(server.connection().await))
+                .build()
+                .await
+                .expect("multiplexed locker"),
+        ),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_source_excludes_every_other() {
+    let server = RedisServer::start();
+    let lockers = every_source(&server).await;
+    let name = unique_name("shared");
+    // A read-modify-write that loses updates unless the lock excludes: read, yield, write.
+    let counter = Arc::new(AtomicU64::new(0));
+    let inside = Arc::new(AtomicU64::new(0));
+    let rounds = 60;
+    let mut tasks = Vec::new();
+    for (source, locker) in &lockers {
+        for _ in 0..3 {
+            let (locker, name) = (locker.clone(), name.clone());
+            let (counter, inside, source) = (counter.clone(), inside.clone(), *source);
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..rounds {
+                    let guard = locker
+                        .lock(name.as_str())
+                        .wait(Duration::from_secs(20))
+                        .await
+                        .unwrap_or_else(|e| panic!("{source}: {e}"));
+                    assert_eq!(
+                        inside.fetch_add(1, Ordering::SeqCst),
+                        0,
+                        "{source} overlapped"
+                    );
+                    let seen = counter.load(Ordering::SeqCst);
+                    tokio::task::yield_now().await;
+                    counter.store(seen + 1, Ordering::SeqCst);
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    assert!(guard.release().await.is_released(), "{source}");
+                }
+            }));
+        }
+    }
+    for task in tasks {
+        task.await.expect("a contender panicked");
+    }
+    assert_eq!(
+        counter.load(Ordering::SeqCst),
+        lockers.len() as u64 * 3 * rounds
+    );
+}
+
+#[tokio::test]
+async fn every_source_wakes_its_waiter_on_release() {
+    let server = RedisServer::start();
+    let lockers = every_source(&server).await;
+    let holder = Locker::connect(&server.url()).await.expect("holder");
+    for (source, locker) in lockers {
+        let name = unique_name("wake");
+        // A lease far longer than the test: only the release's wake-up can end the wait early.
+        let guard = holder
+            .lock(name.as_str())
+            .lease(Duration::from_secs(60))
+            .await
+            .expect("hold");
+        let waiter = tokio::spawn(async move {
+            let started = tokio::time::Instant::now();
+            let got = locker
+                .lock(name.as_str())
+                .wait(Duration::from_secs(10))
+                .await;
+            (got.map(|g| g.fencing_token()), started.elapsed())
+        });
+        // Let the waiter subscribe and find the lock busy.
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let released_at = tokio::time::Instant::now();
+        let first = guard.fencing_token();
+        assert!(guard.release().await.is_released());
+        let (got, _) = waiter.await.expect("waiter");
+        let token = got.unwrap_or_else(|e| panic!("{source}: {e}"));
+        assert!(token > first, "{source}");
+        let after_release = released_at.elapsed();
+        assert!(
+            after_release < Duration::from_secs(5),
+            "{source}: woken {after_release:?} after the release"
+        );
+    }
+}
+
+#[tokio::test]
+async fn managers_and_pools_come_back_after_a_restart() {
+    let mut server = RedisServer::start();
+    let lockers: Vec<_> = every_source(&server)
+        .await
+        .into_iter()
+        .filter(|(source, _)| *source != "multiplexed")
+        .collect();
+    for (_, locker) in &lockers {
+        let guard = locker
+            .lock(unique_name("before").as_str())
+            .await
+            .expect("before");
+        assert!(guard.release().await.is_released());
+    }
+    server.kill();
+    server.restart();
+    for (source, locker) in &lockers {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let name = unique_name("after");
+        loop {
+            match locker.lock(name.as_str()).await {
+                Ok(guard) => {
+                    assert!(guard.release().await.is_released(), "{source}");
+                    break;
+                }
+                Err(err) => {
+                    assert!(err.is_backend(), "{source}: {err}");
+                    assert!(
+                        tokio::time::Instant::now() < deadline,
+                        "{source} did not come back: {err}"
+                    );
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_source_without_a_subscriber_still_hands_over_by_polling() {
+    let server = RedisServer::start();
+    let locker = Locker::builder()
+        .deadpool(deadpool(&server))
+        .poll_interval(Duration::from_millis(20))
+        .build()
+        .await
+        .expect("deadpool locker");
+    let holder = Locker::connect(&server.url()).await.expect("holder");
+    let name = unique_name("poll");
+    let guard = holder.lock(name.as_str()).await.expect("hold");
+    let waiter = tokio::spawn({
+        let name = name.clone();
+        async move {
+            locker
+                .lock(name.as_str())
+                .wait(Duration::from_secs(10))
+                .await
+                .map(|g| g.fencing_token())
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let first = guard.fencing_token();
+    assert!(guard.release().await.is_released());
+    let second = waiter.await.expect("waiter").expect("acquired by polling");
+    assert!(second > first);
+}
+
+#[tokio::test]
+async fn the_locker_names_its_source_and_never_a_password() {
+    let server = RedisServer::start_with_args(&["--requirepass", "pa55-word"]);
+    let url = format!("redis://:pa55-word@127.0.0.1:{}/", server.port());
+    let pool = deadpool_redis::Config::from_url(url.as_str())
+        .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+        .expect("deadpool");
+    let locker = Locker::builder()
+        .deadpool(pool)
+        .build()
+        .await
+        .expect("locker");
+    let shown = format!("{locker:?}");
+    assert!(shown.contains("deadpool"), "{shown}");
+    assert!(!shown.contains("pa55-word"), "{shown}");
+    let guard = locker
+        .lock(unique_name("auth").as_str())
+        .await
+        .expect("works");
+    assert!(guard.release().await.is_released());
+}
