@@ -57,7 +57,10 @@
 //!   function.
 //! - `bb8`: [`LockerBuilder::bb8_pool`], a `Locker` over an application's `bb8-redis` pool.
 //! - `deadpool`: [`LockerBuilder::deadpool`], a `Locker` over a `deadpool-redis` pool.
-//! - `tls-rustls`: `rediss://` URLs.
+//! - `tls-rustls`: `rediss://` URLs and TLS clients. rustls needs a process-wide crypto provider,
+//!   which is the application's choice: install one when the application starts (for example
+//!   `rustls::crypto::aws_lc_rs::default_provider().install_default()`). dlock never installs
+//!   one; building a TLS `Locker` without it is a [`LockError::Config`], not a panic.
 //!
 //! # Connections, and which crates dlock exposes
 //!

@@ -235,12 +235,6 @@ impl LockerBuilder {
             }
             Source::Url(url) => {
                 let display = redact_url(&url);
-                #[cfg(feature = "tls-rustls")]
-                if url.starts_with("rediss://") {
-                    // rustls needs a process-wide crypto provider; keep the application's if it
-                    // installed one.
-                    let _ = rustls::crypto::ring::default_provider().install_default();
-                }
                 let client = redis::Client::open(url.as_str()).map_err(|e| {
                     LockError::Config(format!("bad redis url `{display}`: {}", url_error(&e)))
                 })?;
@@ -251,6 +245,12 @@ impl LockerBuilder {
                 (client, display)
             }
         };
+        if matches!(
+            client.get_connection_info().addr(),
+            redis::ConnectionAddr::TcpTls { .. }
+        ) {
+            tls_ready(&display)?;
+        }
         let manager_config = redis::aio::ConnectionManagerConfig::new()
             .set_connection_timeout(Some(connect_timeout))
             // Every call is bounded by the command timeout already; a second timer per command
@@ -284,6 +284,29 @@ impl LockerBuilder {
             display,
         ))
     }
+}
+
+/// A TLS connection needs rustls's process-wide crypto provider, which is the application's to
+/// choose: dlock never installs one (an application installing its own afterwards would fail).
+/// Without one, the `redis` crate's TLS set-up would panic; this is the typed error instead.
+#[cfg(feature = "tls-rustls")]
+fn tls_ready(at: &str) -> Result<(), LockError> {
+    if rustls::crypto::CryptoProvider::get_default().is_some() {
+        return Ok(());
+    }
+    Err(LockError::Config(format!(
+        "`{at}` is a TLS connection and no rustls crypto provider is installed: install one \
+         when the application starts, e.g. \
+         `rustls::crypto::aws_lc_rs::default_provider().install_default()`, before building \
+         the Locker"
+    )))
+}
+
+#[cfg(not(feature = "tls-rustls"))]
+fn tls_ready(at: &str) -> Result<(), LockError> {
+    Err(LockError::Config(format!(
+        "`{at}` is a TLS connection: enable dlock-core's `tls-rustls` feature"
+    )))
 }
 
 fn url_error(err: &redis::RedisError) -> String {
