@@ -81,6 +81,8 @@ pub(crate) struct HoldState {
     /// Notified whenever the deadline may have moved earlier.
     deadline_moved: tokio::sync::Notify,
     pub(crate) acquired_at: Instant,
+    /// The `name` label of this hold's metrics, if the `Locker` asked for one.
+    pub(crate) label: Option<String>,
     lost: CancellationToken,
     loss: OnceLock<LossReason>,
     /// Set by the last release: a released hold is never reported lost.
@@ -149,6 +151,7 @@ impl HoldState {
         watchdog: bool,
         lease: Duration,
         sent_at: Instant,
+        label: Option<String>,
     ) -> Self {
         Self {
             id,
@@ -167,6 +170,7 @@ impl HoldState {
             }),
             deadline_moved: tokio::sync::Notify::new(),
             acquired_at: Instant::now(),
+            label,
             lost: CancellationToken::new(),
             loss: OnceLock::new(),
             released: CancellationToken::new(),
@@ -274,9 +278,18 @@ impl HoldState {
         }
         if self.loss.set(reason).is_ok() {
             self.lost.cancel();
-            metrics::counter!("dlock_lost_total").increment(1);
+            let reason_label = match reason {
+                LossReason::Expired => "expired",
+                LossReason::Gone => "gone",
+            };
+            crate::metrics::count_with(
+                crate::metrics::LOST,
+                "reason",
+                reason_label,
+                self.label.as_deref(),
+            );
             tracing::warn!(
-                name = %self.name,
+                name = self.name.for_logs(),
                 fencing_token = self.fence.get(),
                 reason = ?reason,
                 "dlock: lock lost while held"

@@ -55,8 +55,8 @@
 //!
 //! - `macros` (default): re-exports [`distributed_lock`], the attribute that guards an async
 //!   function.
-//! - `bb8`: [`LockerBuilder::bb8_pool`], a `Locker` over an application's `bb8-redis` pool.
-//! - `deadpool`: [`LockerBuilder::deadpool`], a `Locker` over a `deadpool-redis` pool.
+//! - `bb8`: `LockerBuilder::bb8_pool`, a `Locker` over an application's `bb8-redis` pool.
+//! - `deadpool`: `LockerBuilder::deadpool`, a `Locker` over a `deadpool-redis` pool.
 //! - `tls-rustls`: `rediss://` URLs and TLS clients. rustls needs a process-wide crypto provider,
 //!   which is the application's choice: install one when the application starts (for example
 //!   `rustls::crypto::aws_lc_rs::default_provider().install_default()`). dlock never installs
@@ -92,6 +92,7 @@ mod guard;
 mod locker;
 #[doc(hidden)]
 pub mod macro_support;
+pub mod metrics;
 mod multi;
 mod name;
 mod scope;

@@ -112,6 +112,10 @@ struct Config {
     fence_ttl: Option<Duration>,
     poll_interval: Duration,
     handoff: bool,
+    /// Label metrics with the lock's name (see [`crate::metrics`]).
+    metrics_name_label: bool,
+    /// Keep every name of this `Locker` out of logs, spans and metric labels.
+    hide_names: bool,
 }
 
 impl Default for Config {
@@ -122,6 +126,8 @@ impl Default for Config {
             fence_ttl: Some(DEFAULT_FENCE_TTL),
             poll_interval: DEFAULT_POLL_INTERVAL,
             handoff: true,
+            metrics_name_label: false,
+            hide_names: false,
         }
     }
 }
@@ -184,7 +190,7 @@ impl Locker {
     pub fn lock(&self, name: impl IntoLockName) -> LockRequest {
         LockRequest {
             locker: self.clone(),
-            name: name.into_lock_name(),
+            name: self.name(name),
             wait: Duration::ZERO,
             lease: Lease::Watchdog(self.inner.config.watchdog_lease),
         }
@@ -198,6 +204,16 @@ impl Locker {
         I::Item: IntoLockName,
     {
         MultiLockRequest::new(self.clone(), names)
+    }
+
+    /// `name`, validated and hidden from logs if this `Locker` hides every name.
+    fn name(&self, name: impl IntoLockName) -> Result<crate::LockName, LockError> {
+        let name = name.into_lock_name()?;
+        Ok(if self.inner.config.hide_names {
+            name.hidden(true)
+        } else {
+            name
+        })
     }
 
     /// The Redis key that holds the lock `name` (`<prefix>{<name>}`).

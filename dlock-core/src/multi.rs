@@ -76,6 +76,15 @@ impl MultiLockRequest {
         self
     }
 
+    /// Keeps these names out of dlock's logs, spans and metric labels when `hide` is true (see
+    /// [`LockName::hidden`]); errors returned to the caller still carry them.
+    pub fn hide_names(mut self, hide: bool) -> Self {
+        self.names = self
+            .names
+            .map(|names| names.into_iter().map(|n| n.hidden(hide)).collect());
+        self
+    }
+
     /// One attempt per name, no waiting: `Ok(None)` if any is busy (none is held then).
     pub async fn try_lock(mut self) -> Result<Option<MultiGuard>, LockError> {
         self.wait = Duration::ZERO;

@@ -41,8 +41,38 @@ pub const MAX_NAME_LEN: usize = 512;
 /// assert_eq!(name.as_str(), "order:1%3Aadmin");
 /// # Ok::<(), dlock_core::LockError>(())
 /// ```
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct LockName(Arc<str>);
+#[derive(Clone)]
+pub struct LockName {
+    name: Arc<str>,
+    /// Kept out of logs, spans and metric labels (not part of the name's identity).
+    hidden: bool,
+}
+
+impl PartialEq for LockName {
+    fn eq(&self, other: &Self) -> bool {
+        self.name == other.name
+    }
+}
+
+impl Eq for LockName {}
+
+impl std::hash::Hash for LockName {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.name.hash(state);
+    }
+}
+
+impl PartialOrd for LockName {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for LockName {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.name.cmp(&other.name)
+    }
+}
 
 impl LockName {
     /// Validates `name` as trusted literal text (no escaping).
@@ -60,25 +90,47 @@ impl LockName {
 
     /// The name as a string (escaped values included).
     pub fn as_str(&self) -> &str {
-        &self.0
+        &self.name
+    }
+
+    /// The same name, kept out of dlock's logs, spans and metric labels when `hide` is true
+    /// (they show `<hidden>`): for names that carry personal data. Errors returned to the
+    /// caller still carry the name. Equality, hashing and order ignore it.
+    pub fn hidden(mut self, hide: bool) -> Self {
+        self.hidden = hide;
+        self
+    }
+
+    /// Whether the name is kept out of logs, spans and metric labels (see
+    /// [`hidden`](Self::hidden)).
+    pub fn is_hidden(&self) -> bool {
+        self.hidden
+    }
+
+    /// The name as logs, spans and metric labels may show it.
+    pub(crate) fn for_logs(&self) -> &str {
+        if self.hidden { HIDDEN } else { &self.name }
     }
 }
 
+/// What logs show instead of a hidden name.
+pub(crate) const HIDDEN: &str = "<hidden>";
+
 impl fmt::Debug for LockName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(&*self.0, f)
+        fmt::Debug::fmt(&*self.name, f)
     }
 }
 
 impl fmt::Display for LockName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.name)
     }
 }
 
 impl AsRef<str> for LockName {
     fn as_ref(&self) -> &str {
-        &self.0
+        &self.name
     }
 }
 
@@ -176,7 +228,10 @@ impl NameBuilder {
                 max: MAX_NAME_LEN,
             }));
         }
-        Ok(LockName(Arc::from(self.buf)))
+        Ok(LockName {
+            name: Arc::from(self.buf),
+            hidden: false,
+        })
     }
 }
 

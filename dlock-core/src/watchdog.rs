@@ -121,11 +121,11 @@ impl Watchdog {
                         }
                     }
                 }
-                metrics::counter!("dlock_renewed_total").increment(renewed);
+                crate::metrics::count(crate::metrics::RENEWED, None, renewed);
                 tracing::trace!(held = snapshot.len(), renewed, "dlock: watchdog renewed");
             }
             Err(err) => {
-                metrics::counter!("dlock_renew_errors_total").increment(1);
+                crate::metrics::count(crate::metrics::RENEW_ERRORS, None, 1);
                 tracing::warn!(held = snapshot.len(), error = %err, "dlock: watchdog renewal failed");
             }
         }

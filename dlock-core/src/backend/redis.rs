@@ -55,18 +55,30 @@ impl Pool {
 
     /// One connection of the pool. Both pools hand out multiplexed connections; a clone keeps
     /// the operation's commands in order on it after the pool has it back.
-    async fn checkout(&self) -> Result<MultiplexedConnection, BackendError> {
+    ///
+    /// Boxed: the pools' own futures are deeply nested types, and every async caller up to the
+    /// application's handler would otherwise carry them in its layout (deep enough to exceed
+    /// the compiler's query depth in an ordinary axum handler).
+    fn checkout(
+        &self,
+    ) -> std::pin::Pin<
+        Box<dyn Future<Output = Result<MultiplexedConnection, BackendError>> + Send + '_>,
+    > {
         match *self {
             #[cfg(feature = "bb8")]
-            Self::Bb8(ref p) => match p.get().await {
-                Ok(c) => Ok((*c).clone()),
-                Err(err) => Err(BackendError::pool(err)),
-            },
+            Self::Bb8(ref p) => Box::pin(async move {
+                match p.get().await {
+                    Ok(c) => Ok((*c).clone()),
+                    Err(err) => Err(BackendError::pool(err)),
+                }
+            }),
             #[cfg(feature = "deadpool")]
-            Self::Deadpool(ref p) => match p.get().await {
-                Ok(c) => Ok((*c).clone()),
-                Err(err) => Err(BackendError::pool(err)),
-            },
+            Self::Deadpool(ref p) => Box::pin(async move {
+                match p.get().await {
+                    Ok(c) => Ok((*c).clone()),
+                    Err(err) => Err(BackendError::pool(err)),
+                }
+            }),
         }
     }
 }

@@ -12,6 +12,7 @@ use crate::backend::{AcquireReply, Backend, Session};
 use crate::clock;
 use crate::error::LockError;
 use crate::guard::{FencingToken, HoldState, LockGuard, LossReason};
+use crate::metrics;
 use crate::name::{LockKeys, LockName};
 use crate::scope;
 
@@ -72,7 +73,11 @@ impl Locker {
         }
         match reply {
             AcquireReply::Acquired { .. } => {
-                tracing::debug!(name = %hold.name, fencing_token = hold.fence.get(), "dlock: re-entered");
+                tracing::debug!(
+                    name = hold.name.for_logs(),
+                    fencing_token = hold.fence.get(),
+                    "dlock: re-entered"
+                );
                 Ok(Some(LockGuard {
                     state: hold,
                     locker: self.clone(),
@@ -97,6 +102,7 @@ impl Locker {
         let started = Instant::now();
         let deadline = clock::after(started, wait);
         let keys = Arc::new(LockKeys::new(&self.inner.config.prefix, &name));
+        let labelled = self.inner.config.metrics_name_label;
 
         // Re-entry inside a lock scope: a hold this task has (even a lost one, whose loss is
         // reported rather than papered over with a new lock).
@@ -139,14 +145,14 @@ impl Locker {
                 }
             }
             if wait.is_zero() {
-                return Ok(busy(&name, started, pttl));
+                return Ok(busy(&name, labelled, started, pttl));
             }
         }
 
         // Queue behind local waiters for the same name; only the head waits in Redis.
         let ticket = self.queue(&keys.lock);
         let Ok(_turn) = tokio::time::timeout_at(deadline, ticket.queue.turn.lock()).await else {
-            return gave_up(&name, started, pttl, failed);
+            return gave_up(&name, labelled, started, pttl, failed);
         };
         let mut head = HeadWait::new(&self, &ticket, &keys, lease.duration(), deadline).await;
         let handoff_owner = head.handoff_owner.clone();
@@ -159,7 +165,7 @@ impl Locker {
                 tokio::time::sleep_until(until.min(deadline)).await;
             }
             if came_back.is_some_and(|at| at >= deadline) {
-                return gave_up(&name, started, pttl, failed);
+                return gave_up(&name, labelled, started, pttl, failed);
             }
             let sent_at = Instant::now();
             let reply = self.attempt(&keys, &owner, lease.duration()).await;
@@ -182,7 +188,7 @@ impl Locker {
             }
             let now = Instant::now();
             if now >= deadline {
-                return gave_up(&name, started, pttl, failed);
+                return gave_up(&name, labelled, started, pttl, failed);
             }
             // The fallback timer: the holder's remaining lease (a lock nobody releases expires
             // then), or a short poll when wake-ups can't be delivered or Redis just failed.
@@ -219,10 +225,11 @@ impl Locker {
         started: Instant,
     ) -> LockGuard {
         let waited = started.elapsed();
-        metrics::counter!("dlock_acquired_total").increment(1);
-        metrics::histogram!("dlock_wait_seconds").record(waited.as_secs_f64());
+        let label = metrics::name_label(self.inner.config.metrics_name_label, &name);
+        metrics::count(metrics::ACQUIRED, label.as_deref(), 1);
+        metrics::seconds(metrics::WAIT_SECONDS, label.as_deref(), waited);
         tracing::debug!(
-            name = %name,
+            name = name.for_logs(),
             fencing_token = fence,
             waited_us = u64::try_from(waited.as_micros()).unwrap_or(u64::MAX),
             "dlock: acquired"
@@ -237,6 +244,7 @@ impl Locker {
             watchdog,
             lease.duration(),
             sent_at,
+            label,
         ));
         if watchdog {
             self.inner.watchdog.register(&self.inner, state.clone());
@@ -258,10 +266,16 @@ pub(super) enum Attempted {
     Busy(Option<Duration>),
 }
 
-pub(super) fn busy(name: &LockName, started: Instant, pttl: Option<Duration>) -> Attempted {
-    metrics::counter!("dlock_busy_total").increment(1);
+pub(super) fn busy(
+    name: &LockName,
+    labelled: bool,
+    started: Instant,
+    pttl: Option<Duration>,
+) -> Attempted {
+    let label = metrics::name_label(labelled, name);
+    metrics::count(metrics::BUSY, label.as_deref(), 1);
     tracing::debug!(
-        name = %name,
+        name = name.for_logs(),
         waited_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
         holder_ttl_ms = pttl.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
         "dlock: busy"
@@ -277,13 +291,14 @@ fn is_permanent(err: &LockError) -> bool {
 /// The deadline came: busy, or the backend error if Redis failed since the last answer.
 fn gave_up(
     name: &LockName,
+    labelled: bool,
     started: Instant,
     pttl: Option<Duration>,
     failed: Option<LockError>,
 ) -> Result<Attempted, LockError> {
     match failed {
         Some(err) => Err(err),
-        None => Ok(busy(name, started, pttl)),
+        None => Ok(busy(name, labelled, started, pttl)),
     }
 }
 

@@ -25,6 +25,8 @@ pub struct LockerBuilder {
     connect_timeout: Option<Duration>,
     poll_interval: Option<Duration>,
     handoff: Option<bool>,
+    metrics_name_label: bool,
+    hide_names: bool,
 }
 
 #[derive(Default)]
@@ -165,6 +167,21 @@ impl LockerBuilder {
         self
     }
 
+    /// Labels dlock's metrics with the lock's name (default off). Each name becomes a time
+    /// series of its own in the recorder: turn it on only for a small, fixed set of names.
+    /// Hidden names are never labelled. See [`crate::metrics`].
+    pub fn metrics_name_label(mut self, enabled: bool) -> Self {
+        self.metrics_name_label = enabled;
+        self
+    }
+
+    /// Keeps every lock name of this `Locker` out of dlock's logs, spans and metric labels
+    /// (default off; see [`LockName::hidden`](crate::LockName::hidden) for one name at a time).
+    pub fn hide_names(mut self, hide: bool) -> Self {
+        self.hide_names = hide;
+        self
+    }
+
     /// Connects (for a URL or client) and builds the `Locker`.
     pub async fn build(self) -> Result<Locker, LockError> {
         let prefix = self.prefix.unwrap_or_else(|| DEFAULT_PREFIX.to_owned());
@@ -183,6 +200,8 @@ impl LockerBuilder {
             fence_ttl: self.fence_ttl.unwrap_or(Some(DEFAULT_FENCE_TTL)),
             poll_interval: self.poll_interval.unwrap_or(DEFAULT_POLL_INTERVAL),
             handoff: self.handoff.unwrap_or(true),
+            metrics_name_label: self.metrics_name_label,
+            hide_names: self.hide_names,
         };
         let (client, display) = match self.source {
             Source::None => {

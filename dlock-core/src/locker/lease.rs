@@ -78,7 +78,7 @@ impl Locker {
         match replies.first() {
             Some(RenewReply::Applied) => {
                 hold.change_applied(item.seq);
-                tracing::debug!(name = %hold.name, lease_ms, "dlock: extended");
+                tracing::debug!(name = hold.name.for_logs(), lease_ms, "dlock: extended");
                 Ok(())
             }
             // A later renewal, which carries this lease too, was applied first.

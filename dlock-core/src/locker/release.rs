@@ -11,6 +11,7 @@ use super::*;
 use crate::backend::ReleaseReply;
 use crate::error::{BackendError, LockError, ReleaseOutcome};
 use crate::guard::{HoldState, LossReason};
+use crate::metrics;
 
 impl Locker {
     /// Releases one guard of `hold`. A guard that re-entered the hold only counts down here
@@ -53,7 +54,10 @@ impl Locker {
             Err(_) => {
                 // No runtime to release on: stop renewing; the lease runs out by itself.
                 if self.count_down(&hold) {
-                    tracing::warn!(name = %hold.name, "dlock: guard dropped outside a runtime; the lock expires at the end of its lease");
+                    tracing::warn!(
+                        name = hold.name.for_logs(),
+                        "dlock: guard dropped outside a runtime; the lock expires at the end of its lease"
+                    );
                 }
             }
         }
@@ -70,13 +74,17 @@ impl Locker {
         if !hold.is_lost() {
             hold.mark_released();
         }
-        metrics::histogram!("dlock_hold_seconds").record(hold.acquired_at.elapsed().as_secs_f64());
+        metrics::seconds(
+            metrics::HOLD_SECONDS,
+            hold.label.as_deref(),
+            hold.acquired_at.elapsed(),
+        );
         true
     }
 
     /// The Redis part of a final release: a hand-over to the local head waiter, or a release.
     async fn finish_release(&self, hold: Arc<HoldState>) -> ReleaseOutcome {
-        let span = tracing::debug_span!("dlock.release", name = %hold.name);
+        let span = tracing::debug_span!("dlock.release", name = hold.name.for_logs());
         async {
             let outcome = match self.try_handoff(&hold).await {
                 Some(outcome) => outcome,
@@ -180,16 +188,35 @@ pub(super) fn release_outcome(hold: &HoldState, reply: ReleaseReply) -> ReleaseO
 fn log_release(hold: &HoldState, outcome: &ReleaseOutcome) {
     match outcome {
         ReleaseOutcome::Released => {
-            metrics::counter!("dlock_released_total").increment(1);
-            tracing::debug!(name = %hold.name, fencing_token = hold.fence.get(), "dlock: released");
+            metrics::count(metrics::RELEASED, hold.label.as_deref(), 1);
+            tracing::debug!(
+                name = hold.name.for_logs(),
+                fencing_token = hold.fence.get(),
+                "dlock: released"
+            );
         }
         ReleaseOutcome::Expired | ReleaseOutcome::TakenOver => {
-            metrics::counter!("dlock_release_failed_total").increment(1);
-            tracing::warn!(name = %hold.name, fencing_token = hold.fence.get(), outcome = ?outcome, "dlock: released a lock that was no longer held");
+            let outcome_label = if matches!(outcome, ReleaseOutcome::Expired) {
+                "expired"
+            } else {
+                "taken_over"
+            };
+            metrics::count_with(
+                metrics::RELEASE_FAILED,
+                "outcome",
+                outcome_label,
+                hold.label.as_deref(),
+            );
+            tracing::warn!(name = hold.name.for_logs(), fencing_token = hold.fence.get(), outcome = ?outcome, "dlock: released a lock that was no longer held");
         }
         ReleaseOutcome::Unreachable(err) => {
-            metrics::counter!("dlock_release_failed_total").increment(1);
-            tracing::warn!(name = %hold.name, error = %err, "dlock: release failed; the lock expires at the end of its lease");
+            metrics::count_with(
+                metrics::RELEASE_FAILED,
+                "outcome",
+                "unreachable",
+                hold.label.as_deref(),
+            );
+            tracing::warn!(name = hold.name.for_logs(), error = %err, "dlock: release failed; the lock expires at the end of its lease");
         }
     }
 }

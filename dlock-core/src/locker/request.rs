@@ -8,6 +8,7 @@ use tracing::Instrument as _;
 use super::*;
 use crate::error::LockError;
 use crate::guard::LockGuard;
+use crate::metrics;
 use crate::name::LockName;
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
@@ -47,6 +48,13 @@ impl LockRequest {
         self
     }
 
+    /// Keeps this lock's name out of dlock's logs, spans and metric labels when `hide` is true
+    /// (see [`LockName::hidden`]); errors returned to the caller still carry it.
+    pub fn hide_name(mut self, hide: bool) -> Self {
+        self.name = self.name.map(|name| name.hidden(hide));
+        self
+    }
+
     /// Makes one attempt (ignoring any wait): `Ok(None)` when the lock is busy.
     pub async fn try_lock(mut self) -> Result<Option<LockGuard>, LockError> {
         self.wait = Duration::ZERO;
@@ -59,7 +67,7 @@ impl LockRequest {
     async fn run(self) -> Result<(Attempted, LockName), LockError> {
         let name = self.name?;
         super::lease::check_lease(self.lease.duration())?;
-        let span = tracing::debug_span!("dlock.acquire", name = %name);
+        let span = tracing::debug_span!("dlock.acquire", name = name.for_logs());
         let attempted = self
             .locker
             .acquire(name.clone(), self.wait, self.lease)
@@ -70,10 +78,12 @@ impl LockRequest {
 
     async fn acquire_or_timeout(self) -> Result<LockGuard, LockError> {
         let started = Instant::now();
+        let self_labelled = self.locker.inner.config.metrics_name_label;
         match self.run().await? {
             (Attempted::Held(guard), _) => Ok(guard),
             (Attempted::Busy(retry_after), name) => {
-                metrics::counter!("dlock_timeout_total").increment(1);
+                let label = metrics::name_label(self_labelled, &name);
+                metrics::count(metrics::TIMEOUT, label.as_deref(), 1);
                 Err(LockError::Timeout {
                     name: name.to_string(),
                     waited: started.elapsed(),

@@ -1,0 +1,131 @@
+//! The metrics dlock records, through the [`metrics`](https://docs.rs/metrics) facade.
+//!
+//! Nothing is recorded until the application installs a recorder (a Prometheus exporter, say).
+//! Call [`describe`] once after installing it, so each metric gets its type, unit and help text.
+//!
+//! | metric | type | unit | labels | what it counts |
+//! |---|---|---|---|---|
+//! | `dlock_acquired_total` | counter | | `name`¹ | acquisitions (re-entries not counted) |
+//! | `dlock_busy_total` | counter | | `name`¹ | calls that ended with the lock still busy: `try_lock` finding it held, and waits that ran out |
+//! | `dlock_timeout_total` | counter | | `name`¹ | waits that ran out, returned as `LockError::Timeout` (a subset of `dlock_busy_total`) |
+//! | `dlock_wait_seconds` | histogram | seconds | `name`¹ | time from the call to the acquisition |
+//! | `dlock_hold_seconds` | histogram | seconds | `name`¹ | time from the acquisition to the last guard letting go |
+//! | `dlock_released_total` | counter | | `name`¹ | final releases that found the lock still held |
+//! | `dlock_release_failed_total` | counter | | `outcome`, `name`¹ | final releases that did not: `outcome` is `expired`, `taken_over` or `unreachable` |
+//! | `dlock_lost_total` | counter | | `reason`, `name`¹ | holds lost while held: `reason` is `expired` (no renewal in time) or `gone` (deleted or taken over) |
+//! | `dlock_renewed_total` | counter | | | lease renewals applied by the watchdog |
+//! | `dlock_renew_errors_total` | counter | | | watchdog rounds that could not reach Redis |
+//!
+//! ¹ Only when the `Locker` was built with
+//! [`metrics_name_label(true)`](crate::LockerBuilder::metrics_name_label), and never for a
+//! [hidden](crate::LockName::hidden) name. Lock names are usually unbounded (`order:<id>`), and
+//! each label value is a new time series in the recorder: the label is for a small, fixed set
+//! of names.
+//!
+//! Logs and spans go through [`tracing`](https://docs.rs/tracing): `dlock.acquire` and
+//! `dlock.release` are DEBUG spans; acquisitions, re-entries, busy answers and releases are
+//! DEBUG events; a lock lost while held, a release that found the lock gone, a release that
+//! could not reach Redis and a watchdog round that failed are WARN events. Hidden names show as
+//! `<hidden>`.
+
+use ::metrics::{Unit, counter, describe_counter, describe_histogram, histogram};
+
+use crate::name::LockName;
+
+/// `dlock_acquired_total`.
+pub const ACQUIRED: &str = "dlock_acquired_total";
+/// `dlock_busy_total`.
+pub const BUSY: &str = "dlock_busy_total";
+/// `dlock_timeout_total`.
+pub const TIMEOUT: &str = "dlock_timeout_total";
+/// `dlock_wait_seconds`.
+pub const WAIT_SECONDS: &str = "dlock_wait_seconds";
+/// `dlock_hold_seconds`.
+pub const HOLD_SECONDS: &str = "dlock_hold_seconds";
+/// `dlock_released_total`.
+pub const RELEASED: &str = "dlock_released_total";
+/// `dlock_release_failed_total`.
+pub const RELEASE_FAILED: &str = "dlock_release_failed_total";
+/// `dlock_lost_total`.
+pub const LOST: &str = "dlock_lost_total";
+/// `dlock_renewed_total`.
+pub const RENEWED: &str = "dlock_renewed_total";
+/// `dlock_renew_errors_total`.
+pub const RENEW_ERRORS: &str = "dlock_renew_errors_total";
+
+/// Every metric dlock records, by name.
+pub const ALL: [&str; 10] = [
+    ACQUIRED,
+    BUSY,
+    TIMEOUT,
+    WAIT_SECONDS,
+    HOLD_SECONDS,
+    RELEASED,
+    RELEASE_FAILED,
+    LOST,
+    RENEWED,
+    RENEW_ERRORS,
+];
+
+/// Describes every metric (type, unit, help text) to the installed recorder. Call it once after
+/// installing the recorder; metrics recorded before it are still counted.
+pub fn describe() {
+    describe_counter!(ACQUIRED, "Locks acquired (re-entries not counted).");
+    describe_counter!(
+        BUSY,
+        "Lock calls that ended with the lock still busy (try_lock, or a wait that ran out)."
+    );
+    describe_counter!(
+        TIMEOUT,
+        "Waits that ran out, returned as LockError::Timeout."
+    );
+    describe_histogram!(
+        WAIT_SECONDS,
+        Unit::Seconds,
+        "Time from a lock call to its acquisition."
+    );
+    describe_histogram!(
+        HOLD_SECONDS,
+        Unit::Seconds,
+        "Time from an acquisition to the last guard letting go."
+    );
+    describe_counter!(RELEASED, "Final releases that found the lock still held.");
+    describe_counter!(
+        RELEASE_FAILED,
+        "Final releases that found the lock expired or taken over, or could not reach Redis."
+    );
+    describe_counter!(LOST, "Locks lost while held.");
+    describe_counter!(RENEWED, "Lease renewals applied by the watchdog.");
+    describe_counter!(RENEW_ERRORS, "Watchdog rounds that could not reach Redis.");
+}
+
+/// The `name` label's value for `name`, when the `Locker` asked for it and the name is shown.
+pub(crate) fn name_label(enabled: bool, name: &LockName) -> Option<String> {
+    (enabled && !name.is_hidden()).then(|| name.as_str().to_owned())
+}
+
+pub(crate) fn count(metric: &'static str, name: Option<&str>, by: u64) {
+    match name {
+        Some(name) => counter!(metric, "name" => name.to_owned()).increment(by),
+        None => counter!(metric).increment(by),
+    }
+}
+
+pub(crate) fn count_with(
+    metric: &'static str,
+    key: &'static str,
+    value: &'static str,
+    name: Option<&str>,
+) {
+    match name {
+        Some(name) => counter!(metric, key => value, "name" => name.to_owned()).increment(1),
+        None => counter!(metric, key => value).increment(1),
+    }
+}
+
+pub(crate) fn seconds(metric: &'static str, name: Option<&str>, value: std::time::Duration) {
+    match name {
+        Some(name) => histogram!(metric, "name" => name.to_owned()).record(value.as_secs_f64()),
+        None => histogram!(metric).record(value.as_secs_f64()),
+    }
+}

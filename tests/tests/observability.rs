@@ -1,0 +1,422 @@
+//! What dlock tells an operator, against a real `redis-server`: every metric described, typed
+//! and recorded as `dlock_core::metrics` documents it; a name label only by opt-in; losses and
+//! release anomalies at WARN, acquisitions in DEBUG spans; hidden names in none of them.
+//!
+//! The recorder and the subscriber are thread-local and the tests run on tokio's current-thread
+//! runtime, so everything dlock spawns (the watchdog, connections) reports to them.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use dlock_core::redis::AsyncCommands as _;
+use dlock_core::{LockName, Locker, ReleaseOutcome, metrics as dm};
+use dlock_tests::{Proxy, RedisServer, unique_name};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use metrics_util::{CompositeKey, MetricKind};
+use tracing::field::{Field, Visit};
+use tracing::span::{Attributes, Id, Record};
+use tracing::{Event, Level, Metadata, Subscriber};
+
+type Fields = BTreeMap<String, String>;
+
+/// One recorded metric: kind, name, labels, unit, description, value.
+#[derive(Debug)]
+struct Seen {
+    kind: MetricKind,
+    name: String,
+    labels: Vec<(String, String)>,
+    unit: Option<metrics::Unit>,
+    described: bool,
+    value: DebugValue,
+}
+
+fn snapshot(snapshotter: &Snapshotter) -> Vec<Seen> {
+    snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .map(
+            |(key, unit, description, value): (CompositeKey, _, _, _)| Seen {
+                kind: key.kind(),
+                name: key.key().name().to_owned(),
+                labels: key
+                    .key()
+                    .labels()
+                    .map(|l| (l.key().to_owned(), l.value().to_owned()))
+                    .collect(),
+                unit,
+                described: description.is_some(),
+                value,
+            },
+        )
+        .collect()
+}
+
+fn counter(seen: &[Seen], name: &str, labels: &[(&str, &str)]) -> u64 {
+    seen.iter()
+        .filter(|s| s.name == name)
+        .filter(|s| {
+            labels
+                .iter()
+                .all(|(k, v)| s.labels.iter().any(|(lk, lv)| lk == k && lv == v))
+        })
+        .map(|s| match s.value {
+            DebugValue::Counter(n) => n,
+            _ => panic!("{name} is not a counter"),
+        })
+        .sum()
+}
+
+fn samples(seen: &[Seen], name: &str) -> usize {
+    seen.iter()
+        .filter(|s| s.name == name)
+        .map(|s| match &s.value {
+            DebugValue::Histogram(v) => v.len(),
+            _ => panic!("{name} is not a histogram"),
+        })
+        .sum()
+}
+
+async fn eventually(within: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + within;
+    while tokio::time::Instant::now() < deadline {
+        if cond() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    cond()
+}
+
+#[tokio::test]
+async fn every_metric_is_described_typed_recorded_and_documented() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    dm::describe();
+
+    let mut server = RedisServer::start();
+    let proxy = Proxy::start(server.addr()).await;
+    let locker = Locker::builder()
+        .url(server.url())
+        .watchdog_lease(Duration::from_millis(300))
+        .build()
+        .await
+        .expect("locker");
+    let rival = Locker::connect(&server.url()).await.expect("rival");
+    let mut admin = server.connection().await;
+
+    // Acquired, busy (try_lock), busy + timeout (a wait that runs out), released.
+    let name = unique_name("metrics");
+    let guard = locker.lock(name.as_str()).await.expect("free");
+    assert!(
+        rival
+            .lock(name.as_str())
+            .try_lock()
+            .await
+            .expect("answers")
+            .is_none()
+    );
+    let timed_out = rival
+        .lock(name.as_str())
+        .wait(Duration::from_millis(50))
+        .await
+        .expect_err("busy");
+    assert!(timed_out.is_timeout());
+    // Renewed by the watchdog (a tick every 100 ms).
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    assert!(guard.release().await.is_released());
+
+    // Lost because the key was deleted; the late release then finds it gone.
+    let doomed = unique_name("doomed");
+    let guard = locker.lock(doomed.as_str()).await.expect("free");
+    let _: () = admin
+        .del(locker.key_of(doomed.as_str()).expect("key"))
+        .await
+        .expect("DEL");
+    tokio::time::timeout(Duration::from_secs(3), guard.lost())
+        .await
+        .expect("the loss is seen");
+    assert!(!guard.release().await.is_released());
+
+    // Renewals that can't reach Redis, and a release that can't either.
+    let cut = Locker::builder()
+        .url(proxy.url())
+        .watchdog_lease(Duration::from_millis(300))
+        .command_timeout(Duration::from_millis(100))
+        .build()
+        .await
+        .expect("proxied locker");
+    let stranded = cut
+        .lock(unique_name("stranded").as_str())
+        .await
+        .expect("free");
+    proxy.cut();
+    let mut seen = Vec::new();
+    assert!(
+        eventually(Duration::from_secs(3), || {
+            seen.extend(snapshot(&snapshotter));
+            counter(&seen, dm::RENEW_ERRORS, &[]) > 0
+        })
+        .await,
+        "no renewal error recorded"
+    );
+    assert!(matches!(
+        stranded.release().await,
+        ReleaseOutcome::Unreachable(_) | ReleaseOutcome::Expired
+    ));
+    server.kill();
+    seen.extend(snapshot(&snapshotter));
+
+    assert_eq!(counter(&seen, dm::ACQUIRED, &[]), 3);
+    assert_eq!(counter(&seen, dm::BUSY, &[]), 2);
+    assert_eq!(counter(&seen, dm::TIMEOUT, &[]), 1);
+    assert_eq!(counter(&seen, dm::RELEASED, &[]), 1);
+    assert!(counter(&seen, dm::RENEWED, &[]) >= 1);
+    assert_eq!(counter(&seen, dm::LOST, &[("reason", "gone")]), 1);
+    // The deleted lock's release finds it gone (`expired`); the stranded one's can't reach Redis
+    // (`unreachable`) or finds its lease run out.
+    assert!(counter(&seen, dm::RELEASE_FAILED, &[("outcome", "expired")]) >= 1);
+    assert_eq!(counter(&seen, dm::RELEASE_FAILED, &[]), 2);
+    assert!(samples(&seen, dm::WAIT_SECONDS) >= 3);
+    assert!(samples(&seen, dm::HOLD_SECONDS) >= 3);
+    // Without the opt-in, no metric carries a name.
+    assert!(
+        seen.iter()
+            .all(|s| s.labels.iter().all(|(k, _)| k != "name")),
+        "{seen:#?}"
+    );
+
+    // Every metric: recorded, described, of the documented type and unit, and in the docs table.
+    let docs = include_str!("../../dlock-core/src/metrics.rs");
+    for metric in dm::ALL {
+        let of: Vec<&Seen> = seen.iter().filter(|s| s.name == metric).collect();
+        assert!(!of.is_empty(), "{metric} was never recorded");
+        let row = docs
+            .lines()
+            .find(|l| l.starts_with(&format!("//! | `{metric}` |")))
+            .unwrap_or_else(|| panic!("{metric} is missing from the table in metrics.rs"));
+        let documented = if row.contains("| histogram |") {
+            MetricKind::Histogram
+        } else if row.contains("| counter |") {
+            MetricKind::Counter
+        } else {
+            panic!("{metric}: no type in {row}")
+        };
+        for s in of {
+            assert!(s.described, "{metric} has no description");
+            assert_eq!(s.kind, documented, "{metric}");
+            let seconds = row.contains("| seconds |");
+            assert_eq!(
+                s.unit == Some(metrics::Unit::Seconds),
+                seconds,
+                "{metric}: unit {:?} against {row}",
+                s.unit
+            );
+        }
+    }
+    let rows = docs
+        .lines()
+        .filter(|l| l.starts_with("//! | `dlock_"))
+        .count();
+    assert_eq!(
+        rows,
+        dm::ALL.len(),
+        "the table lists a metric dlock doesn't record"
+    );
+}
+
+#[tokio::test]
+async fn the_name_label_is_opt_in_and_never_shows_a_hidden_name() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let server = RedisServer::start();
+    let labelled = Locker::builder()
+        .url(server.url())
+        .metrics_name_label(true)
+        .build()
+        .await
+        .expect("locker");
+    let shown = unique_name("shown");
+    let secret = unique_name("secret-user-42");
+    let guard = labelled.lock(shown.as_str()).await.expect("free");
+    assert!(guard.release().await.is_released());
+    let guard = labelled
+        .lock(secret.as_str())
+        .hide_name(true)
+        .await
+        .expect("free");
+    assert!(guard.release().await.is_released());
+    let seen = snapshot(&snapshotter);
+    assert_eq!(counter(&seen, dm::ACQUIRED, &[("name", shown.as_str())]), 1);
+    assert_eq!(counter(&seen, dm::RELEASED, &[("name", shown.as_str())]), 1);
+    assert_eq!(counter(&seen, dm::ACQUIRED, &[]), 2);
+    assert!(
+        seen.iter()
+            .flat_map(|s| &s.labels)
+            .all(|(_, v)| !v.contains("secret")),
+        "{seen:#?}"
+    );
+}
+
+/// Every span and event, with its level and fields.
+#[derive(Clone, Default)]
+struct Logs {
+    next: Arc<AtomicU64>,
+    spans: Arc<Mutex<Vec<(String, Level, Fields)>>>,
+    events: Arc<Mutex<Vec<(Level, Fields)>>>,
+}
+
+struct Collect<'a>(&'a mut Fields);
+
+impl Visit for Collect<'_> {
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        self.0.insert(field.name().to_owned(), format!("{value:?}"));
+    }
+
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.0.insert(field.name().to_owned(), value.to_owned());
+    }
+}
+
+impl Subscriber for Logs {
+    fn enabled(&self, _: &Metadata<'_>) -> bool {
+        true
+    }
+
+    fn new_span(&self, span: &Attributes<'_>) -> Id {
+        let mut fields = Fields::new();
+        span.record(&mut Collect(&mut fields));
+        let meta = span.metadata();
+        self.spans
+            .lock()
+            .expect("spans")
+            .push((meta.name().to_owned(), *meta.level(), fields));
+        Id::from_u64(self.next.fetch_add(1, Ordering::SeqCst) + 1)
+    }
+
+    fn record(&self, _: &Id, _: &Record<'_>) {}
+
+    fn record_follows_from(&self, _: &Id, _: &Id) {}
+
+    fn event(&self, event: &Event<'_>) {
+        let mut fields = Fields::new();
+        event.record(&mut Collect(&mut fields));
+        self.events
+            .lock()
+            .expect("events")
+            .push((*event.metadata().level(), fields));
+    }
+
+    fn enter(&self, _: &Id) {}
+
+    fn exit(&self, _: &Id) {}
+}
+
+impl Logs {
+    fn events_saying(&self, words: &str) -> Vec<(Level, Fields)> {
+        self.events
+            .lock()
+            .expect("events")
+            .iter()
+            .filter(|(_, f)| f.get("message").is_some_and(|m| m.contains(words)))
+            .cloned()
+            .collect()
+    }
+
+    fn everything(&self) -> String {
+        format!(
+            "{:?}\n{:?}",
+            self.spans.lock().expect("spans"),
+            self.events.lock().expect("events")
+        )
+    }
+}
+
+#[tokio::test]
+async fn losses_warn_acquisitions_are_debug_spans_and_hidden_names_stay_out() {
+    let logs = Logs::default();
+    let _default = tracing::subscriber::set_default(logs.clone());
+    let server = RedisServer::start();
+    let mut admin = server.connection().await;
+    let locker = Locker::builder()
+        .url(server.url())
+        .watchdog_lease(Duration::from_millis(300))
+        .build()
+        .await
+        .expect("locker");
+
+    let shown = unique_name("shown");
+    let guard = locker.lock(shown.as_str()).await.expect("free");
+    assert!(guard.release().await.is_released());
+    let spans = logs.spans.lock().expect("spans").clone();
+    let acquire = spans
+        .iter()
+        .find(|(n, _, _)| n == "dlock.acquire")
+        .expect("an acquire span");
+    assert_eq!(acquire.1, Level::DEBUG);
+    assert_eq!(acquire.2.get("name"), Some(&shown));
+    let release = spans
+        .iter()
+        .find(|(n, _, _)| n == "dlock.release")
+        .expect("a release span");
+    assert_eq!(release.1, Level::DEBUG);
+    assert!(
+        logs.events_saying("acquired")
+            .iter()
+            .all(|(l, _)| *l == Level::DEBUG)
+    );
+
+    // A hidden name, lost (deleted) and then released late: WARN twice, the name in neither.
+    let secret = unique_name("secret-user-42");
+    let name = LockName::new(&secret).expect("valid").hidden(true);
+    let guard = locker.lock(name).await.expect("free");
+    let busy = locker
+        .lock(LockName::new(&secret).expect("valid").hidden(true))
+        .try_lock()
+        .await
+        .expect("answers");
+    assert!(busy.is_none());
+    let _: () = admin
+        .del(locker.key_of(secret.as_str()).expect("key"))
+        .await
+        .expect("DEL");
+    tokio::time::timeout(Duration::from_secs(3), guard.lost())
+        .await
+        .expect("the loss is seen");
+    let outcome = guard.release().await;
+    assert!(!outcome.is_released());
+    let lost = logs.events_saying("lost while held");
+    assert_eq!(lost.len(), 1, "{}", logs.everything());
+    assert_eq!(lost[0].0, Level::WARN);
+    assert_eq!(lost[0].1.get("name").map(String::as_str), Some("<hidden>"));
+    let late = logs.events_saying("no longer held");
+    assert_eq!(late.len(), 1, "{}", logs.everything());
+    assert_eq!(late[0].0, Level::WARN);
+
+    // A Locker that hides every name; its errors still name the lock for the caller.
+    let quiet = Locker::builder()
+        .url(server.url())
+        .hide_names(true)
+        .build()
+        .await
+        .expect("quiet locker");
+    let held = quiet.lock(secret.as_str()).await.expect("free");
+    let err = quiet
+        .lock(secret.as_str())
+        .wait(Duration::from_millis(30))
+        .await
+        .expect_err("busy");
+    assert!(err.to_string().contains(&secret), "{err}");
+    assert!(held.release().await.is_released());
+
+    let everything = logs.everything();
+    assert!(
+        !everything.contains("secret-user-42"),
+        "a hidden name was logged: {everything}"
+    );
+    assert!(everything.contains("<hidden>"));
+}
