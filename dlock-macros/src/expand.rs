@@ -151,9 +151,11 @@ pub(crate) fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream> {
         error_span,
     );
 
+    // `modifiers` (`default fn`) only exist on associated functions; an `ItemFn` never has any.
     let ItemFn {
         attrs,
         vis,
+        modifiers: _,
         sig,
         block,
     } = func;
