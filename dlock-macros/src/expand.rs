@@ -96,7 +96,14 @@ pub(crate) fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream> {
         }
     };
 
-    let wait = duration(args.wait.unwrap_or(Duration::ZERO));
+    // Without `wait` or `lease`, the `Locker`'s defaults apply.
+    let wait = match args.wait {
+        Some(wait) => {
+            let wait = duration(wait);
+            quote!(::core::option::Option::Some(#wait))
+        }
+        None => quote!(::core::option::Option::None),
+    };
     let lease = match args.lease {
         Some(lease) => {
             let lease = duration(lease);

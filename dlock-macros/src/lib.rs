@@ -76,16 +76,22 @@ use proc_macro::TokenStream;
 ///
 /// # `wait = "3s"`
 ///
-/// How long to wait for a busy lock, counted from the call (default: one attempt, as
-/// `wait = "0s"`). Durations are written with the units `ms`, `s`, `m` and `h`, combined as in
-/// `1m30s`; they are checked at compile time. A waiter sleeps until the lock is released (a
-/// pub/sub wake-up), it does not poll.
+/// How long to wait for a busy lock, counted from the call. Durations are written with the
+/// units `ms`, `s`, `m` and `h`, combined as in `1m30s`; they are checked at compile time. A
+/// waiter sleeps until the lock is released (a pub/sub wake-up), it does not poll.
+///
+/// **Without `wait`**, the attribute doesn't set a wait, and the request waits what the `Locker`
+/// it uses says: `LockerBuilder::default_wait`, which is zero — one attempt, busy at once —
+/// unless that `Locker` was built with another. This holds for the process-wide default `Locker`
+/// too. `wait = "0s"` always makes one attempt, whatever the `Locker`'s default.
 ///
 /// # `lease = "10s"`
 ///
 /// A fixed lease: the lock is not renewed and expires after it, whether or not the body is done.
-/// Without `lease`, the watchdog keeps the lock alive for as long as the body runs (a 30 s lease
-/// by default, renewed every 10 s; see `LockerBuilder::watchdog_lease`).
+///
+/// Without `lease`, the lock takes the `Locker`'s default lease (`LockerBuilder::default_lease`):
+/// unless configured, a 30 s watchdog lease renewed every 10 s, which keeps the lock alive for as
+/// long as the body runs.
 ///
 /// # `locker = <expr>`
 ///
@@ -143,7 +149,8 @@ use proc_macro::TokenStream;
 /// # Equivalent code without the macro
 ///
 /// `#[distributed_lock(key = "order:<user_id>:<voucher_id>", wait = "3s")]` on
-/// `create_order` does what this hand-written version does:
+/// `create_order` does what this hand-written version does (without `wait`, there is no
+/// `.wait(...)` call, and the `Locker`'s default wait applies):
 ///
 /// ```no_run
 /// # use std::time::Duration;
