@@ -79,6 +79,7 @@ mod locker;
 pub mod macro_support;
 mod multi;
 mod name;
+mod policy;
 mod scope;
 mod script;
 mod wait;
@@ -94,6 +95,7 @@ pub use locker::{
 };
 pub use multi::{MultiGuard, MultiLockRequest};
 pub use name::{IntoLockName, LockName, MAX_NAME_LEN, NameBuilder};
+pub use policy::OnLost;
 pub use scope::{
     HeldLock, LockScope, Scoped, fencing_token, held_lock, in_scope, isolated_scope, scope,
 };

@@ -10,15 +10,7 @@ use crate::multi::MultiLockRequest;
 use crate::name::LockName;
 
 pub use crate::name::NameBuilder;
-
-/// What to do when the lock is lost while the body runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OnLost {
-    /// Drop the body at its next `.await` and return `Err(LockError::Lost { .. }.into())`.
-    Cancel,
-    /// Let the body run on; it can watch [`crate::held_lock`].
-    Signal,
-}
+pub use crate::policy::OnLost;
 
 /// How the attribute's lock is configured.
 #[derive(Debug, Clone, Copy)]

@@ -1,14 +1,16 @@
-//! The `Locker`'s defaults when the attribute leaves `wait` or `lease` out, against a real
-//! `redis-server`. Times are read on tokio's
+//! `wait`, `lease` and `on_lost` as constants and expressions, and the `Locker`'s defaults when
+//! the attribute leaves them out, against a real `redis-server`. Times are read on tokio's
 //! monotonic clock and bounded generously: a lower bound shows that a wait was waited, an upper
 //! bound far above it that it was not some other, longer one.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use dlock_core::redis::AsyncCommands as _;
 use dlock_core::redis::aio::MultiplexedConnection;
-use dlock_core::{Lease, LockError, LockGuard, Locker, distributed_lock};
+use dlock_core::{Lease, LockError, LockGuard, Locker, OnLost, distributed_lock};
 use dlock_tests::{RedisServer, unique_name};
+use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 #[derive(Debug)]
@@ -72,6 +74,122 @@ fn assert_timed_out_after(result: Result<(), AppError>, started: Instant, wait: 
     assert!(elapsed < wait + SLACK, "gave up after {elapsed:?}");
 }
 
+const SHORT_WAIT: Duration = Duration::from_millis(400);
+
+#[distributed_lock(key = "const:<id>", locker = locker, wait = SHORT_WAIT)]
+async fn waits_a_constant(locker: &Locker, id: &str) -> Result<(), AppError> {
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_constant_wait_is_waited() {
+    let server = RedisServer::start();
+    let locker = locker_with(
+        &server,
+        Duration::ZERO,
+        Lease::watchdog(Duration::from_secs(30)),
+    )
+    .await;
+    let id = unique_name("const");
+    let holder = hold(&server, &format!("const:{id}")).await;
+
+    let started = Instant::now();
+    assert_timed_out_after(waits_a_constant(&locker, &id).await, started, SHORT_WAIT);
+
+    // Released within the wait: the call gets the lock.
+    let call = tokio::spawn({
+        let (locker, id) = (locker.clone(), id.clone());
+        async move { waits_a_constant(&locker, &id).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(holder.release().await.is_released());
+    call.await
+        .expect("the call's task")
+        .expect("acquired within the wait");
+}
+
+#[distributed_lock(key = "expr:<id>", locker = locker, wait = Duration::from_millis(wait_ms))]
+async fn waits_its_argument(locker: &Locker, id: &str, wait_ms: u64) -> Result<(), AppError> {
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_expression_wait_is_evaluated_with_the_functions_arguments() {
+    let server = RedisServer::start();
+    // A long default that neither call may fall back to.
+    let default_wait = Duration::from_secs(30);
+    let locker = locker_with(
+        &server,
+        default_wait,
+        Lease::watchdog(Duration::from_secs(30)),
+    )
+    .await;
+    let id = unique_name("expr");
+    let _holder = hold(&server, &format!("expr:{id}")).await;
+
+    let started = Instant::now();
+    assert_timed_out_after(
+        waits_its_argument(&locker, &id, 0).await,
+        started,
+        Duration::ZERO,
+    );
+
+    let started = Instant::now();
+    assert_timed_out_after(
+        waits_its_argument(&locker, &id, 700).await,
+        started,
+        Duration::from_millis(700),
+    );
+}
+
+#[distributed_lock(key = "policy:<id>", locker = locker, on_lost = policy)]
+async fn under_policy(
+    locker: &Locker,
+    id: &str,
+    policy: OnLost,
+    started: oneshot::Sender<()>,
+) -> Result<bool, AppError> {
+    let held = dlock_core::held_lock().expect("inside the lock");
+    let _ = started.send(());
+    let lost = tokio::time::timeout(Duration::from_secs(5), held.lost()).await;
+    Ok(lost.is_ok() && held.is_lost())
+}
+
+#[tokio::test]
+async fn an_on_lost_expression_chooses_cancel_or_signal_at_run_time() {
+    let server = RedisServer::start();
+    let locker = locker_with(
+        &server,
+        Duration::ZERO,
+        Lease::watchdog(Duration::from_millis(600)),
+    )
+    .await;
+    let mut con = server.connection().await;
+
+    for policy in [OnLost::Cancel, OnLost::Signal] {
+        let id = unique_name("policy");
+        let (started_tx, started_rx) = oneshot::channel();
+        let call = tokio::spawn({
+            let (locker, id) = (locker.clone(), id.clone());
+            async move { under_policy(&locker, &id, policy, started_tx).await }
+        });
+        started_rx.await.expect("the body ran");
+        let key = locker.key_of(format!("policy:{id}")).unwrap();
+        let () = con.del(&key).await.unwrap();
+        let result = tokio::time::timeout(Duration::from_secs(10), call)
+            .await
+            .expect("the call returned")
+            .expect("the call's task");
+        match policy {
+            OnLost::Cancel => {
+                let err = result.expect_err("cancelled");
+                assert!(err.lock().is_lost(), "{err:?}");
+            }
+            _ => assert!(result.expect("ran on"), "the body saw the loss and ran on"),
+        }
+    }
+}
+
 #[distributed_lock(key = "dw:<id>", locker = locker)]
 async fn only_a_key(locker: &Locker, id: &str) -> Result<(), AppError> {
     Ok(())
@@ -133,6 +251,18 @@ async fn literal_lease(
     Ok(pttl(con, locker, &format!("dl:{id}")).await)
 }
 
+#[distributed_lock(key = "dl:<id>", locker = locker, lease = Duration::from_millis(lease_ms))]
+async fn expression_lease(
+    locker: &Locker,
+    con: &mut MultiplexedConnection,
+    id: &str,
+    lease_ms: u64,
+    ran: &AtomicBool,
+) -> Result<i64, AppError> {
+    ran.store(true, Ordering::SeqCst);
+    Ok(pttl(con, locker, &format!("dl:{id}")).await)
+}
+
 #[tokio::test]
 async fn the_lockers_default_lease_applies_unless_the_attribute_sets_one() {
     let server = RedisServer::start();
@@ -155,6 +285,27 @@ async fn the_lockers_default_lease_applies_unless_the_attribute_sets_one() {
         (16_000..=20_000).contains(&ttl),
         "PTTL {ttl} under `lease = \"20s\"`"
     );
+    let ran = AtomicBool::new(false);
+    let ttl = expression_lease(&locker, &mut con, &id, 12_000, &ran)
+        .await
+        .unwrap();
+    assert!(
+        (8_000..=12_000).contains(&ttl),
+        "PTTL {ttl} under a 12 s expression"
+    );
+
+    // A lease the core refuses is its typed error, and the body doesn't run.
+    let ran = AtomicBool::new(false);
+    let err = expression_lease(&locker, &mut con, &id, 5, &ran)
+        .await
+        .unwrap_err();
+    assert!(err.lock().is_config(), "{err:?}");
+    assert!(!ran.load(Ordering::SeqCst));
+    let err = expression_lease(&locker, &mut con, &id, u64::MAX, &ran)
+        .await
+        .unwrap_err();
+    assert!(err.lock().is_config(), "{err:?}");
+    assert!(!ran.load(Ordering::SeqCst));
 }
 
 #[distributed_lock(key = "global:<id>")]
