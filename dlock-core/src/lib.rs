@@ -30,14 +30,16 @@
 //!   once more, and recognised as the same release.
 //! - **Leases**: by default a lock is leased for 30 s and renewed every 10 s while its guard lives
 //!   (the *watchdog*). The watchdog renews every lock of a [`Locker`] in one round trip per tick.
-//!   [`LockRequest::lease`] sets a fixed lease instead.
+//!   [`LockRequest::lease`] sets a fixed lease instead, and a `Locker` can start every request
+//!   from another default [`Lease`] ([`LockerBuilder::default_lease`]).
 //! - **Loss**: when a renewal finds the lock gone or taken, or the lease runs out without a
 //!   renewal, [`LockGuard::lost`] resolves and [`LockGuard::run`] cancels the guarded future.
 //! - **Fencing**: every fresh acquisition gets a token strictly greater than the last one for the
 //!   same name. A lease cannot protect against a holder paused past its lease; a resource that
 //!   refuses stale tokens can.
 //! - **Waiting**: [`LockRequest::wait`] waits up to a deadline (`Duration::MAX`: for as long as
-//!   it takes); a failing backend is retried within it. Waiters sleep on a pub/sub
+//!   it takes; without it, the `Locker`'s [`default_wait`](LockerBuilder::default_wait), one
+//!   attempt unless configured); a failing backend is retried within it. Waiters sleep on a pub/sub
 //!   wake-up (one subscriber connection per `Locker` for every waited name), with a fallback timer
 //!   bounded by the holder's remaining lease. Local waiters for one name queue in-process, so only
 //!   one of them waits in Redis, and a release hands the lock straight to the next local waiter
@@ -95,6 +97,7 @@ pub mod macro_support;
 pub mod metrics;
 mod multi;
 mod name;
+mod policy;
 mod scope;
 mod script;
 mod wait;
@@ -105,11 +108,12 @@ pub use error::{BackendError, InvalidName, LockError, ReleaseOutcome};
 pub use guard::{FencingToken, LockGuard, Lost};
 pub use locker::{
     DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_FENCE_TTL, DEFAULT_POLL_INTERVAL,
-    DEFAULT_PREFIX, DEFAULT_WATCHDOG_LEASE, LockRequest, Locker, LockerBuilder, default_locker,
-    set_default_locker,
+    DEFAULT_PREFIX, DEFAULT_WATCHDOG_LEASE, Lease, LockRequest, Locker, LockerBuilder,
+    default_locker, set_default_locker,
 };
 pub use multi::{MultiGuard, MultiLockRequest};
 pub use name::{IntoLockName, LockName, MAX_NAME_LEN, NameBuilder};
+pub use policy::OnLost;
 pub use scope::{
     HeldLock, LockScope, Scoped, fencing_token, held_lock, in_scope, isolated_scope, scope,
 };

@@ -25,7 +25,7 @@ mod url;
 use acquire::{Attempted, InFlight};
 pub use builder::LockerBuilder;
 pub use default::{default_locker, set_default_locker};
-pub(crate) use lease::Lease;
+pub use lease::Lease;
 use queue::{HeadWait, QueueEntry, handed};
 use release::release_outcome;
 pub use request::LockRequest;
@@ -108,7 +108,8 @@ impl Drop for LockerInner {
 #[derive(Debug, Clone)]
 struct Config {
     prefix: String,
-    watchdog_lease: Duration,
+    default_wait: Duration,
+    default_lease: Lease,
     fence_ttl: Option<Duration>,
     poll_interval: Duration,
     handoff: bool,
@@ -122,7 +123,8 @@ impl Default for Config {
     fn default() -> Self {
         Self {
             prefix: DEFAULT_PREFIX.to_owned(),
-            watchdog_lease: DEFAULT_WATCHDOG_LEASE,
+            default_wait: Duration::ZERO,
+            default_lease: Lease::Watchdog(DEFAULT_WATCHDOG_LEASE),
             fence_ttl: Some(DEFAULT_FENCE_TTL),
             poll_interval: DEFAULT_POLL_INTERVAL,
             handoff: true,
@@ -138,7 +140,8 @@ impl fmt::Debug for Locker {
             .field("backend", &self.inner.backend.kind())
             .field("at", &self.inner.display)
             .field("prefix", &self.inner.config.prefix)
-            .field("watchdog_lease", &self.inner.config.watchdog_lease)
+            .field("default_wait", &self.inner.config.default_wait)
+            .field("default_lease", &self.inner.config.default_lease)
             .field("held", &self.inner.watchdog.len())
             .finish()
     }
@@ -186,14 +189,28 @@ impl Locker {
     /// Starts a lock request for `name`: await it to acquire.
     ///
     /// `name` is a `&str`/`String` (trusted text, validated) or a [`LockName`](crate::LockName) built from escaped
-    /// values. With no further settings the request makes one attempt and uses the watchdog.
+    /// values. The request starts from the `Locker`'s [`default_wait`](Self::default_wait) and
+    /// [`default_lease`](Self::default_lease): with the builder's defaults, one attempt and a
+    /// 30 s watchdog lease.
     pub fn lock(&self, name: impl IntoLockName) -> LockRequest {
         LockRequest {
             locker: self.clone(),
             name: self.name(name),
-            wait: Duration::ZERO,
-            lease: Lease::Watchdog(self.inner.config.watchdog_lease),
+            wait: self.inner.config.default_wait,
+            lease: self.inner.config.default_lease,
         }
+    }
+
+    /// How long a request waits when it doesn't say
+    /// ([`LockerBuilder::default_wait`]; zero, one attempt, unless configured).
+    pub fn default_wait(&self) -> Duration {
+        self.inner.config.default_wait
+    }
+
+    /// How a request leases its lock when it doesn't say
+    /// ([`LockerBuilder::default_lease`]; a 30 s watchdog lease unless configured).
+    pub fn default_lease(&self) -> Lease {
+        self.inner.config.default_lease
     }
 
     /// Starts an all-or-none request for several names (see [`MultiLockRequest`]). Names are

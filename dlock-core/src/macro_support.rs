@@ -10,22 +10,14 @@ use crate::multi::MultiLockRequest;
 use crate::name::LockName;
 
 pub use crate::name::NameBuilder;
-
-/// What to do when the lock is lost while the body runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OnLost {
-    /// Drop the body at its next `.await` and return `Err(LockError::Lost { .. }.into())`.
-    Cancel,
-    /// Let the body run on; it can watch [`crate::held_lock`].
-    Signal,
-}
+pub use crate::policy::OnLost;
 
 /// How the attribute's lock is configured.
 #[derive(Debug, Clone, Copy)]
 pub struct Options {
-    /// How long to wait.
-    pub wait: Duration,
-    /// A fixed lease (`None`: watchdog).
+    /// How long to wait (`None`: the `Locker`'s default wait).
+    pub wait: Option<Duration>,
+    /// A fixed lease (`None`: the `Locker`'s default lease).
     pub lease: Option<Duration>,
     /// Loss policy.
     pub on_lost: OnLost,
@@ -118,14 +110,20 @@ impl Held {
     async fn acquire(locker: &Locker, names: Names, options: Options) -> Result<Self, LockError> {
         match names {
             Names::One(name) => {
-                let mut request: LockRequest = locker.lock(name).wait(options.wait);
+                let mut request: LockRequest = locker.lock(name);
+                if let Some(wait) = options.wait {
+                    request = request.wait(wait);
+                }
                 if let Some(lease) = options.lease {
                     request = request.lease(lease);
                 }
                 request.await.map(Self::One)
             }
             Names::Many(names) => {
-                let mut request: MultiLockRequest = locker.lock_all(names).wait(options.wait);
+                let mut request: MultiLockRequest = locker.lock_all(names);
+                if let Some(wait) = options.wait {
+                    request = request.wait(wait);
+                }
                 if let Some(lease) = options.lease {
                     request = request.lease(lease);
                 }

@@ -48,15 +48,17 @@ impl MultiLockRequest {
             .map(IntoLockName::into_lock_name)
             .collect::<Result<Vec<_>, _>>();
         Self {
+            wait: locker.default_wait(),
             locker,
             names,
-            wait: Duration::ZERO,
             configure: None,
             lease: None,
         }
     }
 
-    /// Waits up to `wait` (one deadline for all names, counted from the call).
+    /// Waits up to `wait` (one deadline for all names, counted from the call; default: the
+    /// `Locker`'s [`default_wait`](Locker::default_wait)). Without a lease setting, every lock
+    /// takes the `Locker`'s [`default_lease`](Locker::default_lease).
     pub fn wait(mut self, wait: Duration) -> Self {
         self.wait = wait;
         self

@@ -5,7 +5,7 @@ use std::time::Duration;
 use proc_macro2::Span;
 use syn::ext::IdentExt as _;
 use syn::parse::{Parse, ParseStream};
-use syn::{Expr, LitBool, LitStr, Path, Token};
+use syn::{Expr, ExprLit, Lit, LitBool, LitStr, Path, Token};
 
 use crate::template::{self, Template};
 
@@ -27,13 +27,24 @@ pub(crate) enum OnLost {
     Signal,
 }
 
+/// An argument written as a literal, checked now, or as an expression, evaluated when the
+/// function is called.
+pub(crate) enum Value<T> {
+    Literal(T),
+    Expr(Expr),
+}
+
+/// The shortest and the longest lease the core accepts (`dlock_core`'s `MIN_LEASE`/`MAX_LEASE`).
+const MIN_LEASE: Duration = Duration::from_millis(10);
+const MAX_LEASE: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
+
 /// The parsed arguments.
 pub(crate) struct Args {
     pub(crate) keys: Vec<Template>,
-    pub(crate) wait: Option<Duration>,
-    pub(crate) lease: Option<Duration>,
+    pub(crate) wait: Option<Value<Duration>>,
+    pub(crate) lease: Option<Value<Duration>>,
     pub(crate) locker: Option<Expr>,
-    pub(crate) on_lost: OnLost,
+    pub(crate) on_lost: Option<Value<OnLost>>,
     pub(crate) reentrant: bool,
     pub(crate) krate: Option<Path>,
 }
@@ -69,19 +80,18 @@ impl Parse for Args {
             } else if lookahead.peek(kw::wait) {
                 let span = input.parse::<kw::wait>()?.span;
                 input.parse::<Token![=]>()?;
-                let lit: LitStr = input.parse()?;
-                once(&mut wait, parse_duration(&lit)?, "wait", span)?;
+                let value = match string_or_expr(input)? {
+                    Ok(lit) => Value::Literal(parse_duration(&lit)?),
+                    Err(expr) => Value::Expr(expr),
+                };
+                once(&mut wait, value, "wait", span)?;
             } else if lookahead.peek(kw::lease) {
                 let span = input.parse::<kw::lease>()?.span;
                 input.parse::<Token![=]>()?;
-                let lit: LitStr = input.parse()?;
-                let value = parse_duration(&lit)?;
-                if value < Duration::from_millis(10) {
-                    return Err(syn::Error::new(
-                        lit.span(),
-                        "`lease` must be at least `10ms`",
-                    ));
-                }
+                let value = match string_or_expr(input)? {
+                    Ok(lit) => Value::Literal(parse_lease(&lit)?),
+                    Err(expr) => Value::Expr(expr),
+                };
                 once(&mut lease, value, "lease", span)?;
             } else if lookahead.peek(kw::locker) {
                 let span = input.parse::<kw::locker>()?.span;
@@ -91,18 +101,9 @@ impl Parse for Args {
             } else if lookahead.peek(kw::on_lost) {
                 let span = input.parse::<kw::on_lost>()?.span;
                 input.parse::<Token![=]>()?;
-                let lit: LitStr = input.parse()?;
-                let value = match lit.value().as_str() {
-                    "cancel" => OnLost::Cancel,
-                    "signal" => OnLost::Signal,
-                    other => {
-                        return Err(syn::Error::new(
-                            lit.span(),
-                            format!(
-                                "unknown `on_lost` policy `{other}`; expected `\"cancel\"` or `\"signal\"`"
-                            ),
-                        ));
-                    }
+                let value = match string_or_expr(input)? {
+                    Ok(lit) => Value::Literal(parse_on_lost(&lit)?),
+                    Err(expr) => Value::Expr(expr),
                 };
                 once(&mut on_lost, value, "on_lost", span)?;
             } else if lookahead.peek(kw::reentrant) {
@@ -145,11 +146,55 @@ impl Parse for Args {
             wait,
             lease,
             locker,
-            on_lost: on_lost.unwrap_or(OnLost::Cancel),
+            on_lost,
             reentrant: reentrant.unwrap_or(true),
             krate,
         })
     }
+}
+
+/// A string literal (`"3s"`), or any other expression (`ORDER_WAIT`, `cfg.wait`, `5`).
+fn string_or_expr(input: ParseStream<'_>) -> syn::Result<Result<LitStr, Expr>> {
+    let expr: Expr = input.parse()?;
+    match expr {
+        Expr::Lit(ExprLit {
+            attrs,
+            lit: Lit::Str(lit),
+        }) if attrs.is_empty() => Ok(Ok(lit)),
+        other => Ok(Err(other)),
+    }
+}
+
+fn parse_on_lost(lit: &LitStr) -> syn::Result<OnLost> {
+    match lit.value().as_str() {
+        "cancel" => Ok(OnLost::Cancel),
+        "signal" => Ok(OnLost::Signal),
+        other => Err(syn::Error::new(
+            lit.span(),
+            format!(
+                "unknown `on_lost` policy `{other}`; expected `\"cancel\"` or `\"signal\"`, or an \
+                 expression of type `dlock_core::OnLost`"
+            ),
+        )),
+    }
+}
+
+/// A literal lease, held to the bounds the core enforces at run time.
+fn parse_lease(lit: &LitStr) -> syn::Result<Duration> {
+    let value = parse_duration(lit)?;
+    if value < MIN_LEASE {
+        return Err(syn::Error::new(
+            lit.span(),
+            "`lease` must be at least `10ms`",
+        ));
+    }
+    if value > MAX_LEASE {
+        return Err(syn::Error::new(
+            lit.span(),
+            "`lease` must be at most `87600h` (about ten years)",
+        ));
+    }
+    Ok(value)
 }
 
 const DURATION_HELP: &str =
@@ -201,6 +246,52 @@ mod tests {
 
     fn d(s: &str) -> syn::Result<Duration> {
         parse_duration(&LitStr::new(s, Span::call_site()))
+    }
+
+    fn args(tokens: &str) -> syn::Result<Args> {
+        syn::parse_str(tokens)
+    }
+
+    #[test]
+    fn literals_are_checked_now_and_expressions_kept_for_the_call() {
+        let parsed = args(r#"key = "a", wait = "3s", lease = "10s", on_lost = "signal""#).unwrap();
+        assert!(matches!(parsed.wait, Some(Value::Literal(d)) if d == Duration::from_secs(3)));
+        assert!(matches!(parsed.lease, Some(Value::Literal(d)) if d == Duration::from_secs(10)));
+        assert!(matches!(
+            parsed.on_lost,
+            Some(Value::Literal(OnLost::Signal))
+        ));
+
+        let parsed = args(
+            r#"key = "a", wait = ORDER_WAIT, lease = cfg.lease * 2, on_lost = if x { a } else { b }"#,
+        )
+        .unwrap();
+        assert!(matches!(parsed.wait, Some(Value::Expr(Expr::Path(_)))));
+        assert!(matches!(parsed.lease, Some(Value::Expr(Expr::Binary(_)))));
+        assert!(matches!(parsed.on_lost, Some(Value::Expr(Expr::If(_)))));
+
+        let parsed = args(r#"key = "a", wait = 5"#).unwrap();
+        assert!(matches!(parsed.wait, Some(Value::Expr(Expr::Lit(_)))));
+
+        let parsed = args(r#"key = "a""#).unwrap();
+        assert!(parsed.wait.is_none() && parsed.lease.is_none() && parsed.on_lost.is_none());
+    }
+
+    #[test]
+    fn bad_literals_and_repeats_are_refused() {
+        for bad in [
+            r#"key = "a", wait = "3 s""#,
+            r#"key = "a", lease = "5ms""#,
+            r#"key = "a", lease = "100000h""#,
+            r#"key = "a", on_lost = "ignore""#,
+            r#"key = "a", wait = "1s", wait = W"#,
+            r#"key = "a", on_lost = P, on_lost = "cancel""#,
+            r#"key = "a", lease = "#,
+        ] {
+            assert!(args(bad).is_err(), "{bad}");
+        }
+        assert!(args(r#"key = "a", lease = "87600h""#).is_ok());
+        assert!(args(r#"key = "a", lease = "10ms""#).is_ok());
     }
 
     #[test]

@@ -8,7 +8,7 @@ use quote::{quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::{AttrStyle, FnArg, GenericArgument, ItemFn, Pat, PathArguments, ReturnType, Type};
 
-use crate::attr::{Args, OnLost};
+use crate::attr::{Args, OnLost, Value};
 use crate::template::{Placeholder, Segment, Template};
 
 const RETURN_HELP: &str = "a `#[distributed_lock]` function must return `Result<_, E>` with \
@@ -96,17 +96,44 @@ pub(crate) fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream> {
         }
     };
 
-    let wait = duration(args.wait.unwrap_or(Duration::ZERO));
-    let lease = match args.lease {
-        Some(lease) => {
-            let lease = duration(lease);
+    // Without `wait` or `lease`, the `Locker`'s defaults apply. Expressions are evaluated here,
+    // in the function's scope, when it is called; each is bound to a `let` of the type it must
+    // have, spanned on the expression, so that a wrong type is reported on the user's expression.
+    let mut evaluated = TokenStream::new();
+    let duration_ty = quote!(::core::time::Duration);
+    let wait = match &args.wait {
+        None => quote!(::core::option::Option::None),
+        Some(Value::Literal(wait)) => {
+            let wait = duration(*wait);
+            quote!(::core::option::Option::Some(#wait))
+        }
+        Some(Value::Expr(expr)) => {
+            evaluated.extend(typed_let(quote!(__dlock_wait), &duration_ty, expr));
+            quote!(::core::option::Option::Some(__dlock_wait))
+        }
+    };
+    let lease = match &args.lease {
+        None => quote!(::core::option::Option::None),
+        Some(Value::Literal(lease)) => {
+            let lease = duration(*lease);
             quote!(::core::option::Option::Some(#lease))
         }
-        None => quote!(::core::option::Option::None),
+        Some(Value::Expr(expr)) => {
+            evaluated.extend(typed_let(quote!(__dlock_lease), &duration_ty, expr));
+            quote!(::core::option::Option::Some(__dlock_lease))
+        }
     };
-    let on_lost = match args.on_lost {
-        OnLost::Cancel => quote!(#support::OnLost::Cancel),
-        OnLost::Signal => quote!(#support::OnLost::Signal),
+    let on_lost = match &args.on_lost {
+        None | Some(Value::Literal(OnLost::Cancel)) => quote!(#support::OnLost::Cancel),
+        Some(Value::Literal(OnLost::Signal)) => quote!(#support::OnLost::Signal),
+        Some(Value::Expr(expr)) => {
+            evaluated.extend(typed_let(
+                quote!(__dlock_on_lost),
+                &quote!(#krate::OnLost),
+                expr,
+            ));
+            quote!(__dlock_on_lost)
+        }
     };
     let reentrant = args.reentrant;
 
@@ -151,9 +178,11 @@ pub(crate) fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream> {
         error_span,
     );
 
+    // `modifiers` (`default fn`) only exist on associated functions; an `ItemFn` never has any.
     let ItemFn {
         attrs,
         vis,
+        modifiers: _,
         sig,
         block,
     } = func;
@@ -169,6 +198,7 @@ pub(crate) fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream> {
         #vis #sig {
             #(#inner)*
             #locker
+            #evaluated
             #names
             let __dlock_body = async move {
                 #fake_return
@@ -195,6 +225,17 @@ fn respan(tokens: TokenStream, span: Span) -> TokenStream {
             tree
         })
         .collect()
+}
+
+/// `let #name: #ty = #expr;`, the type spanned on `expr`: a mismatched type is an error on the
+/// expression, and "expected due to this" points there too. (The name keeps its own span, so
+/// that it resolves like every other generated name.)
+fn typed_let(name: TokenStream, ty: &TokenStream, expr: &syn::Expr) -> TokenStream {
+    let span = expr.span();
+    let ty = respan(ty.clone(), span);
+    quote_spanned! {span=>
+        let #name: #ty = #expr;
+    }
 }
 
 fn duration(d: Duration) -> TokenStream {

@@ -37,10 +37,11 @@ use proc_macro::TokenStream;
 /// `Result<_, E>` where `E: From<dlock_core::LockError>`: a lock that is busy, lost, misnamed or
 /// unreachable comes back as `Err(E::from(lock_error))`.
 ///
-/// Everything that can be checked at compile time is: the arguments, the durations, the key
-/// template against the function's parameters (names, fields, `Display`), the function's shape.
-/// Each mistake is a compile error on the offending token, and the function itself is still
-/// emitted so that the rest of the crate keeps compiling around it.
+/// Everything that can be checked at compile time is: the arguments, the literal durations, the
+/// key template against the function's parameters (names, fields, `Display`), the types of the
+/// expressions given to `locker`, `wait`, `lease` and `on_lost`, the function's shape. Each
+/// mistake is a compile error on the offending token, and the function itself is still emitted
+/// so that the rest of the crate keeps compiling around it.
 ///
 /// # `key = "..."` (required)
 ///
@@ -74,18 +75,50 @@ use proc_macro::TokenStream;
 /// }
 /// ```
 ///
-/// # `wait = "3s"`
+/// # `wait = "3s"` or `wait = <expr>`
 ///
-/// How long to wait for a busy lock, counted from the call (default: one attempt, as
-/// `wait = "0s"`). Durations are written with the units `ms`, `s`, `m` and `h`, combined as in
-/// `1m30s`; they are checked at compile time. A waiter sleeps until the lock is released (a
-/// pub/sub wake-up), it does not poll.
+/// How long to wait for a busy lock, counted from the call. A waiter sleeps until the lock is
+/// released (a pub/sub wake-up), it does not poll.
 ///
-/// # `lease = "10s"`
+/// - A string literal is a duration written with the units `ms`, `s`, `m` and `h`, combined as
+///   in `1m30s`, and checked at compile time: a bad one is a compile error on the literal.
+/// - Anything else is an expression of type `std::time::Duration`, evaluated at each call as if
+///   it were the first line of the body (when the call's future first runs, before the key is
+///   built and the lock taken), so it may use the parameters and `self`: a constant (`wait = ORDER_WAIT`), a field (`wait = self.wait`,
+///   `wait = cfg.wait`), a call (`wait = Duration::from_millis(wait_ms)`). An expression of
+///   another type is a type error on the expression.
+/// - **Without `wait`**, the attribute doesn't set a wait, and the request waits what the `Locker`
+///   it uses says: `LockerBuilder::default_wait`, which is zero — one attempt, busy at once —
+///   unless that `Locker` was built with another. This holds for the process-wide default
+///   `Locker` too. `wait = "0s"` always makes one attempt, whatever the `Locker`'s default.
+///
+/// ```no_run
+/// # use std::time::Duration;
+/// # use dlock_core::{LockError, distributed_lock};
+/// const ORDER_WAIT: Duration = Duration::from_secs(3);
+///
+/// #[distributed_lock(key = "order:<id>", wait = ORDER_WAIT)]
+/// async fn pay(id: u64) -> Result<(), LockError> {
+///     Ok(())
+/// }
+///
+/// #[distributed_lock(key = "report:<day>", wait = Duration::from_secs(patience_s))]
+/// async fn report(day: u32, patience_s: u64) -> Result<(), LockError> {
+///     Ok(())
+/// }
+/// ```
+///
+/// # `lease = "10s"` or `lease = <expr>`
 ///
 /// A fixed lease: the lock is not renewed and expires after it, whether or not the body is done.
-/// Without `lease`, the watchdog keeps the lock alive for as long as the body runs (a 30 s lease
-/// by default, renewed every 10 s; see `LockerBuilder::watchdog_lease`).
+/// As with `wait`, a string literal is checked at compile time (and must be between `10ms` and
+/// about ten years), and any other expression is a `std::time::Duration` evaluated at each call;
+/// a value out of those bounds makes the call return a configuration error
+/// (`LockError::Config`) without running the body.
+///
+/// Without `lease`, the lock takes the `Locker`'s default lease (`LockerBuilder::default_lease`):
+/// unless configured, a 30 s watchdog lease renewed every 10 s, which keeps the lock alive for as
+/// long as the body runs.
 ///
 /// # `locker = <expr>`
 ///
@@ -96,10 +129,12 @@ use proc_macro::TokenStream;
 /// installed with `dlock_core::set_default_locker`; if none was installed, the call returns a
 /// configuration error (`LockError::Config`) without running the body.
 ///
-/// # `on_lost = "cancel" | "signal"`
+/// # `on_lost = "cancel" | "signal" | <expr>`
 ///
 /// What happens when the lock is lost while the body runs (it expired, was deleted, or was taken
-/// over):
+/// over). A string literal is checked at compile time; any other expression is a
+/// `dlock_core::OnLost` (`OnLost::Cancel` or `OnLost::Signal`) evaluated at each call, so the
+/// policy can be chosen at run time (`on_lost = cfg.on_lost`).
 ///
 /// - `"cancel"` (the default): the body is dropped at its next `.await` and the function returns
 ///   `Err(LockError::Lost { .. }.into())`.
@@ -143,7 +178,9 @@ use proc_macro::TokenStream;
 /// # Equivalent code without the macro
 ///
 /// `#[distributed_lock(key = "order:<user_id>:<voucher_id>", wait = "3s")]` on
-/// `create_order` does what this hand-written version does:
+/// `create_order` does what this hand-written version does (without `wait`, there is no
+/// `.wait(...)` call, and the `Locker`'s default wait applies; an expression is evaluated in the
+/// function, before the `scope`, and passed the same way):
 ///
 /// ```no_run
 /// # use std::time::Duration;

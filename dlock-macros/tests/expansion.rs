@@ -11,8 +11,9 @@
 use std::collections::BTreeSet;
 use std::fmt::Display;
 use std::sync::Arc;
+use std::time::Duration;
 
-use dlock_core::{LockError, Locker, distributed_lock};
+use dlock_core::{LockError, Locker, OnLost, distributed_lock};
 
 #[derive(Debug)]
 enum AppError {
@@ -73,6 +74,19 @@ async fn io_result(locker: &Locker, n: u32) -> std::io::Result<u32> {
     Ok(n)
 }
 
+const ORDER_WAIT: Duration = Duration::from_secs(1);
+
+#[distributed_lock(
+    key = "expr:<n>",
+    locker = locker,
+    wait = ORDER_WAIT,
+    lease = Duration::from_secs(u64::from(n)) + Duration::from_secs(10),
+    on_lost = policy
+)]
+async fn expressions(locker: &Locker, n: u32, policy: OnLost) -> Result<u32, LockError> {
+    Ok(n)
+}
+
 #[distributed_lock(key = "opaque:<n>", locker = locker)]
 async fn opaque(locker: &Locker, n: u32) -> Result<impl Display, LockError> {
     Ok(n)
@@ -81,10 +95,11 @@ async fn opaque(locker: &Locker, n: u32) -> Result<impl Display, LockError> {
 struct Shop {
     locker: Locker,
     name: String,
+    wait: Duration,
 }
 
 impl Shop {
-    #[distributed_lock(key = "shop:<self.name>", locker = self.locker)]
+    #[distributed_lock(key = "shop:<self.name>", locker = self.locker, wait = self.wait)]
     async fn by_ref(&self) -> Result<usize, LockError> {
         Ok(self.name.len())
     }
@@ -130,6 +145,7 @@ fn the_expansions_run() {
             Some(2)
         );
         assert_eq!(io_result(&locker, 3).await.ok(), Some(3));
+        assert_eq!(expressions(&locker, 5, OnLost::Signal).await.ok(), Some(5));
         assert_eq!(
             opaque(&locker, 4).await.ok().map(|n| n.to_string()),
             Some("4".to_owned())
@@ -138,6 +154,7 @@ fn the_expansions_run() {
         let mut shop = Shop {
             locker,
             name: "north".to_owned(),
+            wait: Duration::ZERO,
         };
         assert_eq!(shop.by_ref().await.ok(), Some(5));
         assert!(shop.by_mut(1).await.is_ok());

@@ -19,7 +19,8 @@ pub struct LockerBuilder {
     source: Source,
     subscriber: Option<redis::Client>,
     prefix: Option<String>,
-    watchdog_lease: Option<Duration>,
+    default_wait: Option<Duration>,
+    default_lease: Option<Lease>,
     fence_ttl: Option<Option<Duration>>,
     command_timeout: Option<Duration>,
     connect_timeout: Option<Duration>,
@@ -56,7 +57,8 @@ impl fmt::Debug for LockerBuilder {
         f.debug_struct("LockerBuilder")
             .field("source", &source)
             .field("prefix", &self.prefix)
-            .field("watchdog_lease", &self.watchdog_lease)
+            .field("default_wait", &self.default_wait)
+            .field("default_lease", &self.default_lease)
             .finish_non_exhaustive()
     }
 }
@@ -129,9 +131,35 @@ impl LockerBuilder {
         self
     }
 
-    /// The default lease of watchdog-mode locks (default 30 s, renewed every 10 s).
+    /// How long a request waits for a busy lock when it doesn't say (default: zero, one attempt).
+    ///
+    /// Every request of the `Locker` starts from it — [`Locker::lock`], [`Locker::lock_all`] and
+    /// `#[distributed_lock]` without `wait` — and [`LockRequest::wait`] overrides it. As there,
+    /// the wait is counted from the call, and `Duration::MAX` waits for as long as it takes.
+    pub fn default_wait(mut self, wait: Duration) -> Self {
+        self.default_wait = Some(wait);
+        self
+    }
+
+    /// How a request leases its lock when it doesn't say (default: a 30 s watchdog lease,
+    /// renewed every 10 s).
+    ///
+    /// Every request of the `Locker` starts from it — [`Locker::lock`], [`Locker::lock_all`] and
+    /// `#[distributed_lock]` without `lease` — and [`LockRequest::lease`] or
+    /// [`LockRequest::watchdog_lease`] override it. [`build`](Self::build) refuses a lease
+    /// outside the bounds of a request's lease (10 ms to about ten years), and a watchdog lease
+    /// under 30 ms, with [`LockError::Config`].
+    ///
+    /// This and [`watchdog_lease`](Self::watchdog_lease) set the same thing: the last call wins.
+    pub fn default_lease(mut self, lease: Lease) -> Self {
+        self.default_lease = Some(lease);
+        self
+    }
+
+    /// The default lease is a watchdog lease of this length (default 30 s, renewed every 10 s):
+    /// shorthand for `default_lease(Lease::watchdog(lease))`.
     pub fn watchdog_lease(mut self, lease: Duration) -> Self {
-        self.watchdog_lease = Some(lease);
+        self.default_lease = Some(Lease::Watchdog(lease));
         self
     }
 
@@ -186,17 +214,16 @@ impl LockerBuilder {
     pub async fn build(self) -> Result<Locker, LockError> {
         let prefix = self.prefix.unwrap_or_else(|| DEFAULT_PREFIX.to_owned());
         validate_prefix(&prefix)?;
-        let watchdog_lease = self.watchdog_lease.unwrap_or(DEFAULT_WATCHDOG_LEASE);
-        if watchdog_lease < Duration::from_millis(30) {
-            return Err(LockError::Config(format!(
-                "watchdog lease {watchdog_lease:?} is too short; the minimum is 30ms"
-            )));
-        }
+        let default_lease = self
+            .default_lease
+            .unwrap_or(Lease::Watchdog(DEFAULT_WATCHDOG_LEASE));
+        check_default_lease(default_lease)?;
         let command_timeout = self.command_timeout.unwrap_or(DEFAULT_COMMAND_TIMEOUT);
         let connect_timeout = self.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT);
         let config = Config {
             prefix,
-            watchdog_lease,
+            default_wait: self.default_wait.unwrap_or(Duration::ZERO),
+            default_lease,
             fence_ttl: self.fence_ttl.unwrap_or(Some(DEFAULT_FENCE_TTL)),
             poll_interval: self.poll_interval.unwrap_or(DEFAULT_POLL_INTERVAL),
             handoff: self.handoff.unwrap_or(true),
@@ -326,6 +353,23 @@ fn tls_ready(at: &str) -> Result<(), LockError> {
     Err(LockError::Config(format!(
         "`{at}` is a TLS connection: enable dlock-core's `tls-rustls` feature"
     )))
+}
+
+/// A default lease is held to a request's bounds, and a watchdog lease renewed every third of it
+/// to at least 30 ms.
+fn check_default_lease(lease: Lease) -> Result<(), LockError> {
+    const MIN_WATCHDOG_LEASE: Duration = Duration::from_millis(30);
+    if let Lease::Watchdog(watchdog_lease) = lease
+        && watchdog_lease < MIN_WATCHDOG_LEASE
+    {
+        return Err(LockError::Config(format!(
+            "watchdog lease {watchdog_lease:?} is too short; the minimum is {MIN_WATCHDOG_LEASE:?}"
+        )));
+    }
+    super::lease::check_lease(lease.duration()).map_err(|err| match err {
+        LockError::Config(message) => LockError::Config(format!("default {message}")),
+        other => other,
+    })
 }
 
 fn url_error(err: &redis::RedisError) -> String {

@@ -10,20 +10,53 @@ use crate::backend::{RenewItem, RenewReply};
 use crate::error::LockError;
 use crate::guard::{HoldState, LossReason};
 
-/// How long a lock is leased for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Lease {
+/// How a lock is leased: renewed by the watchdog, or fixed.
+///
+/// A `Locker` starts every request from its default lease
+/// ([`LockerBuilder::default_lease`](crate::LockerBuilder::default_lease), a 30 s watchdog lease
+/// unless configured); [`LockRequest::lease`](crate::LockRequest::lease) and
+/// [`LockRequest::watchdog_lease`](crate::LockRequest::watchdog_lease) override it per request.
+/// A lease is accepted from 10 ms to about ten years; anything else is a
+/// [`LockError::Config`].
+///
+/// ```
+/// use std::time::Duration;
+/// use dlock_core::Lease;
+///
+/// let lease = Lease::fixed(Duration::from_secs(10));
+/// assert!(!lease.is_watchdog());
+/// assert_eq!(lease.duration(), Duration::from_secs(10));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Lease {
     /// Renewed by the watchdog every third of this lease while the guard lives.
     Watchdog(Duration),
-    /// Never renewed; the lock expires after this lease.
+    /// Never renewed; the lock expires after this lease unless released first.
     Fixed(Duration),
 }
 
 impl Lease {
-    pub(crate) fn duration(self) -> Duration {
+    /// A lease the watchdog renews every third of `lease` while the guard lives.
+    pub const fn watchdog(lease: Duration) -> Self {
+        Self::Watchdog(lease)
+    }
+
+    /// A lease that is never renewed: the lock expires `lease` after it was acquired.
+    pub const fn fixed(lease: Duration) -> Self {
+        Self::Fixed(lease)
+    }
+
+    /// The lease's length (for a watchdog lease, the length each renewal sets).
+    pub const fn duration(self) -> Duration {
         match self {
             Self::Watchdog(d) | Self::Fixed(d) => d,
         }
+    }
+
+    /// Whether the watchdog renews it.
+    pub const fn is_watchdog(self) -> bool {
+        matches!(self, Self::Watchdog(_))
     }
 }
 

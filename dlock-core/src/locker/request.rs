@@ -24,8 +24,9 @@ pub struct LockRequest {
 }
 
 impl LockRequest {
-    /// Waits up to `wait`, counted from the call, for the lock to become free (default: one
-    /// attempt, no waiting). `Duration::MAX` waits for as long as it takes.
+    /// Waits up to `wait`, counted from the call, for the lock to become free (default: the
+    /// `Locker`'s [`default_wait`](Locker::default_wait), which is one attempt, no waiting,
+    /// unless configured). `Duration::MAX` waits for as long as it takes.
     ///
     /// The call returns within `wait` plus one command timeout. A backend error during the wait
     /// is retried until the deadline (Redis may be back in a moment); at the deadline the call
@@ -36,7 +37,8 @@ impl LockRequest {
     }
 
     /// A fixed lease: the lock is not renewed and expires `lease` after acquisition unless
-    /// released first.
+    /// released first. Without a lease setting, the request takes the `Locker`'s
+    /// [`default_lease`](Locker::default_lease).
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = Lease::Fixed(lease);
         self

@@ -1,0 +1,8 @@
+use dlock_core::{LockError, distributed_lock};
+
+#[distributed_lock(key = "a:<id>", lease = "5ms")]
+async fn f(id: u64) -> Result<u64, LockError> {
+    Ok(id)
+}
+
+fn main() {}
