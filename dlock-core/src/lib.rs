@@ -56,6 +56,14 @@
 //! - `macros` (default): re-exports [`distributed_lock`], the attribute that guards an async
 //!   function.
 //! - `tls-rustls`: `rediss://` URLs.
+//! - `http`: [`ErrorResponses`], lock errors as HTTP answers (`application/problem+json`, the
+//!   status per situation, `Retry-After` for a busy lock), the rendering dlock-tower's
+//!   `LockLayer` uses.
+//! - `axum` (implies `http`): `IntoResponse` for [`LockError`], so that an axum handler (a
+//!   `#[distributed_lock]` one, or one whose error wraps a `LockError`) answers a lock error
+//!   exactly as a `LockLayer` route answers the same situation: 409 with `Retry-After` when
+//!   busy, 503 when Redis is unavailable or the lock was lost, 400 for an invalid name, 500
+//!   otherwise, never with the backend's error text.
 //!
 //! # Testing your code
 //!
@@ -77,6 +85,8 @@ mod locker;
 pub mod macro_support;
 mod multi;
 mod name;
+#[cfg(feature = "http")]
+mod response;
 mod scope;
 mod script;
 mod wait;
@@ -92,6 +102,9 @@ pub use locker::{
 };
 pub use multi::{MultiGuard, MultiLockRequest};
 pub use name::{IntoLockName, LockName, MAX_NAME_LEN, NameBuilder};
+#[cfg(feature = "http")]
+#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
+pub use response::ErrorResponses;
 pub use scope::{
     HeldLock, LockScope, Scoped, fencing_token, held_lock, in_scope, isolated_scope, scope,
 };
