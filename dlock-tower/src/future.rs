@@ -285,11 +285,11 @@ where
             span.record("outcome", "unlocked");
             return call(inner, req, None);
         }
-        LockKeys::One(Err(err)) => return rejected(span, LockRejection::from_error(err), config),
+        LockKeys::One(Err(err)) => return rejected(span, LockRejection::from(err), config),
         LockKeys::Many(names) if names.iter().any(Result::is_err) => {
             let err = names.into_iter().find_map(Result::err);
             let err = err.unwrap_or_else(|| LockError::Config("invalid key".to_owned()));
-            return rejected(span, LockRejection::from_error(err), config);
+            return rejected(span, LockRejection::from(err), config);
         }
         LockKeys::One(Ok(name)) => {
             span.record("keys", tracing::field::display(&name));
@@ -338,7 +338,7 @@ fn rejected<Inner, ReqB, F>(
         other => tracing::debug!(rejection = ?other, "dlock-tower: rejected"),
     }
     State::Rejected {
-        response: Some(rejection.into_response(config)),
+        response: Some(rejection.respond(config)),
     }
 }
 
@@ -411,7 +411,7 @@ where
                             call(inner, req, Some(held))
                         }
                         (Err(err), _, _) => {
-                            let rejection = LockRejection::from_error(err);
+                            let rejection = LockRejection::from(err);
                             rejected(this.span, rejection, this.shared.config())
                         }
                         _ => State::Rejected { response: None },
@@ -427,7 +427,7 @@ where
                             .as_ref()
                             .map(Held::lost_error)
                             .unwrap_or_else(|| LockError::Config("lock lost".to_owned()));
-                        let rejection = LockRejection::from_error(err);
+                        let rejection = LockRejection::from(err);
                         // Cancel the handler (its future is dropped with this state), then let
                         // go of what is left of the hold.
                         this.state

@@ -5,14 +5,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use dlock_core::Locker;
+use dlock_core::{ErrorResponses, Locker};
 use http::StatusCode;
 use http::request::Parts;
 use tower_layer::Layer;
 
 use crate::body::{BoxError, LockBody};
 use crate::key::{IntoLockKeys, KeySource, LockKeys};
-use crate::rejection::{DEFAULT_BUSY_STATUS, LockRejection};
+use crate::rejection::LockRejection;
 use crate::service::Lock;
 
 pub(crate) type Handler =
@@ -24,11 +24,8 @@ pub(crate) struct Config {
     pub(crate) wait: Duration,
     pub(crate) lease: Option<Duration>,
     pub(crate) watchdog_lease: Option<Duration>,
-    pub(crate) busy_status: StatusCode,
-    pub(crate) lost_status: StatusCode,
-    pub(crate) unavailable_status: StatusCode,
-    pub(crate) invalid_status: StatusCode,
-    pub(crate) hide_names: bool,
+    /// Statuses and hidden names, as `#[distributed_lock]` handlers' errors can be answered.
+    pub(crate) responses: ErrorResponses,
     pub(crate) hold_body: bool,
     pub(crate) handler: Option<Handler>,
 }
@@ -39,11 +36,7 @@ impl Default for Config {
             wait: Duration::ZERO,
             lease: None,
             watchdog_lease: None,
-            busy_status: DEFAULT_BUSY_STATUS,
-            lost_status: StatusCode::SERVICE_UNAVAILABLE,
-            unavailable_status: StatusCode::SERVICE_UNAVAILABLE,
-            invalid_status: StatusCode::BAD_REQUEST,
-            hide_names: false,
+            responses: ErrorResponses::new(),
             hold_body: false,
             handler: None,
         }
@@ -56,11 +49,7 @@ impl fmt::Debug for Config {
             .field("wait", &self.wait)
             .field("lease", &self.lease)
             .field("watchdog_lease", &self.watchdog_lease)
-            .field("busy_status", &self.busy_status)
-            .field("lost_status", &self.lost_status)
-            .field("unavailable_status", &self.unavailable_status)
-            .field("invalid_status", &self.invalid_status)
-            .field("hide_names", &self.hide_names)
+            .field("responses", &self.responses)
             .field("hold_body", &self.hold_body)
             .field("handler", &self.handler.is_some())
             .finish()
@@ -261,33 +250,54 @@ impl<S> LockLayer<S> {
 
     /// The status for a busy lock (default 409 Conflict; 423, 429 and 503 are common choices).
     pub fn with_status_code(mut self, status: StatusCode) -> Self {
-        self.config.busy_status = status;
+        self.config.responses = self.config.responses.busy_status(status);
         self
     }
 
     /// The status when the lock is lost while the handler runs (default 503).
     pub fn lost_status_code(mut self, status: StatusCode) -> Self {
-        self.config.lost_status = status;
+        self.config.responses = self.config.responses.lost_status(status);
         self
     }
 
     /// The status when Redis can't be reached or doesn't answer in time (default 503).
     pub fn unavailable_status_code(mut self, status: StatusCode) -> Self {
-        self.config.unavailable_status = status;
+        self.config.responses = self.config.responses.unavailable_status(status);
         self
     }
 
     /// The status when the key is not a valid lock name: too long, control characters, `{` or
     /// `}` in literal text (default 400).
     pub fn invalid_key_status_code(mut self, status: StatusCode) -> Self {
-        self.config.invalid_status = status;
+        self.config.responses = self.config.responses.invalid_name_status(status);
         self
     }
 
     /// Leave the lock's name out of rejection bodies (it may hold user data). The `Retry-After`
     /// header and the status stay.
     pub fn hide_names(mut self, hide: bool) -> Self {
-        self.config.hide_names = hide;
+        self.config.responses = self.config.responses.hide_names(hide);
+        self
+    }
+
+    /// Every status and [`hide_names`](LockLayer::hide_names) at once, from the value that
+    /// also answers your handlers' `LockError`s, so that a `#[distributed_lock]` handler and a
+    /// layered route answer alike. Replaces what the single setters set before it.
+    ///
+    /// ```
+    /// use axum::http::StatusCode;
+    /// use dlock_core::ErrorResponses;
+    /// use dlock_tower::LockLayer;
+    ///
+    /// const LOCK_ERRORS: ErrorResponses = ErrorResponses::new().busy_status(StatusCode::LOCKED);
+    ///
+    /// let layer = LockLayer::new(dlock_core::Locker::memory())
+    ///     .key(|| async { "report" })
+    ///     .error_responses(LOCK_ERRORS);
+    /// # let _ = layer;
+    /// ```
+    pub fn error_responses(mut self, responses: ErrorResponses) -> Self {
+        self.config.responses = responses;
         self
     }
 
