@@ -88,6 +88,14 @@ impl<B> LockBody<B> {
         }
     }
 
+    /// A body with no data at all: the end of the stream from the start (a gRPC trailers-only
+    /// answer).
+    pub(crate) fn empty() -> Self {
+        Self {
+            kind: Kind::Full { data: None },
+        }
+    }
+
     /// Boxes any body with `Bytes` data.
     pub fn boxed<T>(body: T) -> Self
     where

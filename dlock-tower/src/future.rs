@@ -13,6 +13,7 @@ use tokio::time::Instant;
 use tower_service::Service;
 
 use crate::body::LockBody;
+use crate::grpc::Grpc;
 use crate::key::{ExtractFuture, KeySource, LockKeys};
 use crate::layer::{Config, Shared};
 use crate::rejection::LockRejection;
@@ -170,6 +171,8 @@ pin_project_lite::pin_project! {
         #[pin]
         state: State<Inner, ReqB, Inner::Future>,
         shared: Arc<dyn Settings + Send + Sync>,
+        // Whether the request is a gRPC one: its rejections are gRPC statuses.
+        grpc: Option<Grpc>,
         // `dlock.request`: the keys, how long the request waited, and the outcome.
         span: tracing::Span,
     }
@@ -222,6 +225,7 @@ where
             waited_us = tracing::field::Empty,
             outcome = tracing::field::Empty,
         );
+        let grpc = Grpc::of(req.headers());
         let state = {
             let _entered = span.enter();
             match &shared.keys {
@@ -229,7 +233,7 @@ where
                     let (parts, body) = req.into_parts();
                     let keys = f(&parts);
                     let req = Request::from_parts(parts, body);
-                    start(&*shared, &span, keys, req, inner)
+                    start(&*shared, &span, grpc, keys, req, inner)
                 }
                 KeySource::Request(f) => {
                     // The same head, lent without its body and given back: nothing is copied.
@@ -240,6 +244,7 @@ where
                     start(
                         &*shared,
                         &span,
+                        grpc,
                         keys,
                         Request::from_parts(parts, body),
                         inner,
@@ -258,6 +263,7 @@ where
         Self {
             state,
             shared,
+            grpc,
             span,
         }
     }
@@ -271,6 +277,7 @@ fn micros(d: std::time::Duration) -> u64 {
 fn start<Inner, ReqB>(
     shared: &dyn Settings,
     span: &tracing::Span,
+    grpc: Option<Grpc>,
     keys: LockKeys,
     req: Request<ReqB>,
     inner: Inner,
@@ -285,11 +292,11 @@ where
             span.record("outcome", "unlocked");
             return call(inner, req, None);
         }
-        LockKeys::One(Err(err)) => return rejected(span, LockRejection::from(err), config),
+        LockKeys::One(Err(err)) => return rejected(span, LockRejection::from(err), config, grpc),
         LockKeys::Many(names) if names.iter().any(Result::is_err) => {
             let err = names.into_iter().find_map(Result::err);
             let err = err.unwrap_or_else(|| LockError::Config("invalid key".to_owned()));
-            return rejected(span, LockRejection::from(err), config);
+            return rejected(span, LockRejection::from(err), config, grpc);
         }
         LockKeys::One(Ok(name)) => {
             span.record("keys", tracing::field::display(&name));
@@ -325,6 +332,7 @@ fn rejected<Inner, ReqB, F>(
     span: &tracing::Span,
     rejection: LockRejection,
     config: &Config,
+    grpc: Option<Grpc>,
 ) -> State<Inner, ReqB, F> {
     span.record("outcome", rejection.outcome());
     match &rejection {
@@ -338,7 +346,7 @@ fn rejected<Inner, ReqB, F>(
         other => tracing::debug!(rejection = ?other, "dlock-tower: rejected"),
     }
     State::Rejected {
-        response: Some(rejection.respond(config)),
+        response: Some(rejection.respond(config, grpc)),
     }
 }
 
@@ -383,7 +391,7 @@ where
                     match (keys, body.take(), inner.take()) {
                         (Ok(keys), Some(body), Some(inner)) => {
                             let req = Request::from_parts(parts, body);
-                            start(&**this.shared, this.span, keys, req, inner)
+                            start(&**this.shared, this.span, *this.grpc, keys, req, inner)
                         }
                         (Err(response), _, _) => {
                             // The extractor's own rejection, as it made it.
@@ -412,7 +420,7 @@ where
                         }
                         (Err(err), _, _) => {
                             let rejection = LockRejection::from(err);
-                            rejected(this.span, rejection, this.shared.config())
+                            rejected(this.span, rejection, this.shared.config(), *this.grpc)
                         }
                         _ => State::Rejected { response: None },
                     }
@@ -430,8 +438,12 @@ where
                         let rejection = LockRejection::from(err);
                         // Cancel the handler (its future is dropped with this state), then let
                         // go of what is left of the hold.
-                        this.state
-                            .set(rejected(this.span, rejection, this.shared.config()));
+                        this.state.set(rejected(
+                            this.span,
+                            rejection,
+                            this.shared.config(),
+                            *this.grpc,
+                        ));
                         drop(held);
                         continue;
                     }

@@ -273,8 +273,8 @@ impl<S> LockLayer<S> {
         self
     }
 
-    /// Leave the lock's name out of rejection bodies (it may hold user data). The `Retry-After`
-    /// header and the status stay.
+    /// Leave the lock's name out of rejection bodies and gRPC messages (it may hold user
+    /// data). The `Retry-After` header and the status stay.
     pub fn hide_names(mut self, hide: bool) -> Self {
         self.config.responses = self.config.responses.hide_names(hide);
         self
@@ -314,7 +314,8 @@ impl<S> LockLayer<S> {
 
     /// Replaces the layer's own rejections: return `Some(response)` to answer with it, `None`
     /// to keep the default. Extractor rejections are never passed here; they are returned as
-    /// the extractor made them.
+    /// the extractor made them. Nor are the rejections of gRPC requests, which are always
+    /// answered with a gRPC status (see the [crate documentation](crate#grpc)).
     ///
     /// ```
     /// use axum::{Json, Router, http::StatusCode, response::IntoResponse, routing::post};

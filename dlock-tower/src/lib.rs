@@ -177,6 +177,28 @@
 //! [`LockLayer::on_rejection`] can replace any of the layer's own answers; it sees a
 //! [`LockRejection`].
 //!
+//! # gRPC
+//!
+//! A request whose content type is `application/grpc` (or `application/grpc+proto`,
+//! `application/grpc-web`, …) is answered with a gRPC status instead: HTTP 200, trailers-only
+//! (`grpc-status` and `grpc-message` in the headers, no body), so that a tonic service behind
+//! the layer (`tonic::transport::Server::builder().layer(..)`) fails its calls the way clients
+//! expect. No tonic dependency is involved.
+//!
+//! | situation | `grpc-status` |
+//! | --- | --- |
+//! | busy after the wait | `ABORTED` (10), with `grpc-retry-pushback-ms` (the holder's remaining lease), `retry-after` (seconds) and a `google.rpc.RetryInfo` in `grpc-status-details-bin` |
+//! | Redis unreachable or timed out | `UNAVAILABLE` (14) |
+//! | lock lost while the call runs | `ABORTED` (10); the call is cancelled |
+//! | invalid key | `INVALID_ARGUMENT` (3) |
+//! | anything else | `INTERNAL` (13) |
+//!
+//! `grpc-message` is one of the sentences of the HTTP answers' `detail`, percent-encoded, with
+//! the lock's name for a busy or lost lock unless [`LockLayer::hide_names`]; never the
+//! backend's error. [`LockLayer::on_rejection`] is not consulted for gRPC requests. The handler
+//! finds [`HeldLocks`] in `request.extensions()`. Keys come from metadata (which are headers:
+//! [`KeyFrom::header`], or `HeaderMap` in an extractor key function); the body is never read.
+//!
 //! # While the handler runs
 //!
 //! The lock is held in the response future and released as soon as the response is produced,
@@ -207,6 +229,7 @@
 
 mod body;
 mod future;
+mod grpc;
 mod key;
 mod layer;
 mod rejection;

@@ -6,6 +6,7 @@ use std::time::Duration;
 use dlock_core::{ErrorResponses, FencingToken, LockError};
 
 use crate::body::LockBody;
+use crate::grpc::Grpc;
 use crate::layer::Config;
 
 /// Why a request did not run (or stopped running) under its lock.
@@ -170,8 +171,16 @@ impl LockRejection {
         }
     }
 
-    /// The layer's answer: the error handler's, or the default one under `config`.
-    pub(crate) fn respond(self, config: &Config) -> http::Response<LockBody<()>> {
+    /// The layer's answer: a gRPC status for a gRPC request; otherwise the error handler's
+    /// answer, or the default one under `config`.
+    pub(crate) fn respond(
+        self,
+        config: &Config,
+        grpc: Option<Grpc>,
+    ) -> http::Response<LockBody<()>> {
+        if let Some(grpc) = grpc {
+            return crate::grpc::response(&self, &config.responses, grpc);
+        }
         if let Some(response) = config.handler.as_ref().and_then(|handler| handler(&self)) {
             return response;
         }
