@@ -1,6 +1,7 @@
 //! `LockLayer`: the configuration, applied to a service.
 
 use std::fmt;
+use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -64,30 +65,63 @@ pub(crate) struct Shared<S> {
     pub(crate) config: Config,
 }
 
+/// Marks a [`LockLayer`] that has no key function yet: it is not a [`Layer`] until it gets one,
+/// since it would lock nothing.
+#[derive(Debug, Clone, Copy, Default)]
+#[non_exhaustive]
+pub struct NoKey;
+
+/// Marks a [`LockLayer`] with a key function: a [`Layer`].
+#[derive(Debug, Clone, Copy, Default)]
+#[non_exhaustive]
+pub struct WithKey;
+
+/// The key state of a [`LockLayer`] that can be applied: [`WithKey`].
+///
+/// Applying a layer that has no key function is a compile error that says so, rather than a
+/// layer that silently locks nothing.
+#[diagnostic::on_unimplemented(
+    message = "this `LockLayer` has no key function, so it would lock nothing",
+    label = "a `LockLayer` without a key function is not a `Layer`",
+    note = "give it one: `.key(|Path(id): Path<u64>| async move {{ .. }})`, `.sync_key(..)`, \
+            `.key_from_parts(..)` or `.key_from_request(..)`"
+)]
+pub trait HasKey {}
+
+impl HasKey for WithKey {}
+
 /// Guards the wrapped service with a distributed lock whose name comes from the request.
 ///
-/// `S` is the router state the key's extractors run with (`()` for [`LockLayer::new`]). Apply it
-/// with `Router::route_layer`, `Router::layer`, `ServiceBuilder::layer` or
-/// [`Layer::layer`]. See the [crate documentation](crate) for examples.
-pub struct LockLayer<S = ()> {
+/// `S` is the router state the key's extractors run with (`()` for [`LockLayer::new`]). `K` says
+/// whether the key function is set: [`LockLayer::new`] makes a [`NoKey`] layer, and a key
+/// function ([`key`](LockLayer::key), [`key_from_parts`](LockLayer::key_from_parts), …) makes
+/// it a [`WithKey`] one, which is a [`Layer`]: a layer without a key is a compile error, not a
+/// layer that locks nothing.
+///
+/// Apply it with `Router::route_layer`, `Router::layer`, `ServiceBuilder::layer` or
+/// [`Layer::layer`]; clones are cheap (the key function and the error handler are shared, the
+/// state is cloned). See the [crate documentation](crate) for examples.
+pub struct LockLayer<S = (), K = WithKey> {
     locker: Locker,
     keys: KeySource<S>,
     state: S,
     config: Config,
+    key_state: PhantomData<fn() -> K>,
 }
 
-impl<S: Clone> Clone for LockLayer<S> {
+impl<S: Clone, K> Clone for LockLayer<S, K> {
     fn clone(&self) -> Self {
         Self {
             locker: self.locker.clone(),
             keys: self.keys.clone(),
             state: self.state.clone(),
             config: self.config.clone(),
+            key_state: PhantomData,
         }
     }
 }
 
-impl<S> fmt::Debug for LockLayer<S> {
+impl<S, K> fmt::Debug for LockLayer<S, K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockLayer")
             .field("locker", &self.locker)
@@ -96,21 +130,16 @@ impl<S> fmt::Debug for LockLayer<S> {
     }
 }
 
-impl LockLayer<()> {
-    /// A layer over `locker` for extractors that need no router state. Set the key with
-    /// [`key`](LockLayer::key) (extractors) or [`key_from_parts`](LockLayer::key_from_parts);
-    /// until one is set, requests take no lock.
+impl LockLayer<(), NoKey> {
+    /// A layer over `locker` for extractors that need no router state. Give it a key with
+    /// [`key`](LockLayer::key) (extractors) or [`key_from_parts`](LockLayer::key_from_parts)
+    /// before applying it.
     pub fn new(locker: Locker) -> Self {
-        Self {
-            locker,
-            keys: KeySource::Parts(Arc::new(|_: &Parts| LockKeys::None)),
-            state: (),
-            config: Config::default(),
-        }
+        Self::with_state(locker, ())
     }
 }
 
-impl<S> LockLayer<S> {
+impl<S> LockLayer<S, NoKey> {
     /// A layer whose key extractors run with the router state `state` (as
     /// `axum::middleware::from_fn_with_state` does): `State<T>` and extractors implemented for
     /// your state type. `Router::route_layer` runs before `Router::with_state` supplies the
@@ -118,9 +147,24 @@ impl<S> LockLayer<S> {
     pub fn with_state(locker: Locker, state: S) -> Self {
         Self {
             locker,
+            // Never run: a layer without a key is not a `Layer`.
             keys: KeySource::Parts(Arc::new(|_: &Parts| LockKeys::None)),
             state,
             config: Config::default(),
+            key_state: PhantomData,
+        }
+    }
+}
+
+impl<S, K> LockLayer<S, K> {
+    /// The same layer, with its key function set to `keys`.
+    fn keyed(self, keys: KeySource<S>) -> LockLayer<S, WithKey> {
+        LockLayer {
+            locker: self.locker,
+            keys,
+            state: self.state,
+            config: self.config,
+            key_state: PhantomData,
         }
     }
 
@@ -133,12 +177,13 @@ impl<S> LockLayer<S> {
     /// The extractors run on the request head only; the body goes to the handler untouched.
     #[cfg(feature = "axum")]
     #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
-    pub fn key<F, T>(mut self, f: F) -> Self
+    pub fn key<F, T>(self, f: F) -> LockLayer<S, WithKey>
     where
         F: crate::key::extract::KeyFn<S, T>,
     {
-        self.keys = KeySource::Extract(Arc::new(move |parts, state| f.call(parts, state)));
-        self
+        self.keyed(KeySource::Extract(Arc::new(move |parts, state| {
+            f.call(parts, state)
+        })))
     }
 
     /// As [`key`](LockLayer::key), with a plain (non-`async`) function.
@@ -169,25 +214,25 @@ impl<S> LockLayer<S> {
     /// ```
     #[cfg(feature = "axum")]
     #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
-    pub fn sync_key<F, T>(mut self, f: F) -> Self
+    pub fn sync_key<F, T>(self, f: F) -> LockLayer<S, WithKey>
     where
         F: crate::key::extract::SyncKeyFn<S, T>,
     {
-        self.keys = KeySource::Extract(Arc::new(move |parts, state| {
+        self.keyed(KeySource::Extract(Arc::new(move |parts, state| {
             crate::key::extract::SyncKeyFn::call(&f, parts, state)
-        }));
-        self
+        })))
     }
 
     /// The key from the request head (method, URI, headers, extensions — never the body): the
     /// plain tower form, no axum needed. [`KeyFrom`](crate::KeyFrom) has ready-made ones.
-    pub fn key_from_parts<F, R>(mut self, f: F) -> Self
+    pub fn key_from_parts<F, R>(self, f: F) -> LockLayer<S, WithKey>
     where
         F: Fn(&Parts) -> R + Send + Sync + 'static,
         R: IntoLockKeys,
     {
-        self.keys = KeySource::Parts(Arc::new(move |parts| f(parts).into_lock_keys()));
-        self
+        self.keyed(KeySource::Parts(Arc::new(move |parts| {
+            f(parts).into_lock_keys()
+        })))
     }
 
     /// The key from the request, seen without its body (`http::Request<()>`: method, URI,
@@ -217,13 +262,14 @@ impl<S> LockLayer<S> {
     /// assert_eq!(response.unwrap().status(), 200);
     /// # });
     /// ```
-    pub fn key_from_request<F, R>(mut self, f: F) -> Self
+    pub fn key_from_request<F, R>(self, f: F) -> LockLayer<S, WithKey>
     where
         F: Fn(&http::Request<()>) -> R + Send + Sync + 'static,
         R: IntoLockKeys,
     {
-        self.keys = KeySource::Request(Arc::new(move |req| f(req).into_lock_keys()));
-        self
+        self.keyed(KeySource::Request(Arc::new(move |req| {
+            f(req).into_lock_keys()
+        })))
     }
 
     /// How long a request waits for a busy lock before it is answered busy (default: one
@@ -351,7 +397,7 @@ impl<S> LockLayer<S> {
     }
 }
 
-impl<Inner, S: Clone> Layer<Inner> for LockLayer<S> {
+impl<Inner, S: Clone, K: HasKey> Layer<Inner> for LockLayer<S, K> {
     type Service = Lock<Inner, S>;
 
     fn layer(&self, inner: Inner) -> Self::Service {

@@ -76,6 +76,10 @@
 //!   a function of the request head. [`KeyFrom`] has ready-made ones (a header, a path segment, a
 //!   query parameter).
 //!
+//! A layer is a `Layer` only once it has a key function: `LockLayer::new(locker)` alone would
+//! lock nothing, so applying it is a compile error ("this `LockLayer` has no key function, so
+//! it would lock nothing"), as [`NoKey`] and [`HasKey`] spell out.
+//!
 //! A key function returns a name (`String`, `&'static str`, [`LockName`](dlock_core::LockName)),
 //! an `Option` of one (`None`: this request takes no lock), or a `Vec` of names, locked
 //! all-or-none. A `String` is taken as trusted text; build names that embed user input with
@@ -241,7 +245,7 @@ pub use future::{HeldLocks, ResponseFuture};
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub use key::extract::{KeyFn, SyncKeyFn};
 pub use key::{IntoLockKeys, KeyFrom, LockKeys};
-pub use layer::LockLayer;
+pub use layer::{HasKey, LockLayer, NoKey, WithKey};
 pub use rejection::LockRejection;
 pub use service::Lock;
 
