@@ -154,6 +154,46 @@ impl<S> LockLayer<S, NoKey> {
             key_state: PhantomData,
         }
     }
+
+    /// A layer over the `Locker` the router state holds (`Locker: FromRef<S>`, as
+    /// `#[derive(FromRef)]` gives), whose key extractors run with that state: one value for
+    /// both, as `axum::middleware::from_fn_with_state` takes it.
+    ///
+    /// ```
+    /// use axum::{Router, extract::{FromRef, Path}, routing::post};
+    /// use dlock_core::Locker;
+    /// use dlock_tower::LockLayer;
+    ///
+    /// #[derive(Clone)]
+    /// struct AppState {
+    ///     locker: Locker,
+    /// }
+    ///
+    /// impl FromRef<AppState> for Locker {
+    ///     fn from_ref(state: &AppState) -> Locker {
+    ///         state.locker.clone()
+    ///     }
+    /// }
+    ///
+    /// let state = AppState { locker: Locker::memory() };
+    /// let app: Router = Router::new()
+    ///     .route("/vouchers/{id}/orders", post(|| async { "ordered" }))
+    ///     .route_layer(
+    ///         LockLayer::from_state(state.clone())
+    ///             .key(|Path(id): Path<u64>| async move { format!("voucher:{id}") }),
+    ///     )
+    ///     .with_state(state);
+    /// # let _ = app;
+    /// ```
+    #[cfg(feature = "axum")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+    pub fn from_state(state: S) -> Self
+    where
+        Locker: axum_core::extract::FromRef<S>,
+    {
+        let locker = <Locker as axum_core::extract::FromRef<S>>::from_ref(&state);
+        Self::with_state(locker, state)
+    }
 }
 
 impl<S, K> LockLayer<S, K> {
