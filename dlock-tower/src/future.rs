@@ -6,7 +6,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
-use dlock_core::{FencingToken, LockError, LockGuard, LockScope, Locker, Lost, MultiGuard, Scoped};
+use dlock_core::{LockError, LockGuard, LockScope, Locker, Lost, MultiGuard, Scoped};
 use futures_util::future::SelectAll;
 use http::{Request, Response};
 use tokio::time::Instant;
@@ -14,6 +14,7 @@ use tower_service::Service;
 
 use crate::body::LockBody;
 use crate::grpc::Grpc;
+use crate::held::HeldLocks;
 use crate::key::{ExtractFuture, KeySource, LockKeys};
 use crate::layer::{Config, Shared};
 use crate::rejection::LockRejection;
@@ -66,55 +67,10 @@ impl Held {
     }
 
     fn info(&self) -> HeldLocks {
-        HeldLocks {
-            names: self.guards().iter().map(|g| g.name().to_string()).collect(),
-            fencing_tokens: self.guards().iter().map(LockGuard::fencing_token).collect(),
-        }
-    }
-}
-
-/// The locks held for this request, in request extensions (and, with the `axum` feature, an
-/// extractor): hand the fencing token to the resource the handler writes.
-///
-/// It is there only when the layer took a lock: a route whose key function returned no key sees
-/// no `HeldLocks`, so take `Option<HeldLocks>` there.
-///
-/// ```
-/// use axum::{Router, extract::Path, routing::post};
-/// use dlock_tower::{HeldLocks, LockLayer};
-///
-/// async fn pay(Path(id): Path<u64>, held: HeldLocks) -> String {
-///     // `UPDATE invoices SET paid = true, fence = $token WHERE id = $id AND fence < $token`
-///     let token = held.fencing_token().map_or(0, |t| t.get());
-///     format!("invoice {id} paid under token {token}")
-/// }
-///
-/// let app: Router = Router::new()
-///     .route("/invoices/{id}/pay", post(pay))
-///     .route_layer(
-///         LockLayer::new(dlock_core::Locker::memory())
-///             .key(|Path(id): Path<u64>| async move { format!("invoice:{id}") }),
-///     );
-/// # let _ = app;
-/// ```
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct HeldLocks {
-    /// The names held, in acquisition order.
-    pub names: Vec<String>,
-    /// Their fencing tokens, in the same order.
-    pub fencing_tokens: Vec<FencingToken>,
-}
-
-impl HeldLocks {
-    /// The fencing token of the first (for a single lock: the only) lock.
-    pub fn fencing_token(&self) -> Option<FencingToken> {
-        self.fencing_tokens.first().copied()
-    }
-
-    /// The fencing token of the lock called `name`, if this request holds it.
-    pub fn fencing_token_of(&self, name: &str) -> Option<FencingToken> {
-        let index = self.names.iter().position(|n| n == name)?;
-        self.fencing_tokens.get(index).copied()
+        HeldLocks::new(
+            self.guards().iter().map(|g| g.name().to_string()).collect(),
+            self.guards().iter().map(LockGuard::fencing_token).collect(),
+        )
     }
 }
 

@@ -234,13 +234,15 @@
 mod body;
 mod future;
 mod grpc;
+mod held;
 mod key;
 mod layer;
 mod rejection;
 mod service;
 
 pub use body::{BoxError, LockBody};
-pub use future::{HeldLocks, ResponseFuture};
+pub use future::ResponseFuture;
+pub use held::HeldLocks;
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub use key::extract::{KeyFn, SyncKeyFn};
@@ -248,33 +250,3 @@ pub use key::{IntoLockKeys, KeyFrom, LockKeys};
 pub use layer::{HasKey, LockLayer, NoKey, WithKey};
 pub use rejection::LockRejection;
 pub use service::Lock;
-
-#[cfg(feature = "axum")]
-#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
-impl<S: Send + Sync> axum_core::extract::FromRequestParts<S> for HeldLocks {
-    type Rejection = (http::StatusCode, &'static str);
-
-    async fn from_request_parts(
-        parts: &mut http::request::Parts,
-        _state: &S,
-    ) -> Result<Self, Self::Rejection> {
-        parts.extensions.get::<HeldLocks>().cloned().ok_or((
-            http::StatusCode::INTERNAL_SERVER_ERROR,
-            "no lock is held for this request: LockLayer is not applied to this route, or its \
-             key function returned no key (take `Option<HeldLocks>` for that)",
-        ))
-    }
-}
-
-#[cfg(feature = "axum")]
-#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
-impl<S: Send + Sync> axum_core::extract::OptionalFromRequestParts<S> for HeldLocks {
-    type Rejection = std::convert::Infallible;
-
-    async fn from_request_parts(
-        parts: &mut http::request::Parts,
-        _state: &S,
-    ) -> Result<Option<Self>, Self::Rejection> {
-        Ok(parts.extensions.get::<HeldLocks>().cloned())
-    }
-}

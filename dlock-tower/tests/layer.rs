@@ -697,7 +697,7 @@ async fn several_names_are_locked_all_or_none() {
         .route(
             "/carts/checkout",
             post(|held: HeldLocks| async move {
-                format!("{}:{}", held.names.len(), held.fencing_tokens.len())
+                format!("{}:{}", held.names().len(), held.fencing_tokens().len())
             }),
         )
         .route_layer(LockLayer::new(locker.clone()).sync_key({
@@ -782,7 +782,7 @@ async fn eight_extractors_with_router_state_and_the_body_untouched() {
             "/vouchers/{id}/orders",
             post(
                 |State(_): State<AppState>, held: HeldLocks, body: String| async move {
-                    format!("{}|{body}", held.names.join(","))
+                    format!("{}|{body}", held.names().join(","))
                 },
             ),
         )
@@ -895,7 +895,7 @@ async fn held_locks_is_there_only_when_a_lock_is_held() {
             "/o",
             get(|held: Option<HeldLocks>| async move {
                 match held {
-                    Some(held) => format!("held {}", held.names.join(",")),
+                    Some(held) => format!("held {}", held.names().join(",")),
                     None => "no lock".to_owned(),
                 }
             }),

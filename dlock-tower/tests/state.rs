@@ -54,7 +54,7 @@ async fn import(State(shop): State<Shop>, Path(batch): Path<u64>, held: HeldLock
     format!(
         "{}: batch {batch} under {}",
         shop.name,
-        held.names.join(",")
+        held.names().join(",")
     )
 }
 
