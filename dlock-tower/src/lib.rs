@@ -60,9 +60,10 @@
 //! # Feature flags
 //!
 //! - `axum` (default): key functions over axum extractors ([`LockLayer::key`],
-//!   [`LockLayer::sync_key`]) and the [`HeldLocks`] extractor. Without it, axum is not a
-//!   dependency and keys come from the request head ([`LockLayer::key_from_parts`],
-//!   [`LockLayer::key_from_request`], [`KeyFrom`]).
+//!   [`LockLayer::sync_key`]), [`LockLayer::from_state`], the [`HeldLocks`] extractor,
+//!   `IntoResponse` for [`LockRejection`], and dlock-core's `axum` feature (`IntoResponse` for
+//!   `LockError`). Without it, axum is not a dependency and keys come from the request head
+//!   ([`LockLayer::key_from_parts`], [`LockLayer::key_from_request`], [`KeyFrom`]).
 //!
 //! The minimum supported Rust version is 1.88.
 //!
@@ -89,7 +90,8 @@
 //!
 //! `Router::route_layer` runs before `Router::with_state` hands the state to the routes, so a
 //! layer whose extractors need the state is given it, as `axum::middleware::from_fn_with_state`
-//! is: [`LockLayer::with_state`]. Extractors that work for any state (`Path`, `Query`,
+//! is: [`LockLayer::with_state`], or [`LockLayer::from_state`] when the state holds the
+//! `Locker` (`Locker: FromRef<S>`). Extractors that work for any state (`Path`, `Query`,
 //! `HeaderMap`, most auth extractors) need nothing: [`LockLayer::new`].
 //!
 //! ```
@@ -178,8 +180,65 @@
 //! | lock lost while the handler runs | the handler is cancelled; 503 ([`LockLayer::lost_status_code`]) |
 //! | the core refuses the request (a fixed lease under 10 ms) | 500 |
 //!
+//! The bodies are `application/problem+json` with `type`, `title`, `status`, `detail` and, for a
+//! busy or lost lock, `lock`; the backend's error (hosts, ports, Redis replies) never reaches
+//! them. An unavailable backend gets no `Retry-After`, since nothing says when it will be back.
+//!
 //! [`LockLayer::on_rejection`] can replace any of the layer's own answers; it sees a
-//! [`LockRejection`].
+//! [`LockRejection`], which is also an `IntoResponse` with the default answers.
+//!
+//! ## The same answers from handlers
+//!
+//! The layer's answers are rendered by `dlock_core::ErrorResponses`, and `LockError` is an
+//! axum `IntoResponse` that uses it, so a `#[distributed_lock]` handler returning
+//! `Result<_, LockError>`, or an application error that wraps one with `?` and answers it with
+//! `err.into_response()`, answers exactly as a layered route does in the same situation. With
+//! other statuses, give the layer and the application error one value:
+//!
+//! ```
+//! use axum::{Router, extract::Path, http::StatusCode, response::{IntoResponse, Response}, routing::post};
+//! use dlock_core::{ErrorResponses, LockError, distributed_lock};
+//! use dlock_tower::LockLayer;
+//!
+//! const LOCK_ERRORS: ErrorResponses = ErrorResponses::new().busy_status(StatusCode::LOCKED);
+//!
+//! enum AppError {
+//!     Lock(LockError),
+//! }
+//!
+//! impl From<LockError> for AppError {
+//!     fn from(err: LockError) -> Self {
+//!         Self::Lock(err)
+//!     }
+//! }
+//!
+//! impl IntoResponse for AppError {
+//!     fn into_response(self) -> Response {
+//!         match self {
+//!             Self::Lock(err) => LOCK_ERRORS.to_response(&err).into_response(),
+//!         }
+//!     }
+//! }
+//!
+//! #[distributed_lock(key = "report:<id>", wait = "1s")]
+//! async fn build_report(Path(id): Path<u64>) -> Result<String, AppError> {
+//!     Ok(format!("report {id}"))
+//! }
+//!
+//! let app: Router = Router::new()
+//!     .route(
+//!         "/exports/{id}",
+//!         post(|Path(id): Path<u64>| async move { format!("export {id}") }),
+//!     )
+//!     // Busy exports and busy reports both answer 423.
+//!     .route_layer(
+//!         LockLayer::new(dlock_core::Locker::memory())
+//!             .key(|Path(id): Path<u64>| async move { format!("export:{id}") })
+//!             .error_responses(LOCK_ERRORS),
+//!     )
+//!     .route("/reports/{id}", post(build_report));
+//! # let _ = app;
+//! ```
 //!
 //! # gRPC
 //!
