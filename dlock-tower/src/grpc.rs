@@ -26,18 +26,17 @@ pub(crate) enum Grpc {
 impl Grpc {
     /// The protocol of a request with these headers, if it is a gRPC one.
     pub(crate) fn of(headers: &HeaderMap) -> Option<Self> {
+        // Asked of every request: no allocation.
         let value = headers.get(header::CONTENT_TYPE)?.to_str().ok()?;
         let media = value.split(';').next().unwrap_or_default().trim();
-        let media = media.to_ascii_lowercase();
-        let base = media
-            .split_once('+')
-            .map_or(media.as_str(), |(base, _)| base);
-        match base {
-            "application/grpc" => Some(Self::Http2),
-            "application/grpc-web" => Some(Self::Web),
-            "application/grpc-web-text" => Some(Self::WebText),
-            _ => None,
-        }
+        let base = media.split_once('+').map_or(media, |(base, _)| base);
+        [
+            ("application/grpc", Self::Http2),
+            ("application/grpc-web", Self::Web),
+            ("application/grpc-web-text", Self::WebText),
+        ]
+        .into_iter()
+        .find_map(|(media_type, grpc)| base.eq_ignore_ascii_case(media_type).then_some(grpc))
     }
 
     fn content_type(self) -> HeaderValue {

@@ -269,12 +269,14 @@ async fn a_busy_lock_is_aborted_with_the_holders_lease_as_retry_pushback() {
         .expect("served");
     assert!(reply.fencing_token > 0);
 
-    // With hidden names, the message leaves the name out; the retry metadata stays.
+    // With hidden names, the message leaves the name out; the retry metadata stays. An HTTP
+    // error handler is not asked about gRPC calls.
     let _holder = locker.lock(name.clone()).await.unwrap();
     let hidden = serve(
         LockLayer::new(locker.clone())
             .key_from_parts(key)
-            .hide_names(true),
+            .hide_names(true)
+            .on_rejection(|_| Some(http::Response::new(String::from("an HTTP page")))),
         Orders::default(),
     )
     .await;
