@@ -63,6 +63,14 @@
 //!   which is the application's choice: install one when the application starts (for example
 //!   `rustls::crypto::aws_lc_rs::default_provider().install_default()`). dlock never installs
 //!   one; building a TLS `Locker` without it is a [`LockError::Config`], not a panic.
+//! - `http`: `ErrorResponses`, lock errors as HTTP answers (`application/problem+json`, the
+//!   status per situation, `Retry-After` for a busy lock), the rendering dlock-tower's
+//!   `LockLayer` uses.
+//! - `axum` (implies `http`): `IntoResponse` for [`LockError`], so that an axum handler (a
+//!   `#[distributed_lock]` one, or one whose error wraps a `LockError`) answers a lock error
+//!   exactly as a `LockLayer` route answers the same situation: 409 with `Retry-After` when
+//!   busy, 503 when Redis is unavailable or the lock was lost, 400 for an invalid name, 500
+//!   otherwise, never with the backend's error text.
 //!
 //! # Connections, and which crates dlock exposes
 //!
@@ -98,6 +106,8 @@ pub mod metrics;
 mod multi;
 mod name;
 mod policy;
+#[cfg(feature = "http")]
+mod response;
 mod scope;
 mod script;
 mod wait;
@@ -114,6 +124,9 @@ pub use locker::{
 pub use multi::{MultiGuard, MultiLockRequest};
 pub use name::{IntoLockName, LockName, MAX_NAME_LEN, NameBuilder};
 pub use policy::OnLost;
+#[cfg(feature = "http")]
+#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
+pub use response::ErrorResponses;
 pub use scope::{
     HeldLock, LockScope, Scoped, fencing_token, held_lock, in_scope, isolated_scope, scope,
 };

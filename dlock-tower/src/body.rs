@@ -88,6 +88,14 @@ impl<B> LockBody<B> {
         }
     }
 
+    /// A body with no data at all: the end of the stream from the start (a gRPC trailers-only
+    /// answer).
+    pub(crate) fn empty() -> Self {
+        Self {
+            kind: Kind::Full { data: None },
+        }
+    }
+
     /// Boxes any body with `Bytes` data.
     pub fn boxed<T>(body: T) -> Self
     where
@@ -144,12 +152,17 @@ where
                     // handler would have been stopped.
                     *aborted = true;
                     lost.take();
-                    let err = held.take().map(|held| held.lost_error());
-                    let err: BoxError = match err {
+                    let held = held.take();
+                    let hidden = held.as_ref().is_some_and(Held::names_hidden);
+                    let err: BoxError = match held.map(|held| held.lost_error()) {
                         Some(err) => Box::new(err),
                         None => "lock lost".into(),
                     };
-                    tracing::warn!(error = %err, "dlock-tower: lock lost while sending the body");
+                    if hidden {
+                        tracing::warn!("dlock-tower: lock lost while sending the body");
+                    } else {
+                        tracing::warn!(error = %err, "dlock-tower: lock lost while sending the body");
+                    }
                     return Poll::Ready(Some(Err(err)));
                 }
                 match body.poll_frame(cx) {

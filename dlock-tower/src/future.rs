@@ -6,16 +6,21 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
-use dlock_core::{FencingToken, LockError, LockGuard, LockScope, Locker, Lost, MultiGuard, Scoped};
+use dlock_core::{LockError, LockGuard, LockScope, Locker, Lost, MultiGuard, Scoped};
 use futures_util::future::SelectAll;
 use http::{Request, Response};
 use tokio::time::Instant;
 use tower_service::Service;
 
 use crate::body::LockBody;
+use crate::grpc::Grpc;
+use crate::held::HeldLocks;
 use crate::key::{ExtractFuture, KeySource, LockKeys};
 use crate::layer::{Config, Shared};
 use crate::rejection::LockRejection;
+
+/// What logs and spans show instead of a hidden lock name.
+const HIDDEN: &str = "<hidden>";
 
 /// The locks a request holds; released when dropped.
 pub(crate) struct Held(HeldKind);
@@ -64,56 +69,16 @@ impl Held {
         }
     }
 
+    /// Whether the layer keeps these names out of logs ([`crate::LockLayer::hide_names`]).
+    pub(crate) fn names_hidden(&self) -> bool {
+        self.guards().iter().any(|g| g.name().is_hidden())
+    }
+
     fn info(&self) -> HeldLocks {
-        HeldLocks {
-            names: self.guards().iter().map(|g| g.name().to_string()).collect(),
-            fencing_tokens: self.guards().iter().map(LockGuard::fencing_token).collect(),
-        }
-    }
-}
-
-/// The locks held for this request, in request extensions (and, with the `axum` feature, an
-/// extractor): hand the fencing token to the resource the handler writes.
-///
-/// It is there only when the layer took a lock: a route whose key function returned no key sees
-/// no `HeldLocks`, so take `Option<HeldLocks>` there.
-///
-/// ```
-/// use axum::{Router, extract::Path, routing::post};
-/// use dlock_tower::{HeldLocks, LockLayer};
-///
-/// async fn pay(Path(id): Path<u64>, held: HeldLocks) -> String {
-///     // `UPDATE invoices SET paid = true, fence = $token WHERE id = $id AND fence < $token`
-///     let token = held.fencing_token().map_or(0, |t| t.get());
-///     format!("invoice {id} paid under token {token}")
-/// }
-///
-/// let app: Router = Router::new()
-///     .route("/invoices/{id}/pay", post(pay))
-///     .route_layer(
-///         LockLayer::new(dlock_core::Locker::memory())
-///             .key(|Path(id): Path<u64>| async move { format!("invoice:{id}") }),
-///     );
-/// # let _ = app;
-/// ```
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct HeldLocks {
-    /// The names held, in acquisition order.
-    pub names: Vec<String>,
-    /// Their fencing tokens, in the same order.
-    pub fencing_tokens: Vec<FencingToken>,
-}
-
-impl HeldLocks {
-    /// The fencing token of the first (for a single lock: the only) lock.
-    pub fn fencing_token(&self) -> Option<FencingToken> {
-        self.fencing_tokens.first().copied()
-    }
-
-    /// The fencing token of the lock called `name`, if this request holds it.
-    pub fn fencing_token_of(&self, name: &str) -> Option<FencingToken> {
-        let index = self.names.iter().position(|n| n == name)?;
-        self.fencing_tokens.get(index).copied()
+        HeldLocks::new(
+            self.guards().iter().map(|g| g.name().to_string()).collect(),
+            self.guards().iter().map(LockGuard::fencing_token).collect(),
+        )
     }
 }
 
@@ -170,6 +135,8 @@ pin_project_lite::pin_project! {
         #[pin]
         state: State<Inner, ReqB, Inner::Future>,
         shared: Arc<dyn Settings + Send + Sync>,
+        // Whether the request is a gRPC one: its rejections are gRPC statuses.
+        grpc: Option<Grpc>,
         // `dlock.request`: the keys, how long the request waited, and the outcome.
         span: tracing::Span,
     }
@@ -222,6 +189,7 @@ where
             waited_us = tracing::field::Empty,
             outcome = tracing::field::Empty,
         );
+        let grpc = Grpc::of(req.headers());
         let state = {
             let _entered = span.enter();
             match &shared.keys {
@@ -229,7 +197,7 @@ where
                     let (parts, body) = req.into_parts();
                     let keys = f(&parts);
                     let req = Request::from_parts(parts, body);
-                    start(&*shared, &span, keys, req, inner)
+                    start(&*shared, &span, grpc, keys, req, inner)
                 }
                 KeySource::Request(f) => {
                     // The same head, lent without its body and given back: nothing is copied.
@@ -240,6 +208,7 @@ where
                     start(
                         &*shared,
                         &span,
+                        grpc,
                         keys,
                         Request::from_parts(parts, body),
                         inner,
@@ -258,6 +227,7 @@ where
         Self {
             state,
             shared,
+            grpc,
             span,
         }
     }
@@ -271,6 +241,7 @@ fn micros(d: std::time::Duration) -> u64 {
 fn start<Inner, ReqB>(
     shared: &dyn Settings,
     span: &tracing::Span,
+    grpc: Option<Grpc>,
     keys: LockKeys,
     req: Request<ReqB>,
     inner: Inner,
@@ -280,20 +251,24 @@ where
 {
     let config = shared.config();
     let locker = shared.locker();
+    let hidden = config.responses.names_hidden();
     let fut = match keys {
         LockKeys::None => {
             span.record("outcome", "unlocked");
             return call(inner, req, None);
         }
-        LockKeys::One(Err(err)) => return rejected(span, LockRejection::from_error(err), config),
+        LockKeys::One(Err(err)) => return rejected(span, LockRejection::from(err), config, grpc),
         LockKeys::Many(names) if names.iter().any(Result::is_err) => {
             let err = names.into_iter().find_map(Result::err);
             let err = err.unwrap_or_else(|| LockError::Config("invalid key".to_owned()));
-            return rejected(span, LockRejection::from_error(err), config);
+            return rejected(span, LockRejection::from(err), config, grpc);
         }
         LockKeys::One(Ok(name)) => {
-            span.record("keys", tracing::field::display(&name));
-            let mut request = locker.lock(name).wait(config.wait);
+            span.record("keys", if hidden { HIDDEN } else { name.as_str() });
+            let mut request = locker.lock(name).hide_name(hidden);
+            if let Some(wait) = config.wait {
+                request = request.wait(wait);
+            }
             if let Some(lease) = config.lease {
                 request = request.lease(lease);
             } else if let Some(lease) = config.watchdog_lease {
@@ -303,8 +278,15 @@ where
         }
         LockKeys::Many(names) => {
             let names: Vec<_> = names.into_iter().filter_map(Result::ok).collect();
-            span.record("keys", tracing::field::debug(&names));
-            let mut request = locker.lock_all(names).wait(config.wait);
+            if hidden {
+                span.record("keys", HIDDEN);
+            } else {
+                span.record("keys", tracing::field::debug(&names));
+            }
+            let mut request = locker.lock_all(names).hide_names(hidden);
+            if let Some(wait) = config.wait {
+                request = request.wait(wait);
+            }
             if let Some(lease) = config.lease {
                 request = request.lease(lease);
             } else if let Some(lease) = config.watchdog_lease {
@@ -325,20 +307,29 @@ fn rejected<Inner, ReqB, F>(
     span: &tracing::Span,
     rejection: LockRejection,
     config: &Config,
+    grpc: Option<Grpc>,
 ) -> State<Inner, ReqB, F> {
     span.record("outcome", rejection.outcome());
+    // The backend's error names no lock; the others may, and stay out of logs when hidden.
+    let hidden = config.responses.names_hidden();
     match &rejection {
         LockRejection::Busy { .. } => tracing::debug!("dlock-tower: busy"),
+        LockRejection::Lost { .. } if hidden => {
+            tracing::warn!("dlock-tower: lock lost, handler cancelled")
+        }
         LockRejection::Lost { .. } => {
-            tracing::warn!(rejection = ?rejection, "dlock-tower: lock lost, handler cancelled")
+            tracing::warn!(rejection = %rejection, "dlock-tower: lock lost, handler cancelled")
         }
         LockRejection::Unavailable(err) => {
             tracing::warn!(error = %err, "dlock-tower: lock backend unavailable")
         }
-        other => tracing::debug!(rejection = ?other, "dlock-tower: rejected"),
+        other if hidden => {
+            tracing::debug!(outcome = other.outcome(), "dlock-tower: rejected")
+        }
+        other => tracing::debug!(rejection = %other, "dlock-tower: rejected"),
     }
     State::Rejected {
-        response: Some(rejection.into_response(config)),
+        response: Some(rejection.respond(config, grpc)),
     }
 }
 
@@ -383,7 +374,7 @@ where
                     match (keys, body.take(), inner.take()) {
                         (Ok(keys), Some(body), Some(inner)) => {
                             let req = Request::from_parts(parts, body);
-                            start(&**this.shared, this.span, keys, req, inner)
+                            start(&**this.shared, this.span, *this.grpc, keys, req, inner)
                         }
                         (Err(response), _, _) => {
                             // The extractor's own rejection, as it made it.
@@ -411,8 +402,8 @@ where
                             call(inner, req, Some(held))
                         }
                         (Err(err), _, _) => {
-                            let rejection = LockRejection::from_error(err);
-                            rejected(this.span, rejection, this.shared.config())
+                            let rejection = LockRejection::from(err);
+                            rejected(this.span, rejection, this.shared.config(), *this.grpc)
                         }
                         _ => State::Rejected { response: None },
                     }
@@ -427,11 +418,15 @@ where
                             .as_ref()
                             .map(Held::lost_error)
                             .unwrap_or_else(|| LockError::Config("lock lost".to_owned()));
-                        let rejection = LockRejection::from_error(err);
+                        let rejection = LockRejection::from(err);
                         // Cancel the handler (its future is dropped with this state), then let
                         // go of what is left of the hold.
-                        this.state
-                            .set(rejected(this.span, rejection, this.shared.config()));
+                        this.state.set(rejected(
+                            this.span,
+                            rejection,
+                            this.shared.config(),
+                            *this.grpc,
+                        ));
                         drop(held);
                         continue;
                     }

@@ -1,18 +1,19 @@
 //! `LockLayer`: the configuration, applied to a service.
 
 use std::fmt;
+use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use dlock_core::Locker;
+use dlock_core::{ErrorResponses, Locker};
 use http::StatusCode;
 use http::request::Parts;
 use tower_layer::Layer;
 
 use crate::body::{BoxError, LockBody};
 use crate::key::{IntoLockKeys, KeySource, LockKeys};
-use crate::rejection::{DEFAULT_BUSY_STATUS, LockRejection};
+use crate::rejection::LockRejection;
 use crate::service::Lock;
 
 pub(crate) type Handler =
@@ -21,14 +22,12 @@ pub(crate) type Handler =
 /// How the layer locks and answers.
 #[derive(Clone)]
 pub(crate) struct Config {
-    pub(crate) wait: Duration,
+    /// `None`: the `Locker`'s default wait.
+    pub(crate) wait: Option<Duration>,
     pub(crate) lease: Option<Duration>,
     pub(crate) watchdog_lease: Option<Duration>,
-    pub(crate) busy_status: StatusCode,
-    pub(crate) lost_status: StatusCode,
-    pub(crate) unavailable_status: StatusCode,
-    pub(crate) invalid_status: StatusCode,
-    pub(crate) hide_names: bool,
+    /// Statuses and hidden names, as `#[distributed_lock]` handlers' errors can be answered.
+    pub(crate) responses: ErrorResponses,
     pub(crate) hold_body: bool,
     pub(crate) handler: Option<Handler>,
 }
@@ -36,14 +35,10 @@ pub(crate) struct Config {
 impl Default for Config {
     fn default() -> Self {
         Self {
-            wait: Duration::ZERO,
+            wait: None,
             lease: None,
             watchdog_lease: None,
-            busy_status: DEFAULT_BUSY_STATUS,
-            lost_status: StatusCode::SERVICE_UNAVAILABLE,
-            unavailable_status: StatusCode::SERVICE_UNAVAILABLE,
-            invalid_status: StatusCode::BAD_REQUEST,
-            hide_names: false,
+            responses: ErrorResponses::new(),
             hold_body: false,
             handler: None,
         }
@@ -56,11 +51,7 @@ impl fmt::Debug for Config {
             .field("wait", &self.wait)
             .field("lease", &self.lease)
             .field("watchdog_lease", &self.watchdog_lease)
-            .field("busy_status", &self.busy_status)
-            .field("lost_status", &self.lost_status)
-            .field("unavailable_status", &self.unavailable_status)
-            .field("invalid_status", &self.invalid_status)
-            .field("hide_names", &self.hide_names)
+            .field("responses", &self.responses)
             .field("hold_body", &self.hold_body)
             .field("handler", &self.handler.is_some())
             .finish()
@@ -75,30 +66,63 @@ pub(crate) struct Shared<S> {
     pub(crate) config: Config,
 }
 
+/// Marks a [`LockLayer`] that has no key function yet: it is not a [`Layer`] until it gets one,
+/// since it would lock nothing.
+#[derive(Debug, Clone, Copy, Default)]
+#[non_exhaustive]
+pub struct NoKey;
+
+/// Marks a [`LockLayer`] with a key function: a [`Layer`].
+#[derive(Debug, Clone, Copy, Default)]
+#[non_exhaustive]
+pub struct WithKey;
+
+/// The key state of a [`LockLayer`] that can be applied: [`WithKey`].
+///
+/// Applying a layer that has no key function is a compile error that says so, rather than a
+/// layer that silently locks nothing.
+#[diagnostic::on_unimplemented(
+    message = "this `LockLayer` has no key function, so it would lock nothing",
+    label = "a `LockLayer` without a key function is not a `Layer`",
+    note = "give it one: `.key(|Path(id): Path<u64>| async move {{ .. }})`, `.sync_key(..)`, \
+            `.key_from_parts(..)` or `.key_from_request(..)`"
+)]
+pub trait HasKey {}
+
+impl HasKey for WithKey {}
+
 /// Guards the wrapped service with a distributed lock whose name comes from the request.
 ///
-/// `S` is the router state the key's extractors run with (`()` for [`LockLayer::new`]). Apply it
-/// with `Router::route_layer`, `Router::layer`, `ServiceBuilder::layer` or
-/// [`Layer::layer`]. See the [crate documentation](crate) for examples.
-pub struct LockLayer<S = ()> {
+/// `S` is the router state the key's extractors run with (`()` for [`LockLayer::new`]). `K` says
+/// whether the key function is set: [`LockLayer::new`] makes a [`NoKey`] layer, and a key
+/// function ([`key`](LockLayer::key), [`key_from_parts`](LockLayer::key_from_parts), …) makes
+/// it a [`WithKey`] one, which is a [`Layer`]: a layer without a key is a compile error, not a
+/// layer that locks nothing.
+///
+/// Apply it with `Router::route_layer`, `Router::layer`, `ServiceBuilder::layer` or
+/// [`Layer::layer`]; clones are cheap (the key function and the error handler are shared, the
+/// state is cloned). See the [crate documentation](crate) for examples.
+pub struct LockLayer<S = (), K = WithKey> {
     locker: Locker,
     keys: KeySource<S>,
     state: S,
     config: Config,
+    key_state: PhantomData<fn() -> K>,
 }
 
-impl<S: Clone> Clone for LockLayer<S> {
+impl<S: Clone, K> Clone for LockLayer<S, K> {
     fn clone(&self) -> Self {
         Self {
             locker: self.locker.clone(),
             keys: self.keys.clone(),
             state: self.state.clone(),
             config: self.config.clone(),
+            key_state: PhantomData,
         }
     }
 }
 
-impl<S> fmt::Debug for LockLayer<S> {
+impl<S, K> fmt::Debug for LockLayer<S, K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockLayer")
             .field("locker", &self.locker)
@@ -107,21 +131,16 @@ impl<S> fmt::Debug for LockLayer<S> {
     }
 }
 
-impl LockLayer<()> {
-    /// A layer over `locker` for extractors that need no router state. Set the key with
-    /// [`key`](LockLayer::key) (extractors) or [`key_from_parts`](LockLayer::key_from_parts);
-    /// until one is set, requests take no lock.
+impl LockLayer<(), NoKey> {
+    /// A layer over `locker` for extractors that need no router state. Give it a key with
+    /// [`key`](LockLayer::key) (extractors) or [`key_from_parts`](LockLayer::key_from_parts)
+    /// before applying it.
     pub fn new(locker: Locker) -> Self {
-        Self {
-            locker,
-            keys: KeySource::Parts(Arc::new(|_: &Parts| LockKeys::None)),
-            state: (),
-            config: Config::default(),
-        }
+        Self::with_state(locker, ())
     }
 }
 
-impl<S> LockLayer<S> {
+impl<S> LockLayer<S, NoKey> {
     /// A layer whose key extractors run with the router state `state` (as
     /// `axum::middleware::from_fn_with_state` does): `State<T>` and extractors implemented for
     /// your state type. `Router::route_layer` runs before `Router::with_state` supplies the
@@ -129,9 +148,64 @@ impl<S> LockLayer<S> {
     pub fn with_state(locker: Locker, state: S) -> Self {
         Self {
             locker,
+            // Never run: a layer without a key is not a `Layer`.
             keys: KeySource::Parts(Arc::new(|_: &Parts| LockKeys::None)),
             state,
             config: Config::default(),
+            key_state: PhantomData,
+        }
+    }
+
+    /// A layer over the `Locker` the router state holds (`Locker: FromRef<S>`, as
+    /// `#[derive(FromRef)]` gives), whose key extractors run with that state: one value for
+    /// both, as `axum::middleware::from_fn_with_state` takes it.
+    ///
+    /// ```
+    /// use axum::{Router, extract::{FromRef, Path}, routing::post};
+    /// use dlock_core::Locker;
+    /// use dlock_tower::LockLayer;
+    ///
+    /// #[derive(Clone)]
+    /// struct AppState {
+    ///     locker: Locker,
+    /// }
+    ///
+    /// impl FromRef<AppState> for Locker {
+    ///     fn from_ref(state: &AppState) -> Locker {
+    ///         state.locker.clone()
+    ///     }
+    /// }
+    ///
+    /// let state = AppState { locker: Locker::memory() };
+    /// let app: Router = Router::new()
+    ///     .route("/vouchers/{id}/orders", post(|| async { "ordered" }))
+    ///     .route_layer(
+    ///         LockLayer::from_state(state.clone())
+    ///             .key(|Path(id): Path<u64>| async move { format!("voucher:{id}") }),
+    ///     )
+    ///     .with_state(state);
+    /// # let _ = app;
+    /// ```
+    #[cfg(feature = "axum")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+    pub fn from_state(state: S) -> Self
+    where
+        Locker: axum_core::extract::FromRef<S>,
+    {
+        let locker = <Locker as axum_core::extract::FromRef<S>>::from_ref(&state);
+        Self::with_state(locker, state)
+    }
+}
+
+impl<S, K> LockLayer<S, K> {
+    /// The same layer, with its key function set to `keys`.
+    fn keyed(self, keys: KeySource<S>) -> LockLayer<S, WithKey> {
+        LockLayer {
+            locker: self.locker,
+            keys,
+            state: self.state,
+            config: self.config,
+            key_state: PhantomData,
         }
     }
 
@@ -144,12 +218,13 @@ impl<S> LockLayer<S> {
     /// The extractors run on the request head only; the body goes to the handler untouched.
     #[cfg(feature = "axum")]
     #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
-    pub fn key<F, T>(mut self, f: F) -> Self
+    pub fn key<F, T>(self, f: F) -> LockLayer<S, WithKey>
     where
         F: crate::key::extract::KeyFn<S, T>,
     {
-        self.keys = KeySource::Extract(Arc::new(move |parts, state| f.call(parts, state)));
-        self
+        self.keyed(KeySource::Extract(Arc::new(move |parts, state| {
+            f.call(parts, state)
+        })))
     }
 
     /// As [`key`](LockLayer::key), with a plain (non-`async`) function.
@@ -180,25 +255,25 @@ impl<S> LockLayer<S> {
     /// ```
     #[cfg(feature = "axum")]
     #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
-    pub fn sync_key<F, T>(mut self, f: F) -> Self
+    pub fn sync_key<F, T>(self, f: F) -> LockLayer<S, WithKey>
     where
         F: crate::key::extract::SyncKeyFn<S, T>,
     {
-        self.keys = KeySource::Extract(Arc::new(move |parts, state| {
+        self.keyed(KeySource::Extract(Arc::new(move |parts, state| {
             crate::key::extract::SyncKeyFn::call(&f, parts, state)
-        }));
-        self
+        })))
     }
 
     /// The key from the request head (method, URI, headers, extensions — never the body): the
     /// plain tower form, no axum needed. [`KeyFrom`](crate::KeyFrom) has ready-made ones.
-    pub fn key_from_parts<F, R>(mut self, f: F) -> Self
+    pub fn key_from_parts<F, R>(self, f: F) -> LockLayer<S, WithKey>
     where
         F: Fn(&Parts) -> R + Send + Sync + 'static,
         R: IntoLockKeys,
     {
-        self.keys = KeySource::Parts(Arc::new(move |parts| f(parts).into_lock_keys()));
-        self
+        self.keyed(KeySource::Parts(Arc::new(move |parts| {
+            f(parts).into_lock_keys()
+        })))
     }
 
     /// The key from the request, seen without its body (`http::Request<()>`: method, URI,
@@ -228,19 +303,21 @@ impl<S> LockLayer<S> {
     /// assert_eq!(response.unwrap().status(), 200);
     /// # });
     /// ```
-    pub fn key_from_request<F, R>(mut self, f: F) -> Self
+    pub fn key_from_request<F, R>(self, f: F) -> LockLayer<S, WithKey>
     where
         F: Fn(&http::Request<()>) -> R + Send + Sync + 'static,
         R: IntoLockKeys,
     {
-        self.keys = KeySource::Request(Arc::new(move |req| f(req).into_lock_keys()));
-        self
+        self.keyed(KeySource::Request(Arc::new(move |req| {
+            f(req).into_lock_keys()
+        })))
     }
 
-    /// How long a request waits for a busy lock before it is answered busy (default: one
-    /// attempt, no waiting). Waiting is a pub/sub wake-up in the core, not polling.
+    /// How long a request waits for a busy lock before it is answered busy (default: the
+    /// `Locker`'s [default wait](dlock_core::LockerBuilder::default_wait), which is one
+    /// attempt, no waiting, unless set). Waiting is a pub/sub wake-up in the core, not polling.
     pub fn wait(mut self, wait: Duration) -> Self {
-        self.config.wait = wait;
+        self.config.wait = Some(wait);
         self
     }
 
@@ -261,33 +338,54 @@ impl<S> LockLayer<S> {
 
     /// The status for a busy lock (default 409 Conflict; 423, 429 and 503 are common choices).
     pub fn with_status_code(mut self, status: StatusCode) -> Self {
-        self.config.busy_status = status;
+        self.config.responses = self.config.responses.busy_status(status);
         self
     }
 
     /// The status when the lock is lost while the handler runs (default 503).
     pub fn lost_status_code(mut self, status: StatusCode) -> Self {
-        self.config.lost_status = status;
+        self.config.responses = self.config.responses.lost_status(status);
         self
     }
 
     /// The status when Redis can't be reached or doesn't answer in time (default 503).
     pub fn unavailable_status_code(mut self, status: StatusCode) -> Self {
-        self.config.unavailable_status = status;
+        self.config.responses = self.config.responses.unavailable_status(status);
         self
     }
 
     /// The status when the key is not a valid lock name: too long, control characters, `{` or
     /// `}` in literal text (default 400).
     pub fn invalid_key_status_code(mut self, status: StatusCode) -> Self {
-        self.config.invalid_status = status;
+        self.config.responses = self.config.responses.invalid_name_status(status);
         self
     }
 
-    /// Leave the lock's name out of rejection bodies (it may hold user data). The `Retry-After`
-    /// header and the status stay.
+    /// Leave the lock's name out of rejection bodies and gRPC messages (it may hold user
+    /// data). The `Retry-After` header and the status stay.
     pub fn hide_names(mut self, hide: bool) -> Self {
-        self.config.hide_names = hide;
+        self.config.responses = self.config.responses.hide_names(hide);
+        self
+    }
+
+    /// Every status and [`hide_names`](LockLayer::hide_names) at once, from the value that
+    /// also answers your handlers' `LockError`s, so that a `#[distributed_lock]` handler and a
+    /// layered route answer alike. Replaces what the single setters set before it.
+    ///
+    /// ```
+    /// use axum::http::StatusCode;
+    /// use dlock_core::ErrorResponses;
+    /// use dlock_tower::LockLayer;
+    ///
+    /// const LOCK_ERRORS: ErrorResponses = ErrorResponses::new().busy_status(StatusCode::LOCKED);
+    ///
+    /// let layer = LockLayer::new(dlock_core::Locker::memory())
+    ///     .key(|| async { "report" })
+    ///     .error_responses(LOCK_ERRORS);
+    /// # let _ = layer;
+    /// ```
+    pub fn error_responses(mut self, responses: ErrorResponses) -> Self {
+        self.config.responses = responses;
         self
     }
 
@@ -304,7 +402,8 @@ impl<S> LockLayer<S> {
 
     /// Replaces the layer's own rejections: return `Some(response)` to answer with it, `None`
     /// to keep the default. Extractor rejections are never passed here; they are returned as
-    /// the extractor made them.
+    /// the extractor made them. Nor are the rejections of gRPC requests, which are always
+    /// answered with a gRPC status (see the [crate documentation](crate#grpc)).
     ///
     /// ```
     /// use axum::{Json, Router, http::StatusCode, response::IntoResponse, routing::post};
@@ -340,7 +439,7 @@ impl<S> LockLayer<S> {
     }
 }
 
-impl<Inner, S: Clone> Layer<Inner> for LockLayer<S> {
+impl<Inner, S: Clone, K: HasKey> Layer<Inner> for LockLayer<S, K> {
     type Service = Lock<Inner, S>;
 
     fn layer(&self, inner: Inner) -> Self::Service {

@@ -60,9 +60,10 @@
 //! # Feature flags
 //!
 //! - `axum` (default): key functions over axum extractors ([`LockLayer::key`],
-//!   [`LockLayer::sync_key`]) and the [`HeldLocks`] extractor. Without it, axum is not a
-//!   dependency and keys come from the request head ([`LockLayer::key_from_parts`],
-//!   [`LockLayer::key_from_request`], [`KeyFrom`]).
+//!   [`LockLayer::sync_key`]), [`LockLayer::from_state`], the [`HeldLocks`] extractor,
+//!   `IntoResponse` for [`LockRejection`], and dlock-core's `axum` feature (`IntoResponse` for
+//!   `LockError`). Without it, axum is not a dependency and keys come from the request head
+//!   ([`LockLayer::key_from_parts`], [`LockLayer::key_from_request`], [`KeyFrom`]).
 //!
 //! The minimum supported Rust version is 1.88.
 //!
@@ -76,6 +77,10 @@
 //!   a function of the request head. [`KeyFrom`] has ready-made ones (a header, a path segment, a
 //!   query parameter).
 //!
+//! A layer is a `Layer` only once it has a key function: `LockLayer::new(locker)` alone would
+//! lock nothing, so applying it is a compile error ("this `LockLayer` has no key function, so
+//! it would lock nothing"), as [`NoKey`] and [`HasKey`] spell out.
+//!
 //! A key function returns a name (`String`, `&'static str`, [`LockName`](dlock_core::LockName)),
 //! an `Option` of one (`None`: this request takes no lock), or a `Vec` of names, locked
 //! all-or-none. A `String` is taken as trusted text; build names that embed user input with
@@ -85,7 +90,8 @@
 //!
 //! `Router::route_layer` runs before `Router::with_state` hands the state to the routes, so a
 //! layer whose extractors need the state is given it, as `axum::middleware::from_fn_with_state`
-//! is: [`LockLayer::with_state`]. Extractors that work for any state (`Path`, `Query`,
+//! is: [`LockLayer::with_state`], or [`LockLayer::from_state`] when the state holds the
+//! `Locker` (`Locker: FromRef<S>`). Extractors that work for any state (`Path`, `Query`,
 //! `HeaderMap`, most auth extractors) need nothing: [`LockLayer::new`].
 //!
 //! ```
@@ -174,8 +180,87 @@
 //! | lock lost while the handler runs | the handler is cancelled; 503 ([`LockLayer::lost_status_code`]) |
 //! | the core refuses the request (a fixed lease under 10 ms) | 500 |
 //!
+//! The bodies are `application/problem+json` with `type`, `title`, `status`, `detail` and, for a
+//! busy or lost lock, `lock`; the backend's error (hosts, ports, Redis replies) never reaches
+//! them. An unavailable backend gets no `Retry-After`, since nothing says when it will be back.
+//!
 //! [`LockLayer::on_rejection`] can replace any of the layer's own answers; it sees a
-//! [`LockRejection`].
+//! [`LockRejection`], which is also an `IntoResponse` with the default answers.
+//!
+//! ## The same answers from handlers
+//!
+//! The layer's answers are rendered by `dlock_core::ErrorResponses`, and `LockError` is an
+//! axum `IntoResponse` that uses it, so a `#[distributed_lock]` handler returning
+//! `Result<_, LockError>`, or an application error that wraps one with `?` and answers it with
+//! `err.into_response()`, answers exactly as a layered route does in the same situation. With
+//! other statuses, give the layer and the application error one value:
+//!
+//! ```
+//! use axum::{Router, extract::Path, http::StatusCode, response::{IntoResponse, Response}, routing::post};
+//! use dlock_core::{ErrorResponses, LockError, distributed_lock};
+//! use dlock_tower::LockLayer;
+//!
+//! const LOCK_ERRORS: ErrorResponses = ErrorResponses::new().busy_status(StatusCode::LOCKED);
+//!
+//! enum AppError {
+//!     Lock(LockError),
+//! }
+//!
+//! impl From<LockError> for AppError {
+//!     fn from(err: LockError) -> Self {
+//!         Self::Lock(err)
+//!     }
+//! }
+//!
+//! impl IntoResponse for AppError {
+//!     fn into_response(self) -> Response {
+//!         match self {
+//!             Self::Lock(err) => LOCK_ERRORS.to_response(&err).into_response(),
+//!         }
+//!     }
+//! }
+//!
+//! #[distributed_lock(key = "report:<id>", wait = "1s")]
+//! async fn build_report(Path(id): Path<u64>) -> Result<String, AppError> {
+//!     Ok(format!("report {id}"))
+//! }
+//!
+//! let app: Router = Router::new()
+//!     .route(
+//!         "/exports/{id}",
+//!         post(|Path(id): Path<u64>| async move { format!("export {id}") }),
+//!     )
+//!     // Busy exports and busy reports both answer 423.
+//!     .route_layer(
+//!         LockLayer::new(dlock_core::Locker::memory())
+//!             .key(|Path(id): Path<u64>| async move { format!("export:{id}") })
+//!             .error_responses(LOCK_ERRORS),
+//!     )
+//!     .route("/reports/{id}", post(build_report));
+//! # let _ = app;
+//! ```
+//!
+//! # gRPC
+//!
+//! A request whose content type is `application/grpc` (or `application/grpc+proto`,
+//! `application/grpc-web`, …) is answered with a gRPC status instead: HTTP 200, trailers-only
+//! (`grpc-status` and `grpc-message` in the headers, no body), so that a tonic service behind
+//! the layer (`tonic::transport::Server::builder().layer(..)`) fails its calls the way clients
+//! expect. No tonic dependency is involved.
+//!
+//! | situation | `grpc-status` |
+//! | --- | --- |
+//! | busy after the wait | `ABORTED` (10), with `grpc-retry-pushback-ms` (the holder's remaining lease), `retry-after` (seconds) and a `google.rpc.RetryInfo` in `grpc-status-details-bin` |
+//! | Redis unreachable or timed out | `UNAVAILABLE` (14) |
+//! | lock lost while the call runs | `ABORTED` (10); the call is cancelled |
+//! | invalid key | `INVALID_ARGUMENT` (3) |
+//! | anything else | `INTERNAL` (13) |
+//!
+//! `grpc-message` is one of the sentences of the HTTP answers' `detail`, percent-encoded, with
+//! the lock's name for a busy or lost lock unless [`LockLayer::hide_names`]; never the
+//! backend's error. [`LockLayer::on_rejection`] is not consulted for gRPC requests. The handler
+//! finds [`HeldLocks`] in `request.extensions()`. Keys come from metadata (which are headers:
+//! [`KeyFrom::header`], or `HeaderMap` in an extractor key function); the body is never read.
 //!
 //! # While the handler runs
 //!
@@ -207,47 +292,20 @@
 
 mod body;
 mod future;
+mod grpc;
+mod held;
 mod key;
 mod layer;
 mod rejection;
 mod service;
 
 pub use body::{BoxError, LockBody};
-pub use future::{HeldLocks, ResponseFuture};
+pub use future::ResponseFuture;
+pub use held::HeldLocks;
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub use key::extract::{KeyFn, SyncKeyFn};
 pub use key::{IntoLockKeys, KeyFrom, LockKeys};
-pub use layer::LockLayer;
+pub use layer::{HasKey, LockLayer, NoKey, WithKey};
 pub use rejection::LockRejection;
 pub use service::Lock;
-
-#[cfg(feature = "axum")]
-#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
-impl<S: Send + Sync> axum_core::extract::FromRequestParts<S> for HeldLocks {
-    type Rejection = (http::StatusCode, &'static str);
-
-    async fn from_request_parts(
-        parts: &mut http::request::Parts,
-        _state: &S,
-    ) -> Result<Self, Self::Rejection> {
-        parts.extensions.get::<HeldLocks>().cloned().ok_or((
-            http::StatusCode::INTERNAL_SERVER_ERROR,
-            "no lock is held for this request: LockLayer is not applied to this route, or its \
-             key function returned no key (take `Option<HeldLocks>` for that)",
-        ))
-    }
-}
-
-#[cfg(feature = "axum")]
-#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
-impl<S: Send + Sync> axum_core::extract::OptionalFromRequestParts<S> for HeldLocks {
-    type Rejection = std::convert::Infallible;
-
-    async fn from_request_parts(
-        parts: &mut http::request::Parts,
-        _state: &S,
-    ) -> Result<Option<Self>, Self::Rejection> {
-        Ok(parts.extensions.get::<HeldLocks>().cloned())
-    }
-}

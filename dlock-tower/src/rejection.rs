@@ -1,15 +1,44 @@
 //! What the layer answers when it can't (or can no longer) hold the lock.
 
-use std::fmt::Write as _;
+use std::fmt;
 use std::time::Duration;
 
-use dlock_core::{FencingToken, LockError};
-use http::{HeaderValue, StatusCode, header};
+use dlock_core::{ErrorResponses, FencingToken, LockError};
 
 use crate::body::LockBody;
+use crate::grpc::Grpc;
 use crate::layer::Config;
 
 /// Why a request did not run (or stopped running) under its lock.
+///
+/// The layer answers it as `dlock_core::ErrorResponses` renders the error (the layer's statuses
+/// and [`hide_names`](crate::LockLayer::hide_names)), or as a gRPC status for a gRPC request.
+/// With the `axum` feature it is also an `IntoResponse` with the default answers, for your own
+/// [`on_rejection`](crate::LockLayer::on_rejection) handlers and extractors; `From<LockError>`
+/// makes one from an error.
+///
+/// ```
+/// use axum::{extract::FromRequestParts, http::request::Parts};
+/// use dlock_core::{LockGuard, Locker};
+/// use dlock_tower::LockRejection;
+///
+/// /// Holds the caller's account lock for as long as the handler keeps it.
+/// struct AccountLock(LockGuard);
+///
+/// impl FromRequestParts<Locker> for AccountLock {
+///     // Answers 409 + `Retry-After` when busy, 503 when Redis is down, and so on.
+///     type Rejection = LockRejection;
+///
+///     async fn from_request_parts(parts: &mut Parts, locker: &Locker) -> Result<Self, LockRejection> {
+///         let account = parts.headers.get("x-account").map(|v| v.as_bytes().to_vec());
+///         let name = dlock_core::LockName::builder()
+///             .literal("account:")
+///             .value(String::from_utf8_lossy(&account.unwrap_or_default()))
+///             .build()?;
+///         Ok(AccountLock(locker.lock(name).await?))
+///     }
+/// }
+/// ```
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum LockRejection {
@@ -37,8 +66,10 @@ pub enum LockRejection {
     Internal(LockError),
 }
 
-impl LockRejection {
-    pub(crate) fn from_error(err: LockError) -> Self {
+impl From<LockError> for LockRejection {
+    /// Busy (`Timeout`), lost, an invalid name, an unavailable backend; anything else is
+    /// [`Internal`](LockRejection::Internal).
+    fn from(err: LockError) -> Self {
         match err {
             LockError::Timeout {
                 name, retry_after, ..
@@ -55,7 +86,27 @@ impl LockRejection {
             err => Self::Internal(err),
         }
     }
+}
 
+impl fmt::Display for LockRejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Busy { name, .. } => write!(f, "lock `{name}` is busy"),
+            Self::InvalidKey(_) => f.write_str("the request's lock key is not a valid lock name"),
+            Self::Unavailable(_) => f.write_str("lock backend unavailable"),
+            Self::Lost { name, .. } => write!(f, "lock `{name}` was lost while the request ran"),
+            Self::Internal(_) => f.write_str("lock could not be taken"),
+        }
+    }
+}
+
+impl std::error::Error for LockRejection {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.error().map(|err| err as _)
+    }
+}
+
+impl LockRejection {
     /// A short word for logs and spans: `busy`, `invalid_key`, `unavailable`, `lost`,
     /// `internal`.
     pub fn outcome(&self) -> &'static str {
@@ -98,85 +149,62 @@ impl LockRejection {
         }
     }
 
-    /// The response: the error handler's, or the default one under `config`.
-    pub(crate) fn into_response(self, config: &Config) -> http::Response<LockBody<()>> {
+    /// The HTTP answer under `responses`: the error this rejection stands for, rendered by
+    /// dlock-core, as a `#[distributed_lock]` handler's `LockError` is.
+    pub(crate) fn render(&self, responses: &ErrorResponses) -> http::Response<String> {
+        match self {
+            Self::Busy { name, retry_after } => responses.to_response(&LockError::Timeout {
+                name: name.clone(),
+                waited: Duration::ZERO,
+                retry_after: *retry_after,
+            }),
+            Self::Lost {
+                name,
+                fencing_token,
+            } => responses.to_response(&LockError::Lost {
+                name: name.clone(),
+                fencing_token: *fencing_token,
+            }),
+            Self::InvalidKey(err) | Self::Unavailable(err) | Self::Internal(err) => {
+                responses.to_response(err)
+            }
+        }
+    }
+
+    /// The layer's answer: a gRPC status for a gRPC request; otherwise the error handler's
+    /// answer, or the default one under `config`.
+    pub(crate) fn respond(
+        self,
+        config: &Config,
+        grpc: Option<Grpc>,
+    ) -> http::Response<LockBody<()>> {
+        if let Some(grpc) = grpc {
+            return crate::grpc::response(&self, &config.responses, grpc);
+        }
         if let Some(response) = config.handler.as_ref().and_then(|handler| handler(&self)) {
             return response;
         }
-        let (status, detail, name) = match &self {
-            Self::Busy { name, .. } => (
-                config.busy_status,
-                "another request holds this lock; retry later".to_owned(),
-                Some(name.as_str()),
-            ),
-            Self::InvalidKey(err) => (config.invalid_status, err.to_string(), None),
-            // The backend's error stays in the logs (and with the error handler): it can name
-            // hosts and ports.
-            Self::Unavailable(_) => (
-                config.unavailable_status,
-                "the lock service could not be reached; retry later".to_owned(),
-                None,
-            ),
-            Self::Internal(_) => (
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "the lock could not be taken".to_owned(),
-                None,
-            ),
-            Self::Lost { name, .. } => (
-                config.lost_status,
-                "the lock was lost while the request ran; the request was cancelled".to_owned(),
-                Some(name.as_str()),
-            ),
-        };
-        // RFC 9457: with the `about:blank` type, the title is the status's reason phrase.
-        let title = status.canonical_reason().unwrap_or("Error");
-        let mut body = String::with_capacity(160);
-        body.push_str("{\"type\":\"about:blank\",\"title\":");
-        json_string(&mut body, title);
-        let _ = write!(body, ",\"status\":{}", status.as_u16());
-        body.push_str(",\"detail\":");
-        json_string(&mut body, &detail);
-        if let (Some(name), false) = (name, config.hide_names) {
-            body.push_str(",\"lock\":");
-            json_string(&mut body, name);
-        }
-        body.push('}');
-        let mut response = http::Response::new(LockBody::full(body));
-        *response.status_mut() = status;
-        response.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/problem+json"),
-        );
-        if let Some(secs) = self.retry_after_secs() {
-            response
-                .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
-        }
-        response
+        self.render(&config.responses).map(LockBody::full)
     }
 }
 
-/// Appends `s` as a JSON string literal.
-fn json_string(out: &mut String, s: &str) {
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if c.is_control() => {
-                let _ = write!(out, "\\u{:04x}", u32::from(c));
-            }
-            c => out.push(c),
-        }
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+impl axum_core::response::IntoResponse for LockRejection {
+    /// The layer's default answer (`dlock_core::ErrorResponses::new`): 409 with `Retry-After`,
+    /// 400, 503 or 500 as problem+json. A layer's own statuses are not known here; to keep
+    /// them in an [`on_rejection`](crate::LockLayer::on_rejection) handler, return `None` for
+    /// the rejections it leaves alone.
+    fn into_response(self) -> axum_core::response::Response {
+        self.render(&ErrorResponses::new())
+            .map(axum_core::body::Body::from)
     }
-    out.push('"');
 }
-
-/// The default status for a busy lock.
-pub(crate) const DEFAULT_BUSY_STATUS: StatusCode = StatusCode::CONFLICT;
 
 #[cfg(test)]
 mod tests {
+    use std::error::Error as _;
+
     use super::*;
 
     #[test]
@@ -192,9 +220,31 @@ mod tests {
     }
 
     #[test]
-    fn json_is_escaped() {
-        let mut out = String::new();
-        json_string(&mut out, "a\"b\\c\u{1}");
-        assert_eq!(out, "\"a\\\"b\\\\c\\u0001\"");
+    fn messages_are_lower_case_without_a_period_and_sources_are_the_errors() {
+        let rejections = [
+            LockRejection::Busy {
+                name: "a".into(),
+                retry_after: None,
+            },
+            LockRejection::from(LockError::InvalidName(dlock_core::InvalidName::Empty)),
+            LockRejection::Unavailable(LockError::Config("x".into())),
+            LockRejection::Lost {
+                name: "a".into(),
+                fencing_token: FencingToken::new(1),
+            },
+            LockRejection::Internal(LockError::Config("x".into())),
+        ];
+        for rejection in &rejections {
+            let message = rejection.to_string();
+            assert!(!message.ends_with('.'), "{message}");
+            assert!(message.starts_with(|c: char| c.is_lowercase()), "{message}");
+            assert_eq!(
+                rejection.source().is_some(),
+                rejection.error().is_some(),
+                "{message}"
+            );
+        }
+        assert_eq!(rejections[0].to_string(), "lock `a` is busy");
+        assert_eq!(rejections[1].outcome(), "invalid_key");
     }
 }

@@ -26,6 +26,16 @@ impl<Inner, S> Lock<Inner, S> {
     pub fn get_ref(&self) -> &Inner {
         &self.inner
     }
+
+    /// The wrapped service, mutably.
+    pub fn get_mut(&mut self) -> &mut Inner {
+        &mut self.inner
+    }
+
+    /// The wrapped service, unwrapped.
+    pub fn into_inner(self) -> Inner {
+        self.inner
+    }
 }
 
 impl<Inner: Clone, S> Clone for Lock<Inner, S> {
@@ -65,5 +75,21 @@ where
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
         ResponseFuture::new(self.shared.clone(), inner, req)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tower_layer::Layer as _;
+
+    use crate::LockLayer;
+
+    #[tokio::test]
+    async fn the_wrapped_service_can_be_reached_and_taken_back() {
+        let layer = LockLayer::new(dlock_core::Locker::memory()).key_from_parts(|_: &_| "k");
+        let mut service = layer.layer(5_u32);
+        *service.get_mut() += 1;
+        assert_eq!(*service.get_ref(), 6);
+        assert_eq!(service.into_inner(), 6);
     }
 }

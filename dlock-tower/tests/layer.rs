@@ -688,6 +688,43 @@ async fn a_request_waits_for_a_short_holder() {
     );
 }
 
+// Without a `wait` of its own the layer waits the Locker's default; its own overrides it.
+#[tokio::test]
+async fn the_layer_waits_the_lockers_default_wait_unless_it_sets_one() {
+    let server = RedisServer::start();
+    let locker = Locker::builder()
+        .url(server.url())
+        .default_wait(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    let name = unique_name("default-wait");
+    let app = Router::new()
+        .route("/w", get(|| async { "ran" }))
+        .route_layer(LockLayer::new(locker.clone()).key(fixed_key(&name)));
+    let impatient = Router::new()
+        .route("/w", get(|| async { "ran" }))
+        .route_layer(
+            LockLayer::new(locker.clone())
+                .key(fixed_key(&name))
+                .wait(Duration::ZERO),
+        );
+    let holder = locker.lock(name.as_str()).await.unwrap();
+    assert_eq!(oneshot(&impatient, "/w").await.0, StatusCode::CONFLICT);
+    let request = tokio::spawn({
+        let app = app.clone();
+        async move { oneshot(&app, "/w").await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!request.is_finished(), "the layer did not wait");
+    assert!(holder.release().await.is_released());
+    let (status, body) = tokio::time::timeout(Duration::from_secs(3), request)
+        .await
+        .expect("woken by the release")
+        .unwrap();
+    assert_eq!((status, body.as_str()), (StatusCode::OK, "ran"));
+}
+
 #[tokio::test]
 async fn several_names_are_locked_all_or_none() {
     let server = RedisServer::start();
@@ -697,7 +734,7 @@ async fn several_names_are_locked_all_or_none() {
         .route(
             "/carts/checkout",
             post(|held: HeldLocks| async move {
-                format!("{}:{}", held.names.len(), held.fencing_tokens.len())
+                format!("{}:{}", held.names().len(), held.fencing_tokens().len())
             }),
         )
         .route_layer(LockLayer::new(locker.clone()).sync_key({
@@ -782,7 +819,7 @@ async fn eight_extractors_with_router_state_and_the_body_untouched() {
             "/vouchers/{id}/orders",
             post(
                 |State(_): State<AppState>, held: HeldLocks, body: String| async move {
-                    format!("{}|{body}", held.names.join(","))
+                    format!("{}|{body}", held.names().join(","))
                 },
             ),
         )
@@ -895,7 +932,7 @@ async fn held_locks_is_there_only_when_a_lock_is_held() {
             "/o",
             get(|held: Option<HeldLocks>| async move {
                 match held {
-                    Some(held) => format!("held {}", held.names.join(",")),
+                    Some(held) => format!("held {}", held.names().join(",")),
                     None => "no lock".to_owned(),
                 }
             }),

@@ -134,3 +134,114 @@ async fn each_request_has_a_span_with_keys_wait_and_outcome() {
     let [invalid] = <[Fields; 1]>::try_from(spans.taken()).unwrap();
     assert_eq!(invalid["outcome"], "invalid_key");
 }
+
+/// Every span's and event's fields, as text.
+#[derive(Clone, Default)]
+struct Everything {
+    next: Arc<AtomicU64>,
+    seen: Arc<Mutex<Vec<String>>>,
+}
+
+impl Subscriber for Everything {
+    fn enabled(&self, _: &Metadata<'_>) -> bool {
+        true
+    }
+
+    fn new_span(&self, span: &Attributes<'_>) -> Id {
+        let mut fields = Fields::new();
+        span.record(&mut Collect(&mut fields));
+        self.seen
+            .lock()
+            .unwrap()
+            .push(format!("span {} {fields:?}", span.metadata().name()));
+        Id::from_u64(self.next.fetch_add(1, Ordering::SeqCst) + 1)
+    }
+
+    fn record(&self, _: &Id, values: &Record<'_>) {
+        let mut fields = Fields::new();
+        values.record(&mut Collect(&mut fields));
+        self.seen.lock().unwrap().push(format!("record {fields:?}"));
+    }
+
+    fn record_follows_from(&self, _: &Id, _: &Id) {}
+
+    fn event(&self, event: &Event<'_>) {
+        let mut fields = Fields::new();
+        event.record(&mut Collect(&mut fields));
+        self.seen
+            .lock()
+            .unwrap()
+            .push(format!("event {} {fields:?}", event.metadata().level()));
+    }
+
+    fn enter(&self, _: &Id) {}
+
+    fn exit(&self, _: &Id) {}
+}
+
+// The layer's `hide_names` reaches the core: no span or event of either names the lock, on the
+// acquired, busy and lost paths.
+#[tokio::test]
+async fn hidden_names_stay_out_of_every_span_and_event() {
+    let everything = Everything::default();
+    let _default = tracing::subscriber::set_default(everything.clone());
+    let server = RedisServer::start();
+    let mut admin = server.connection().await;
+    let locker = Locker::builder()
+        .url(server.url())
+        .watchdog_lease(Duration::from_millis(300))
+        .build()
+        .await
+        .unwrap();
+    let prefix = unique_name("secret-customer");
+    let app = Router::new()
+        .route(
+            "/a/{id}",
+            get(|Path(id): Path<String>| async move {
+                if id == "slow" {
+                    tokio::time::sleep(Duration::from_secs(3)).await;
+                }
+                "ran"
+            }),
+        )
+        .route_layer(LockLayer::new(locker.clone()).hide_names(true).sync_key({
+            let prefix = prefix.clone();
+            move |Path(id): Path<String>| format!("{prefix}:{id}")
+        }));
+
+    assert_eq!(status(&app, "/a/1").await, StatusCode::OK);
+    let held = locker
+        .lock(format!("{prefix}:1"))
+        .hide_name(true)
+        .wait(Duration::from_secs(2))
+        .await
+        .unwrap();
+    assert_eq!(status(&app, "/a/1").await, StatusCode::CONFLICT);
+    assert!(held.release().await.is_released());
+
+    // Lost mid-request: the key is deleted while the handler sleeps.
+    let key = locker.key_of(format!("{prefix}:slow")).unwrap();
+    let deleter = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let _: i64 = dlock_core::redis::cmd("DEL")
+            .arg(&key)
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+    });
+    assert_eq!(
+        status(&app, "/a/slow").await,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    deleter.await.unwrap();
+
+    let seen = everything.seen.lock().unwrap().clone();
+    let leaked: Vec<&String> = seen.iter().filter(|s| s.contains("secret")).collect();
+    assert!(leaked.is_empty(), "names leaked: {leaked:#?}");
+    assert!(seen.iter().any(|s| s.contains("<hidden>")), "{seen:#?}");
+    assert!(
+        seen.iter()
+            .any(|s| s.starts_with("event WARN") && s.contains("lost")),
+        "{seen:#?}"
+    );
+}

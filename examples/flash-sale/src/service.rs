@@ -20,10 +20,10 @@ impl Fences {
     /// The tokens of the locks a `LockLayer` holds for the request.
     pub fn from_held(held: &HeldLocks) -> Self {
         Self(
-            held.names
+            held.names()
                 .iter()
                 .cloned()
-                .zip(held.fencing_tokens.iter().map(|t| db_token(*t)))
+                .zip(held.fencing_tokens().iter().map(|t| db_token(*t)))
                 .collect(),
         )
     }

@@ -1,0 +1,371 @@
+//! Lock errors as HTTP answers: one rendering, shared by `LockError`'s `IntoResponse` (feature
+//! `axum`) and dlock-tower's `LockLayer`, so that a `#[distributed_lock]` handler and a layered
+//! route answer the same situation alike.
+
+use std::fmt::Write as _;
+
+use http::{HeaderValue, StatusCode, header};
+
+use crate::error::LockError;
+
+/// How lock errors are answered over HTTP: an `application/problem+json` body
+/// ([RFC 9457](https://www.rfc-editor.org/rfc/rfc9457)) under a status chosen per situation.
+///
+/// | error | default status | also |
+/// | --- | --- | --- |
+/// | busy ([`LockError::Timeout`]) | 409 ([`busy_status`](Self::busy_status)) | `Retry-After`: the holder's remaining lease in whole seconds, rounded up, at least 1 |
+/// | lost while held ([`LockError::Lost`]) | 503 ([`lost_status`](Self::lost_status)) | |
+/// | Redis unreachable, timed out or failing ([`LockError::Backend`]) | 503 ([`unavailable_status`](Self::unavailable_status)) | |
+/// | invalid name ([`LockError::InvalidName`]) | 400 ([`invalid_name_status`](Self::invalid_name_status)) | |
+/// | anything else (a [`LockError::Config`]) | 500 | |
+///
+/// The body has the fields `type` (`about:blank`), `title` (the status's reason phrase),
+/// `status`, `detail` (a fixed sentence, or the reason a name is invalid) and, for a busy or lost
+/// lock, `lock`: its name, unless [`hide_names`](Self::hide_names). Nothing from the backend's
+/// error (hosts, ports, Redis replies) or a configuration error reaches the body: log the error
+/// where you have it.
+///
+/// An unavailable backend gets no `Retry-After`: nothing says when Redis will be back, and a
+/// made-up number would only pace clients in step; they keep their own backoff.
+///
+/// `LockError`'s `IntoResponse` (feature `axum`) answers with [`ErrorResponses::new`], as
+/// dlock-tower's `LockLayer` does by default. With other statuses on the layer, answer the
+/// handlers' errors with the same value:
+///
+/// ```
+/// use dlock_core::{ErrorResponses, LockError};
+/// use http::StatusCode;
+///
+/// /// The answers of every lock in this service: `LockLayer::error_responses(LOCK_ERRORS)` on
+/// /// the layers, `LOCK_ERRORS.to_response(&err)` for the handlers' errors.
+/// const LOCK_ERRORS: ErrorResponses =
+///     ErrorResponses::new().busy_status(StatusCode::LOCKED).hide_names(true);
+///
+/// let busy = LockError::Timeout {
+///     name: "order:7".into(),
+///     waited: std::time::Duration::ZERO,
+///     retry_after: Some(std::time::Duration::from_millis(2_300)),
+/// };
+/// let response = LOCK_ERRORS.to_response(&busy);
+/// assert_eq!(response.status(), StatusCode::LOCKED);
+/// assert_eq!(response.headers()["retry-after"], "3");
+/// assert_eq!(response.headers()["content-type"], "application/problem+json");
+/// assert!(!response.body().contains("order:7"));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ErrorResponses {
+    busy: StatusCode,
+    lost: StatusCode,
+    unavailable: StatusCode,
+    invalid_name: StatusCode,
+    hide_names: bool,
+}
+
+impl Default for ErrorResponses {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ErrorResponses {
+    /// The default answers: 409, 503, 503, 400, 500, names shown.
+    pub const fn new() -> Self {
+        Self {
+            busy: StatusCode::CONFLICT,
+            lost: StatusCode::SERVICE_UNAVAILABLE,
+            unavailable: StatusCode::SERVICE_UNAVAILABLE,
+            invalid_name: StatusCode::BAD_REQUEST,
+            hide_names: false,
+        }
+    }
+
+    /// The status for a busy lock (default 409 Conflict; 423, 429 and 503 are common choices).
+    pub const fn busy_status(mut self, status: StatusCode) -> Self {
+        self.busy = status;
+        self
+    }
+
+    /// The status for a lock lost while it was held (default 503).
+    pub const fn lost_status(mut self, status: StatusCode) -> Self {
+        self.lost = status;
+        self
+    }
+
+    /// The status when Redis can't be reached, doesn't answer in time, or fails (default 503).
+    pub const fn unavailable_status(mut self, status: StatusCode) -> Self {
+        self.unavailable = status;
+        self
+    }
+
+    /// The status for a name that is not a valid lock name: too long, control characters,
+    /// `{` or `}` in literal text (default 400).
+    pub const fn invalid_name_status(mut self, status: StatusCode) -> Self {
+        self.invalid_name = status;
+        self
+    }
+
+    /// Leave lock names out of bodies (they may hold user data). The status and `Retry-After`
+    /// stay.
+    pub const fn hide_names(mut self, hide: bool) -> Self {
+        self.hide_names = hide;
+        self
+    }
+
+    /// Whether lock names are left out of bodies.
+    pub const fn names_hidden(&self) -> bool {
+        self.hide_names
+    }
+
+    /// The status `err` is answered with.
+    pub fn status_of(&self, err: &LockError) -> StatusCode {
+        match err {
+            LockError::Timeout { .. } => self.busy,
+            LockError::Lost { .. } => self.lost,
+            LockError::Backend(_) => self.unavailable,
+            LockError::InvalidName(_) => self.invalid_name,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The answer to `err`: status, `Content-Type: application/problem+json`, `Retry-After` for
+    /// a busy lock, and the problem body.
+    pub fn to_response(&self, err: &LockError) -> http::Response<String> {
+        let status = self.status_of(err);
+        let (detail, name) = match err {
+            LockError::Timeout { name, .. } => (
+                "another request holds this lock; retry later".to_owned(),
+                Some(name.as_str()),
+            ),
+            LockError::Lost { name, .. } => (
+                "the lock was lost while the request ran; the request was cancelled".to_owned(),
+                Some(name.as_str()),
+            ),
+            // The backend's error stays out: it can name hosts and ports.
+            LockError::Backend(_) => (
+                "the lock service could not be reached; retry later".to_owned(),
+                None,
+            ),
+            // Says why (length, a control character's offset), never the name itself.
+            LockError::InvalidName(invalid) => (format!("invalid lock name: {invalid}"), None),
+            _ => ("the lock could not be taken".to_owned(), None),
+        };
+        // RFC 9457: with the `about:blank` type, the title is the status's reason phrase.
+        let title = status.canonical_reason().unwrap_or("Error");
+        let mut body = String::with_capacity(160);
+        body.push_str("{\"type\":\"about:blank\",\"title\":");
+        json_string(&mut body, title);
+        let _ = write!(body, ",\"status\":{}", status.as_u16());
+        body.push_str(",\"detail\":");
+        json_string(&mut body, &detail);
+        if let (Some(name), false) = (name, self.hide_names) {
+            body.push_str(",\"lock\":");
+            json_string(&mut body, name);
+        }
+        body.push('}');
+        let mut response = http::Response::new(body);
+        *response.status_mut() = status;
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        if let LockError::Timeout { retry_after, .. } = err {
+            let secs = retry_after
+                .map_or(1, |d| d.as_millis().div_ceil(1000))
+                .clamp(1, u128::from(u64::MAX));
+            let secs = u64::try_from(secs).unwrap_or(u64::MAX);
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        response
+    }
+}
+
+/// Appends `s` as a JSON string literal.
+fn json_string(out: &mut String, s: &str) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if c.is_control() => {
+                let _ = write!(out, "\\u{:04x}", u32::from(c));
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+impl axum_core::response::IntoResponse for LockError {
+    /// Answers as [`ErrorResponses::new`] does: 409 with `Retry-After` for a busy lock, 503 for
+    /// a lost lock or an unavailable backend, 400 for an invalid name, 500 otherwise; a
+    /// problem+json body without the backend's error. The error itself is logged (`tracing`,
+    /// `WARN` for a backend failure, a loss or a configuration error, `DEBUG` otherwise), since
+    /// the body leaves it out.
+    ///
+    /// ```
+    /// use axum::{Router, extract::Path, routing::post};
+    /// use dlock_core::{LockError, distributed_lock};
+    ///
+    /// // Busy after 3 s: 409 with `Retry-After`, as a `LockLayer` route would answer.
+    /// #[distributed_lock(key = "order:<id>", wait = "3s")]
+    /// async fn place_order(Path(id): Path<u64>) -> Result<String, LockError> {
+    ///     Ok(format!("order {id} placed"))
+    /// }
+    ///
+    /// let app: Router = Router::new().route("/orders/{id}", post(place_order));
+    /// # let _ = app;
+    /// ```
+    fn into_response(self) -> axum_core::response::Response {
+        match &self {
+            LockError::Backend(_) | LockError::Lost { .. } => {
+                tracing::warn!(error = %self, "dlock: lock error answered over HTTP");
+            }
+            LockError::Timeout { .. } | LockError::InvalidName(_) => {
+                tracing::debug!(error = %self, "dlock: lock error answered over HTTP");
+            }
+            _ => tracing::warn!(error = %self, "dlock: lock error answered over HTTP"),
+        }
+        ErrorResponses::new()
+            .to_response(&self)
+            .map(axum_core::body::Body::from)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::error::{BackendError, InvalidName};
+    use crate::guard::FencingToken;
+
+    fn busy(retry_after: Option<Duration>) -> LockError {
+        LockError::Timeout {
+            name: "order:\"7\"".into(),
+            waited: Duration::from_secs(3),
+            retry_after,
+        }
+    }
+
+    fn retry_after(err: &LockError) -> Option<String> {
+        let response = ErrorResponses::new().to_response(err);
+        let value = response.headers().get(header::RETRY_AFTER)?;
+        Some(value.to_str().map(str::to_owned).unwrap_or_default())
+    }
+
+    #[test]
+    fn retry_after_rounds_up_to_whole_seconds() {
+        let secs = |ms| retry_after(&busy(Some(Duration::from_millis(ms))));
+        assert_eq!(secs(1).as_deref(), Some("1"));
+        assert_eq!(secs(1000).as_deref(), Some("1"));
+        assert_eq!(secs(1001).as_deref(), Some("2"));
+        assert_eq!(secs(29_500).as_deref(), Some("30"));
+        assert_eq!(retry_after(&busy(None)).as_deref(), Some("1"));
+        assert_eq!(
+            retry_after(&busy(Some(Duration::MAX))).as_deref(),
+            Some(&*u64::MAX.to_string())
+        );
+    }
+
+    #[test]
+    fn a_busy_lock_is_a_conflict_naming_the_lock() {
+        let response = ErrorResponses::new().to_response(&busy(Some(Duration::from_millis(1500))));
+        assert_eq!(response.status(), StatusCode::CONFLICT);
+        assert_eq!(
+            response.headers()[header::CONTENT_TYPE],
+            "application/problem+json"
+        );
+        assert_eq!(response.headers()[header::RETRY_AFTER], "2");
+        assert_eq!(
+            response.body(),
+            "{\"type\":\"about:blank\",\"title\":\"Conflict\",\"status\":409,\
+             \"detail\":\"another request holds this lock; retry later\",\"lock\":\"order:\\\"7\\\"\"}"
+        );
+    }
+
+    #[test]
+    fn statuses_and_hidden_names_follow_the_options() {
+        let options = ErrorResponses::new()
+            .busy_status(StatusCode::LOCKED)
+            .lost_status(StatusCode::GONE)
+            .unavailable_status(StatusCode::BAD_GATEWAY)
+            .invalid_name_status(StatusCode::UNPROCESSABLE_ENTITY)
+            .hide_names(true);
+        assert!(options.names_hidden());
+        let lost = LockError::Lost {
+            name: "secret-user-42".into(),
+            fencing_token: FencingToken::new(9),
+        };
+        let cases = [
+            (busy(None), StatusCode::LOCKED),
+            (lost, StatusCode::GONE),
+            (
+                LockError::Backend(BackendError::timeout(Duration::from_millis(5))),
+                StatusCode::BAD_GATEWAY,
+            ),
+            (
+                LockError::InvalidName(InvalidName::TooLong { len: 600, max: 512 }),
+                StatusCode::UNPROCESSABLE_ENTITY,
+            ),
+            (
+                LockError::Config("lease under 10ms".into()),
+                StatusCode::INTERNAL_SERVER_ERROR,
+            ),
+        ];
+        for (err, status) in cases {
+            let response = options.to_response(&err);
+            assert_eq!(response.status(), status, "{err}");
+            let body = response.body();
+            assert!(
+                body.contains(&format!("\"status\":{}", status.as_u16())),
+                "{body}"
+            );
+            assert!(!body.contains("\"lock\""), "{body}");
+            assert!(
+                !body.contains("secret") && !body.contains("order:"),
+                "{body}"
+            );
+            assert_eq!(
+                response.headers().contains_key(header::RETRY_AFTER),
+                err.is_timeout(),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn internal_messages_stay_out_of_the_body() {
+        let options = ErrorResponses::new();
+        let backend = LockError::Backend(BackendError::pool("connect to 10.1.2.3:6379 refused"));
+        let body = options.to_response(&backend).into_body();
+        assert!(
+            !body.contains("10.1.2.3") && !body.contains("refused"),
+            "{body}"
+        );
+        let config = LockError::Config("no default Locker is installed".into());
+        let response = options.to_response(&config);
+        assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        assert!(!response.body().contains("Locker"), "{}", response.body());
+        let invalid = LockError::InvalidName(InvalidName::ControlCharacter { index: 3 });
+        let response = options.to_response(&invalid);
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+        assert!(
+            response
+                .body()
+                .contains("invalid lock name: control character at byte 3"),
+            "{}",
+            response.body()
+        );
+    }
+
+    #[test]
+    fn json_is_escaped() {
+        let mut out = String::new();
+        json_string(&mut out, "a\"b\\c\u{1}");
+        assert_eq!(out, "\"a\\\"b\\\\c\\u0001\"");
+    }
+}
