@@ -23,7 +23,9 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
+pub mod capture;
 pub mod checker;
+pub mod handover;
 
 /// The environment variable naming the `redis-server` binary.
 pub const REDIS_SERVER_ENV: &str = "DLOCK_REDIS_SERVER";

@@ -533,22 +533,9 @@ async fn pool_and_multiplexed_backends_behave_the_same() {
             .unwrap()
             .is_none()
     );
-    let waiter = tokio::spawn({
-        let multiplexed = multiplexed.clone();
-        let name = name.clone();
-        async move {
-            multiplexed
-                .lock(name.as_str())
-                .wait(Duration::from_secs(5))
-                .await
-                .map(|g| g.fencing_token())
-        }
-    });
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    let first = guard.fencing_token();
-    assert!(guard.release().await.is_released());
-    let second = waiter.await.unwrap().unwrap();
-    assert!(second > first);
+    dlock_tests::handover::release_to_waiter(guard, &multiplexed, Duration::from_millis(50))
+        .await
+        .unwrap();
 }
 
 #[tokio::test]

@@ -5,21 +5,15 @@
 //! The recorder and the subscriber are thread-local and the tests run on tokio's current-thread
 //! runtime, so everything dlock spawns (the watchdog, connections) reports to them.
 
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use dlock_core::redis::AsyncCommands as _;
 use dlock_core::{LockName, Locker, ReleaseOutcome, metrics as dm};
+use dlock_tests::capture::Capture;
 use dlock_tests::{Proxy, RedisServer, unique_name};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use metrics_util::{CompositeKey, MetricKind};
-use tracing::field::{Field, Visit};
-use tracing::span::{Attributes, Id, Record};
-use tracing::{Event, Level, Metadata, Subscriber};
-
-type Fields = BTreeMap<String, String>;
+use tracing::Level;
 
 /// One recorded metric: kind, name, labels, unit, description, value.
 #[derive(Debug)]
@@ -262,83 +256,9 @@ async fn the_name_label_is_opt_in_and_never_shows_a_hidden_name() {
     );
 }
 
-/// Every span and event, with its level and fields.
-#[derive(Clone, Default)]
-struct Logs {
-    next: Arc<AtomicU64>,
-    spans: Arc<Mutex<Vec<(String, Level, Fields)>>>,
-    events: Arc<Mutex<Vec<(Level, Fields)>>>,
-}
-
-struct Collect<'a>(&'a mut Fields);
-
-impl Visit for Collect<'_> {
-    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-        self.0.insert(field.name().to_owned(), format!("{value:?}"));
-    }
-
-    fn record_str(&mut self, field: &Field, value: &str) {
-        self.0.insert(field.name().to_owned(), value.to_owned());
-    }
-}
-
-impl Subscriber for Logs {
-    fn enabled(&self, _: &Metadata<'_>) -> bool {
-        true
-    }
-
-    fn new_span(&self, span: &Attributes<'_>) -> Id {
-        let mut fields = Fields::new();
-        span.record(&mut Collect(&mut fields));
-        let meta = span.metadata();
-        self.spans
-            .lock()
-            .expect("spans")
-            .push((meta.name().to_owned(), *meta.level(), fields));
-        Id::from_u64(self.next.fetch_add(1, Ordering::SeqCst) + 1)
-    }
-
-    fn record(&self, _: &Id, _: &Record<'_>) {}
-
-    fn record_follows_from(&self, _: &Id, _: &Id) {}
-
-    fn event(&self, event: &Event<'_>) {
-        let mut fields = Fields::new();
-        event.record(&mut Collect(&mut fields));
-        self.events
-            .lock()
-            .expect("events")
-            .push((*event.metadata().level(), fields));
-    }
-
-    fn enter(&self, _: &Id) {}
-
-    fn exit(&self, _: &Id) {}
-}
-
-impl Logs {
-    fn events_saying(&self, words: &str) -> Vec<(Level, Fields)> {
-        self.events
-            .lock()
-            .expect("events")
-            .iter()
-            .filter(|(_, f)| f.get("message").is_some_and(|m| m.contains(words)))
-            .cloned()
-            .collect()
-    }
-
-    fn everything(&self) -> String {
-        format!(
-            "{:?}\n{:?}",
-            self.spans.lock().expect("spans"),
-            self.events.lock().expect("events")
-        )
-    }
-}
-
 #[tokio::test]
 async fn losses_warn_acquisitions_are_debug_spans_and_hidden_names_stay_out() {
-    let logs = Logs::default();
+    let logs = Capture::default();
     let _default = tracing::subscriber::set_default(logs.clone());
     let server = RedisServer::start();
     let mut admin = server.connection().await;
@@ -352,22 +272,16 @@ async fn losses_warn_acquisitions_are_debug_spans_and_hidden_names_stay_out() {
     let shown = unique_name("shown");
     let guard = locker.lock(shown.as_str()).await.expect("free");
     assert!(guard.release().await.is_released());
-    let spans = logs.spans.lock().expect("spans").clone();
-    let acquire = spans
-        .iter()
-        .find(|(n, _, _)| n == "dlock.acquire")
-        .expect("an acquire span");
-    assert_eq!(acquire.1, Level::DEBUG);
-    assert_eq!(acquire.2.get("name"), Some(&shown));
-    let release = spans
-        .iter()
-        .find(|(n, _, _)| n == "dlock.release")
-        .expect("a release span");
-    assert_eq!(release.1, Level::DEBUG);
+    let acquire = logs.spans("dlock.acquire");
+    let acquire = acquire.first().expect("an acquire span");
+    assert_eq!(acquire.level, Level::DEBUG);
+    assert_eq!(acquire.fields.get("name"), Some(&shown));
+    let release = logs.spans("dlock.release");
+    assert_eq!(release.first().expect("a release span").level, Level::DEBUG);
     assert!(
         logs.events_saying("acquired")
             .iter()
-            .all(|(l, _)| *l == Level::DEBUG)
+            .all(|e| e.level == Level::DEBUG)
     );
 
     // A hidden name, lost (deleted) and then released late: WARN twice, the name in neither.
@@ -390,12 +304,15 @@ async fn losses_warn_acquisitions_are_debug_spans_and_hidden_names_stay_out() {
     let outcome = guard.release().await;
     assert!(!outcome.is_released());
     let lost = logs.events_saying("lost while held");
-    assert_eq!(lost.len(), 1, "{}", logs.everything());
-    assert_eq!(lost[0].0, Level::WARN);
-    assert_eq!(lost[0].1.get("name").map(String::as_str), Some("<hidden>"));
+    assert_eq!(lost.len(), 1, "{}", logs.text());
+    assert_eq!(lost[0].level, Level::WARN);
+    assert_eq!(
+        lost[0].fields.get("name").map(String::as_str),
+        Some("<hidden>")
+    );
     let late = logs.events_saying("no longer held");
-    assert_eq!(late.len(), 1, "{}", logs.everything());
-    assert_eq!(late[0].0, Level::WARN);
+    assert_eq!(late.len(), 1, "{}", logs.text());
+    assert_eq!(late[0].level, Level::WARN);
 
     // A Locker that hides every name; its errors still name the lock for the caller.
     let quiet = Locker::builder()
@@ -413,7 +330,7 @@ async fn losses_warn_acquisitions_are_debug_spans_and_hidden_names_stay_out() {
     assert!(err.to_string().contains(&secret), "{err}");
     assert!(held.release().await.is_released());
 
-    let everything = logs.everything();
+    let everything = logs.text();
     assert!(
         !everything.contains("secret-user-42"),
         "a hidden name was logged: {everything}"

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use dlock_core::Locker;
 use dlock_core::redis;
+use dlock_tests::handover::release_to_waiter;
 use dlock_tests::{RedisServer, unique_name};
 
 async fn manager(server: &RedisServer) -> redis::aio::ConnectionManager {
@@ -204,21 +205,9 @@ async fn a_source_without_a_subscriber_still_hands_over_by_polling() {
     let holder = Locker::connect(&server.url()).await.expect("holder");
     let name = unique_name("poll");
     let guard = holder.lock(name.as_str()).await.expect("hold");
-    let waiter = tokio::spawn({
-        let name = name.clone();
-        async move {
-            locker
-                .lock(name.as_str())
-                .wait(Duration::from_secs(10))
-                .await
-                .map(|g| g.fencing_token())
-        }
-    });
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let first = guard.fencing_token();
-    assert!(guard.release().await.is_released());
-    let second = waiter.await.expect("waiter").expect("acquired by polling");
-    assert!(second > first);
+    release_to_waiter(guard, &locker, Duration::from_millis(100))
+        .await
+        .expect("acquired by polling");
 }
 
 #[tokio::test]

@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use dlock_core::{Locker, redis};
+use dlock_tests::handover::release_to_waiter;
 use dlock_tests::{RedisServer, free_port, unique_name};
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
 use rustls::crypto::CryptoProvider;
@@ -112,21 +113,9 @@ async fn locks_over_tls_with_the_applications_provider() {
         .expect("a second TLS locker");
     let name = unique_name("tls");
     let guard = locker.lock(name.as_str()).await.expect("acquired over TLS");
-    let waiter = tokio::spawn({
-        let name = name.clone();
-        async move {
-            other
-                .lock(name.as_str())
-                .wait(Duration::from_secs(10))
-                .await
-                .map(|g| g.fencing_token())
-        }
-    });
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let first = guard.fencing_token();
-    assert!(guard.release().await.is_released());
-    let second = waiter.await.expect("waiter").expect("woken over TLS");
-    assert!(second > first);
+    release_to_waiter(guard, &other, Duration::from_millis(100))
+        .await
+        .expect("woken over TLS");
 }
 
 #[tokio::test]
