@@ -104,6 +104,7 @@ fn test() -> Result<(), String> {
         "xtask: the Redis-facing tests once more, on {}",
         valkey::version(&valkey)
     );
+    // Compile-fail tests and the in-memory checker never start a server: once is enough.
     let crates = [
         "-p",
         "dlock-tests",
@@ -111,6 +112,8 @@ fn test() -> Result<(), String> {
         "dlock-macros",
         "-p",
         "dlock-tower",
+        "-E",
+        "not (binary(ui) | test(=checker_memory_paused_clock))",
     ];
     cargo(
         &nextest,
