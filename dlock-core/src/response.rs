@@ -202,9 +202,9 @@ fn json_string(out: &mut String, s: &str) {
 impl axum_core::response::IntoResponse for LockError {
     /// Answers as [`ErrorResponses::new`] does: 409 with `Retry-After` for a busy lock, 503 for
     /// a lost lock or an unavailable backend, 400 for an invalid name, 500 otherwise; a
-    /// problem+json body without the backend's error. The error itself is logged (`tracing`,
-    /// `WARN` for a backend failure, a loss or a configuration error, `DEBUG` otherwise), since
-    /// the body leaves it out.
+    /// problem+json body without the backend's error. The error is logged (`tracing`, `WARN`
+    /// for a backend failure, a loss or a configuration error, `DEBUG` otherwise) without the
+    /// lock's name, which may be one the application hides.
     ///
     /// ```
     /// use axum::{Router, extract::Path, routing::post};
@@ -220,12 +220,22 @@ impl axum_core::response::IntoResponse for LockError {
     /// # let _ = app;
     /// ```
     fn into_response(self) -> axum_core::response::Response {
+        // No lock name here: the error can't say whether its name was hidden.
         match &self {
-            LockError::Backend(_) | LockError::Lost { .. } => {
-                tracing::warn!(error = %self, "dlock: lock error answered over HTTP");
+            LockError::Backend(err) => {
+                tracing::warn!(error = %err, "dlock: lock service unavailable, answered over HTTP");
             }
-            LockError::Timeout { .. } | LockError::InvalidName(_) => {
-                tracing::debug!(error = %self, "dlock: lock error answered over HTTP");
+            LockError::Lost { fencing_token, .. } => {
+                tracing::warn!(
+                    fencing_token = fencing_token.get(),
+                    "dlock: lock lost, answered over HTTP"
+                );
+            }
+            LockError::Timeout { .. } => {
+                tracing::debug!("dlock: lock busy, answered over HTTP");
+            }
+            LockError::InvalidName(invalid) => {
+                tracing::debug!(reason = %invalid, "dlock: invalid lock name, answered over HTTP");
             }
             _ => tracing::warn!(error = %self, "dlock: lock error answered over HTTP"),
         }
