@@ -162,6 +162,14 @@ pub async fn login(target: &str, name: &str) -> Result<User, String> {
     post_json(&client(), &format!("{target}/api/login"), &body, 200).await
 }
 
+/// Whether `target` answers `/healthz`.
+pub async fn healthy(target: &str) -> bool {
+    matches!(
+        send(&client(), "GET", &format!("{target}/healthz"), None).await,
+        Ok((200, _))
+    )
+}
+
 /// Reads `/api/stats` of `target`.
 pub async fn stats(target: &str) -> Result<Stats, String> {
     let (status, body) = send(&client(), "GET", &format!("{target}/api/stats"), None).await?;
