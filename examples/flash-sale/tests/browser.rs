@@ -10,6 +10,8 @@
 //!   when they are created and in a page loaded after.
 //! - A dead instance makes the pages say "reconnecting…" and "unknown", never stale numbers or
 //!   "locks off"; once it is back, the pages are live again.
+//! - A user remembered by the browser but unknown to the shop is signed out, not left
+//!   "reconnecting…".
 //!
 //! The SQLite runs leave a screenshot of each step in `docs/` (`01-signed-out.png`, …).
 
@@ -1129,6 +1131,44 @@ async fn html_in_titles_and_names_shows_as_text_and_never_runs() {
             "a title or a name was parsed as HTML on the operator view"
         );
         page.assert_no_script_ran().await;
+    })
+    .await;
+}
+
+/// A user remembered by the browser that the shop doesn't know (its database was reset) is
+/// signed out with a word, instead of "reconnecting…" forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remembered_user_the_shop_does_not_know_is_signed_out() {
+    let shop = Shop::start(1, None).await;
+    with_browser(false, |page| async move {
+        shop.sku("Coffee beans, 1 kg", 1800, 5).await;
+        page.switch_to(&page.window().await).await;
+        page.goto(&shop.url(0)).await;
+        page.wait_text("#live", |t| t == "live").await;
+        page.script(
+            "localStorage.setItem('flash-sale.user', JSON.stringify({id: 987654321, name: 'Ghost'}));",
+            json!([]),
+        )
+        .await;
+        page.refresh().await;
+        page.wait_text("#message", |t| {
+            t == "This shop doesn't know Ghost any more. Please sign in again."
+        })
+        .await;
+        page.wait_text("#live", |t| t == "live").await;
+        let signed_out = page
+            .script(
+                "return [document.getElementById('signin').hidden,
+                         localStorage.getItem('flash-sale.user')];",
+                json!([]),
+            )
+            .await;
+        assert_eq!(signed_out, json!([false, null]));
+        page.type_into("#name", "Ghost").await;
+        page.click("#signin button[type=submit]").await;
+        page.wait_text("#who", |t| t == "Ghost").await;
+        page.wait_text("#cart-note", |t| t == "Your cart is empty.").await;
+        page.wait_text("#live", |t| t == "live").await;
     })
     .await;
 }
