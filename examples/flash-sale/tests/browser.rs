@@ -13,7 +13,10 @@
 //! - A user remembered by the browser but unknown to the shop is signed out, not left
 //!   "reconnecting…".
 //!
-//! The SQLite runs leave a screenshot of each step in `docs/` (`01-signed-out.png`, …).
+//! The SQLite runs take a screenshot of each step (`01-signed-out.png`, …) into
+//! `target/tmp/flash-sale-screenshots/`; with `UPDATE_SCREENSHOTS=1` they replace the committed
+//! ones in `docs/`. (Countdowns and times differ on every run: writing `docs/` each time would
+//! change tracked files on every test run.)
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -579,6 +582,15 @@ fn base64_decode(text: &str) -> Vec<u8> {
     out
 }
 
+/// `docs/` with `UPDATE_SCREENSHOTS=1`, else a directory under `target/tmp`.
+fn screenshot_dir() -> PathBuf {
+    if std::env::var_os("UPDATE_SCREENSHOTS").is_some_and(|v| v == "1") {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("docs")
+    } else {
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join("flash-sale-screenshots")
+    }
+}
+
 /// Starts chromedriver and one headless Chromium session, runs `steps` on it in a task of their
 /// own, and closes the browser whether they pass or fail.
 async fn with_browser<F, Fut>(shots: bool, steps: F)
@@ -636,7 +648,7 @@ where
         client: client.clone(),
         base: base.clone(),
         session: session.clone(),
-        shots: shots.then(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("docs")),
+        shots: shots.then(screenshot_dir),
     };
     let outcome = tokio::spawn(steps(page)).await;
     let _ = http(
