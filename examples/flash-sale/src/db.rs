@@ -1,21 +1,42 @@
 //! The database: SQLite by default, PostgreSQL when the URL says so, through `sqlx`'s `Any`
-//! driver. The SQL is written once, with `$n` parameters both accept; the tables are created at
-//! start-up.
+//! driver. The SQL is written once, with `$n` parameters both accept. The schema comes from the
+//! migrations under `migrations/` (one folder per database), applied at start-up.
+//!
+//! Replicas that start together migrate safely: on PostgreSQL, sqlx holds an advisory lock
+//! while it migrates, so one applies and the others find the work done. SQLite has no such
+//! lock; there a migration is one transaction, and an instance that loses the race (its
+//! transaction fails, or finds the version already recorded) tries again and finds the work
+//! done.
 
-use sqlx::any::{AnyPoolOptions, AnyRow};
-use sqlx::{AnyPool, Executor as _, Row};
+use std::time::Duration;
+
+use sqlx::any::AnyPoolOptions;
+use sqlx::migrate::Migrator;
+use sqlx::{AnyPool, Executor as _};
 
 /// An error talking to the database.
 pub type DbError = sqlx::Error;
 
-/// Opens the pool and creates the tables.
+static SQLITE: Migrator = sqlx::migrate!("migrations/sqlite");
+static POSTGRES: Migrator = sqlx::migrate!("migrations/postgres");
+
+/// How many times an instance that lost a migration race on SQLite looks again.
+const MIGRATION_TRIES: u32 = 20;
+
+/// Whether `url` is a SQLite database.
+pub fn is_sqlite(url: &str) -> bool {
+    url.starts_with("sqlite:")
+}
+
+/// Opens the pool and brings the schema up to date.
 ///
 /// `sqlite://path?mode=rwc` (the default of the server) or `postgres://user@host/db`.
 pub async fn connect(url: &str) -> Result<AnyPool, DbError> {
     sqlx::any::install_default_drivers();
-    let sqlite = url.starts_with("sqlite:");
+    let sqlite = is_sqlite(url);
     let pool = AnyPoolOptions::new()
         .max_connections(if sqlite { 4 } else { 16 })
+        .acquire_timeout(Duration::from_secs(5))
         .after_connect(|conn, _| {
             Box::pin(async move {
                 if conn.backend_name().eq_ignore_ascii_case("sqlite") {
@@ -40,106 +61,20 @@ pub async fn connect(url: &str) -> Result<AnyPool, DbError> {
 }
 
 async fn migrate(pool: &AnyPool, sqlite: bool) -> Result<(), DbError> {
-    let id = if sqlite {
-        "INTEGER PRIMARY KEY AUTOINCREMENT"
-    } else {
-        "BIGSERIAL PRIMARY KEY"
-    };
-    let statements = [
-        format!(
-            "CREATE TABLE IF NOT EXISTS vouchers (
-                id {id}, title TEXT NOT NULL, price BIGINT NOT NULL, stock BIGINT NOT NULL,
-                initial_stock BIGINT NOT NULL, begin_at BIGINT NOT NULL, end_at BIGINT NOT NULL)"
-        ),
-        format!(
-            "CREATE TABLE IF NOT EXISTS voucher_orders (
-                id {id}, user_id BIGINT NOT NULL, voucher_id BIGINT NOT NULL,
-                fencing_token BIGINT NOT NULL, created_at BIGINT NOT NULL)"
-        ),
-        // The resource the per-user lock `order:<user>:<voucher>` guards: one row per user and
-        // voucher, holding the newest fencing token of that lock it has seen.
-        "CREATE TABLE IF NOT EXISTS order_slots (
-            user_id BIGINT NOT NULL, voucher_id BIGINT NOT NULL, fence BIGINT NOT NULL,
-            PRIMARY KEY (user_id, voucher_id))"
-            .to_owned(),
-        // `fence`: the newest fencing token of the lock `sku:<id>` this row has seen.
-        format!(
-            "CREATE TABLE IF NOT EXISTS skus (
-                id {id}, name TEXT NOT NULL, stock BIGINT NOT NULL, initial_stock BIGINT NOT NULL,
-                fence BIGINT NOT NULL DEFAULT 0)"
-        ),
-        "CREATE TABLE IF NOT EXISTS cart_items (
-            user_id BIGINT NOT NULL, sku_id BIGINT NOT NULL, qty BIGINT NOT NULL,
-            PRIMARY KEY (user_id, sku_id))"
-            .to_owned(),
-        format!(
-            "CREATE TABLE IF NOT EXISTS cart_orders (
-                id {id}, user_id BIGINT NOT NULL, created_at BIGINT NOT NULL)"
-        ),
-        "CREATE TABLE IF NOT EXISTS cart_order_items (
-            order_id BIGINT NOT NULL, sku_id BIGINT NOT NULL, qty BIGINT NOT NULL,
-            fencing_token BIGINT NOT NULL)"
-            .to_owned(),
-    ];
-    for statement in statements {
-        sqlx::query(&statement).execute(pool).await?;
-    }
-    Ok(())
-}
-
-/// A voucher on sale.
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-pub struct Voucher {
-    /// Its id.
-    pub id: i64,
-    /// What it is.
-    pub title: String,
-    /// Price in cents.
-    pub price: i64,
-    /// Left in stock.
-    pub stock: i64,
-    /// Stock at creation.
-    pub initial_stock: i64,
-    /// Sale start, ms since the epoch.
-    pub begin_at: i64,
-    /// Sale end, ms since the epoch.
-    pub end_at: i64,
-}
-
-impl Voucher {
-    pub(crate) fn from_row(row: &AnyRow) -> Result<Self, DbError> {
-        Ok(Self {
-            id: row.try_get("id")?,
-            title: row.try_get("title")?,
-            price: row.try_get("price")?,
-            stock: row.try_get("stock")?,
-            initial_stock: row.try_get("initial_stock")?,
-            begin_at: row.try_get("begin_at")?,
-            end_at: row.try_get("end_at")?,
-        })
-    }
-}
-
-/// A SKU that carts hold.
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-pub struct Sku {
-    /// Its id.
-    pub id: i64,
-    /// Its name.
-    pub name: String,
-    /// Left in stock.
-    pub stock: i64,
-    /// Stock at creation.
-    pub initial_stock: i64,
-}
-
-impl Sku {
-    pub(crate) fn from_row(row: &AnyRow) -> Result<Self, DbError> {
-        Ok(Self {
-            id: row.try_get("id")?,
-            name: row.try_get("name")?,
-            stock: row.try_get("stock")?,
-            initial_stock: row.try_get("initial_stock")?,
-        })
+    let migrator = if sqlite { &SQLITE } else { &POSTGRES };
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match migrator.run(pool).await {
+            Ok(()) => return Ok(()),
+            // PostgreSQL serializes migrations itself: an error there is a real one.
+            Err(err) if !sqlite || tries >= MIGRATION_TRIES => {
+                return Err(DbError::Migrate(Box::new(err)));
+            }
+            Err(err) => {
+                tracing::debug!(error = %err, tries, "migration raced another instance; again");
+                tokio::time::sleep(Duration::from_millis(50 * u64::from(tries))).await;
+            }
+        }
     }
 }

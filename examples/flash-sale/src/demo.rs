@@ -71,7 +71,9 @@ impl ServerCommand {
 }
 
 /// Starts `count` instances on free loopback ports over `database_url` (default: a fresh SQLite
-/// file in a temporary directory), and waits until each answers.
+/// file in a temporary directory), all at once — as replicas start, racing to migrate the
+/// schema — and waits until each answers. Their logs go to stderr at `warn` unless `RUST_LOG`
+/// says otherwise.
 pub async fn start(
     server: &ServerCommand,
     count: usize,
@@ -92,6 +94,7 @@ pub async fn start(
         urls: Vec::new(),
         _dir: dir,
     };
+    let log_level = std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".to_owned());
     for _ in 0..count {
         let port = free_port()?;
         let mut command = server.command();
@@ -100,6 +103,7 @@ pub async fn start(
             .arg(port.to_string())
             .env("REDIS_URL", redis_url)
             .env("DATABASE_URL", &database_url)
+            .env("RUST_LOG", &log_level)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
@@ -111,18 +115,17 @@ pub async fn start(
             .spawn()
             .map_err(|e| format!("starting {}: {e}", server.program.display()))?;
         instances.children.push(child);
-        let url = format!("http://127.0.0.1:{port}");
-        // The first instance creates the tables; the others start after it answers.
-        let child = instances.children.last_mut().ok_or("no child")?;
-        wait_ready(child, &url).await?;
-        instances.urls.push(url);
+        instances.urls.push(format!("http://127.0.0.1:{port}"));
+    }
+    for (child, url) in instances.children.iter_mut().zip(&instances.urls) {
+        wait_ready(child, url).await?;
     }
     Ok(instances)
 }
 
-/// Polls `url` until the instance answers its stats (tables created, Redis reached), failing
-/// fast if the process exits.
-async fn wait_ready(child: &mut Child, url: &str) -> Result<(), String> {
+/// Polls `url` until the instance answers `/healthz` (it listens once its schema is up to
+/// date), failing fast if the process exits.
+pub async fn wait_ready(child: &mut Child, url: &str) -> Result<(), String> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         if let Ok(Some(status)) = child.try_wait() {
@@ -130,7 +133,7 @@ async fn wait_ready(child: &mut Child, url: &str) -> Result<(), String> {
                 "the instance for {url} exited at start-up ({status})"
             ));
         }
-        if loadgen::stats(url).await.is_ok() {
+        if loadgen::healthy(url).await {
             return Ok(());
         }
         if Instant::now() >= deadline {

@@ -1,9 +1,13 @@
 //! The load generator: many buyers against one or several instances, then an audit of the
 //! database.
 //!
-//! Each buyer fires several voucher orders at the same moment, spread over the instances (the
-//! double-click, the retry, the second tab: what the per-user lock is for), then puts one SKU in
-//! its cart and checks out (buyers compete for the SKUs' stock: what the SKU locks are for).
+//! Each buyer logs in, fires several voucher orders at the same moment, spread over the
+//! instances (the double-click, the retry, the second tab: what the per-user lock is for),
+//! then puts one SKU in its cart and checks out (buyers compete for the SKUs' stock: what the
+//! SKU locks are for). Every [`LoadConfig::edit_every`]th buyer also edits its cart while its
+//! checkout runs — adds a second SKU and takes it out again, from another instance — which is
+//! what the cart lock is for: the checkout buys what its locks cover or answers 409 "cart
+//! changed", and no unit leaves the stock without an order.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,7 +19,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use serde::Serialize;
 use tokio::sync::Semaphore;
 
-use crate::{NewSku, NewVoucher, Sku, Stats, Voucher, now_ms};
+use crate::{NewSku, NewVoucher, Sku, Stats, User, Voucher, now_ms};
 
 /// How hard to push.
 #[derive(Debug, Clone)]
@@ -34,6 +38,8 @@ pub struct LoadConfig {
     pub skus: u32,
     /// Stock of each SKU.
     pub sku_stock: i64,
+    /// Every this many buyers, one edits its cart while its checkout runs (0: none).
+    pub edit_every: u64,
 }
 
 impl Default for LoadConfig {
@@ -46,6 +52,7 @@ impl Default for LoadConfig {
             concurrency: 200,
             skus: 5,
             sku_stock: 20,
+            edit_every: 3,
         }
     }
 }
@@ -53,8 +60,12 @@ impl Default for LoadConfig {
 /// What a run saw.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Report {
-    /// Requests sent.
+    /// Requests sent (logins aside).
     pub requests: u64,
+    /// Of those, purchase requests: voucher orders and checkouts.
+    pub purchases: u64,
+    /// Of those, checkouts that had a cart edit running beside them.
+    pub edited_checkouts: u64,
     /// 2xx answers.
     pub ok: u64,
     /// 409 answers.
@@ -69,16 +80,19 @@ pub struct Report {
     pub p99_ms: f64,
     /// Wall time, s.
     pub seconds: f64,
-    /// The audit (from the database) and the counters of every instance, summed.
+    /// The audit and the counters of every instance, from the database.
     pub stats: Stats,
 }
 
 impl Report {
-    /// The invariants hold: no duplicate orders, no oversell, no negative stock.
+    /// The invariants hold: no duplicate orders, no oversell, no negative stock, and every unit
+    /// that left the stock is in exactly one order.
     pub fn clean(&self) -> bool {
         self.stats.duplicate_orders == 0
             && self.stats.oversold_vouchers == 0
-            && self.stats.sku_units_oversold == 0
+            && self.stats.units_oversold == 0
+            && self.stats.units_lost == 0
+            && self.stats.units_double_sold == 0
             && self.stats.negative_stock_rows == 0
             && self.stats.voucher_orders <= self.stats.voucher_initial_stock
     }
@@ -94,12 +108,10 @@ fn client() -> HttpClient {
         .build(connector)
 }
 
-async fn send(
-    client: &HttpClient,
-    method: &str,
-    url: &str,
-    body: Option<String>,
-) -> Result<(u16, Bytes), String> {
+/// One answer: status and body, or what went wrong on the way.
+type Answer = Result<(u16, Bytes), String>;
+
+async fn send(client: &HttpClient, method: &str, url: &str, body: Option<String>) -> Answer {
     let request = hyper::Request::builder()
         .method(method)
         .uri(url)
@@ -126,10 +138,11 @@ async fn post_json<T: Serialize, R: serde::de::DeserializeOwned>(
     client: &HttpClient,
     url: &str,
     value: &T,
+    expect: u16,
 ) -> Result<R, String> {
     let body = serde_json::to_string(value).map_err(|e| e.to_string())?;
     let (status, bytes) = send(client, "POST", url, Some(body)).await?;
-    if status != 201 {
+    if status != expect {
         return Err(format!(
             "POST {url}: {status} {}",
             String::from_utf8_lossy(&bytes)
@@ -140,16 +153,138 @@ async fn post_json<T: Serialize, R: serde::de::DeserializeOwned>(
 
 /// Puts a voucher on sale through the API of `target`.
 pub async fn create_voucher(target: &str, voucher: &NewVoucher) -> Result<Voucher, String> {
-    post_json(&client(), &format!("{target}/api/vouchers"), voucher).await
+    post_json(&client(), &format!("{target}/api/vouchers"), voucher, 201).await
+}
+
+/// Logs in as `name` through the API of `target`.
+pub async fn login(target: &str, name: &str) -> Result<User, String> {
+    let body = serde_json::json!({ "name": name });
+    post_json(&client(), &format!("{target}/api/login"), &body, 200).await
+}
+
+/// Whether `target` answers `/healthz`.
+pub async fn healthy(target: &str) -> bool {
+    matches!(
+        send(&client(), "GET", &format!("{target}/healthz"), None).await,
+        Ok((200, _))
+    )
 }
 
 /// Reads `/api/stats` of `target`.
 pub async fn stats(target: &str) -> Result<Stats, String> {
     let (status, body) = send(&client(), "GET", &format!("{target}/api/stats"), None).await?;
     if status != 200 {
-        return Err(format!("reading the stats of {target}: {status}"));
+        return Err(format!(
+            "reading the stats of {target}: {status} {}",
+            String::from_utf8_lossy(&body)
+        ));
     }
     serde_json::from_slice(&body).map_err(|e| e.to_string())
+}
+
+/// What one buyer sent: each answer, how long it took, and whether it was a purchase.
+struct Sent {
+    answer: Answer,
+    took: Duration,
+    purchase: bool,
+}
+
+async fn timed(client: &HttpClient, method: &str, url: String, body: Option<String>) -> Sent {
+    let t = Instant::now();
+    let answer = send(client, method, &url, body).await;
+    Sent {
+        answer,
+        took: t.elapsed(),
+        purchase: false,
+    }
+}
+
+/// One buyer's requests.
+struct Buyer {
+    client: HttpClient,
+    targets: Arc<Vec<String>>,
+    skus: Arc<Vec<i64>>,
+    voucher: i64,
+    requests: u32,
+    index: usize,
+    edits: bool,
+    run: String,
+}
+
+impl Buyer {
+    fn target(&self, offset: usize) -> &str {
+        &self.targets[(self.index + offset) % self.targets.len()]
+    }
+
+    async fn go(self) -> Result<Vec<Sent>, String> {
+        let user = login(
+            self.target(0),
+            &format!("buyer-{}-{}", self.run, self.index),
+        )
+        .await?
+        .id;
+        let mut sent = Vec::new();
+        // Several requests of one buyer at the same moment, spread over the instances.
+        let client = &self.client;
+        let burst = (0..self.requests as usize).map(|r| {
+            let url = format!("{}/api/vouchers/{}/orders", self.target(r), self.voucher);
+            let body = format!("{{\"user_id\":{user}}}");
+            async move {
+                Sent {
+                    purchase: true,
+                    ..timed(client, "POST", url, Some(body)).await
+                }
+            }
+        });
+        sent.extend(futures_util::future::join_all(burst).await);
+        if self.skus.is_empty() {
+            return Ok(sent);
+        }
+        let sku = self.skus[self.index % self.skus.len()];
+        let items = format!("{}/api/carts/{user}/items", self.target(0));
+        let added = timed(
+            &self.client,
+            "POST",
+            items.clone(),
+            Some(format!("{{\"sku_id\":{sku},\"qty\":1}}")),
+        )
+        .await;
+        let added_ok = matches!(added.answer, Ok((200, _)));
+        sent.push(added);
+        if !added_ok {
+            return Ok(sent);
+        }
+        let checkout = async {
+            let url = format!("{}/api/carts/{user}/checkout", self.target(0));
+            Sent {
+                purchase: true,
+                ..timed(&self.client, "POST", url, None).await
+            }
+        };
+        if !self.edits {
+            sent.push(checkout.await);
+            return Ok(sent);
+        }
+        // A second tab, on another instance: adds another SKU and takes it out again while the
+        // checkout runs.
+        let other = self.skus[(self.index + 1) % self.skus.len()];
+        let elsewhere = format!("{}/api/carts/{user}/items", self.target(1));
+        let edit = async {
+            let add = timed(
+                &self.client,
+                "POST",
+                elsewhere.clone(),
+                Some(format!("{{\"sku_id\":{other},\"qty\":1}}")),
+            )
+            .await;
+            let remove = timed(&self.client, "DELETE", format!("{elsewhere}/{other}"), None).await;
+            [add, remove]
+        };
+        let (checkout, edits) = tokio::join!(checkout, edit);
+        sent.push(checkout);
+        sent.extend(edits);
+        Ok(sent)
+    }
 }
 
 /// Sets up a voucher and SKUs on the first target, fires the buyers at every target, and
@@ -159,79 +294,65 @@ pub async fn run(config: &LoadConfig) -> Result<Report, String> {
     let client = client();
     let voucher = NewVoucher {
         title: "Flash voucher".to_owned(),
-        price: 999,
+        price_cents: 999,
         stock: config.stock,
-        begin_at: now_ms() - 1_000,
-        end_at: now_ms() + 3_600_000,
+        starts_at_ms: now_ms() - 1_000,
+        ends_at_ms: now_ms() + 3_600_000,
     };
-    let voucher_id = create_voucher(&first, &voucher).await?.id;
+    let voucher = create_voucher(&first, &voucher).await?.id;
     let mut skus = Vec::new();
     for i in 0..config.skus {
         let sku = NewSku {
             name: format!("SKU {i}"),
+            price_cents: 500 + i64::from(i) * 100,
             stock: config.sku_stock,
         };
-        let sku: Sku = post_json(&client, &format!("{first}/api/skus"), &sku).await?;
+        let sku: Sku = post_json(&client, &format!("{first}/api/skus"), &sku, 201).await?;
         skus.push(sku.id);
     }
+    let (targets, skus) = (Arc::new(config.targets.clone()), Arc::new(skus));
+    let run = crate::counters::random_id();
 
     let started = Instant::now();
     let permits = Arc::new(Semaphore::new(config.concurrency.max(1)));
     let mut buyers = Vec::new();
-    for user in 1..=config.users {
+    for index in 0..config.users {
         let permit = permits
             .clone()
             .acquire_owned()
             .await
             .map_err(|e| e.to_string())?;
-        let (client, targets, skus) = (client.clone(), config.targets.clone(), skus.clone());
-        let requests = config.requests_per_user;
+        let buyer = Buyer {
+            client: client.clone(),
+            targets: targets.clone(),
+            skus: skus.clone(),
+            voucher,
+            requests: config.requests_per_user,
+            index: usize::try_from(index).unwrap_or(0),
+            edits: config.edit_every > 0 && index % config.edit_every == 0,
+            run: run.clone(),
+        };
         buyers.push(tokio::spawn(async move {
             let _permit = permit;
-            let user_ix = usize::try_from(user).unwrap_or(0);
-            let mut results = Vec::new();
-            // Several requests of one buyer at the same moment, spread over the instances.
-            let burst = (0..requests).map(|r| {
-                let target = &targets[(user_ix + r as usize) % targets.len()];
-                let url = format!("{target}/api/vouchers/{voucher_id}/orders");
-                let client = client.clone();
-                let body = format!("{{\"user_id\":{user}}}");
-                async move {
-                    let t = Instant::now();
-                    let result = send(&client, "POST", &url, Some(body)).await;
-                    (result, t.elapsed())
-                }
-            });
-            results.extend(futures_util::future::join_all(burst).await);
-            if !skus.is_empty() {
-                let target = &targets[user_ix % targets.len()];
-                let sku = skus[user_ix % skus.len()];
-                let t = Instant::now();
-                let added = send(
-                    &client,
-                    "POST",
-                    &format!("{target}/api/carts/{user}/items"),
-                    Some(format!("{{\"sku_id\":{sku},\"qty\":1}}")),
-                )
-                .await;
-                if matches!(added, Ok((204, _))) {
-                    let t = Instant::now();
-                    let url = format!("{target}/api/carts/{user}/checkout");
-                    let result = send(&client, "POST", &url, None).await;
-                    results.push((result, t.elapsed()));
-                } else {
-                    results.push((added, t.elapsed()));
-                }
-            }
-            results
+            buyer.go().await
         }));
     }
     let mut report = Report::default();
     let mut latencies = Vec::new();
     for buyer in buyers {
-        for (result, elapsed) in buyer.await.map_err(|e| e.to_string())? {
+        let sent = buyer.await.map_err(|e| e.to_string())??;
+        if sent.len() > config.requests_per_user as usize + 2 {
+            report.edited_checkouts += 1;
+        }
+        for Sent {
+            answer,
+            took,
+            purchase,
+        } in sent
+        {
             report.requests += 1;
-            match result {
+            report.purchases += u64::from(purchase);
+            match answer {
                 Ok((status, _)) if (200..300).contains(&status) => report.ok += 1,
                 Ok((409, _)) => report.conflicts += 1,
                 other => {
@@ -246,7 +367,7 @@ pub async fn run(config: &LoadConfig) -> Result<Report, String> {
                     }
                 }
             }
-            latencies.push(elapsed);
+            latencies.push(took);
         }
     }
     report.seconds = started.elapsed().as_secs_f64();
@@ -258,17 +379,8 @@ pub async fn run(config: &LoadConfig) -> Result<Report, String> {
     };
     report.p50_ms = pick(0.5);
     report.p99_ms = pick(0.99);
-    // The audit is the database's; the counters are each instance's, summed.
+    // The audit and the counters are the database's: every instance answers alike.
     report.stats = stats(&first).await?;
-    for target in &config.targets[1..] {
-        let other = stats(target).await?;
-        let s = &mut report.stats;
-        s.requests += other.requests;
-        s.locked += other.locked;
-        s.lock_waits += other.lock_waits;
-        s.conflicts += other.conflicts;
-        s.stale_writes_refused += other.stale_writes_refused;
-    }
     Ok(report)
 }
 
@@ -277,7 +389,7 @@ type Cell = fn(&Report) -> String;
 
 /// A side-by-side table of runs.
 pub fn table(runs: &[(&str, &Report)]) -> String {
-    let rows: [(&str, Cell); 16] = [
+    let rows: [(&str, Cell); 19] = [
         ("requests", |r| r.requests.to_string()),
         ("2xx", |r| r.ok.to_string()),
         ("409", |r| r.conflicts.to_string()),
@@ -289,6 +401,9 @@ pub fn table(runs: &[(&str, &Report)]) -> String {
         ("p99 latency (ms)", |r| format!("{:.1}", r.p99_ms)),
         ("requests that waited for a lock", |r| {
             r.stats.lock_waits.to_string()
+        }),
+        ("checkouts with a cart edit beside", |r| {
+            r.edited_checkouts.to_string()
         }),
         ("voucher orders / stock", |r| {
             format!(
@@ -303,30 +418,40 @@ pub fn table(runs: &[(&str, &Report)]) -> String {
             r.stats.oversold_vouchers.to_string()
         }),
         ("SKU units sold / stock", |r| {
-            format!("{} / {}", r.stats.sku_units_sold, r.stats.sku_initial_stock)
+            format!("{} / {}", r.stats.units_sold, r.stats.sku_initial_stock)
         }),
-        ("SKU units oversold", |r| {
-            r.stats.sku_units_oversold.to_string()
+        ("SKU units oversold", |r| r.stats.units_oversold.to_string()),
+        ("units lost (stock − orders)", |r| {
+            r.stats.units_lost.to_string()
+        }),
+        ("units sold twice (lost updates)", |r| {
+            r.stats.units_double_sold.to_string()
         }),
         ("rows with negative stock", |r| {
             r.stats.negative_stock_rows.to_string()
         }),
         ("stale writes refused (fencing)", |r| {
-            r.stats.stale_writes_refused.to_string()
+            r.stats.stale_refused.to_string()
         }),
         ("invariants hold", |r| {
             if r.clean() { "yes" } else { "NO" }.to_owned()
         }),
     ];
-    let label_width = rows.iter().map(|(l, _)| l.len()).max().unwrap_or(0) + 2;
+    let label_width = rows
+        .iter()
+        .map(|(l, _)| l.chars().count())
+        .max()
+        .unwrap_or(0)
+        + 2;
     let mut out = String::new();
-    out.push_str(&format!("{:<label_width$}", ""));
+    out.push_str(&" ".repeat(label_width));
     for (name, _) in runs {
         out.push_str(&format!("{name:>16}"));
     }
     out.push('\n');
     for (label, value) in rows {
-        out.push_str(&format!("{label:<label_width$}"));
+        out.push_str(label);
+        out.push_str(&" ".repeat(label_width - label.chars().count()));
         for (_, report) in runs {
             out.push_str(&format!("{:>16}", value(report)));
         }

@@ -1,94 +1,95 @@
-//! The HTTP face: the JSON API and the page.
+//! The HTTP face: the JSON API, the pages, the health checks.
 //!
-//! | route | what |
-//! | --- | --- |
-//! | `GET /` | the page |
-//! | `GET /api/vouchers`, `POST /api/vouchers` | list, create ([`NewVoucher`]) |
-//! | `POST /api/vouchers/{id}/orders` | buy one ([`Buyer`]): 201 [`Order`](crate::Order); 404, 409 with a message |
-//! | `GET /api/users/{user}/orders` | a user's voucher orders |
-//! | `GET /api/skus`, `POST /api/skus` | list, create ([`NewSku`]) |
-//! | `GET /api/carts/{user}`, `POST /api/carts/{user}/items` | a cart, add to it ([`CartItem`]) |
-//! | `POST /api/carts/{user}/checkout` | check out: 201 [`CartOrder`](crate::CartOrder); 409 when busy or out of stock |
-//! | `GET /api/stats` | the invariants and this instance's counters ([`Stats`](crate::Stats)) |
+//! | route | takes | answers |
+//! | --- | --- | --- |
+//! | `GET /` | | the shop's page |
+//! | `GET /operator` | | the operator's page |
+//! | `GET /healthz` | | 200 `{"status": "ok"}` while the process serves |
+//! | `GET /readyz` | | 200 `{"status": "ready", "redis": "up", "database": "up"}`; 503 problem naming what is down (`"redis": "down"`, `"database": "down"`; Redis is `"unused"` with `--no-locks`) |
+//! | `POST /api/login` | `{"name"}` | 200 [`User`](crate::model::User) `{"id", "name"}`, created on first login |
+//! | `GET /api/vouchers` | | 200 `[`[`Voucher`](crate::model::Voucher)`]`: `{"id", "title", "price_cents", "currency", "stock", "starts_at_ms", "ends_at_ms"}` |
+//! | `POST /api/vouchers` | [`NewVoucher`] `{"title", "price_cents", "stock", "starts_at_ms", "ends_at_ms"}` | 201 the voucher |
+//! | `POST /api/vouchers/{id}/orders` | [`Buyer`] `{"user_id"}` | 201 [`Order`](crate::model::Order); 404 unknown voucher or user (checked before any lock); 409 sold out, not started, ended, already ordered, busy (`Retry-After`) |
+//! | `GET /api/skus` | | 200 `[`[`Sku`](crate::model::Sku)`]`: `{"id", "name", "price_cents", "currency", "stock"}` |
+//! | `POST /api/skus` | [`NewSku`] `{"name", "price_cents", "stock"}` | 201 the SKU |
+//! | `GET /api/carts/{user}` | | 200 [`Cart`](crate::model::Cart) `{"items": [{"sku_id", "name", "qty", "price_cents", "currency"}], "total_cents", "currency"}` |
+//! | `POST /api/carts/{user}/items` | [`CartItem`] `{"sku_id", "qty"}` | 200 the cart; 404 unknown SKU (nothing stored); 400 qty out of bounds; 422 the cart would hold more than 100 of the SKU or more than 20 SKUs; 409 busy |
+//! | `DELETE /api/carts/{user}/items/{sku}` | | 200 the cart without that SKU |
+//! | `DELETE /api/carts/{user}/items` | | 200 the (empty) cart |
+//! | `POST /api/carts/{user}/checkout` | | 201 [`CartOrder`](crate::model::CartOrder) `{"id", "user_id", "items", "total_cents", "currency", "at_ms"}`; 400 empty cart; 409 "cart changed during checkout; nothing was bought, retry", out of stock, busy (`Retry-After`) |
+//! | `GET /api/users/{user}/orders` | | 200 [`Orders`](crate::model::Orders) `{"vouchers": [`[`Order`](crate::model::Order)`], "carts": [`[`CartOrder`](crate::model::CartOrder)`]}` |
+//! | `GET /api/events?user={id}` | | `text/event-stream`: `event: catalog` (`{"vouchers", "skus"}`) on connect and whenever the catalog or a stock changes, on any instance; with `user`, also `event: cart` ([`Cart`](crate::model::Cart)) and `event: orders` ([`Orders`](crate::model::Orders)) on connect and when they change; a keep-alive comment every 15 s |
+//! | `GET /api/stats` | | 200 [`Stats`](crate::model::Stats), over every instance |
 //!
-//! Buying is guarded inside the service ([`App::buy`], `#[distributed_lock]`); checkout at the
-//! route, by a `LockLayer` that locks every SKU in the cart:
+//! A [`Voucher`](crate::model::Voucher) order is `{"id", "user_id", "voucher_id", "title",
+//! "price_cents", "currency", "fencing_token", "at_ms"}`; a cart order's items are cart lines.
+//!
+//! **Bounds** (400 outside them): ids 1 to 2⁵³ − 1; `price_cents` 0 to 100,000,000; `stock` 0
+//! to 1,000,000; `qty` 1 to 100 per addition, and at most 100 of one SKU and 20 SKUs in a cart
+//! (422); user names 1 to 40 characters, SKU names 1 to 80, voucher titles 1 to 120, after
+//! trimming, without control characters; times 0 to 2⁵³ − 1 ms, the end after the start; request
+//! bodies at most 16 KiB (413). Money is integer cents in one currency (`"EUR"`); times are
+//! milliseconds since the epoch. Every number the API answers is a whole number at most 2⁵³ − 1,
+//! exact in JavaScript (`/api/stats` clamps its counts there).
+//!
+//! **Errors.** Every answer that is not a success — the shop's, the lock layer's, axum's own
+//! (bad JSON, bad path, 404, 405) — is `application/problem+json`:
+//! `{"type": "about:blank", "title", "status", "detail"}`, plus `"lock"` (its name) for a busy or
+//! lost lock, as dlock-core's `ErrorResponses` renders lock errors. `detail` is meant for the
+//! shopper; a 500's cause is logged under the request id (`x-request-id`, echoed on every
+//! answer), never sent. A busy lock is 409 with `Retry-After`; Redis unreachable is 503.
+//!
+//! # Locks
+//!
+//! Buying a voucher is guarded inside the service ([`App::buy`], `#[distributed_lock]`). A cart
+//! edit takes the lock `cart:<user>` in the service. Checkout is guarded at the route by a
+//! `LockLayer` that locks the cart and every SKU in it, all-or-none:
 //!
 //! ```text
 //! Router::new()
 //!     .route("/api/carts/{user}/checkout", post(checkout))
 //!     .route_layer(
 //!         LockLayer::with_state(app.locker.clone(), app.clone())
-//!             .key(|CartLocks(skus): CartLocks| async move { skus }) // all-or-none
-//!             .wait(Duration::from_secs(2)),
+//!             // `cart:<user>` and `sku:<id>` for every SKU in the cart now
+//!             .key(|CheckoutLocks(names): CheckoutLocks| async move { names })
+//!             .wait(LOCK_WAIT),
 //!     )
 //! ```
+//!
+//! The key function reads the cart before the locks are taken; the handler reads it again under
+//! them and answers 409 "cart changed" for a SKU it doesn't hold.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use axum::extract::rejection::JsonRejection;
-use axum::extract::{FromRequest, FromRequestParts, Path, Request, State};
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::StatusCode;
-use axum::http::request::Parts;
 use axum::middleware::{self, Next};
 use axum::response::{Html, IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use axum::{Extension, Json, Router};
-use dlock_core::LockName;
 use dlock_tower::{HeldLocks, LockLayer};
-use serde::de::DeserializeOwned;
+use serde::Deserialize;
 
-use crate::{App, AppError, Buyer, CartItem, Counters, Fences, NewSku, NewVoucher};
+use crate::extract::{AskedAt, CheckoutLocks, Input, Params, PathId, PathIds};
+use crate::{
+    App, AppError, Buyer, CartItem, Counter, Fences, Login, NewSku, NewVoucher, health, telemetry,
+    validate,
+};
 
-/// The page, served at `/`.
+/// The shop's page, served at `/`.
 pub const PAGE: &str = include_str!("../static/index.html");
 
-/// How long a purchase waits for a busy lock before it is answered 409.
+/// The operator's page, served at `/operator`.
+pub const OPERATOR_PAGE: &str = include_str!("../static/operator.html");
+
+/// How long a purchase or a cart edit waits for a busy lock before it is answered 409.
 pub const LOCK_WAIT: Duration = Duration::from_secs(2);
 
-/// A JSON body whose rejections are answered like every other error: `{"error": "..."}` with
-/// the rejection's status (400 malformed, 415 not JSON, 422 wrong shape).
-#[derive(Debug)]
-pub struct Input<T>(pub T);
-
-impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for Input<T> {
-    type Rejection = AppError;
-
-    async fn from_request(req: Request, state: &S) -> Result<Self, AppError> {
-        match Json::<T>::from_request(req, state).await {
-            Ok(Json(value)) => Ok(Input(value)),
-            Err(rejection) => Err(json_rejection(&rejection)),
-        }
-    }
-}
-
-fn json_rejection(rejection: &JsonRejection) -> AppError {
-    AppError::Rejected(rejection.status(), rejection.body_text())
-}
-
-/// The lock names of every SKU in the cart of the user in the path: the checkout's keys.
-#[derive(Debug)]
-pub struct CartLocks(pub Vec<LockName>);
-
-/// When a request asked for its locks (set by [`CartLocks`]), to count lock waits.
-#[derive(Debug, Clone, Copy)]
-struct AskedAt(Instant);
-
-impl FromRequestParts<App> for CartLocks {
-    type Rejection = Response;
-
-    async fn from_request_parts(parts: &mut Parts, app: &App) -> Result<Self, Response> {
-        let Path(user) = Path::<i64>::from_request_parts(parts, app)
-            .await
-            .map_err(IntoResponse::into_response)?;
-        // A database error is an error answer here, never "no lock".
-        let names = app
-            .cart_lock_names(user)
-            .await
-            .map_err(IntoResponse::into_response)?;
-        parts.extensions.insert(AskedAt(Instant::now()));
-        Ok(CartLocks(names))
-    }
+async fn login(
+    State(app): State<App>,
+    Input(login): Input<Login>,
+) -> Result<impl IntoResponse, AppError> {
+    Ok(Json(app.login(&login.name).await?))
 }
 
 async fn list_vouchers(State(app): State<App>) -> Result<impl IntoResponse, AppError> {
@@ -104,18 +105,18 @@ async fn create_voucher(
 
 async fn buy_voucher(
     State(app): State<App>,
-    Path(voucher_id): Path<i64>,
+    PathId(voucher): PathId,
     Input(buyer): Input<Buyer>,
 ) -> Result<impl IntoResponse, AppError> {
     Ok((
         StatusCode::CREATED,
-        Json(app.buy(buyer.user_id, voucher_id).await?),
+        Json(app.buy(buyer.user_id, voucher).await?),
     ))
 }
 
 async fn user_orders(
     State(app): State<App>,
-    Path(user): Path<i64>,
+    PathId(user): PathId,
 ) -> Result<impl IntoResponse, AppError> {
     Ok(Json(app.orders_of(user).await?))
 }
@@ -131,32 +132,52 @@ async fn create_sku(
     Ok((StatusCode::CREATED, Json(app.create_sku(&new).await?)))
 }
 
-async fn cart(
-    State(app): State<App>,
-    Path(user): Path<i64>,
-) -> Result<impl IntoResponse, AppError> {
+async fn cart(State(app): State<App>, PathId(user): PathId) -> Result<impl IntoResponse, AppError> {
     Ok(Json(app.cart(user).await?))
 }
 
 async fn add_to_cart(
     State(app): State<App>,
-    Path(user): Path<i64>,
+    PathId(user): PathId,
     Input(item): Input<CartItem>,
 ) -> Result<impl IntoResponse, AppError> {
-    app.add_to_cart(user, &item).await?;
-    Ok(StatusCode::NO_CONTENT)
+    Ok(Json(app.add_to_cart(user, &item).await?))
+}
+
+async fn remove_from_cart(
+    State(app): State<App>,
+    PathIds(user, sku): PathIds,
+) -> Result<impl IntoResponse, AppError> {
+    Ok(Json(app.remove_from_cart(user, sku).await?))
+}
+
+async fn clear_cart(
+    State(app): State<App>,
+    PathId(user): PathId,
+) -> Result<impl IntoResponse, AppError> {
+    Ok(Json(app.clear_cart(user).await?))
 }
 
 async fn checkout(
     State(app): State<App>,
-    Path(user): Path<i64>,
+    PathId(user): PathId,
     held: Option<Extension<HeldLocks>>,
     asked: Option<Extension<AskedAt>>,
 ) -> Result<impl IntoResponse, AppError> {
     let fences = if app.locks {
-        let held = held.map(|Extension(held)| held).unwrap_or_default();
+        let Some(Extension(held)) = held else {
+            return Err(AppError::Internal(
+                "checkout ran without its locks".to_owned(),
+            ));
+        };
         let waited = asked.map_or(Duration::ZERO, |Extension(AskedAt(at))| at.elapsed());
         app.counters.ran_locked(waited);
+        tracing::info!(
+            locks = ?held.names(),
+            fencing_tokens = ?held.fencing_tokens().iter().map(|t| t.get()).collect::<Vec<_>>(),
+            waited_ms = waited.as_millis() as u64,
+            "locks acquired"
+        );
         Some(Fences::from_held(&held))
     } else {
         None
@@ -167,6 +188,22 @@ async fn checkout(
     ))
 }
 
+#[derive(Debug, Deserialize)]
+struct EventsQuery {
+    user: Option<i64>,
+}
+
+async fn events(
+    State(app): State<App>,
+    Params(query): Params<EventsQuery>,
+) -> Result<impl IntoResponse, AppError> {
+    let user = query
+        .user
+        .map(|user| validate::id("user", user))
+        .transpose()?;
+    crate::events::stream(app, user).await
+}
+
 async fn stats(State(app): State<App>) -> Result<impl IntoResponse, AppError> {
     Ok(Json(app.stats().await?))
 }
@@ -175,25 +212,51 @@ async fn page() -> Html<&'static str> {
     Html(PAGE)
 }
 
+async fn operator_page() -> Html<&'static str> {
+    Html(OPERATOR_PAGE)
+}
+
+async fn not_found() -> AppError {
+    AppError::Rejected(
+        StatusCode::NOT_FOUND,
+        "no such page or API route".to_owned(),
+    )
+}
+
+async fn method_not_allowed() -> AppError {
+    AppError::Rejected(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "this route does not take that method".to_owned(),
+    )
+}
+
 /// Counts purchase requests and their 409s, including the lock layer's own.
-async fn count(State(app): State<App>, request: Request, next: Next) -> Response {
-    Counters::bump(&app.counters.requests);
+async fn count(State(app): State<App>, request: axum::extract::Request, next: Next) -> Response {
+    app.counters.bump(Counter::Request);
     let response = next.run(request).await;
     if response.status() == StatusCode::CONFLICT {
-        Counters::bump(&app.counters.conflicts);
+        app.counters.bump(Counter::Conflict);
     }
     response
 }
 
-/// The shop's router. With locks, checkout holds every SKU of the cart (all-or-none) through a
-/// `LockLayer`; busy after [`LOCK_WAIT`]: 409 with `Retry-After`.
+/// The shop's router. With locks, checkout holds the cart and every SKU in it (all-or-none)
+/// through a `LockLayer`; busy after [`LOCK_WAIT`]: 409 with `Retry-After`.
 pub fn router(app: App) -> Router {
     let mut checkout_route = Router::new().route("/api/carts/{user}/checkout", post(checkout));
     if app.locks {
         checkout_route = checkout_route.route_layer(
             LockLayer::with_state(app.locker.clone(), app.clone())
-                .key(|CartLocks(skus): CartLocks| async move { skus })
-                .wait(LOCK_WAIT),
+                .key(|CheckoutLocks(names): CheckoutLocks| async move { names })
+                .wait(LOCK_WAIT)
+                .on_rejection(|rejection| {
+                    tracing::info!(
+                        outcome = rejection.outcome(),
+                        lock = rejection.name(),
+                        "checkout locks refused"
+                    );
+                    None::<axum::http::Response<axum::body::Body>>
+                }),
         );
     }
     let purchases = Router::new()
@@ -202,12 +265,26 @@ pub fn router(app: App) -> Router {
         .route_layer(middleware::from_fn_with_state(app.clone(), count));
     Router::new()
         .route("/", get(page))
+        .route("/operator", get(operator_page))
+        .route("/healthz", get(health::healthz))
+        .route("/readyz", get(health::readyz))
+        .route("/api/login", post(login))
         .route("/api/vouchers", get(list_vouchers).post(create_voucher))
         .route("/api/users/{user}/orders", get(user_orders))
         .route("/api/skus", get(list_skus).post(create_sku))
         .route("/api/carts/{user}", get(cart))
-        .route("/api/carts/{user}/items", post(add_to_cart))
+        .route(
+            "/api/carts/{user}/items",
+            post(add_to_cart).delete(clear_cart),
+        )
+        .route("/api/carts/{user}/items/{sku}", delete(remove_from_cart))
+        .route("/api/events", get(events))
         .route("/api/stats", get(stats))
         .merge(purchases)
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(validate::MAX_BODY_BYTES))
+        .layer(middleware::from_fn(telemetry::problem_only))
+        .layer(middleware::from_fn(telemetry::request_id))
         .with_state(app)
 }

@@ -1,10 +1,18 @@
 //! One shop instance as a process: `[--port N] [--no-locks]`, with `REDIS_URL` (default
 //! `redis://127.0.0.1:6379/`) and `DATABASE_URL` (default: a SQLite file `flash-sale.db` in the
 //! current directory; `postgres://…` for PostgreSQL).
+//!
+//! The instance starts whether or not Redis is up: its `Locker` runs over a connection manager
+//! that connects on first use and reconnects by itself ([`locker`]). Until Redis answers, the
+//! locked routes answer 503 and `/readyz` says so; everything else works. The database must be
+//! there at start: the instance brings its schema up to date before it serves.
 
 use std::time::Duration;
 
 use dlock_core::Locker;
+use dlock_core::redis;
+
+use crate::routes::LOCK_WAIT;
 
 /// How to run one instance.
 #[derive(Debug, Clone)]
@@ -20,7 +28,11 @@ pub struct ServerConfig {
 }
 
 /// The instance's command line.
-pub const USAGE: &str = "[--port N] [--no-locks]   (env: REDIS_URL, DATABASE_URL)";
+pub const USAGE: &str =
+    "[--port N] [--no-locks]   (env: REDIS_URL, DATABASE_URL, RUST_LOG, LOG_FORMAT=json)";
+
+/// The bound on each Redis command and on connecting.
+pub const REDIS_TIMEOUT: Duration = Duration::from_secs(2);
 
 impl ServerConfig {
     /// Reads the arguments (after the program name) and the environment; `None` for `--help`.
@@ -51,27 +63,75 @@ impl ServerConfig {
     }
 }
 
-/// Connects to Redis and the database (creating the tables), then serves until the process
-/// ends.
-pub async fn serve(config: ServerConfig) -> Result<(), String> {
-    let locker = Locker::builder()
-        .url(config.redis_url.as_str())
-        .command_timeout(Duration::from_secs(2))
+/// A `Locker` for `redis_url` that does not need Redis up to be built.
+///
+/// `LockerBuilder::url` connects before it returns (and fails while Redis is down), so the
+/// shop builds its own connection manager with `new_lazy_with_config`: it connects on the
+/// first command and reconnects after a failure, and the `Locker` runs over it
+/// (`LockerBuilder::connection_manager`), with a client for the wake-up subscriber, which
+/// connects on the first wait and reconnects by itself too.
+pub async fn locker(redis_url: &str) -> Result<Locker, String> {
+    let client = redis::Client::open(redis_url).map_err(|e| format!("bad REDIS_URL: {e}"))?;
+    let config = redis::aio::ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(REDIS_TIMEOUT))
+        // Every command is bounded by the Locker's command timeout already.
+        .set_response_timeout(None)
+        .set_number_of_retries(1)
+        .set_min_delay(Duration::from_millis(10))
+        .set_max_delay(Duration::from_millis(500));
+    let manager = redis::aio::ConnectionManager::new_lazy_with_config(client.clone(), config)
+        .map_err(|e| format!("Redis connection manager: {e}"))?;
+    Locker::builder()
+        .connection_manager(manager)
+        .subscriber(client)
+        .command_timeout(REDIS_TIMEOUT)
+        .default_wait(LOCK_WAIT)
         .build()
         .await
-        .map_err(|e| format!("cannot reach Redis at {}: {e}", config.redis_url))?;
+        .map_err(|e| format!("Locker: {e}"))
+}
+
+/// Builds the instance (schema brought up to date), then serves until the process gets Ctrl-C
+/// or `SIGTERM`, letting requests in flight finish.
+pub async fn serve(config: ServerConfig) -> Result<(), String> {
+    crate::telemetry::init();
+    let locker = locker(&config.redis_url).await?;
     let app = crate::app(&config.database_url, locker, config.locks)
         .await
-        .map_err(|e| format!("database {}: {e}", config.database_url))?;
+        .map_err(|e| format!("database: {e}"))?;
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", config.port))
         .await
         .map_err(|e| format!("cannot listen on port {}: {e}", config.port))?;
-    println!(
-        "flash-sale: listening on http://127.0.0.1:{}/ (locks {})",
-        config.port,
-        if config.locks { "on" } else { "off" }
+    tracing::info!(
+        url = %format!("http://127.0.0.1:{}/", config.port),
+        locks = config.locks,
+        instance = app.counters.instance(),
+        "flash-sale: listening"
     );
     axum::serve(listener, crate::router(app))
+        .with_graceful_shutdown(shutdown())
         .await
         .map_err(|e| format!("server: {e}"))
+}
+
+async fn shutdown() {
+    let interrupt = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(term) => term,
+                Err(_) => {
+                    let _ = interrupt.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = interrupt => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = interrupt.await;
+    tracing::info!("flash-sale: shutting down");
 }

@@ -105,10 +105,10 @@ async fn run() -> Result<ExitCode, String> {
         let begin_at = now_ms() + begin_in;
         let voucher = NewVoucher {
             title: title.to_owned(),
-            price: 1_999,
+            price_cents: 1_999,
             stock,
-            begin_at,
-            end_at: begin_at + lasts,
+            starts_at_ms: begin_at,
+            ends_at_ms: begin_at + lasts,
         };
         loadgen::create_voucher(shop, &voucher).await?;
     }

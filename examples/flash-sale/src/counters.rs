@@ -1,0 +1,112 @@
+//! Request counters shared by every instance: each instance counts in memory and adds what it
+//! counted to its own rows of the `counters` table (no row is written by two instances, so
+//! counting costs no contention); `/api/stats` sums the rows.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use sqlx::AnyPool;
+
+/// A lock acquisition that took longer than this counts as a lock wait (an uncontended
+/// acquisition is one Redis round trip).
+pub const LOCK_WAIT_THRESHOLD: Duration = Duration::from_millis(5);
+
+/// The counters' names, as stored.
+const NAMES: [&str; 5] = [
+    "requests",
+    "locked",
+    "lock_waits",
+    "conflicts",
+    "stale_refused",
+];
+
+/// What this instance has counted and not yet written.
+#[derive(Debug)]
+pub struct Counters {
+    instance: String,
+    pending: [AtomicU64; 5],
+    flushing: tokio::sync::Mutex<()>,
+}
+
+/// One of the counters.
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub enum Counter {
+    /// A purchase request (voucher order or checkout).
+    Request = 0,
+    /// A purchase request that ran under its lock(s).
+    Locked = 1,
+    /// Of those, one that waited for a lock.
+    LockWait = 2,
+    /// A 409 answer to a purchase request.
+    Conflict = 3,
+    /// A fenced write refused.
+    StaleRefused = 4,
+}
+
+impl Counters {
+    /// Counters of the instance called `instance` (unique per process).
+    pub fn new(instance: String) -> Self {
+        Self {
+            instance,
+            pending: Default::default(),
+            flushing: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// This instance's name in the `counters` table.
+    pub fn instance(&self) -> &str {
+        &self.instance
+    }
+
+    /// Counts one.
+    pub fn bump(&self, counter: Counter) {
+        self.pending[counter as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A request ran under its lock(s), after waiting `waited` for them.
+    pub fn ran_locked(&self, waited: Duration) {
+        self.bump(Counter::Locked);
+        if waited >= LOCK_WAIT_THRESHOLD {
+            self.bump(Counter::LockWait);
+        }
+    }
+
+    /// Adds what was counted since the last flush to this instance's rows. What fails to be
+    /// written is kept for the next flush.
+    pub async fn flush(&self, db: &AnyPool) -> Result<(), sqlx::Error> {
+        let _one_at_a_time = self.flushing.lock().await;
+        for (i, name) in NAMES.iter().enumerate() {
+            let delta = self.pending[i].swap(0, Ordering::Relaxed);
+            if delta == 0 {
+                continue;
+            }
+            let written = sqlx::query(
+                "INSERT INTO counters (instance, name, value) VALUES ($1, $2, $3)
+                 ON CONFLICT (instance, name) DO UPDATE SET value = counters.value + excluded.value",
+            )
+            .bind(&self.instance)
+            .bind(*name)
+            .bind(i64::try_from(delta).unwrap_or(i64::MAX))
+            .execute(db)
+            .await;
+            if let Err(err) = written {
+                self.pending[i].fetch_add(delta, Ordering::Relaxed);
+                return Err(err);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A fresh instance name: 64 random bits in hex.
+pub(crate) fn random_id() -> String {
+    let mut bytes = [0u8; 8];
+    // Without randomness from the system, the process id and the time still tell instances
+    // apart.
+    if getrandom::fill(&mut bytes).is_err() {
+        let fallback = u64::from(std::process::id()) << 32 ^ crate::now_ms().unsigned_abs();
+        bytes = fallback.to_le_bytes();
+    }
+    format!("{:016x}", u64::from_le_bytes(bytes))
+}

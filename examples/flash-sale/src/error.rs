@@ -1,0 +1,165 @@
+//! One error format for every answer that is not a success: `application/problem+json`
+//! ([RFC 9457](https://www.rfc-editor.org/rfc/rfc9457)) with `type`, `title`, `status` and
+//! `detail`, as dlock-core's `ErrorResponses` renders lock errors (which add `lock`).
+//!
+//! `detail` is always safe to show a shopper: database and socket errors are logged with the
+//! request id and never put in a body.
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use dlock_core::LockError;
+use serde::{Deserialize, Serialize};
+
+/// The content type of every error answer.
+pub const PROBLEM_JSON: &str = "application/problem+json";
+
+/// The body of every error answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Problem {
+    /// Always `about:blank`: the status says what kind of problem it is.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The status's reason phrase.
+    pub title: String,
+    /// The HTTP status.
+    pub status: u16,
+    /// What went wrong, for a person.
+    pub detail: String,
+}
+
+impl Problem {
+    /// A problem with `status` and `detail`.
+    pub fn new(status: StatusCode, detail: impl Into<String>) -> Self {
+        Self {
+            kind: "about:blank".to_owned(),
+            title: status.canonical_reason().unwrap_or("Error").to_owned(),
+            status: status.as_u16(),
+            detail: detail.into(),
+        }
+    }
+
+    /// The answer: this status, `Content-Type: application/problem+json`, this body.
+    pub fn response(&self) -> Response {
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        problem_response(status, self)
+    }
+}
+
+/// `body` (a problem, perhaps with extension fields) as a problem+json answer.
+pub(crate) fn problem_response<T: Serialize>(status: StatusCode, body: &T) -> Response {
+    let bytes = serde_json::to_vec(body).unwrap_or_else(|_| {
+        format!(r#"{{"type":"about:blank","status":{}}}"#, status.as_u16()).into_bytes()
+    });
+    let mut response = (status, bytes).into_response();
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+    response
+}
+
+/// Why a request failed.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum AppError {
+    /// No such thing (404).
+    NotFound(String),
+    /// The request conflicts with the shop's state: sale window, stock, one order per user, a
+    /// cart that changed while it was being checked out (409).
+    Conflict(String),
+    /// A fenced write was refused: a newer holder of the lock has been at the row (409).
+    Stale(String),
+    /// The request is malformed or out of bounds (400).
+    BadRequest(String),
+    /// The request is well-formed but can't be applied: a cart line beyond its bound (422).
+    Unprocessable(String),
+    /// A request the router or an extractor refused, with its status (404, 405, 413, 415, …).
+    Rejected(StatusCode, String),
+    /// The lock could not be taken: answered as dlock-core renders it (409 with `Retry-After`
+    /// when busy, 503 when Redis is unreachable).
+    Lock(LockError),
+    /// The database failed: logged with its cause, answered 500 without it.
+    Db(sqlx::Error),
+    /// Anything else that must not happen: logged, answered 500.
+    Internal(String),
+}
+
+impl std::fmt::Display for AppError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AppError::NotFound(m)
+            | AppError::Conflict(m)
+            | AppError::Stale(m)
+            | AppError::BadRequest(m)
+            | AppError::Unprocessable(m)
+            | AppError::Rejected(_, m) => f.write_str(m),
+            AppError::Lock(err) => write!(f, "lock: {err}"),
+            AppError::Db(err) => write!(f, "database: {err}"),
+            AppError::Internal(m) => write!(f, "internal: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for AppError {}
+
+impl From<LockError> for AppError {
+    fn from(err: LockError) -> Self {
+        AppError::Lock(err)
+    }
+}
+
+impl From<sqlx::Error> for AppError {
+    fn from(err: sqlx::Error) -> Self {
+        AppError::Db(err)
+    }
+}
+
+impl AppError {
+    /// The status this error is answered with.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            AppError::NotFound(_) => StatusCode::NOT_FOUND,
+            AppError::Conflict(_) | AppError::Stale(_) => StatusCode::CONFLICT,
+            AppError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            AppError::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            AppError::Rejected(status, _) => *status,
+            AppError::Lock(err) => dlock_core::ErrorResponses::new().status_of(err),
+            AppError::Db(_) | AppError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+}
+
+/// The detail of every 500: the cause is in the log, under the request id.
+pub const INTERNAL_DETAIL: &str =
+    "something went wrong on our side; nothing was bought (the request id is in the log)";
+
+impl IntoResponse for AppError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        let detail = match self {
+            AppError::NotFound(m)
+            | AppError::Conflict(m)
+            | AppError::Stale(m)
+            | AppError::BadRequest(m)
+            | AppError::Unprocessable(m)
+            | AppError::Rejected(_, m) => m,
+            AppError::Lock(err) => {
+                // dlock-core's own rendering (and its log line), as the layer answers.
+                if err.is_backend() {
+                    tracing::warn!(error = %err, "lock service unavailable");
+                } else if err.is_timeout() {
+                    tracing::info!(lock = %err, "lock busy");
+                }
+                return err.into_response();
+            }
+            AppError::Db(err) => {
+                tracing::error!(error = %err, "database error");
+                INTERNAL_DETAIL.to_owned()
+            }
+            AppError::Internal(cause) => {
+                tracing::error!(%cause, "internal error");
+                INTERNAL_DETAIL.to_owned()
+            }
+        };
+        Problem::new(status, detail).response()
+    }
+}

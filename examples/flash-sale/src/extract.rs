@@ -1,0 +1,106 @@
+//! Extractors whose rejections are answered like every other error (problem+json), and the
+//! checkout's lock key.
+
+use std::time::Instant;
+
+use axum::Json;
+use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request};
+use axum::http::request::Parts;
+use axum::response::{IntoResponse, Response};
+use dlock_core::LockName;
+use serde::de::DeserializeOwned;
+
+use crate::{App, AppError, validate};
+
+/// A JSON body: 400 malformed, 413 too large, 415 not JSON, 422 wrong shape.
+#[derive(Debug)]
+pub(crate) struct Input<T>(pub(crate) T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for Input<T> {
+    type Rejection = AppError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, AppError> {
+        match Json::<T>::from_request(req, state).await {
+            Ok(Json(value)) => Ok(Input(value)),
+            Err(rejection) => Err(AppError::Rejected(
+                rejection.status(),
+                rejection.body_text(),
+            )),
+        }
+    }
+}
+
+/// The one id in the path (`/api/carts/{user}`, `/api/vouchers/{id}/orders`): 1 to 2⁵³ − 1,
+/// else 400.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PathId(pub(crate) i64);
+
+impl<S: Send + Sync> FromRequestParts<S> for PathId {
+    type Rejection = AppError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, AppError> {
+        let Path(id) = Path::<i64>::from_request_parts(parts, state)
+            .await
+            .map_err(|r| AppError::Rejected(r.status(), r.body_text()))?;
+        Ok(PathId(validate::id("the id in the path", id)?))
+    }
+}
+
+/// The two ids in the path (`/api/carts/{user}/items/{sku}`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PathIds(pub(crate) i64, pub(crate) i64);
+
+impl<S: Send + Sync> FromRequestParts<S> for PathIds {
+    type Rejection = AppError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, AppError> {
+        let Path((a, b)) = Path::<(i64, i64)>::from_request_parts(parts, state)
+            .await
+            .map_err(|r| AppError::Rejected(r.status(), r.body_text()))?;
+        Ok(PathIds(
+            validate::id("the first id in the path", a)?,
+            validate::id("the second id in the path", b)?,
+        ))
+    }
+}
+
+/// A query string: 400 when it doesn't parse.
+#[derive(Debug)]
+pub(crate) struct Params<T>(pub(crate) T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for Params<T> {
+    type Rejection = AppError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, AppError> {
+        let Query(value) = Query::<T>::from_request_parts(parts, state)
+            .await
+            .map_err(|r| AppError::Rejected(r.status(), r.body_text()))?;
+        Ok(Params(value))
+    }
+}
+
+/// The checkout's locks: the user's cart and every SKU in it now ([`App::checkout_lock_names`]).
+/// Rejects like the other extractors (bad id: 400, unknown user: 404, database down: 500), so
+/// a failure is never "no lock".
+#[derive(Debug)]
+pub(crate) struct CheckoutLocks(pub(crate) Vec<LockName>);
+
+/// When a request asked for its locks (set by [`CheckoutLocks`]), to count lock waits.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct AskedAt(pub(crate) Instant);
+
+impl FromRequestParts<App> for CheckoutLocks {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, app: &App) -> Result<Self, Response> {
+        let PathId(user) = PathId::from_request_parts(parts, app)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        let names = app
+            .checkout_lock_names(user)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        parts.extensions.insert(AskedAt(Instant::now()));
+        Ok(CheckoutLocks(names))
+    }
+}

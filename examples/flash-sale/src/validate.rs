@@ -1,0 +1,92 @@
+//! The bounds of the API, checked at the edge: every number and text that reaches the database
+//! is inside them, so sums and totals can't overflow and every number the API answers is exact
+//! in JavaScript.
+
+use crate::AppError;
+
+/// The largest integer a JavaScript number holds exactly (2⁵³ − 1): the API's numbers stay at or
+/// below it.
+pub const MAX_SAFE_INTEGER: i64 = 9_007_199_254_740_991;
+/// A price: 0 to 1,000,000.00 (in cents).
+pub const MAX_PRICE_CENTS: i64 = 100_000_000;
+/// A voucher's or a SKU's stock: 0 to 1,000,000.
+pub const MAX_STOCK: i64 = 1_000_000;
+/// How many of one SKU a cart holds, and one addition adds: 1 to 100.
+pub const MAX_QTY: i64 = 100;
+/// How many different SKUs a cart holds (and so how many SKU locks a checkout takes).
+pub const MAX_CART_LINES: i64 = 20;
+/// A user's name: 1 to 40 characters after trimming.
+pub const MAX_USER_NAME: usize = 40;
+/// A SKU's name: 1 to 80 characters after trimming.
+pub const MAX_SKU_NAME: usize = 80;
+/// A voucher's title: 1 to 120 characters after trimming.
+pub const MAX_TITLE: usize = 120;
+/// The largest request body the API reads (bigger ones: 413).
+pub const MAX_BODY_BYTES: usize = 16 * 1024;
+
+/// `id` is an id: 1 to 2⁵³ − 1.
+pub fn id(what: &str, id: i64) -> Result<i64, AppError> {
+    if (1..=MAX_SAFE_INTEGER).contains(&id) {
+        Ok(id)
+    } else {
+        Err(AppError::BadRequest(format!(
+            "{what} must be a whole number from 1 to {MAX_SAFE_INTEGER}"
+        )))
+    }
+}
+
+/// `value` is within `min..=max`.
+pub fn within(what: &str, value: i64, min: i64, max: i64) -> Result<i64, AppError> {
+    if (min..=max).contains(&value) {
+        Ok(value)
+    } else {
+        Err(AppError::BadRequest(format!(
+            "{what} must be from {min} to {max}"
+        )))
+    }
+}
+
+/// `text`, trimmed: not blank, at most `max` characters, no control characters (NUL, newlines,
+/// escapes: nothing that a database, a log line or a page would read differently).
+pub fn text(what: &str, text: &str, max: usize) -> Result<String, AppError> {
+    let trimmed = text.trim();
+    if trimmed.is_empty() {
+        return Err(AppError::BadRequest(format!("{what} must not be blank")));
+    }
+    if trimmed.chars().count() > max {
+        return Err(AppError::BadRequest(format!(
+            "{what} must be at most {max} characters"
+        )));
+    }
+    if trimmed.chars().any(char::is_control) {
+        return Err(AppError::BadRequest(format!(
+            "{what} must not contain control characters"
+        )));
+    }
+    Ok(trimmed.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn texts_are_trimmed_bounded_and_printable() {
+        assert_eq!(text("name", "  alice ", 40).unwrap(), "alice");
+        assert!(text("name", "   ", 40).is_err());
+        assert!(text("name", "a\0b", 40).is_err());
+        assert!(text("name", "a\u{1b}[31m", 40).is_err());
+        assert!(text("name", &"é".repeat(40), 40).is_ok());
+        assert!(text("name", &"é".repeat(41), 40).is_err());
+    }
+
+    #[test]
+    fn ids_and_bounds() {
+        assert!(id("user", 0).is_err());
+        assert!(id("user", -3).is_err());
+        assert!(id("user", MAX_SAFE_INTEGER + 1).is_err());
+        assert_eq!(id("user", 7).unwrap(), 7);
+        assert!(within("qty", 101, 1, MAX_QTY).is_err());
+        assert!(within("qty", i64::MAX, 1, MAX_QTY).is_err());
+    }
+}

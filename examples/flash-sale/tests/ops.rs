@@ -1,0 +1,267 @@
+//! Instances as processes, with Redis down, killed and restarted, and replicas starting
+//! together.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use flash_sale::demo::{self, ServerCommand};
+use http_body_util::{BodyExt as _, Full};
+use hyper_util::client::legacy::Client;
+use serde_json::{Value, json};
+
+fn server() -> ServerCommand {
+    ServerCommand::binary(env!("CARGO_BIN_EXE_flash-sale"))
+}
+
+async fn http(method: &str, url: &str, body: Option<Value>) -> (u16, String, Value) {
+    let client = Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
+    let request = hyper::Request::builder()
+        .method(method)
+        .uri(url)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(
+            body.map(|b| b.to_string()).unwrap_or_default(),
+        )))
+        .unwrap();
+    let response = tokio::time::timeout(Duration::from_secs(30), client.request(request))
+        .await
+        .expect("an answer within 30 s")
+        .expect("the instance answers");
+    let status = response.status().as_u16();
+    let content_type = response
+        .headers()
+        .get("content-type")
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default();
+    if status >= 400 {
+        assert_eq!(content_type, "application/problem+json", "{method} {url}");
+    }
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    let text = String::from_utf8_lossy(&bytes).into_owned();
+    (
+        status,
+        text.clone(),
+        serde_json::from_str(&text).unwrap_or(Value::Null),
+    )
+}
+
+async fn setup(url: &str) -> (i64, i64) {
+    let (status, _, user) = http(
+        "POST",
+        &format!("{url}/api/login"),
+        Some(json!({"name": "ops"})),
+    )
+    .await;
+    assert_eq!(status, 200, "{user}");
+    let now = flash_sale::now_ms();
+    let (status, _, voucher) = http(
+        "POST",
+        &format!("{url}/api/vouchers"),
+        Some(json!({"title": "v", "price_cents": 100, "stock": 100,
+                    "starts_at_ms": now - 1000, "ends_at_ms": now + 600_000})),
+    )
+    .await;
+    assert_eq!(status, 201, "{voucher}");
+    (
+        user["id"].as_i64().unwrap(),
+        voucher["id"].as_i64().unwrap(),
+    )
+}
+
+/// A purchase (a new voucher each time, so that one order per user doesn't get in the way).
+async fn buy(url: &str, user: i64) -> (u16, String) {
+    let now = flash_sale::now_ms();
+    let (_, _, voucher) = http(
+        "POST",
+        &format!("{url}/api/vouchers"),
+        Some(json!({"title": "v", "price_cents": 100, "stock": 1,
+                    "starts_at_ms": now - 1000, "ends_at_ms": now + 600_000})),
+    )
+    .await;
+    let id = voucher["id"].as_i64().unwrap();
+    let (status, text, _) = http(
+        "POST",
+        &format!("{url}/api/vouchers/{id}/orders"),
+        Some(json!({ "user_id": user })),
+    )
+    .await;
+    (status, text)
+}
+
+async fn add(url: &str, user: i64, sku: i64) {
+    let (status, text, _) = http(
+        "POST",
+        &format!("{url}/api/carts/{user}/items"),
+        Some(json!({"sku_id": sku, "qty": 1})),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+}
+
+async fn checkout(url: &str, user: i64) -> (u16, String) {
+    let (status, text, _) = http("POST", &format!("{url}/api/carts/{user}/checkout"), None).await;
+    (status, text)
+}
+
+fn assert_no_internals(text: &str) {
+    for leak in [
+        "refused",
+        "os error",
+        "Connection",
+        "127.0.0.1",
+        "redis://",
+        "broken pipe",
+    ] {
+        assert!(!text.contains(leak), "{leak} in {text}");
+    }
+}
+
+/// An instance starts while Redis is down (it used to refuse to): the locked routes answer
+/// 503 problem+json without socket errors, `/readyz` names Redis, everything else works; once
+/// Redis is up the very first locked request goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_starts_without_redis_and_locks_once_it_is_back() {
+    let mut redis = dlock_tests::RedisServer::start();
+    redis.kill();
+    let shop = demo::start(&server(), 1, &redis.url(), None, true)
+        .await
+        .expect("the instance starts without Redis");
+    let url = &shop.urls[0];
+    let (status, _, health) = http("GET", &format!("{url}/healthz"), None).await;
+    assert_eq!((status, health), (200, json!({"status": "ok"})));
+    let (status, text, ready) = http("GET", &format!("{url}/readyz"), None).await;
+    assert_eq!(status, 503, "{text}");
+    assert_eq!(ready["redis"], "down", "{ready}");
+    assert_eq!(ready["database"], "up", "{ready}");
+    assert!(
+        ready["detail"].as_str().unwrap().contains("redis"),
+        "{ready}"
+    );
+    assert_no_internals(&text);
+
+    let (user, _) = setup(url).await;
+    let (status, text) = buy(url, user).await;
+    assert_eq!(status, 503, "{text}");
+    assert_no_internals(&text);
+    let (status, _, _) = http("GET", &format!("{url}/api/vouchers"), None).await;
+    assert_eq!(status, 200);
+
+    redis.restart();
+    let (status, text) = buy(url, user).await;
+    assert_eq!(
+        status, 201,
+        "the first locked request after Redis is back: {text}"
+    );
+    let (status, _, ready) = http("GET", &format!("{url}/readyz"), None).await;
+    assert_eq!(status, 200, "{ready}");
+}
+
+/// Redis killed under a running instance, then restarted: 503 while it is down, and the first
+/// locked request after it is back succeeds (it used to get 503 too).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_locked_request_after_redis_restarts_succeeds() {
+    let mut redis = dlock_tests::RedisServer::start();
+    let shop = demo::start(&server(), 1, &redis.url(), None, true)
+        .await
+        .expect("the instance starts");
+    let url = &shop.urls[0];
+    let (user, _) = setup(url).await;
+    let (_, _, sku) = http(
+        "POST",
+        &format!("{url}/api/skus"),
+        Some(json!({"name": "s", "price_cents": 1, "stock": 100})),
+    )
+    .await;
+    let sku = sku["id"].as_i64().unwrap();
+    assert_eq!(buy(url, user).await.0, 201);
+    for round in 0..3 {
+        redis.kill();
+        let (status, text) = buy(url, user).await;
+        assert_eq!(status, 503, "round {round}: {text}");
+        assert_no_internals(&text);
+        redis.restart();
+        let (status, text) = buy(url, user).await;
+        assert_eq!(
+            status, 201,
+            "round {round}: the first request after the restart: {text}"
+        );
+        // The checkout's layer (several locks at once) too.
+        add(url, user, sku).await;
+        redis.kill();
+        let (status, text) = checkout(url, user).await;
+        assert_eq!(status, 503, "round {round}: {text}");
+        redis.restart();
+        let (status, text) = checkout(url, user).await;
+        assert_eq!(
+            status, 201,
+            "round {round}: the first checkout after the restart: {text}"
+        );
+    }
+    // Restarted while nobody asked: the connection the instance holds is dead, and the first
+    // request finds out.
+    for round in 0..3 {
+        redis.restart();
+        let (status, text) = buy(url, user).await;
+        assert_eq!(status, 201, "idle restart {round}: {text}");
+        add(url, user, sku).await;
+        redis.restart();
+        let (status, text) = checkout(url, user).await;
+        assert_eq!(status, 201, "idle restart {round}: {text}");
+    }
+    // A paused Redis (SIGSTOP) is unavailable too, and resumes cleanly.
+    redis.pause();
+    let started = Instant::now();
+    let (status, text) = buy(url, user).await;
+    assert_eq!(status, 503, "{text}");
+    assert!(started.elapsed() < Duration::from_secs(20));
+    redis.resume();
+    let (status, text) = buy(url, user).await;
+    assert_eq!(status, 201, "after the pause: {text}");
+}
+
+/// `--no-locks` needs no Redis at all: it starts and sells with Redis down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_without_locks_runs_without_redis() {
+    let mut redis = dlock_tests::RedisServer::start();
+    redis.kill();
+    let shop = demo::start(&server(), 1, &redis.url(), None, false)
+        .await
+        .expect("the instance starts without Redis");
+    let url = &shop.urls[0];
+    let (status, _, ready) = http("GET", &format!("{url}/readyz"), None).await;
+    assert_eq!(status, 200, "{ready}");
+    assert_eq!(ready["redis"], "unused", "{ready}");
+    let (user, _) = setup(url).await;
+    assert_eq!(buy(url, user).await.0, 201);
+    let (_, _, stats) = http("GET", &format!("{url}/api/stats"), None).await;
+    assert_eq!(stats["locks"], false, "{stats}");
+}
+
+/// Three replicas started at once on a fresh SQLite file all come up (the schema is migrated
+/// once), and their counters add up in `/api/stats` whichever instance answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_replicas_start_together_on_a_fresh_sqlite_file() {
+    let redis = dlock_tests::RedisServer::start();
+    for _ in 0..3 {
+        let shop = demo::start(&server(), 3, &redis.url(), None, true)
+            .await
+            .expect("three instances start together");
+        let (user, _) = setup(&shop.urls[0]).await;
+        for url in &shop.urls {
+            assert_eq!(buy(url, user).await.0, 201);
+        }
+        // Each instance writes its counters every few hundred milliseconds.
+        for url in &shop.urls {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                let (_, _, stats) = http("GET", &format!("{url}/api/stats"), None).await;
+                assert_eq!(stats["voucher_orders"], 3, "{url}: {stats}");
+                if stats["requests"] == 3 && stats["locked"] == 3 {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "{url}: {stats}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
