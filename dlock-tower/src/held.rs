@@ -77,17 +77,55 @@ impl HeldLocks {
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 impl<S: Send + Sync> axum_core::extract::FromRequestParts<S> for HeldLocks {
-    type Rejection = (http::StatusCode, &'static str);
+    type Rejection = NoHeldLocks;
 
     async fn from_request_parts(
         parts: &mut http::request::Parts,
         _state: &S,
     ) -> Result<Self, Self::Rejection> {
-        parts.extensions.get::<HeldLocks>().cloned().ok_or((
-            http::StatusCode::INTERNAL_SERVER_ERROR,
-            "no lock is held for this request: LockLayer is not applied to this route, or its \
-             key function returned no key (take `Option<HeldLocks>` for that)",
-        ))
+        parts
+            .extensions
+            .get::<HeldLocks>()
+            .cloned()
+            .ok_or(NoHeldLocks)
+    }
+}
+
+/// The rejection of the [`HeldLocks`] extractor on a request that holds no lock: the route has
+/// no `LockLayer`, or its key function returned no key (take `Option<HeldLocks>` there).
+///
+/// A mistake in the server, not in the request: it answers 500 with an
+/// `application/problem+json` body that says nothing about the server's set-up, and logs the
+/// cause at ERROR.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct NoHeldLocks;
+
+impl std::fmt::Display for NoHeldLocks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(
+            "no lock is held for this request: no LockLayer on this route, or its key function \
+             returned no key",
+        )
+    }
+}
+
+impl std::error::Error for NoHeldLocks {}
+
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+impl axum_core::response::IntoResponse for NoHeldLocks {
+    fn into_response(self) -> axum_core::response::Response {
+        tracing::error!(cause = %self, "dlock-tower: a handler asked for HeldLocks");
+        let body = "{\"type\":\"about:blank\",\"title\":\"Internal Server Error\",\"status\":500,\
+                    \"detail\":\"the server could not handle this request\"}";
+        let mut response = axum_core::response::Response::new(axum_core::body::Body::from(body));
+        *response.status_mut() = http::StatusCode::INTERNAL_SERVER_ERROR;
+        response.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/problem+json"),
+        );
+        response
     }
 }
 

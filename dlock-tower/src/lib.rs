@@ -301,7 +301,7 @@ mod service;
 
 pub use body::{BoxError, LockBody};
 pub use future::ResponseFuture;
-pub use held::HeldLocks;
+pub use held::{HeldLocks, NoHeldLocks};
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub use key::extract::{KeyFn, SyncKeyFn};
