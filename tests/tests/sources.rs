@@ -231,3 +231,42 @@ async fn the_locker_names_its_source_and_never_a_password() {
         .expect("works");
     assert!(guard.release().await.is_released());
 }
+
+#[tokio::test]
+async fn a_lazy_locker_builds_while_redis_is_down_and_locks_once_it_is_back() {
+    let mut server = RedisServer::start();
+    server.kill();
+    let eager = Locker::builder()
+        .url(server.url())
+        .connect_timeout(Duration::from_millis(300))
+        .build()
+        .await;
+    assert!(
+        eager.is_err_and(|e| e.is_backend()),
+        "an eager build needs Redis"
+    );
+    let locker = Locker::builder()
+        .url(server.url())
+        .connect_timeout(Duration::from_millis(300))
+        .connect_lazily(true)
+        .build()
+        .await
+        .expect("a lazy build needs no Redis");
+    let name = unique_name("lazy");
+    let err = locker.lock(name.as_str()).await.expect_err("Redis is down");
+    assert!(err.is_backend(), "{err}");
+    server.restart();
+    // The first call after Redis is back gets the lock: the connection opens for it.
+    let guard = locker.lock(name.as_str()).await.expect("Redis is back");
+    let waiter = Locker::connect(&server.url()).await.expect("waiter");
+    release_to_waiter(guard, &waiter, Duration::from_millis(100))
+        .await
+        .expect("handed over");
+    // A bad URL is still refused at once.
+    let bad = Locker::builder()
+        .url("redis://[::1:6379")
+        .connect_lazily(true)
+        .build()
+        .await;
+    assert!(bad.is_err_and(|e| e.is_config()));
+}

@@ -28,6 +28,7 @@ pub struct LockerBuilder {
     handoff: Option<bool>,
     metrics_name_label: bool,
     hide_names: bool,
+    lazy: bool,
 }
 
 #[derive(Default)]
@@ -195,6 +196,15 @@ impl LockerBuilder {
         self
     }
 
+    /// With a URL or client: build without connecting (default off: `build` connects, and
+    /// fails if Redis can't be reached). The connection is opened by the first command and
+    /// reopened after failures, so a service can start while Redis is down; its lock calls
+    /// answer [`LockError::Backend`] until Redis is back. A bad URL is still an error at once.
+    pub fn connect_lazily(mut self, lazy: bool) -> Self {
+        self.lazy = lazy;
+        self
+    }
+
     /// Labels dlock's metrics with the lock's name (default off). Each name becomes a time
     /// series of its own in the recorder: turn it on only for a small, fixed set of names.
     /// Hidden names are never labelled. See [`crate::metrics`].
@@ -305,18 +315,13 @@ impl LockerBuilder {
             .set_number_of_retries(1)
             .set_min_delay(Duration::from_millis(10))
             .set_max_delay(Duration::from_millis(500));
-        let connecting =
-            redis::aio::ConnectionManager::new_with_config(client.clone(), manager_config);
-        let manager = match tokio::time::timeout(connect_timeout * 2, connecting).await {
-            Ok(Ok(manager)) => manager,
-            Ok(Err(err)) => {
-                return Err(connect_error(&display, err));
-            }
-            Err(_) => {
-                return Err(LockError::Backend(BackendError::timeout(
-                    connect_timeout * 2,
-                )));
-            }
+        let manager = if self.lazy {
+            // Connects at the first command, and again after every failure: a Locker built
+            // while Redis is down answers backend errors until it is back.
+            redis::aio::ConnectionManager::new_lazy_with_config(client.clone(), manager_config)
+                .map_err(|err| connect_error(&display, err))?
+        } else {
+            connect(client.clone(), manager_config, connect_timeout, &display).await?
         };
         let subscriber = self.subscriber.unwrap_or(client);
         let backend = RedisBackend::new(
@@ -370,6 +375,23 @@ fn check_default_lease(lease: Lease) -> Result<(), LockError> {
         LockError::Config(message) => LockError::Config(format!("default {message}")),
         other => other,
     })
+}
+
+/// Opens the connection manager's first connection, within twice the connect timeout.
+async fn connect(
+    client: redis::Client,
+    config: redis::aio::ConnectionManagerConfig,
+    connect_timeout: Duration,
+    display: &str,
+) -> Result<redis::aio::ConnectionManager, LockError> {
+    let connecting = redis::aio::ConnectionManager::new_with_config(client, config);
+    match tokio::time::timeout(connect_timeout * 2, connecting).await {
+        Ok(Ok(manager)) => Ok(manager),
+        Ok(Err(err)) => Err(connect_error(display, err)),
+        Err(_) => Err(LockError::Backend(BackendError::timeout(
+            connect_timeout * 2,
+        ))),
+    }
 }
 
 fn url_error(err: &redis::RedisError) -> String {

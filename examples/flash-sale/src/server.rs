@@ -10,7 +10,6 @@
 use std::time::Duration;
 
 use dlock_core::Locker;
-use dlock_core::redis;
 
 use crate::routes::LOCK_WAIT;
 
@@ -63,27 +62,14 @@ impl ServerConfig {
     }
 }
 
-/// A `Locker` for `redis_url` that does not need Redis up to be built.
-///
-/// `LockerBuilder::url` connects before it returns (and fails while Redis is down), so the
-/// shop builds its own connection manager with `new_lazy_with_config`: it connects on the
-/// first command and reconnects after a failure, and the `Locker` runs over it
-/// (`LockerBuilder::connection_manager`), with a client for the wake-up subscriber, which
-/// connects on the first wait and reconnects by itself too.
+/// A `Locker` for `redis_url` that does not need Redis up to be built: `connect_lazily` opens
+/// the connection at the first command and again after a failure, so the shop starts while
+/// Redis is down and its locked routes answer 503 until Redis is back.
 pub async fn locker(redis_url: &str) -> Result<Locker, String> {
-    let client = redis::Client::open(redis_url).map_err(|e| format!("bad REDIS_URL: {e}"))?;
-    let config = redis::aio::ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(REDIS_TIMEOUT))
-        // Every command is bounded by the Locker's command timeout already.
-        .set_response_timeout(None)
-        .set_number_of_retries(1)
-        .set_min_delay(Duration::from_millis(10))
-        .set_max_delay(Duration::from_millis(500));
-    let manager = redis::aio::ConnectionManager::new_lazy_with_config(client.clone(), config)
-        .map_err(|e| format!("Redis connection manager: {e}"))?;
     Locker::builder()
-        .connection_manager(manager)
-        .subscriber(client)
+        .url(redis_url)
+        .connect_lazily(true)
+        .connect_timeout(REDIS_TIMEOUT)
         .command_timeout(REDIS_TIMEOUT)
         .default_wait(LOCK_WAIT)
         .build()
