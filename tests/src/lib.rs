@@ -15,7 +15,7 @@
 use std::collections::BTreeMap;
 use std::io::{Read as _, Write as _};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, Once, PoisonError};
@@ -38,8 +38,9 @@ static HOOK: Once = Once::new();
 /// How many log lines of each live server a panic message ends with.
 const PANIC_LOG_LINES: usize = 50;
 
-/// The line `redis-server` logs once it listens (every version from 2.x on, and Valkey).
-const READY_LINE: &str = "Ready to accept connections";
+/// The lines `redis-server` logs once it listens: every version from 2.x on and Valkey log the
+/// first; a sentinel never does, and logs its ID once it listens.
+const READY_LINES: [&str; 2] = ["Ready to accept connections", "Sentinel ID is"];
 
 /// The registry of live servers, usable even after a panic poisoned it.
 fn live() -> MutexGuard<'static, Vec<(u16, PathBuf)>> {
@@ -164,6 +165,8 @@ pub async fn unpause(con: &mut redis::aio::MultiplexedConnection) {
 pub struct RedisServer {
     child: Option<Child>,
     port: u16,
+    /// A configuration file, given first (as `redis-server <file> --sentinel` needs).
+    config: Option<PathBuf>,
     args: Vec<String>,
     dir: tempfile::TempDir,
 }
@@ -176,16 +179,34 @@ impl RedisServer {
 
     /// Starts a server with extra arguments (e.g. `["--requirepass", "pw"]`).
     pub fn start_with_args(args: &[&str]) -> Self {
+        let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+        Self::start_with_port_args(None, |_| args.clone())
+    }
+
+    /// Starts `redis-server <config> <args>`: a server that reads, and may rewrite, a
+    /// configuration file (a sentinel: `args = ["--sentinel"]`). Restarts read it again.
+    pub fn start_with_config(config: &Path, args: &[&str]) -> Self {
+        let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+        Self::start_with_port_args(Some(config.to_owned()), |_| args.clone())
+    }
+
+    /// Starts a server whose extra arguments are made from the port it is tried on (a cluster
+    /// node's bus port must be another free port). Restarts reuse the arguments of the start.
+    pub(crate) fn start_with_port_args(
+        config: Option<PathBuf>,
+        args: impl Fn(u16) -> Vec<String>,
+    ) -> Self {
         require_redis_server();
         install_panic_hook();
-        let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
         let mut last_error = String::new();
         // A port picked free can be taken before the server binds it: try a few.
         for _ in 0..5 {
+            let port = free_port();
             let mut server = Self {
                 child: None,
-                port: free_port(),
-                args: args.clone(),
+                port,
+                config: config.clone(),
+                args: args(port),
                 dir: tempfile::tempdir().expect("temporary directory for redis-server"),
             };
             match server.spawn() {
@@ -203,7 +224,8 @@ impl RedisServer {
     /// Spawns the process on `self.port` and polls until it answers `PING`.
     fn spawn(&mut self) -> Result<(), String> {
         let mut cmd = Command::new(redis_binary());
-        cmd.arg("--port")
+        cmd.args(&self.config)
+            .arg("--port")
             .arg(self.port.to_string())
             .arg("--bind")
             .arg("127.0.0.1")
@@ -242,7 +264,7 @@ impl RedisServer {
                 && (self
                     .log()
                     .get(log_start..)
-                    .is_some_and(|l| l.contains(READY_LINE))
+                    .is_some_and(|l| READY_LINES.iter().any(|ready| l.contains(ready)))
                     || spawned.elapsed() >= Duration::from_secs(2))
             {
                 let log = self.log_path();
@@ -434,6 +456,7 @@ mod tests {
         let mut intruder = RedisServer {
             child: None,
             port: owner.port(),
+            config: None,
             args: Vec::new(),
             dir: tempfile::tempdir().unwrap(),
         };
