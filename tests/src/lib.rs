@@ -7,6 +7,8 @@
 //!   (`SIGSTOP`) and resumed. While a server lives, every panic message is followed by the tail
 //!   of its log.
 //! - [`Proxy`] forwards a loopback port to a server and can cut every connection through it.
+//! - [`RedisCluster`] ([`cluster`]) is a Redis Cluster of three masters and three replicas:
+//!   real processes, with failovers, kills, pauses and slot migrations on demand.
 //!
 //! - [`checker`] is the randomized, seeded, replayable history checker for dlock-core.
 //!
@@ -21,11 +23,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, Once, PoisonError};
 use std::time::{Duration, Instant};
 
+mod admin;
 pub mod capture;
 pub mod checker;
+pub mod cluster;
 pub mod handover;
 mod proxy;
 
+pub use cluster::RedisCluster;
 pub use proxy::Proxy;
 
 /// The environment variable naming the `redis-server` binary.
