@@ -7,8 +7,9 @@
 //!   (`SIGSTOP`) and resumed. While a server lives, every panic message is followed by the tail
 //!   of its log.
 //! - [`Proxy`] forwards a loopback port to a server and can cut every connection through it.
-//! - [`RedisCluster`] ([`cluster`]) is a Redis Cluster of three masters and three replicas:
-//!   real processes, with failovers, kills, pauses and slot migrations on demand.
+//! - [`RedisCluster`] ([`cluster`]) is a Redis Cluster of three masters and three replicas,
+//!   [`RedisSentinel`] ([`sentinel`]) a master, a replica and three sentinels: real processes,
+//!   with failovers, kills, pauses and slot migrations on demand.
 //!
 //! - [`checker`] is the randomized, seeded, replayable history checker for dlock-core.
 //!
@@ -29,9 +30,11 @@ pub mod checker;
 pub mod cluster;
 pub mod handover;
 mod proxy;
+pub mod sentinel;
 
 pub use cluster::RedisCluster;
 pub use proxy::Proxy;
+pub use sentinel::RedisSentinel;
 
 /// The environment variable naming the `redis-server` binary.
 pub const REDIS_SERVER_ENV: &str = "DLOCK_REDIS_SERVER";

@@ -1,5 +1,6 @@
 //! The scale-out harnesses do what they say: a real cluster forms, fails over, loses a master,
-//! migrates a slot, and a cluster client follows each time.
+//! migrates a slot, and a cluster client follows each time; a real sentinel set-up reports its
+//! master, fails over, replaces a killed master, and a sentinel client follows.
 //!
 //! What is guaranteed, and so asserted: a coordinated failover loses nothing; a write the replica
 //! acknowledged (`WAIT 1`) survives its master's death. A write it had not acknowledged may be
@@ -14,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use dlock_core::redis::{self, AsyncCommands as _};
 use dlock_tests::cluster::{ClusterNode, SLOTS, key_slot};
-use dlock_tests::{RedisCluster, RedisServer};
+use dlock_tests::{RedisCluster, RedisSentinel, RedisServer};
 use tokio::task::block_in_place;
 
 /// Reads `key` through `con` until it answers (a cluster client errs while it finds a promoted
@@ -315,4 +316,129 @@ async fn a_migrating_slot_answers_ask_then_moved_and_a_cluster_client_follows_bo
     block_in_place(|| cluster.migrate_slot(slot, from.port));
     assert_eq!(cluster.master_for_slot(slot).port, from.port);
     assert_eq!(con.get::<_, String>(moving).await.unwrap(), "m");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinels_know_the_master_the_replica_and_each_other() {
+    let sentinel = RedisSentinel::start();
+    let [first, second] = sentinel.data_ports()[..] else {
+        panic!("two data nodes")
+    };
+    assert_eq!(sentinel.master_port(), first);
+    assert_eq!(sentinel.replica().port(), second);
+    assert_eq!(sentinel.sentinel_urls().len(), 3);
+    for node in sentinel.sentinels() {
+        let mut con = node.client().get_connection().unwrap();
+        let state: Vec<String> = redis::cmd("SENTINEL")
+            .arg("MASTER")
+            .arg(sentinel.master_name())
+            .query(&mut con)
+            .unwrap();
+        let value = |name: &str| {
+            let at = state.iter().position(|s| s == name).unwrap();
+            state[at + 1].clone()
+        };
+        assert_eq!(value("port"), first.to_string());
+        assert_eq!(value("quorum"), "2");
+        assert_eq!(value("num-other-sentinels"), "2");
+        assert_eq!(value("num-slaves"), "1");
+    }
+    // A redis-rs sentinel client finds the master; the replica gets the write.
+    let mut con = (sentinel.client())
+        .get_async_connection_with_config(&patient_config())
+        .await
+        .unwrap();
+    set_acknowledged(&mut con, "harness:sentinel", "v").await;
+    let mut replica = sentinel.replica().connection().await;
+    let value: Option<String> = replica.get("harness:sentinel").await.unwrap();
+    assert_eq!(value.as_deref(), Some("v"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_failover_moves_the_master_and_a_sentinel_client_follows() {
+    let sentinel = RedisSentinel::start();
+    let old = sentinel.master_port();
+    let replica = sentinel.replica().port();
+    let mut client = sentinel.client();
+    let mut con = (client.get_async_connection_with_config(&patient_config()))
+        .await
+        .unwrap();
+    set_acknowledged(&mut con, "harness:failover", "before").await;
+
+    let started = Instant::now();
+    let new = block_in_place(|| sentinel.failover());
+    eprintln!("SENTINEL FAILOVER, until promoted: {:?}", started.elapsed());
+    assert_eq!(new, replica);
+    assert_ne!(new, old);
+    // A new connection from the same client goes to the new master.
+    let mut con = client.get_async_connection().await.unwrap();
+    let value: Option<String> = con.get("harness:failover").await.unwrap();
+    assert_eq!(value.as_deref(), Some("before"));
+    let () = con.set("harness:failover", "after").await.unwrap();
+    let mut direct = sentinel.data_node(new).connection().await;
+    let value: Option<String> = direct.get("harness:failover").await.unwrap();
+    assert_eq!(value.as_deref(), Some("after"));
+
+    // The sentinels make the old master a replica of the new one.
+    block_in_place(|| sentinel.wait_ready());
+    eprintln!("SENTINEL FAILOVER, until ready: {:?}", started.elapsed());
+    assert_eq!(sentinel.replica().port(), old);
+    let info = sentinel.data_node(old).info("replication");
+    assert!(info.contains(&format!("master_port:{new}")), "{info}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_master_promotes_the_replica_within_twenty_seconds() {
+    let mut sentinel = RedisSentinel::start();
+    let replica = sentinel.replica().port();
+    let mut con = patient(sentinel.master()).await;
+    set_acknowledged(&mut con, "harness:kill", "kept").await;
+
+    let started = Instant::now();
+    let old = sentinel.kill_master();
+    let new = block_in_place(|| sentinel.wait_promotion(old, Duration::from_secs(20)));
+    eprintln!("master killed, until promoted: {:?}", started.elapsed());
+    assert_eq!(new, replica);
+    let mut con = sentinel.data_node(new).connection().await;
+    let value: Option<String> = con.get("harness:kill").await.unwrap();
+    assert_eq!(value.as_deref(), Some("kept"));
+
+    // Restarted, the old master is empty until the sentinels make it follow the new one.
+    sentinel.restart(old);
+    let restarted = Instant::now();
+    block_in_place(|| sentinel.wait_ready());
+    eprintln!(
+        "old master restarted, until ready: {:?}",
+        restarted.elapsed()
+    );
+    assert_eq!(sentinel.replica().port(), old);
+    let mut con = sentinel.data_node(old).connection().await;
+    let value: Option<String> = con.get("harness:kill").await.unwrap();
+    assert_eq!(value.as_deref(), Some("kept"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_replica_acknowledges_nothing_until_resumed() {
+    let mut sentinel = RedisSentinel::start();
+    let mut con = patient(sentinel.master()).await;
+    let replica = sentinel.pause_replica();
+    let () = con.set("harness:lag", "v").await.unwrap();
+    let acknowledged: i64 = redis::cmd("WAIT")
+        .arg(1)
+        .arg(300)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(acknowledged, 0, "a paused replica acknowledged a write");
+    sentinel.resume_replica();
+    let acknowledged: i64 = redis::cmd("WAIT")
+        .arg(1)
+        .arg(5000)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(acknowledged, 1);
+    let mut replica = sentinel.data_node(replica).connection().await;
+    let value: Option<String> = replica.get("harness:lag").await.unwrap();
+    assert_eq!(value.as_deref(), Some("v"));
 }
