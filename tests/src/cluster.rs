@@ -407,10 +407,19 @@ fn bus_port(port: u16) -> u16 {
 
 /// The `redis-cli` to create clusters with (see the [module docs](self)).
 fn redis_cli() -> String {
-    if let Ok(cli) = std::env::var(REDIS_CLI_ENV) {
+    cli_for(
+        std::env::var(REDIS_CLI_ENV).ok(),
+        std::env::var(REDIS_SERVER_ENV).ok(),
+    )
+}
+
+/// The cli named by `DLOCK_REDIS_CLI`, else the one next to the server `DLOCK_REDIS_SERVER`
+/// names, else `redis-cli`.
+fn cli_for(cli: Option<String>, server: Option<String>) -> String {
+    if let Some(cli) = cli {
         return cli;
     }
-    if let Ok(server) = std::env::var(REDIS_SERVER_ENV) {
+    if let Some(server) = server {
         let server = Path::new(&server);
         let prefix = (server.file_name().and_then(|n| n.to_str()))
             .and_then(|name| name.strip_suffix("-server"));
@@ -453,6 +462,22 @@ mod tests {
     #[should_panic(expected = "apt-get install redis-tools")]
     fn a_missing_cli_names_the_install_command() {
         require_cli("/nonexistent/dlock-no-such-redis-cli");
+    }
+
+    #[test]
+    fn the_cli_is_the_named_one_else_the_one_next_to_the_server() {
+        let dir = tempfile::tempdir().unwrap();
+        // A link to a binary that answers `--version`: nothing written is executed (a file just
+        // written can be "busy" for a process forked meanwhile).
+        let cli = dir.path().join("valkey-cli");
+        std::os::unix::fs::symlink("/bin/true", &cli).unwrap();
+        let server = dir.path().join("valkey-server").display().to_string();
+        let named = Some("/opt/my-cli".to_owned());
+        assert_eq!(cli_for(named, Some(server.clone())), "/opt/my-cli");
+        assert_eq!(cli_for(None, Some(server)), cli.display().to_string());
+        let lonely = dir.path().join("keydb-server").display().to_string();
+        assert_eq!(cli_for(None, Some(lonely)), "redis-cli");
+        assert_eq!(cli_for(None, None), "redis-cli");
     }
 
     #[test]
