@@ -7,6 +7,9 @@
 //!   (`SIGSTOP`) and resumed. While a server lives, every panic message is followed by the tail
 //!   of its log.
 //! - [`Proxy`] forwards a loopback port to a server and can cut every connection through it.
+//! - [`RedisCluster`] ([`cluster`]) is a Redis Cluster of three masters and three replicas,
+//!   [`RedisSentinel`] ([`sentinel`]) a master, a replica and three sentinels: real processes,
+//!   with failovers, kills, pauses and slot migrations on demand.
 //!
 //! - [`checker`] is the randomized, seeded, replayable history checker for dlock-core.
 //!
@@ -15,17 +18,23 @@
 use std::collections::BTreeMap;
 use std::io::{Read as _, Write as _};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Once, PoisonError};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, Once, PoisonError};
 use std::time::{Duration, Instant};
 
-use tokio::sync::watch;
-
+mod admin;
 pub mod capture;
 pub mod checker;
+pub mod cluster;
 pub mod handover;
+mod proxy;
+pub mod sentinel;
+
+pub use cluster::RedisCluster;
+pub use proxy::Proxy;
+pub use sentinel::RedisSentinel;
 
 /// The environment variable naming the `redis-server` binary.
 pub const REDIS_SERVER_ENV: &str = "DLOCK_REDIS_SERVER";
@@ -37,8 +46,9 @@ static HOOK: Once = Once::new();
 /// How many log lines of each live server a panic message ends with.
 const PANIC_LOG_LINES: usize = 50;
 
-/// The line `redis-server` logs once it listens (every version from 2.x on, and Valkey).
-const READY_LINE: &str = "Ready to accept connections";
+/// The lines `redis-server` logs once it listens: every version from 2.x on and Valkey log the
+/// first; a sentinel never does, and logs its ID once it listens.
+const READY_LINES: [&str; 2] = ["Ready to accept connections", "Sentinel ID is"];
 
 /// The registry of live servers, usable even after a panic poisoned it.
 fn live() -> MutexGuard<'static, Vec<(u16, PathBuf)>> {
@@ -163,6 +173,8 @@ pub async fn unpause(con: &mut redis::aio::MultiplexedConnection) {
 pub struct RedisServer {
     child: Option<Child>,
     port: u16,
+    /// A configuration file, given first (as `redis-server <file> --sentinel` needs).
+    config: Option<PathBuf>,
     args: Vec<String>,
     dir: tempfile::TempDir,
 }
@@ -175,16 +187,34 @@ impl RedisServer {
 
     /// Starts a server with extra arguments (e.g. `["--requirepass", "pw"]`).
     pub fn start_with_args(args: &[&str]) -> Self {
+        let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+        Self::start_with_port_args(None, |_| args.clone())
+    }
+
+    /// Starts `redis-server <config> <args>`: a server that reads, and may rewrite, a
+    /// configuration file (a sentinel: `args = ["--sentinel"]`). Restarts read it again.
+    pub fn start_with_config(config: &Path, args: &[&str]) -> Self {
+        let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+        Self::start_with_port_args(Some(config.to_owned()), |_| args.clone())
+    }
+
+    /// Starts a server whose extra arguments are made from the port it is tried on (a cluster
+    /// node's bus port must be another free port). Restarts reuse the arguments of the start.
+    pub(crate) fn start_with_port_args(
+        config: Option<PathBuf>,
+        args: impl Fn(u16) -> Vec<String>,
+    ) -> Self {
         require_redis_server();
         install_panic_hook();
-        let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
         let mut last_error = String::new();
         // A port picked free can be taken before the server binds it: try a few.
         for _ in 0..5 {
+            let port = free_port();
             let mut server = Self {
                 child: None,
-                port: free_port(),
-                args: args.clone(),
+                port,
+                config: config.clone(),
+                args: args(port),
                 dir: tempfile::tempdir().expect("temporary directory for redis-server"),
             };
             match server.spawn() {
@@ -202,7 +232,8 @@ impl RedisServer {
     /// Spawns the process on `self.port` and polls until it answers `PING`.
     fn spawn(&mut self) -> Result<(), String> {
         let mut cmd = Command::new(redis_binary());
-        cmd.arg("--port")
+        cmd.args(&self.config)
+            .arg("--port")
             .arg(self.port.to_string())
             .arg("--bind")
             .arg("127.0.0.1")
@@ -241,7 +272,7 @@ impl RedisServer {
                 && (self
                     .log()
                     .get(log_start..)
-                    .is_some_and(|l| l.contains(READY_LINE))
+                    .is_some_and(|l| READY_LINES.iter().any(|ready| l.contains(ready)))
                     || spawned.elapsed() >= Duration::from_secs(2))
             {
                 let log = self.log_path();
@@ -417,146 +448,6 @@ impl Drop for RedisServer {
     }
 }
 
-/// A TCP proxy on a free loopback port that can cut every connection through it.
-#[derive(Debug)]
-pub struct Proxy {
-    port: u16,
-    cut: Arc<AtomicBool>,
-    /// While true, nothing is forwarded either way and new connections wait.
-    stalled: watch::Sender<bool>,
-    generation: watch::Sender<u64>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Proxy {
-    /// Starts forwarding a free loopback port to `target`.
-    pub async fn start(target: SocketAddr) -> Self {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind the proxy");
-        let port = listener.local_addr().expect("proxy address").port();
-        let cut = Arc::new(AtomicBool::new(false));
-        let (generation, _) = watch::channel(0u64);
-        let (stalled, _) = watch::channel(false);
-        let task = tokio::spawn({
-            let cut = cut.clone();
-            let generation = generation.clone();
-            let stalled = stalled.clone();
-            async move {
-                loop {
-                    let Ok((inbound, _)) = listener.accept().await else {
-                        return;
-                    };
-                    // Subscribe before reading the flag: a cut between the two still reaches
-                    // this connection through the signal.
-                    let mut cut_signal = generation.subscribe();
-                    if cut.load(Ordering::SeqCst) {
-                        drop(inbound);
-                        continue;
-                    }
-                    let stall = stalled.subscribe();
-                    tokio::spawn(async move {
-                        let forward = async move {
-                            unstalled(stall.clone()).await;
-                            let Ok(outbound) = tokio::net::TcpStream::connect(target).await else {
-                                return;
-                            };
-                            let (from_client, to_client) = inbound.into_split();
-                            let (from_server, to_server) = outbound.into_split();
-                            tokio::join!(
-                                pump(from_client, to_server, stall.clone()),
-                                pump(from_server, to_client, stall),
-                            );
-                        };
-                        tokio::select! {
-                            () = forward => {}
-                            _ = cut_signal.changed() => {}
-                        }
-                    });
-                }
-            }
-        });
-        Self {
-            port,
-            cut,
-            stalled,
-            generation,
-            task,
-        }
-    }
-
-    /// The proxy's port.
-    pub fn port(&self) -> u16 {
-        self.port
-    }
-
-    /// The proxy's address.
-    pub fn addr(&self) -> SocketAddr {
-        SocketAddr::from(([127, 0, 0, 1], self.port))
-    }
-
-    /// `redis://127.0.0.1:PORT/` through the proxy.
-    pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
-    }
-
-    /// Closes every open connection and refuses new ones until [`restore`](Proxy::restore).
-    pub fn cut(&self) {
-        self.cut.store(true, Ordering::SeqCst);
-        self.generation.send_modify(|g| *g += 1);
-    }
-
-    /// Accepts connections again.
-    pub fn restore(&self) {
-        self.cut.store(false, Ordering::SeqCst);
-    }
-
-    /// Keeps every connection open but forwards nothing, either way, until
-    /// [`unstall`](Proxy::unstall): a server that accepts and never answers. New connections are
-    /// accepted and wait.
-    pub fn stall(&self) {
-        self.stalled.send_replace(true);
-    }
-
-    /// Forwards again what a stall held back.
-    pub fn unstall(&self) {
-        self.stalled.send_replace(false);
-    }
-}
-
-/// Resolves when the proxy is not stalled.
-async fn unstalled(mut stall: watch::Receiver<bool>) {
-    let _ = stall.wait_for(|stalled| !stalled).await;
-}
-
-/// Copies one direction, holding back what it read while the proxy is stalled.
-async fn pump(
-    mut from: tokio::net::tcp::OwnedReadHalf,
-    mut to: tokio::net::tcp::OwnedWriteHalf,
-    stall: watch::Receiver<bool>,
-) {
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-    let mut buf = vec![0u8; 16 * 1024];
-    loop {
-        let n = match from.read(&mut buf).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => n,
-        };
-        unstalled(stall.clone()).await;
-        if to.write_all(&buf[..n]).await.is_err() {
-            break;
-        }
-    }
-    let _ = to.shutdown().await;
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        self.task.abort();
-        self.generation.send_modify(|g| *g += 1);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -573,6 +464,7 @@ mod tests {
         let mut intruder = RedisServer {
             child: None,
             port: owner.port(),
+            config: None,
             args: Vec::new(),
             dir: tempfile::tempdir().unwrap(),
         };

@@ -1,0 +1,147 @@
+//! [`Proxy`]: a TCP proxy on loopback that can cut or stall every connection through it.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tokio::sync::watch;
+
+/// A TCP proxy on a free loopback port that can cut every connection through it.
+#[derive(Debug)]
+pub struct Proxy {
+    port: u16,
+    cut: Arc<AtomicBool>,
+    /// While true, nothing is forwarded either way and new connections wait.
+    stalled: watch::Sender<bool>,
+    generation: watch::Sender<u64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Proxy {
+    /// Starts forwarding a free loopback port to `target`.
+    pub async fn start(target: SocketAddr) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind the proxy");
+        let port = listener.local_addr().expect("proxy address").port();
+        let cut = Arc::new(AtomicBool::new(false));
+        let (generation, _) = watch::channel(0u64);
+        let (stalled, _) = watch::channel(false);
+        let task = tokio::spawn({
+            let cut = cut.clone();
+            let generation = generation.clone();
+            let stalled = stalled.clone();
+            async move {
+                loop {
+                    let Ok((inbound, _)) = listener.accept().await else {
+                        return;
+                    };
+                    // Subscribe before reading the flag: a cut between the two still reaches
+                    // this connection through the signal.
+                    let mut cut_signal = generation.subscribe();
+                    if cut.load(Ordering::SeqCst) {
+                        drop(inbound);
+                        continue;
+                    }
+                    let stall = stalled.subscribe();
+                    tokio::spawn(async move {
+                        let forward = async move {
+                            unstalled(stall.clone()).await;
+                            let Ok(outbound) = tokio::net::TcpStream::connect(target).await else {
+                                return;
+                            };
+                            let (from_client, to_client) = inbound.into_split();
+                            let (from_server, to_server) = outbound.into_split();
+                            tokio::join!(
+                                pump(from_client, to_server, stall.clone()),
+                                pump(from_server, to_client, stall),
+                            );
+                        };
+                        tokio::select! {
+                            () = forward => {}
+                            _ = cut_signal.changed() => {}
+                        }
+                    });
+                }
+            }
+        });
+        Self {
+            port,
+            cut,
+            stalled,
+            generation,
+            task,
+        }
+    }
+
+    /// The proxy's port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The proxy's address.
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
+    /// `redis://127.0.0.1:PORT/` through the proxy.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// Closes every open connection and refuses new ones until [`restore`](Proxy::restore).
+    pub fn cut(&self) {
+        self.cut.store(true, Ordering::SeqCst);
+        self.generation.send_modify(|g| *g += 1);
+    }
+
+    /// Accepts connections again.
+    pub fn restore(&self) {
+        self.cut.store(false, Ordering::SeqCst);
+    }
+
+    /// Keeps every connection open but forwards nothing, either way, until
+    /// [`unstall`](Proxy::unstall): a server that accepts and never answers. New connections are
+    /// accepted and wait.
+    pub fn stall(&self) {
+        self.stalled.send_replace(true);
+    }
+
+    /// Forwards again what a stall held back.
+    pub fn unstall(&self) {
+        self.stalled.send_replace(false);
+    }
+}
+
+/// Resolves when the proxy is not stalled.
+async fn unstalled(mut stall: watch::Receiver<bool>) {
+    let _ = stall.wait_for(|stalled| !stalled).await;
+}
+
+/// Copies one direction, holding back what it read while the proxy is stalled.
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    stall: watch::Receiver<bool>,
+) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        unstalled(stall.clone()).await;
+        if to.write_all(&buf[..n]).await.is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown().await;
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.task.abort();
+        self.generation.send_modify(|g| *g += 1);
+    }
+}
