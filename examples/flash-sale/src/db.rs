@@ -34,6 +34,33 @@ pub fn is_sqlite(url: &str) -> bool {
 pub async fn connect(url: &str) -> Result<AnyPool, DbError> {
     sqlx::any::install_default_drivers();
     let sqlite = is_sqlite(url);
+    let mut tries = 0;
+    let pool = loop {
+        tries += 1;
+        match open(url, sqlite).await {
+            // Instances starting together on a new SQLite file: opening it can meet another
+            // one switching its journal, which SQLite answers at once with "database is locked".
+            Err(err) if sqlite && busy(&err) && tries < MIGRATION_TRIES => {
+                tracing::debug!(error = %err, tries, "opening raced another instance; again");
+                tokio::time::sleep(Duration::from_millis(50 * u64::from(tries))).await;
+            }
+            other => break other?,
+        }
+    };
+    migrate(&pool, sqlite).await?;
+    Ok(pool)
+}
+
+/// SQLite's "database is locked" (`SQLITE_BUSY`, code 5, or one of its extended codes).
+fn busy(err: &DbError) -> bool {
+    err.as_database_error()
+        .and_then(|e| e.code())
+        .and_then(|code| code.parse::<i32>().ok())
+        .is_some_and(|code| code & 0xff == 5)
+}
+
+/// Opens the pool (and, on SQLite, the write-ahead log).
+async fn open(url: &str, sqlite: bool) -> Result<AnyPool, DbError> {
     let pool = AnyPoolOptions::new()
         .max_connections(if sqlite { 4 } else { 16 })
         .acquire_timeout(Duration::from_secs(5))
@@ -56,7 +83,6 @@ pub async fn connect(url: &str) -> Result<AnyPool, DbError> {
             .execute(&pool)
             .await?;
     }
-    migrate(&pool, sqlite).await?;
     Ok(pool)
 }
 
