@@ -193,6 +193,15 @@ impl RedisSetup {
             .build()
             .await
             .expect("the connection-manager locker");
+        // Built without connecting: its first command opens the connection, under whatever fault
+        // the plan has injected by then.
+        let lazy = self
+            .builder(ct)
+            .url(self.url.clone())
+            .connect_lazily(true)
+            .build()
+            .await
+            .expect("the lazy locker builds");
         let multiplexed = self.multiplexed().await.expect("the multiplexed locker");
         let tiny = self
             .builder(self.tiny_timeout)
@@ -212,6 +221,7 @@ impl RedisSetup {
             Actor::new("2nd-runtime", ct, lease, second),
             Actor::new("deadpool", ct, lease, deadpooled),
             Actor::new("app-manager", ct, lease, managed),
+            Actor::new("lazy", ct, lease, lazy),
         ]
     }
 }
