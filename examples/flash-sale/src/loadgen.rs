@@ -380,8 +380,25 @@ pub async fn run(config: &LoadConfig) -> Result<Report, String> {
     report.p50_ms = pick(0.5);
     report.p99_ms = pick(0.99);
     // The audit and the counters are the database's: every instance answers alike.
-    report.stats = stats(&first).await?;
+    report.stats = settled_stats(&first).await?;
     Ok(report)
+}
+
+/// The shop's numbers once every instance has written what it counted: each adds its counts
+/// to the database once per [`crate::events::POLL_INTERVAL`], so the numbers are read again,
+/// more than one interval apart, until two reads agree (at most about five seconds).
+async fn settled_stats(target: &str) -> Result<Stats, String> {
+    let apart = crate::events::POLL_INTERVAL + Duration::from_millis(100);
+    let mut last = stats(target).await?;
+    for _ in 0..12 {
+        tokio::time::sleep(apart).await;
+        let now = stats(target).await?;
+        if now == last {
+            return Ok(now);
+        }
+        last = now;
+    }
+    Ok(last)
 }
 
 /// One cell of the table, from a report.
