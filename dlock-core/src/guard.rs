@@ -23,8 +23,13 @@ use crate::name::{LockKeys, LockName};
 /// a holder that was paused past its lease (GC, `SIGSTOP`, swap) from corrupting the resource:
 /// a lease alone cannot.
 ///
-/// Tokens are monotonic per name on one Redis master (and in one memory store). A re-entered hold
-/// carries the token of the hold it re-entered.
+/// Tokens strictly increase per name on one Redis master (and in one memory store). On Redis they
+/// are the server's clock in microseconds at the grant (or the last token + 1 when the clock is
+/// not past it), so they keep increasing when the last token is lost: after an idle counter
+/// expired, and after a failover to a replica that had not received the latest grants. That
+/// second case holds as long as the new master's clock is not behind the old master's by more
+/// than the failover took (seconds, against the milliseconds NTP keeps clocks within). A
+/// re-entered hold carries the token of the hold it re-entered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct FencingToken(u64);
 

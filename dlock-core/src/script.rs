@@ -8,13 +8,17 @@
 //! | `<prefix>{<name>}:fence` | hash | `n -> last fencing token`, `r -> last released owner` |
 //! | `<prefix>{<name>}:wake` | channel | a message on every final release |
 //!
-//! Fencing tokens: the counter starts at the server's clock in microseconds when its key does not
-//! exist and counts up by one on every fresh acquisition. Its key gets the configured TTL when it
-//! is created and is not refreshed: when it expires, the next counter starts from the clock again,
-//! which is past every token the old one gave unless that one counted faster than one acquisition
-//! per microsecond for its whole life. So tokens keep increasing across expiries, and no counter
-//! key outlives its use by more than the TTL: a release that finds the counter gone re-creates it
-//! (to remember the released owner) with the TTL again.
+//! Fencing tokens: every fresh acquisition takes the server's clock in microseconds (`TIME`), or
+//! the last token + 1 when that is not below it, and stores it as the last token. So tokens
+//! strictly increase on one server, and they also keep increasing when the last token is gone:
+//! after the counter key expired, and after a failover to a replica that never received the
+//! latest tokens (asynchronous replication). The second needs only that the new master's clock
+//! is not behind the old master's by more than the time between the old master's last grant and
+//! the new one's first — a failover takes seconds; NTP keeps clocks within milliseconds — and
+//! that tokens do not run ahead of the clock, which takes more than one acquisition of one name
+//! per microsecond. The counter key gets the configured TTL when it is created and is not
+//! refreshed, so no counter key outlives its use by more than the TTL: a release that finds the
+//! counter gone re-creates it (to remember the released owner) with the TTL again.
 //!
 //! Holds are not counted in Redis: one owner token is one hold, and re-entry inside a lock scope
 //! counts guards in the process (see `scope`). A re-entry only checks, read-only, that Redis still
@@ -28,6 +32,29 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
+/// The next fencing token of `KEYS[2]` into `f`: the server clock in microseconds, or the last
+/// token + 1 when the clock is not past it; a new counter key gets the TTL in `fence_ttl` (ms,
+/// `'0'`: none). Lua numbers are doubles: microseconds since 1970 stay exact until 2255.
+macro_rules! next_fence_lua {
+    () => {
+        r#"
+local t = redis.call('TIME')
+local f = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local last = redis.call('HGET', KEYS[2], 'n')
+if last then
+  last = tonumber(last)
+  if f <= last then
+    f = last + 1
+  end
+end
+redis.call('HSET', KEYS[2], 'n', string.format('%d', f))
+if not last and fence_ttl ~= '0' and redis.call('PTTL', KEYS[2]) == -1 then
+  redis.call('PEXPIRE', KEYS[2], fence_ttl)
+end
+"#
+    };
+}
+
 /// Acquire.
 ///
 /// `KEYS[1]` lock, `KEYS[2]` fence; `ARGV[1]` owner (a fresh token), `ARGV[2]` lease ms,
@@ -35,26 +62,23 @@ use redis::Script;
 /// already: it was handed the lock, or this is a retry), `{0, pttl}` busy.
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_LUA));
 
-pub(crate) const ACQUIRE_LUA: &str = r#"
-if redis.call('EXISTS', KEYS[1]) == 0 then
-  local f = redis.call('HINCRBY', KEYS[2], 'n', 1)
-  if f == 1 then
-    local t = redis.call('TIME')
-    f = tonumber(t[1]) * 1000000 + tonumber(t[2])
-    redis.call('HSET', KEYS[2], 'n', string.format('%d', f))
-    if ARGV[3] ~= '0' then
-      redis.call('PEXPIRE', KEYS[2], ARGV[3])
-    end
+pub(crate) const ACQUIRE_LUA: &str = concat!(
+    r#"
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
+    return {1, tonumber(redis.call('HGET', KEYS[1], '#f'))}
   end
-  redis.call('HSET', KEYS[1], ARGV[1], 1, '#f', string.format('%d', f))
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return {1, f}
+  return {0, redis.call('PTTL', KEYS[1])}
 end
-if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
-  return {1, tonumber(redis.call('HGET', KEYS[1], '#f'))}
-end
-return {0, redis.call('PTTL', KEYS[1])}
-"#;
+local fence_ttl = ARGV[3]
+"#,
+    next_fence_lua!(),
+    r#"
+redis.call('HSET', KEYS[1], ARGV[1], 1, '#f', string.format('%d', f))
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return {1, f}
+"#
+);
 
 /// Re-entry check, read-only: does `ARGV[1]` still hold `KEYS[1]`?
 ///
@@ -131,25 +155,22 @@ return out
 /// as [`RELEASE`]'s: `-1` expired, `-2` taken over).
 pub(crate) static HANDOFF: LazyLock<Script> = LazyLock::new(|| Script::new(HANDOFF_LUA));
 
-pub(crate) const HANDOFF_LUA: &str = r#"
+pub(crate) const HANDOFF_LUA: &str = concat!(
+    r#"
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then
   if redis.call('EXISTS', KEYS[1]) == 1 then
     return {0, -2}
   end
   return {0, -1}
 end
-local f = redis.call('HINCRBY', KEYS[2], 'n', 1)
-if f == 1 then
-  local t = redis.call('TIME')
-  f = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  redis.call('HSET', KEYS[2], 'n', string.format('%d', f))
-  if ARGV[4] ~= '0' then
-    redis.call('PEXPIRE', KEYS[2], ARGV[4])
-  end
-end
+local fence_ttl = ARGV[4]
+"#,
+    next_fence_lua!(),
+    r#"
 redis.call('HSET', KEYS[2], 'r', ARGV[1])
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], ARGV[2], 1, '#f', string.format('%d', f))
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 return {1, f}
-"#;
+"#
+);
