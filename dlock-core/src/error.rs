@@ -136,6 +136,12 @@ enum BackendErrorKind {
     #[cfg_attr(not(any(feature = "bb8", feature = "deadpool")), allow(dead_code))]
     Pool(String),
     Protocol(String),
+    /// Fewer replicas than required acknowledged a write in time (see [`crate::ReplicaAck`]).
+    NotReplicated {
+        acknowledged: u32,
+        required: u32,
+        within: Duration,
+    },
 }
 
 impl BackendError {
@@ -168,6 +174,17 @@ impl BackendError {
         }
     }
 
+    pub(crate) fn not_replicated(acknowledged: u32, required: u32, within: Duration) -> Self {
+        Self {
+            kind: BackendErrorKind::NotReplicated {
+                acknowledged,
+                required,
+                within,
+            },
+            permanent: false,
+        }
+    }
+
     /// Marks the error as one that retrying can't cure.
     pub(crate) fn permanent(mut self) -> Self {
         self.permanent = true;
@@ -191,6 +208,25 @@ impl BackendError {
         }
     }
 
+    /// Fewer replicas than the `Locker`'s [`ReplicaAck`](crate::ReplicaAck) asks for
+    /// acknowledged the write in time (the write was rolled back if it was a grant).
+    pub fn is_not_replicated(&self) -> bool {
+        matches!(self.kind, BackendErrorKind::NotReplicated { .. })
+    }
+
+    /// For a write that was [not replicated](Self::is_not_replicated): how many replicas
+    /// acknowledged it, and how many were required.
+    pub fn acknowledgements(&self) -> Option<(u32, u32)> {
+        match self.kind {
+            BackendErrorKind::NotReplicated {
+                acknowledged,
+                required,
+                ..
+            } => Some((acknowledged, required)),
+            _ => None,
+        }
+    }
+
     /// The underlying Redis error, if there is one.
     pub fn redis_error(&self) -> Option<&redis::RedisError> {
         match &self.kind {
@@ -207,6 +243,14 @@ impl fmt::Display for BackendError {
             BackendErrorKind::Redis(e) => write!(f, "{e}"),
             BackendErrorKind::Pool(m) => write!(f, "connection pool: {m}"),
             BackendErrorKind::Protocol(m) => write!(f, "unexpected reply: {m}"),
+            BackendErrorKind::NotReplicated {
+                acknowledged,
+                required,
+                within,
+            } => write!(
+                f,
+                "{acknowledged} of {required} replicas acknowledged the write within {within:?}"
+            ),
         }
     }
 }

@@ -37,6 +37,10 @@
 //! - **Fencing**: every fresh acquisition gets a token strictly greater than the last one for the
 //!   same name. A lease cannot protect against a holder paused past its lease; a resource that
 //!   refuses stale tokens can.
+//! - **Failover**: tokens are the master's clock in microseconds at the grant (or the last token +
+//!   1), so they keep rising after a failover to a replica that missed the latest grants (see
+//!   [`FencingToken`]). A grant counts once the master has it; with
+//!   [`LockerBuilder::replica_ack`] it counts once replicas have it too ([`ReplicaAck`]).
 //! - **Waiting**: [`LockRequest::wait`] waits up to a deadline (`Duration::MAX`: for as long as
 //!   it takes; without it, the `Locker`'s [`default_wait`](LockerBuilder::default_wait), one
 //!   attempt unless configured); a failing backend is retried within it. Waiters sleep on a pub/sub
@@ -106,6 +110,7 @@ pub mod metrics;
 mod multi;
 mod name;
 mod policy;
+mod replication;
 #[cfg(feature = "http")]
 mod response;
 mod scope;
@@ -124,6 +129,7 @@ pub use locker::{
 pub use multi::{MultiGuard, MultiLockRequest};
 pub use name::{IntoLockName, LockName, MAX_NAME_LEN, NameBuilder};
 pub use policy::OnLost;
+pub use replication::ReplicaAck;
 #[cfg(feature = "http")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub use response::ErrorResponses;

@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use dlock_core::Locker;
 use dlock_core::redis::{self, AsyncCommands as _};
+use dlock_core::{Locker, ReplicaAck};
 use dlock_tests::{Proxy, RedisServer, unique_name};
 
 /// A connection that waits up to 10 s for an answer (for `WAIT`).
@@ -105,4 +105,192 @@ async fn fencing_tokens_keep_rising_across_a_failover_that_lost_the_latest_grant
         "the promoted replica granted token {token}, not above the dead master's last {last}"
     );
     assert!(guard.release().await.is_released());
+}
+
+/// A master with a replica behind a proxy that can cut replication, and a `Locker` on the
+/// master whose writes must be acknowledged by that replica.
+struct Acked {
+    master: RedisServer,
+    replica: RedisServer,
+    link: Proxy,
+    locker: Locker,
+}
+
+const ACK_TIMEOUT: Duration = Duration::from_millis(150);
+
+async fn acked(lease: Duration) -> Acked {
+    let args = ["--repl-diskless-sync-delay", "0"];
+    let master = RedisServer::start_with_args(&args);
+    let replica = RedisServer::start_with_args(&args);
+    let link = Proxy::start(master.addr()).await;
+    replicate(&master, &replica, &link).await;
+    let locker = Locker::builder()
+        .url(master.url())
+        .replica_ack(ReplicaAck::new(1, ACK_TIMEOUT))
+        .watchdog_lease(lease)
+        .build()
+        .await
+        .expect("connect");
+    Acked {
+        master,
+        replica,
+        link,
+        locker,
+    }
+}
+
+/// Waits until the replica lists no replica link to the master (the cut reached the master).
+async fn replica_gone(master: &RedisServer) {
+    for _ in 0..100 {
+        let info = master.info("replication");
+        if info.contains("connected_slaves:0") {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("the master still lists its replica");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_grants_are_on_the_replica_when_the_call_returns() {
+    let set_up = acked(Duration::from_secs(30)).await;
+    let mut on_replica = set_up.replica.connection().await;
+    for i in 0..20 {
+        let name = format!("acked-{i}");
+        let key = set_up.locker.key_of(name.as_str()).unwrap();
+        let guard = set_up.locker.lock(name.as_str()).await.expect("lock");
+        let fence: u64 = on_replica
+            .hget(&key, "#f")
+            .await
+            .expect("HGET on the replica");
+        assert_eq!(
+            fence,
+            guard.fencing_token().get(),
+            "the replica has grant {i}"
+        );
+        assert!(guard.release().await.is_released());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_no_replica_acknowledges_fails_cleanly_and_is_rolled_back() {
+    let set_up = acked(Duration::from_secs(30)).await;
+    set_up.link.cut();
+    replica_gone(&set_up.master).await;
+    let name = unique_name("unacked");
+    let key = set_up.locker.key_of(name.as_str()).unwrap();
+
+    let started = std::time::Instant::now();
+    let err = set_up
+        .locker
+        .lock(name.as_str())
+        .try_lock()
+        .await
+        .unwrap_err();
+    let elapsed = started.elapsed();
+    let dlock_core::LockError::Backend(backend) = &err else {
+        panic!("expected a backend error, got {err}");
+    };
+    assert!(backend.is_not_replicated(), "{err}");
+    assert_eq!(backend.acknowledgements(), Some((0, 1)));
+    assert!(
+        elapsed >= ACK_TIMEOUT && elapsed < ACK_TIMEOUT + Duration::from_secs(1),
+        "answered after {elapsed:?}"
+    );
+    let mut con = set_up.master.connection().await;
+    let mut left = true;
+    for _ in 0..50 {
+        left = con.exists(&key).await.unwrap();
+        if !left {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(!left, "the unacknowledged grant was not rolled back");
+
+    // With a wait, the request retries within it and returns the error at its end.
+    let started = std::time::Instant::now();
+    let err = (set_up.locker.lock(name.as_str()))
+        .wait(Duration::from_millis(700))
+        .await
+        .unwrap_err();
+    assert!(err.is_backend(), "{err}");
+    assert!(started.elapsed() < Duration::from_millis(700) + Duration::from_secs(2));
+
+    // Replication back: grants count again.
+    set_up.link.restore();
+    acknowledged(&set_up.master).await;
+    let guard = set_up.locker.lock(name.as_str()).await.expect("lock");
+    assert!(guard.release().await.is_released());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_whose_renewals_are_not_acknowledged_reports_the_loss_at_its_deadline() {
+    let lease = Duration::from_millis(900);
+    let set_up = acked(lease).await;
+    let name = unique_name("unacked-renewals");
+    let guard = set_up.locker.lock(name.as_str()).await.expect("lock");
+    let valid_until = guard.valid_until();
+    set_up.link.cut();
+    tokio::time::timeout(lease + Duration::from_secs(1), guard.lost())
+        .await
+        .expect("the loss is reported");
+    let reported = tokio::time::Instant::now();
+    assert!(
+        reported >= valid_until,
+        "reported {:?} before the last acknowledged validity ended",
+        valid_until - reported
+    );
+    assert!(guard.is_lost());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_no_replica_acknowledges_still_releases() {
+    let set_up = acked(Duration::from_secs(30)).await;
+    let name = unique_name("unacked-release");
+    let key = set_up.locker.key_of(name.as_str()).unwrap();
+    let guard = set_up.locker.lock(name.as_str()).await.expect("lock");
+    set_up.link.cut();
+    replica_gone(&set_up.master).await;
+    assert!(guard.release().await.is_released());
+    let exists: bool = set_up.master.connection().await.exists(&key).await.unwrap();
+    assert!(!exists);
+}
+
+#[tokio::test]
+async fn replica_acknowledgement_that_cannot_work_is_refused_at_build() {
+    let server = RedisServer::start();
+    let cases = [
+        (
+            ReplicaAck::new(0, Duration::from_millis(100)),
+            "at least one replica",
+        ),
+        (ReplicaAck::new(1, Duration::ZERO), "above zero"),
+        (
+            ReplicaAck::new(1, Duration::from_secs(2)),
+            "under the command timeout",
+        ),
+    ];
+    for (ack, expected) in cases {
+        let err = Locker::builder()
+            .url(server.url())
+            .replica_ack(ack)
+            .build()
+            .await
+            .unwrap_err();
+        assert!(
+            err.is_config() && err.to_string().contains(expected),
+            "{err}"
+        );
+    }
+    let err = Locker::builder()
+        .memory(dlock_core::MemoryStore::new())
+        .replica_ack(ReplicaAck::new(1, Duration::from_millis(100)))
+        .build()
+        .await
+        .unwrap_err();
+    assert!(
+        err.is_config() && err.to_string().contains("needs Redis"),
+        "{err}"
+    );
 }

@@ -6,11 +6,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, MultiplexedConnection};
-use redis::{FromRedisValue, Pipeline, RedisResult, ScriptInvocation, Value};
+use redis::{FromRedisValue, Pipeline, RedisResult, Script, ToRedisArgs, Value};
 
 use super::{AcquireReply, HandoffReply, ReleaseReply, RenewItem, RenewReply};
 use crate::error::BackendError;
 use crate::name::LockKeys;
+use crate::replication::ReplicaAck;
 use crate::script;
 use crate::wait::{Slots, Subscriber, Watch};
 
@@ -114,6 +115,8 @@ pub(crate) struct RedisBackend {
     sub_slots: Arc<Slots>,
     /// Slots used when there is no subscriber: waiters poll.
     poll_slots: Arc<Slots>,
+    /// Replicas that must acknowledge every write, if any.
+    ack: Option<ReplicaAck>,
 }
 
 impl fmt::Debug for RedisBackend {
@@ -122,6 +125,7 @@ impl fmt::Debug for RedisBackend {
             .field("kind", &self.conn.kind())
             .field("timeout", &self.timeout)
             .field("subscriber", &self.client.is_some())
+            .field("ack", &self.ack)
             .finish()
     }
 }
@@ -135,6 +139,31 @@ impl RedisBackend {
             subscriber: Arc::new(Mutex::new(None)),
             sub_slots: Arc::new(Slots::default()),
             poll_slots: Arc::new(Slots::default()),
+            ack: None,
+        }
+    }
+
+    /// Every write waits for `ack` (see [`ReplicaAck`]).
+    pub(crate) fn with_ack(mut self, ack: Option<ReplicaAck>) -> Self {
+        self.ack = ack;
+        self
+    }
+
+    /// Whether a write acknowledged by `acknowledged` replicas (`None`: none were asked for)
+    /// counts.
+    fn acknowledged(&self, acknowledged: Option<u32>) -> Result<(), BackendError> {
+        match (self.ack, acknowledged) {
+            (Some(ack), Some(n)) if n < ack.replicas() => Err(BackendError::not_replicated(
+                n,
+                ack.replicas(),
+                ack.timeout(),
+            )),
+            (Some(ack), None) => Err(BackendError::not_replicated(
+                0,
+                ack.replicas(),
+                ack.timeout(),
+            )),
+            _ => Ok(()),
         }
     }
 
@@ -166,36 +195,39 @@ impl RedisBackend {
         }
     }
 
-    /// Runs a script, bounded by the command timeout. An `idempotent` script (one that does the
-    /// same thing when it runs twice) is sent once more on a connection manager whose connection
-    /// turned out to be gone (a restarted server, or a runtime that shut down with the old
-    /// connection's task): the manager reconnects for the second try.
+    /// Runs a script, bounded by the command timeout, followed in the same pipeline by `WAIT`
+    /// when `ack` asks for acknowledgement; returns its reply and, then, how many did. An
+    /// `idempotent` script (one that does the same thing when it runs twice) is sent once more
+    /// on a connection manager whose connection turned out to be gone (a restarted server, or a
+    /// runtime that shut down with the old connection's task): the manager reconnects for the
+    /// second try.
     async fn invoke<T: FromRedisValue>(
         &self,
         conn: &OpConn,
-        inv: &ScriptInvocation<'_>,
+        call: &ScriptCall,
         idempotent: bool,
-    ) -> Result<T, BackendError> {
+        ack: Option<ReplicaAck>,
+    ) -> Result<(T, Option<u32>), BackendError> {
         let started = tokio::time::Instant::now();
         let until = match conn {
             OpConn::Pooled(_, until) => (*until).min(started + self.timeout),
             _ => started + self.timeout,
         };
         let run = async {
-            let res: RedisResult<T> = match conn {
+            let res: RedisResult<(T, Option<u32>)> = match conn {
                 OpConn::Manager(c) => {
-                    let first = inv.invoke_async(&mut c.clone()).await;
+                    let first = call.run(&mut c.clone(), ack).await;
                     match first {
                         Err(err) if idempotent && err.is_connection_dropped() => {
-                            inv.invoke_async(&mut c.clone()).await
+                            call.run(&mut c.clone(), ack).await
                         }
                         other => other,
                     }
                 }
-                OpConn::Pooled(c, _) => inv.invoke_async(&mut c.clone()).await,
+                OpConn::Pooled(c, _) => call.run(&mut c.clone(), ack).await,
                 // The one connection the `Locker` was given: once it is gone, it stays gone.
                 OpConn::Multiplexed(c) => {
-                    return inv.invoke_async(&mut c.clone()).await.map_err(|err| {
+                    return call.run(&mut c.clone(), ack).await.map_err(|err| {
                         let dropped = err.is_connection_dropped() || err.is_unrecoverable_error();
                         let err = BackendError::redis(err);
                         if dropped { err.permanent() } else { err }
@@ -264,14 +296,17 @@ impl RedisBackend {
         lease: Duration,
         fence_ttl: Option<Duration>,
     ) -> Result<AcquireReply, BackendError> {
-        let mut inv = script::ACQUIRE.prepare_invoke();
-        inv.key(&keys.lock)
-            .key(&keys.fence)
+        let call = ScriptCall::new(&script::ACQUIRE, &[&keys.lock, &keys.fence])
             .arg(owner)
             .arg(millis(lease))
             .arg(fence_ttl.map_or(0, millis));
-        let reply: (i64, i64) = self.invoke(conn, &inv, true).await?;
-        acquire_reply(reply)
+        let (reply, acknowledged) = self.invoke(conn, &call, true, self.ack).await?;
+        let reply = acquire_reply(reply)?;
+        if matches!(reply, AcquireReply::Acquired { .. }) {
+            // Not acknowledged in time: the caller's clean-up releases the grant.
+            self.acknowledged(acknowledged)?;
+        }
+        Ok(reply)
     }
 
     pub(crate) async fn holds(
@@ -280,9 +315,9 @@ impl RedisBackend {
         keys: &LockKeys,
         owner: &str,
     ) -> Result<AcquireReply, BackendError> {
-        let mut inv = script::HOLDS.prepare_invoke();
-        inv.key(&keys.lock).arg(owner);
-        let reply: (i64, i64) = self.invoke(conn, &inv, true).await?;
+        // Read-only: nothing to acknowledge.
+        let call = ScriptCall::new(&script::HOLDS, &[&keys.lock]).arg(owner);
+        let (reply, _) = self.invoke(conn, &call, true, None).await?;
         acquire_reply(reply)
     }
 
@@ -294,14 +329,17 @@ impl RedisBackend {
         handed_to: Option<&str>,
         fence_ttl: Option<Duration>,
     ) -> Result<ReleaseReply, BackendError> {
-        let mut inv = script::RELEASE.prepare_invoke();
-        inv.key(&keys.lock)
-            .key(&keys.fence)
-            .key(&keys.channel)
+        let call = ScriptCall::new(&script::RELEASE, &[&keys.lock, &keys.fence, &keys.channel])
             .arg(owner)
             .arg(handed_to.unwrap_or(""))
             .arg(fence_ttl.map_or(0, millis));
-        let (code, woke): (i64, i64) = self.invoke(conn, &inv, true).await?;
+        let ((code, woke), acknowledged): ((i64, i64), _) =
+            self.invoke(conn, &call, true, self.ack).await?;
+        if let Err(err) = self.acknowledged(acknowledged) {
+            // Released all the same: a failover could only bring the lock back until its
+            // lease ends (see `ReplicaAck`).
+            tracing::debug!(error = %err, "dlock: release not acknowledged by replicas");
+        }
         Ok(ReleaseReply::from_code(code, woke))
     }
 
@@ -347,15 +385,13 @@ impl RedisBackend {
         lease: Duration,
         fence_ttl: Option<Duration>,
     ) -> Result<HandoffReply, BackendError> {
-        let mut inv = script::HANDOFF.prepare_invoke();
-        inv.key(&keys.lock)
-            .key(&keys.fence)
-            .key(&keys.channel)
+        let call = ScriptCall::new(&script::HANDOFF, &[&keys.lock, &keys.fence, &keys.channel])
             .arg(from)
             .arg(to)
             .arg(millis(lease))
             .arg(fence_ttl.map_or(0, millis));
-        let (code, value): (i64, i64) = self.invoke(conn, &inv, false).await?;
+        // Hand-over is off when replicas must acknowledge (see `ReplicaAck`).
+        let ((code, value), _): ((i64, i64), _) = self.invoke(conn, &call, false, self.ack).await?;
         if code == 1 {
             Ok(HandoffReply::HandedOver {
                 fence: u64::try_from(value)
@@ -381,7 +417,19 @@ impl RedisBackend {
                 cmd.arg(&item.owner).arg(item.lease_ms).arg(item.seq);
             }
         }
-        let replies = self.pipeline(&pipe, &[&script::RENEW]).await?;
+        if let Some(ack) = self.ack {
+            pipe.cmd("WAIT").arg(ack.replicas()).arg(ack.timeout_ms());
+        }
+        let mut replies = self.pipeline(&pipe, &[&script::RENEW]).await?;
+        if self.ack.is_some() {
+            let acknowledged = match replies.pop() {
+                Some(value) => u32::from_redis_value(value)
+                    .map_err(|e| BackendError::protocol(format!("WAIT reply: {e}")))?,
+                None => return Err(BackendError::protocol("no WAIT reply")),
+            };
+            // Not acknowledged: the changes count as not made (the guards' validity stays).
+            self.acknowledged(Some(acknowledged))?;
+        }
         let mut out = Vec::with_capacity(items.len());
         for reply in replies {
             let codes: Vec<i64> = FromRedisValue::from_redis_value(reply)
@@ -435,6 +483,66 @@ impl RedisBackend {
             .unwrap_or_else(|e| e.into_inner())
             .as_ref()
             .is_some_and(|s| s.is_running() && s.is_healthy())
+    }
+}
+
+/// One script call: `EVALSHA` with its keys and arguments, and the script to load when the
+/// server does not have it.
+struct ScriptCall {
+    script: &'static Script,
+    cmd: redis::Cmd,
+}
+
+impl ScriptCall {
+    fn new(script: &'static Script, keys: &[&str]) -> Self {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(script.get_hash()).arg(keys.len());
+        for key in keys {
+            cmd.arg(*key);
+        }
+        Self { script, cmd }
+    }
+
+    fn arg(mut self, arg: impl ToRedisArgs) -> Self {
+        self.cmd.arg(arg);
+        self
+    }
+
+    /// Sends the call, and `WAIT` behind it in one pipeline when `ack` asks for it; loads the
+    /// script and sends again when the server did not have it.
+    async fn run<C: ConnectionLike, T: FromRedisValue>(
+        &self,
+        c: &mut C,
+        ack: Option<ReplicaAck>,
+    ) -> RedisResult<(T, Option<u32>)> {
+        match self.once(c, ack).await {
+            Err(err)
+                if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+            {
+                self.script.prepare_invoke().load_async(c).await?;
+                self.once(c, ack).await
+            }
+            other => other,
+        }
+    }
+
+    async fn once<C: ConnectionLike, T: FromRedisValue>(
+        &self,
+        c: &mut C,
+        ack: Option<ReplicaAck>,
+    ) -> RedisResult<(T, Option<u32>)> {
+        match ack {
+            None => Ok((self.cmd.query_async(c).await?, None)),
+            Some(ack) => {
+                let mut pipe = redis::pipe();
+                pipe.add_command(self.cmd.clone())
+                    .cmd("WAIT")
+                    .arg(ack.replicas())
+                    .arg(ack.timeout_ms());
+                let (reply, acknowledged): (T, u32) = pipe.query_async(c).await?;
+                Ok((reply, Some(acknowledged)))
+            }
+        }
     }
 }
 

@@ -11,6 +11,7 @@ use crate::backend::memory::MemoryBackend;
 use crate::backend::redis::{Pool, RedisBackend, RedisConn};
 use crate::error::{BackendError, LockError};
 use crate::name::validate_prefix;
+use crate::replication::ReplicaAck;
 use std::fmt;
 
 /// Configures and builds a [`Locker`].
@@ -29,6 +30,7 @@ pub struct LockerBuilder {
     metrics_name_label: bool,
     hide_names: bool,
     lazy: bool,
+    replica_ack: Option<ReplicaAck>,
 }
 
 #[derive(Default)]
@@ -220,6 +222,17 @@ impl LockerBuilder {
         self
     }
 
+    /// Every lock write waits until this many replicas have it (`WAIT`), so that a failover to
+    /// one of them keeps it (default: none, the fastest: a write counts once the master has it).
+    /// Grants not acknowledged in time are rolled back; hand-over between waiters is off. See
+    /// [`ReplicaAck`] for exactly what each operation then guarantees. [`build`](Self::build)
+    /// refuses it over the in-memory store, with no replicas, or with a timeout not under the
+    /// [command timeout](Self::command_timeout).
+    pub fn replica_ack(mut self, ack: ReplicaAck) -> Self {
+        self.replica_ack = Some(ack);
+        self
+    }
+
     /// Connects (for a URL or client) and builds the `Locker`.
     pub async fn build(self) -> Result<Locker, LockError> {
         let prefix = self.prefix.unwrap_or_else(|| DEFAULT_PREFIX.to_owned());
@@ -230,13 +243,22 @@ impl LockerBuilder {
         check_default_lease(default_lease)?;
         let command_timeout = self.command_timeout.unwrap_or(DEFAULT_COMMAND_TIMEOUT);
         let connect_timeout = self.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT);
+        let ack = self.replica_ack;
+        if let Some(ack) = ack {
+            check_replica_ack(
+                ack,
+                command_timeout,
+                matches!(self.source, Source::Memory(_)),
+            )?;
+        }
         let config = Config {
             prefix,
             default_wait: self.default_wait.unwrap_or(Duration::ZERO),
             default_lease,
             fence_ttl: self.fence_ttl.unwrap_or(Some(DEFAULT_FENCE_TTL)),
             poll_interval: self.poll_interval.unwrap_or(DEFAULT_POLL_INTERVAL),
-            handoff: self.handoff.unwrap_or(true),
+            // A hand-over is a grant nobody could roll back when it is not acknowledged.
+            handoff: self.handoff.unwrap_or(true) && ack.is_none(),
             metrics_name_label: self.metrics_name_label,
             hide_names: self.hide_names,
         };
@@ -258,7 +280,8 @@ impl LockerBuilder {
             Source::Pool(pool) => {
                 let display = pool.kind().to_owned();
                 let backend =
-                    RedisBackend::new(RedisConn::Pool(pool), self.subscriber, command_timeout);
+                    RedisBackend::new(RedisConn::Pool(pool), self.subscriber, command_timeout)
+                        .with_ack(ack);
                 return Ok(Locker::from_parts(
                     Backend::Redis(Arc::new(backend)),
                     config,
@@ -270,7 +293,8 @@ impl LockerBuilder {
                     RedisConn::Manager(manager),
                     self.subscriber,
                     command_timeout,
-                );
+                )
+                .with_ack(ack);
                 return Ok(Locker::from_parts(
                     Backend::Redis(Arc::new(backend)),
                     config,
@@ -282,7 +306,8 @@ impl LockerBuilder {
                     RedisConn::Multiplexed(conn),
                     self.subscriber,
                     command_timeout,
-                );
+                )
+                .with_ack(ack);
                 return Ok(Locker::from_parts(
                     Backend::Redis(Arc::new(backend)),
                     config,
@@ -328,7 +353,8 @@ impl LockerBuilder {
             RedisConn::Manager(manager),
             Some(subscriber),
             command_timeout,
-        );
+        )
+        .with_ack(ack);
         Ok(Locker::from_parts(
             Backend::Redis(Arc::new(backend)),
             config,
@@ -358,6 +384,33 @@ fn tls_ready(at: &str) -> Result<(), LockError> {
     Err(LockError::Config(format!(
         "`{at}` is a TLS connection: enable dlock-core's `tls-rustls` feature"
     )))
+}
+
+/// Replica acknowledgement needs replicas (so a Redis backend), at least one, and a wait that
+/// fits in one command timeout with the write it follows.
+fn check_replica_ack(
+    ack: ReplicaAck,
+    command_timeout: Duration,
+    memory: bool,
+) -> Result<(), LockError> {
+    if memory {
+        return Err(LockError::Config(
+            "replica acknowledgement needs Redis: the in-memory store has no replicas".into(),
+        ));
+    }
+    if ack.replicas() == 0 {
+        return Err(LockError::Config(
+            "replica acknowledgement needs at least one replica".into(),
+        ));
+    }
+    if ack.timeout().is_zero() || ack.timeout() >= command_timeout {
+        return Err(LockError::Config(format!(
+            "replica acknowledgement timeout {:?} must be above zero and under the command \
+             timeout {command_timeout:?}",
+            ack.timeout()
+        )));
+    }
+    Ok(())
 }
 
 /// A default lease is held to a request's bounds, and a watchdog lease renewed every third of it
