@@ -20,6 +20,8 @@ mod lease;
 mod queue;
 mod release;
 mod request;
+#[cfg(feature = "sentinel")]
+mod sentinel;
 mod url;
 
 use acquire::{Attempted, InFlight};

@@ -185,12 +185,12 @@ pub(crate) struct Subscriber {
 impl Subscriber {
     /// Starts the subscriber task on the current runtime (it connects lazily, on the first
     /// subscription) for the channels of `slots`.
-    pub(crate) fn spawn(client: redis::Client, timeout: Duration, slots: Arc<Slots>) -> Self {
+    pub(crate) fn spawn(source: SubscriberSource, timeout: Duration, slots: Arc<Slots>) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         let healthy = Arc::new(AtomicBool::new(false));
         // A new task knows of no subscription: every watcher polls until it resubscribes.
         slots.set_all_confirmed(false);
-        tokio::spawn(run(client, slots.clone(), rx, healthy.clone(), timeout));
+        tokio::spawn(run(source, slots.clone(), rx, healthy.clone(), timeout));
         Self {
             slots,
             tx,
@@ -228,11 +228,54 @@ impl Subscriber {
     }
 }
 
+/// Where the subscriber connects: one server, or whichever master the sentinels report.
+#[derive(Debug, Clone)]
+pub(crate) enum SubscriberSource {
+    Client(Box<redis::Client>),
+    #[cfg(feature = "sentinel")]
+    Sentinel(Arc<crate::backend::sentinel::SentinelMaster>),
+}
+
+impl SubscriberSource {
+    pub(crate) fn client(client: redis::Client) -> Self {
+        Self::Client(Box::new(client))
+    }
+
+    async fn connect(&self) -> redis::RedisResult<redis::aio::PubSub> {
+        match self {
+            Self::Client(client) => client.get_async_pubsub().await,
+            #[cfg(feature = "sentinel")]
+            Self::Sentinel(master) => master.master_client().await?.get_async_pubsub().await,
+        }
+    }
+
+    /// Tells when the master moved: the subscriber must move with it.
+    fn moves(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        match self {
+            Self::Client(_) => None,
+            #[cfg(feature = "sentinel")]
+            Self::Sentinel(master) => Some(master.moves()),
+        }
+    }
+}
+
+/// Resolves when the master moves (never without a sentinel).
+async fn moved(moves: &mut Option<tokio::sync::watch::Receiver<u64>>) {
+    match moves {
+        Some(rx) => {
+            if rx.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+        None => std::future::pending().await,
+    }
+}
+
 const MIN_BACKOFF: Duration = Duration::from_millis(50);
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
 async fn run(
-    client: redis::Client,
+    source: SubscriberSource,
     slots: Arc<Slots>,
     mut rx: mpsc::UnboundedReceiver<SubCmd>,
     healthy: Arc<AtomicBool>,
@@ -244,8 +287,12 @@ async fn run(
         Some(cmd) => Some(cmd),
         None => return,
     };
+    let mut moves = source.moves();
     'connect: loop {
-        let pubsub = match tokio::time::timeout(timeout, client.get_async_pubsub()).await {
+        if let Some(rx) = moves.as_mut() {
+            rx.mark_unchanged();
+        }
+        let pubsub = match tokio::time::timeout(timeout, source.connect()).await {
             Ok(Ok(pubsub)) => Some(pubsub),
             Ok(Err(err)) => {
                 tracing::debug!(error = %err, "dlock subscriber could not connect");
@@ -297,6 +344,13 @@ async fn run(
                         None => return,
                         Some(cmd) => Some(cmd),
                     },
+                    () = moved(&mut moves) => {
+                        tracing::debug!("dlock subscriber follows the master");
+                        healthy.store(false, Ordering::Release);
+                        slots.set_all_confirmed(false);
+                        slots.wake_all();
+                        continue 'connect;
+                    }
                     msg = stream.next() => match msg {
                         Some(msg) => {
                             let _ = slots.wake(msg.get_channel_name());

@@ -9,6 +9,8 @@ use crate::wait::Watch;
 
 pub(crate) mod memory;
 pub(crate) mod redis;
+#[cfg(feature = "sentinel")]
+pub(crate) mod sentinel;
 
 pub use memory::MemoryStore;
 

@@ -8,12 +8,14 @@ use std::time::Duration;
 use redis::aio::{ConnectionLike, ConnectionManager, MultiplexedConnection};
 use redis::{FromRedisValue, Pipeline, RedisResult, Script, ToRedisArgs, Value};
 
+#[cfg(feature = "sentinel")]
+use super::sentinel::SentinelConnection;
 use super::{AcquireReply, HandoffReply, ReleaseReply, RenewItem, RenewReply};
 use crate::error::BackendError;
 use crate::name::LockKeys;
 use crate::replication::ReplicaAck;
 use crate::script;
-use crate::wait::{Slots, Subscriber, Watch};
+use crate::wait::{Slots, Subscriber, SubscriberSource, Watch};
 
 /// How many locks one renewal script call carries; a tick pipelines as many calls as needed.
 const RENEW_CHUNK: usize = 256;
@@ -23,12 +25,17 @@ pub(crate) enum RedisConn {
     Manager(ConnectionManager),
     Multiplexed(MultiplexedConnection),
     Pool(Pool),
+    /// Whichever master the sentinels report.
+    #[cfg(feature = "sentinel")]
+    Sentinel(SentinelConnection),
 }
 
 impl RedisConn {
     fn kind(&self) -> &'static str {
         match self {
             Self::Manager(_) => "redis",
+            #[cfg(feature = "sentinel")]
+            Self::Sentinel(_) => "redis (sentinel)",
             Self::Multiplexed(_) => "redis (multiplexed connection)",
             Self::Pool(p) => p.kind(),
         }
@@ -88,6 +95,8 @@ impl Pool {
 #[derive(Clone)]
 pub(crate) enum OpConn {
     Manager(ConnectionManager),
+    #[cfg(feature = "sentinel")]
+    Sentinel(SentinelConnection),
     Multiplexed(MultiplexedConnection),
     /// A pool's connection, and the end of the command timeout that started when it was asked
     /// for: checking it out and the first command share one timeout.
@@ -98,6 +107,8 @@ impl fmt::Debug for OpConn {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Self::Manager(_) => "OpConn::Manager",
+            #[cfg(feature = "sentinel")]
+            Self::Sentinel(_) => "OpConn::Sentinel",
             Self::Multiplexed(_) => "OpConn::Multiplexed",
             Self::Pooled(..) => "OpConn::Pooled",
         })
@@ -108,8 +119,8 @@ impl fmt::Debug for OpConn {
 pub(crate) struct RedisBackend {
     conn: RedisConn,
     timeout: Duration,
-    /// The client used for the subscriber connection, if any.
-    client: Option<redis::Client>,
+    /// Where the subscriber connection goes, if there is one.
+    client: Option<SubscriberSource>,
     subscriber: Arc<Mutex<Option<Subscriber>>>,
     /// The channels the subscriber watches (kept across restarts of its task).
     sub_slots: Arc<Slots>,
@@ -131,7 +142,11 @@ impl fmt::Debug for RedisBackend {
 }
 
 impl RedisBackend {
-    pub(crate) fn new(conn: RedisConn, client: Option<redis::Client>, timeout: Duration) -> Self {
+    pub(crate) fn new(
+        conn: RedisConn,
+        client: Option<SubscriberSource>,
+        timeout: Duration,
+    ) -> Self {
         Self {
             conn,
             timeout,
@@ -186,6 +201,8 @@ impl RedisBackend {
     pub(crate) async fn op_conn(&self) -> Result<OpConn, BackendError> {
         match &self.conn {
             RedisConn::Manager(c) => Ok(OpConn::Manager(c.clone())),
+            #[cfg(feature = "sentinel")]
+            RedisConn::Sentinel(c) => Ok(OpConn::Sentinel(c.clone())),
             RedisConn::Multiplexed(c) => Ok(OpConn::Multiplexed(c.clone())),
             RedisConn::Pool(pool) => {
                 let until = tokio::time::Instant::now() + self.timeout;
@@ -216,6 +233,18 @@ impl RedisBackend {
         let run = async {
             let res: RedisResult<(T, Option<u32>)> = match conn {
                 OpConn::Manager(c) => {
+                    let first = call.run(&mut c.clone(), ack).await;
+                    match first {
+                        Err(err) if idempotent && err.is_connection_dropped() => {
+                            call.run(&mut c.clone(), ack).await
+                        }
+                        other => other,
+                    }
+                }
+                // Like a manager: a dropped connection is replaced by one to the master the
+                // sentinels report, so an idempotent call is sent once more.
+                #[cfg(feature = "sentinel")]
+                OpConn::Sentinel(c) => {
                     let first = call.run(&mut c.clone(), ack).await;
                     match first {
                         Err(err) if idempotent && err.is_connection_dropped() => {
@@ -268,6 +297,13 @@ impl RedisBackend {
             let res = match &self.conn {
                 // Lease changes carry sequence numbers: a second try is harmless.
                 RedisConn::Manager(c) => match go(&mut c.clone(), pipe, reload).await {
+                    Err(err) if err.is_connection_dropped() => {
+                        go(&mut c.clone(), pipe, reload).await
+                    }
+                    other => other,
+                },
+                #[cfg(feature = "sentinel")]
+                RedisConn::Sentinel(c) => match go(&mut c.clone(), pipe, reload).await {
                     Err(err) if err.is_connection_dropped() => {
                         go(&mut c.clone(), pipe, reload).await
                     }
@@ -366,6 +402,8 @@ impl RedisBackend {
             .bounded(async {
                 let res: RedisResult<(i64, i64)> = match conn {
                     OpConn::Manager(c) => cmd.query_async(&mut c.clone()).await,
+                    #[cfg(feature = "sentinel")]
+                    OpConn::Sentinel(c) => cmd.query_async(&mut c.clone()).await,
                     OpConn::Multiplexed(c) | OpConn::Pooled(c, _) => {
                         cmd.query_async(&mut c.clone()).await
                     }
@@ -459,7 +497,7 @@ impl RedisBackend {
     /// The subscriber task's handle, (re)started on the current runtime if it is not running: a
     /// runtime that shuts down takes its tasks with it, and a `Locker` may outlive the runtime
     /// that first used it.
-    fn subscriber(&self, client: &redis::Client) -> Subscriber {
+    fn subscriber(&self, client: &SubscriberSource) -> Subscriber {
         let mut current = self.subscriber.lock().unwrap_or_else(|e| e.into_inner());
         match current.as_ref() {
             Some(sub) if sub.is_running() => sub.clone(),

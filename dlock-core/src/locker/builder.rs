@@ -12,6 +12,7 @@ use crate::backend::redis::{Pool, RedisBackend, RedisConn};
 use crate::error::{BackendError, LockError};
 use crate::name::validate_prefix;
 use crate::replication::ReplicaAck;
+use crate::wait::SubscriberSource;
 use std::fmt;
 
 /// Configures and builds a [`Locker`].
@@ -44,6 +45,10 @@ enum Source {
     Pool(Pool),
     Multiplexed(redis::aio::MultiplexedConnection),
     Memory(MemoryStore),
+    #[cfg(feature = "sentinel")]
+    SentinelUrls(Vec<String>, String),
+    #[cfg(feature = "sentinel")]
+    Sentinel(Box<redis::sentinel::SentinelClient>, String),
 }
 
 impl fmt::Debug for LockerBuilder {
@@ -56,6 +61,10 @@ impl fmt::Debug for LockerBuilder {
             Source::Pool(p) => p.kind().to_owned(),
             Source::Multiplexed(_) => "multiplexed connection".to_owned(),
             Source::Memory(_) => "memory".to_owned(),
+            #[cfg(feature = "sentinel")]
+            Source::SentinelUrls(_, name) | Source::Sentinel(_, name) => {
+                format!("sentinel master `{name}`")
+            }
         };
         f.debug_struct("LockerBuilder")
             .field("source", &source)
@@ -112,6 +121,41 @@ impl LockerBuilder {
     /// [`subscriber`](Self::subscriber) client too, or waiters poll instead of being woken.
     pub fn multiplexed(mut self, conn: redis::aio::MultiplexedConnection) -> Self {
         self.source = Source::Multiplexed(conn);
+        self
+    }
+
+    /// Find the master through Redis Sentinel: `sentinels` are the sentinels' URLs
+    /// (`redis://host:26379/`), `master_name` the name they monitor it under. The `Locker`
+    /// connects to the master they report and follows it when it fails over: at once when a
+    /// sentinel announces the switch (`+switch-master`), or when the old master fails a
+    /// command. Its subscriber connection follows too. The data nodes are reached without a
+    /// password; for passwords, TLS or a database, build the `SentinelClient` yourself and pass
+    /// it to [`sentinel_client`](Self::sentinel_client).
+    ///
+    /// What a failover does to the locks themselves depends on acknowledgement: see
+    /// [`replica_ack`](Self::replica_ack).
+    #[cfg(feature = "sentinel")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sentinel")))]
+    pub fn sentinel(
+        mut self,
+        sentinels: impl IntoIterator<Item = impl Into<String>>,
+        master_name: impl Into<String>,
+    ) -> Self {
+        let urls = sentinels.into_iter().map(Into::into).collect();
+        self.source = Source::SentinelUrls(urls, master_name.into());
+        self
+    }
+
+    /// As [`sentinel`](Self::sentinel), with a `SentinelClient` built by the application (its
+    /// server type must be `Master`); `master_name` is the name it was built with.
+    #[cfg(feature = "sentinel")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sentinel")))]
+    pub fn sentinel_client(
+        mut self,
+        client: redis::sentinel::SentinelClient,
+        master_name: impl Into<String>,
+    ) -> Self {
+        self.source = Source::Sentinel(Box::new(client), master_name.into());
         self
     }
 
@@ -279,9 +323,12 @@ impl LockerBuilder {
             }
             Source::Pool(pool) => {
                 let display = pool.kind().to_owned();
-                let backend =
-                    RedisBackend::new(RedisConn::Pool(pool), self.subscriber, command_timeout)
-                        .with_ack(ack);
+                let backend = RedisBackend::new(
+                    RedisConn::Pool(pool),
+                    self.subscriber.map(SubscriberSource::client),
+                    command_timeout,
+                )
+                .with_ack(ack);
                 return Ok(Locker::from_parts(
                     Backend::Redis(Arc::new(backend)),
                     config,
@@ -291,7 +338,7 @@ impl LockerBuilder {
             Source::Manager(manager) => {
                 let backend = RedisBackend::new(
                     RedisConn::Manager(manager),
-                    self.subscriber,
+                    self.subscriber.clone().map(SubscriberSource::client),
                     command_timeout,
                 )
                 .with_ack(ack);
@@ -304,7 +351,7 @@ impl LockerBuilder {
             Source::Multiplexed(conn) => {
                 let backend = RedisBackend::new(
                     RedisConn::Multiplexed(conn),
-                    self.subscriber,
+                    self.subscriber.clone().map(SubscriberSource::client),
                     command_timeout,
                 )
                 .with_ack(ack);
@@ -313,6 +360,35 @@ impl LockerBuilder {
                     config,
                     "multiplexed connection".to_owned(),
                 ));
+            }
+            #[cfg(feature = "sentinel")]
+            Source::SentinelUrls(urls, name) => {
+                let client = super::sentinel::client(urls, &name)?;
+                return super::sentinel::locker(
+                    client,
+                    name,
+                    self.subscriber,
+                    self.lazy,
+                    config,
+                    ack,
+                    command_timeout,
+                    connect_timeout,
+                )
+                .await;
+            }
+            #[cfg(feature = "sentinel")]
+            Source::Sentinel(client, name) => {
+                return super::sentinel::locker(
+                    *client,
+                    name,
+                    self.subscriber,
+                    self.lazy,
+                    config,
+                    ack,
+                    command_timeout,
+                    connect_timeout,
+                )
+                .await;
             }
             Source::Url(url) => {
                 let display = redact_url(&url);
@@ -351,7 +427,7 @@ impl LockerBuilder {
         let subscriber = self.subscriber.unwrap_or(client);
         let backend = RedisBackend::new(
             RedisConn::Manager(manager),
-            Some(subscriber),
+            Some(SubscriberSource::client(subscriber)),
             command_timeout,
         )
         .with_ack(ack);
@@ -447,7 +523,7 @@ async fn connect(
     }
 }
 
-fn url_error(err: &redis::RedisError) -> String {
+pub(super) fn url_error(err: &redis::RedisError) -> String {
     let msg = err.to_string();
     if msg.to_ascii_lowercase().contains("tls") {
         format!("{msg} (enable dlock-core's `tls-rustls` feature for rediss:// URLs)")
