@@ -63,6 +63,8 @@
 //!   function.
 //! - `bb8`: `LockerBuilder::bb8_pool`, a `Locker` over an application's `bb8-redis` pool.
 //! - `deadpool`: `LockerBuilder::deadpool`, a `Locker` over a `deadpool-redis` pool.
+//! - `cluster`: `LockerBuilder::cluster`, a `Locker` on a Redis Cluster, woken through sharded
+//!   pub/sub.
 //! - `sentinel`: `LockerBuilder::sentinel`, a `Locker` on the master Redis Sentinel reports,
 //!   following its failovers.
 //! - `tls-rustls`: `rediss://` URLs and TLS clients. rustls needs a process-wide crypto provider,
@@ -82,7 +84,8 @@
 //!
 //! A `Locker` connects from a URL ([`Locker::connect`]) or runs over what the application already
 //! has: a `redis::Client`, a [`redis::aio::ConnectionManager`], a multiplexed connection, or a
-//! pool (see [`LockerBuilder`]); or it finds the master through Redis Sentinel. Those types appear in dlock's API, so dlock re-exports the one
+//! pool (see [`LockerBuilder`]); or it finds the master through Redis Sentinel, or runs on a
+//! Redis Cluster. Those types appear in dlock's API, so dlock re-exports the one
 //! crate a user must name to build them, [`redis`]: an application without its own `redis`
 //! dependency uses `dlock_core::redis::Client`, and one with its own needs a `redis` 1.x, the
 //! same major version. The pool crates are not re-exported: an application that has a pool

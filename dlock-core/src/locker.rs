@@ -15,6 +15,8 @@ use crate::watchdog::Watchdog;
 
 mod acquire;
 mod builder;
+#[cfg(feature = "cluster")]
+mod cluster;
 mod default;
 mod lease;
 mod queue;

@@ -6,7 +6,7 @@
 //! | --- | --- | --- |
 //! | `<prefix>{<name>}` | hash | `<owner token> -> 1`, `#f -> fencing token`, `#s -> sequence number of the last lease change`; lease = PTTL |
 //! | `<prefix>{<name>}:fence` | hash | `n -> last fencing token`, `r -> last released owner` |
-//! | `<prefix>{<name>}:wake` | channel | a message on every final release |
+//! | `<prefix>{<name>}:wake` | channel | a message on every final release (sharded on a cluster) |
 //!
 //! Fencing tokens: every fresh acquisition takes the server's clock in microseconds (`TIME`), or
 //! the last token + 1 when that is not below it, and stores it as the last token. So tokens
@@ -95,7 +95,8 @@ return {0, redis.call('PTTL', KEYS[1])}
 /// Owner-checked release.
 ///
 /// `KEYS[1]` lock, `KEYS[2]` fence, `KEYS[3]` wake channel; `ARGV[1]` owner, `ARGV[2]` the owner a
-/// hand-over of `ARGV[1]`'s hold may have gone to (empty: none), `ARGV[3]` fence TTL ms (0 = none).
+/// hand-over of `ARGV[1]`'s hold may have gone to (empty: none), `ARGV[3]` fence TTL ms (0 = none),
+/// `ARGV[4]` the command that wakes waiters (`PUBLISH`, or `SPUBLISH` on a cluster).
 /// Returns `{code, woken}`: code `0` released (`woken` subscribers got the wake-up), `-1` expired,
 /// `-2` taken over. A retry of a release whose reply was lost answers `0` again: the last released
 /// owner is remembered next to the fencing counter.
@@ -109,7 +110,7 @@ if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1
     and redis.call('PTTL', KEYS[2]) == -1 then
     redis.call('PEXPIRE', KEYS[2], ARGV[3])
   end
-  return {0, redis.call('PUBLISH', KEYS[3], '1')}
+  return {0, redis.call(ARGV[4], KEYS[3], '1')}
 end
 if redis.call('HGET', KEYS[2], 'r') == ARGV[1] then
   return {0, 0}

@@ -14,6 +14,9 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use tokio::sync::{Notify, mpsc, oneshot};
 
+#[cfg(feature = "cluster")]
+mod sharded;
+
 /// The watched channels of one backend.
 #[derive(Debug, Default)]
 pub(crate) struct Slots {
@@ -190,7 +193,21 @@ impl Subscriber {
         let healthy = Arc::new(AtomicBool::new(false));
         // A new task knows of no subscription: every watcher polls until it resubscribes.
         slots.set_all_confirmed(false);
-        tokio::spawn(run(source, slots.clone(), rx, healthy.clone(), timeout));
+        match source {
+            #[cfg(feature = "cluster")]
+            SubscriberSource::Cluster(seeds) => {
+                tokio::spawn(sharded::run(
+                    seeds,
+                    slots.clone(),
+                    rx,
+                    healthy.clone(),
+                    timeout,
+                ));
+            }
+            source => {
+                tokio::spawn(run(source, slots.clone(), rx, healthy.clone(), timeout));
+            }
+        }
         Self {
             slots,
             tx,
@@ -234,6 +251,9 @@ pub(crate) enum SubscriberSource {
     Client(Box<redis::Client>),
     #[cfg(feature = "sentinel")]
     Sentinel(Arc<crate::backend::sentinel::SentinelMaster>),
+    /// Sharded pub/sub over a cluster (see `sharded`).
+    #[cfg(feature = "cluster")]
+    Cluster(crate::backend::cluster::ClusterSeeds),
 }
 
 impl SubscriberSource {
@@ -246,6 +266,11 @@ impl SubscriberSource {
             Self::Client(client) => client.get_async_pubsub().await,
             #[cfg(feature = "sentinel")]
             Self::Sentinel(master) => master.master_client().await?.get_async_pubsub().await,
+            #[cfg(feature = "cluster")]
+            Self::Cluster(_) => Err(redis::RedisError::from((
+                redis::ErrorKind::InvalidClientConfig,
+                "a cluster subscribes through sharded pub/sub",
+            ))),
         }
     }
 
@@ -255,6 +280,8 @@ impl SubscriberSource {
             Self::Client(_) => None,
             #[cfg(feature = "sentinel")]
             Self::Sentinel(master) => Some(master.moves()),
+            #[cfg(feature = "cluster")]
+            Self::Cluster(_) => None,
         }
     }
 }

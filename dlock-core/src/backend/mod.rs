@@ -7,6 +7,8 @@ use crate::error::BackendError;
 use crate::name::LockKeys;
 use crate::wait::Watch;
 
+#[cfg(feature = "cluster")]
+pub(crate) mod cluster;
 pub(crate) mod memory;
 pub(crate) mod redis;
 #[cfg(feature = "sentinel")]

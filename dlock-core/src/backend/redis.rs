@@ -28,6 +28,9 @@ pub(crate) enum RedisConn {
     /// Whichever master the sentinels report.
     #[cfg(feature = "sentinel")]
     Sentinel(SentinelConnection),
+    /// A Redis Cluster: each command goes to its key's slot.
+    #[cfg(feature = "cluster")]
+    Cluster(redis::cluster_async::ClusterConnection),
 }
 
 impl RedisConn {
@@ -36,6 +39,8 @@ impl RedisConn {
             Self::Manager(_) => "redis",
             #[cfg(feature = "sentinel")]
             Self::Sentinel(_) => "redis (sentinel)",
+            #[cfg(feature = "cluster")]
+            Self::Cluster(_) => "redis (cluster)",
             Self::Multiplexed(_) => "redis (multiplexed connection)",
             Self::Pool(p) => p.kind(),
         }
@@ -95,6 +100,8 @@ impl Pool {
 #[derive(Clone)]
 pub(crate) enum OpConn {
     Manager(ConnectionManager),
+    #[cfg(feature = "cluster")]
+    Cluster(redis::cluster_async::ClusterConnection),
     #[cfg(feature = "sentinel")]
     Sentinel(SentinelConnection),
     Multiplexed(MultiplexedConnection),
@@ -107,6 +114,8 @@ impl fmt::Debug for OpConn {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Self::Manager(_) => "OpConn::Manager",
+            #[cfg(feature = "cluster")]
+            Self::Cluster(_) => "OpConn::Cluster",
             #[cfg(feature = "sentinel")]
             Self::Sentinel(_) => "OpConn::Sentinel",
             Self::Multiplexed(_) => "OpConn::Multiplexed",
@@ -164,6 +173,16 @@ impl RedisBackend {
         self
     }
 
+    /// The command a release wakes waiters with: sharded pub/sub on a cluster, so the wake-up
+    /// stays on the lock's shard.
+    fn publish(&self) -> &'static str {
+        match self.conn {
+            #[cfg(feature = "cluster")]
+            RedisConn::Cluster(_) => "SPUBLISH",
+            _ => "PUBLISH",
+        }
+    }
+
     /// Whether a write acknowledged by `acknowledged` replicas (`None`: none were asked for)
     /// counts.
     fn acknowledged(&self, acknowledged: Option<u32>) -> Result<(), BackendError> {
@@ -203,6 +222,8 @@ impl RedisBackend {
             RedisConn::Manager(c) => Ok(OpConn::Manager(c.clone())),
             #[cfg(feature = "sentinel")]
             RedisConn::Sentinel(c) => Ok(OpConn::Sentinel(c.clone())),
+            #[cfg(feature = "cluster")]
+            RedisConn::Cluster(c) => Ok(OpConn::Cluster(c.clone())),
             RedisConn::Multiplexed(c) => Ok(OpConn::Multiplexed(c.clone())),
             RedisConn::Pool(pool) => {
                 let until = tokio::time::Instant::now() + self.timeout;
@@ -254,6 +275,9 @@ impl RedisBackend {
                     }
                 }
                 OpConn::Pooled(c, _) => call.run(&mut c.clone(), ack).await,
+                // The cluster client follows MOVED and ASK and retries while a failover settles.
+                #[cfg(feature = "cluster")]
+                OpConn::Cluster(c) => call.run(&mut c.clone(), ack).await,
                 // The one connection the `Locker` was given: once it is gone, it stays gone.
                 OpConn::Multiplexed(c) => {
                     return call.run(&mut c.clone(), ack).await.map_err(|err| {
@@ -310,6 +334,8 @@ impl RedisBackend {
                     other => other,
                 },
                 RedisConn::Multiplexed(c) => go(&mut c.clone(), pipe, reload).await,
+                #[cfg(feature = "cluster")]
+                RedisConn::Cluster(c) => go(&mut c.clone(), pipe, reload).await,
                 RedisConn::Pool(pool) => go(&mut pool.checkout().await?, pipe, reload).await,
             };
             res.map_err(BackendError::redis)
@@ -368,7 +394,8 @@ impl RedisBackend {
         let call = ScriptCall::new(&script::RELEASE, &[&keys.lock, &keys.fence, &keys.channel])
             .arg(owner)
             .arg(handed_to.unwrap_or(""))
-            .arg(fence_ttl.map_or(0, millis));
+            .arg(fence_ttl.map_or(0, millis))
+            .arg(self.publish());
         let ((code, woke), acknowledged): ((i64, i64), _) =
             self.invoke(conn, &call, true, self.ack).await?;
         if let Err(err) = self.acknowledged(acknowledged) {
@@ -397,13 +424,16 @@ impl RedisBackend {
             .arg(&keys.channel)
             .arg(owner)
             .arg("")
-            .arg(fence_ttl.map_or(0, millis));
+            .arg(fence_ttl.map_or(0, millis))
+            .arg(self.publish());
         let (code, woke): (i64, i64) = self
             .bounded(async {
                 let res: RedisResult<(i64, i64)> = match conn {
                     OpConn::Manager(c) => cmd.query_async(&mut c.clone()).await,
                     #[cfg(feature = "sentinel")]
                     OpConn::Sentinel(c) => cmd.query_async(&mut c.clone()).await,
+                    #[cfg(feature = "cluster")]
+                    OpConn::Cluster(c) => cmd.query_async(&mut c.clone()).await,
                     OpConn::Multiplexed(c) | OpConn::Pooled(c, _) => {
                         cmd.query_async(&mut c.clone()).await
                     }
@@ -443,7 +473,44 @@ impl RedisBackend {
     }
 
     /// Applies every lease change in one round trip: one script call per chunk, all pipelined.
+    /// On a cluster a script may only touch one slot, so the changes are grouped by slot and
+    /// each group goes to its slot's master, all groups at once.
     pub(crate) async fn renew(&self, items: &[RenewItem]) -> Result<Vec<RenewReply>, BackendError> {
+        #[cfg(feature = "cluster")]
+        if let RedisConn::Cluster(_) = self.conn {
+            return self.renew_by_slot(items).await;
+        }
+        self.renew_batch(items).await
+    }
+
+    #[cfg(feature = "cluster")]
+    async fn renew_by_slot(&self, items: &[RenewItem]) -> Result<Vec<RenewReply>, BackendError> {
+        use std::collections::BTreeMap;
+        let mut groups: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
+        for (i, item) in items.iter().enumerate() {
+            let slot = super::cluster::key_slot(item.key.as_bytes());
+            groups.entry(slot).or_default().push(i);
+        }
+        let batches: Vec<(Vec<usize>, Vec<RenewItem>)> = (groups.into_values())
+            .map(|idx| {
+                let batch = idx.iter().map(|&i| items[i].clone()).collect();
+                (idx, batch)
+            })
+            .collect();
+        let replies = futures_util::future::join_all(
+            (batches.iter()).map(|(_, batch)| self.renew_batch(batch)),
+        )
+        .await;
+        let mut out = vec![RenewReply::Gone; items.len()];
+        for ((idx, _), reply) in batches.iter().zip(replies) {
+            for (&i, r) in idx.iter().zip(reply?) {
+                out[i] = r;
+            }
+        }
+        Ok(out)
+    }
+
+    async fn renew_batch(&self, items: &[RenewItem]) -> Result<Vec<RenewReply>, BackendError> {
         let mut pipe = redis::pipe();
         let hash = script::RENEW.get_hash();
         for chunk in items.chunks(RENEW_CHUNK) {

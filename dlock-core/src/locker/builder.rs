@@ -45,6 +45,10 @@ enum Source {
     Pool(Pool),
     Multiplexed(redis::aio::MultiplexedConnection),
     Memory(MemoryStore),
+    #[cfg(feature = "cluster")]
+    ClusterUrls(Vec<String>),
+    #[cfg(feature = "cluster")]
+    ClusterConnection(redis::cluster_async::ClusterConnection),
     #[cfg(feature = "sentinel")]
     SentinelUrls(Vec<String>, String),
     #[cfg(feature = "sentinel")]
@@ -61,6 +65,13 @@ impl fmt::Debug for LockerBuilder {
             Source::Pool(p) => p.kind().to_owned(),
             Source::Multiplexed(_) => "multiplexed connection".to_owned(),
             Source::Memory(_) => "memory".to_owned(),
+            #[cfg(feature = "cluster")]
+            Source::ClusterUrls(urls) => {
+                let shown: Vec<String> = urls.iter().map(|u| redact_url(u)).collect();
+                format!("cluster ({})", shown.join(", "))
+            }
+            #[cfg(feature = "cluster")]
+            Source::ClusterConnection(_) => "cluster connection".to_owned(),
             #[cfg(feature = "sentinel")]
             Source::SentinelUrls(_, name) | Source::Sentinel(_, name) => {
                 format!("sentinel master `{name}`")
@@ -121,6 +132,30 @@ impl LockerBuilder {
     /// [`subscriber`](Self::subscriber) client too, or waiters poll instead of being woken.
     pub fn multiplexed(mut self, conn: redis::aio::MultiplexedConnection) -> Self {
         self.source = Source::Multiplexed(conn);
+        self
+    }
+
+    /// Lock on a Redis Cluster reached through these seed nodes' URLs (one is enough; the
+    /// client discovers the others). Every key of one lock shares its name's hash tag, so one
+    /// lock lives in one slot and each script runs on that slot's master; the client follows
+    /// `MOVED` and `ASK` through resharding and failovers. Waiters are woken through sharded
+    /// pub/sub (`SSUBSCRIBE`/`SPUBLISH`, Redis 7.0 or newer), so a wake-up stays on its shard;
+    /// the watchdog renews the locks of each slot in one script call, all slots at once.
+    /// `build` connects ([`connect_lazily`](Self::connect_lazily) does not apply).
+    #[cfg(feature = "cluster")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
+    pub fn cluster(mut self, seeds: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        self.source = Source::ClusterUrls(seeds.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// Run over an application's cluster connection. It brings no subscriber: waiters poll
+    /// (every [`poll_interval`](Self::poll_interval)) instead of being woken; use
+    /// [`cluster`](Self::cluster) for wake-ups.
+    #[cfg(feature = "cluster")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
+    pub fn cluster_connection(mut self, conn: redis::cluster_async::ClusterConnection) -> Self {
+        self.source = Source::ClusterConnection(conn);
         self
     }
 
@@ -361,6 +396,20 @@ impl LockerBuilder {
                     "multiplexed connection".to_owned(),
                 ));
             }
+            #[cfg(feature = "cluster")]
+            Source::ClusterUrls(urls) => {
+                return super::cluster::locker(urls, config, ack, command_timeout, connect_timeout)
+                    .await;
+            }
+            #[cfg(feature = "cluster")]
+            Source::ClusterConnection(conn) => {
+                return Ok(super::cluster::over_connection(
+                    conn,
+                    config,
+                    ack,
+                    command_timeout,
+                ));
+            }
             #[cfg(feature = "sentinel")]
             Source::SentinelUrls(urls, name) => {
                 let client = super::sentinel::client(urls, &name)?;
@@ -443,7 +492,7 @@ impl LockerBuilder {
 /// choose: dlock never installs one (an application installing its own afterwards would fail).
 /// Without one, the `redis` crate's TLS set-up would panic; this is the typed error instead.
 #[cfg(feature = "tls-rustls")]
-fn tls_ready(at: &str) -> Result<(), LockError> {
+pub(super) fn tls_ready(at: &str) -> Result<(), LockError> {
     if rustls::crypto::CryptoProvider::get_default().is_some() {
         return Ok(());
     }
@@ -456,7 +505,7 @@ fn tls_ready(at: &str) -> Result<(), LockError> {
 }
 
 #[cfg(not(feature = "tls-rustls"))]
-fn tls_ready(at: &str) -> Result<(), LockError> {
+pub(super) fn tls_ready(at: &str) -> Result<(), LockError> {
     Err(LockError::Config(format!(
         "`{at}` is a TLS connection: enable dlock-core's `tls-rustls` feature"
     )))

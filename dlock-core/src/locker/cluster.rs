@@ -1,0 +1,79 @@
+//! A `Locker` on a Redis Cluster (feature `cluster`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::builder::{tls_ready, url_error};
+use super::url::redact_url;
+use super::{Config, Locker};
+use crate::backend::Backend;
+use crate::backend::cluster::ClusterSeeds;
+use crate::backend::redis::{RedisBackend, RedisConn};
+use crate::error::{BackendError, LockError};
+use crate::replication::ReplicaAck;
+use crate::wait::SubscriberSource;
+
+/// Connects to the cluster through `urls` (within twice the connect timeout) and builds a
+/// `Locker` whose waiters are woken through sharded pub/sub.
+pub(super) async fn locker(
+    urls: Vec<String>,
+    config: Config,
+    ack: Option<ReplicaAck>,
+    command_timeout: Duration,
+    connect_timeout: Duration,
+) -> Result<Locker, LockError> {
+    if urls.is_empty() {
+        return Err(LockError::Config("no cluster seed URLs".into()));
+    }
+    let shown: Vec<String> = urls.iter().map(|u| redact_url(u)).collect();
+    let at = format!("redis cluster ({})", shown.join(", "));
+    if urls.iter().any(|u| u.starts_with("rediss://")) {
+        tls_ready(&at)?;
+    }
+    let seeds = ClusterSeeds {
+        urls,
+        connect_timeout,
+    };
+    let client = (seeds.builder().build())
+        .map_err(|e| LockError::Config(format!("bad cluster URLs {at}: {}", url_error(&e))))?;
+    let conn = match tokio::time::timeout(connect_timeout * 2, client.get_async_connection()).await
+    {
+        Ok(Ok(conn)) => conn,
+        Ok(Err(err)) => {
+            tracing::debug!(at = at.as_str(), error = %err, "dlock: cannot connect");
+            return Err(LockError::Backend(BackendError::redis(err)));
+        }
+        Err(_) => {
+            return Err(LockError::Backend(BackendError::timeout(
+                connect_timeout * 2,
+            )));
+        }
+    };
+    let backend = RedisBackend::new(
+        RedisConn::Cluster(conn),
+        Some(SubscriberSource::Cluster(seeds)),
+        command_timeout,
+    )
+    .with_ack(ack);
+    Ok(Locker::from_parts(
+        Backend::Redis(Arc::new(backend)),
+        config,
+        at,
+    ))
+}
+
+/// A `Locker` over an application's cluster connection; without seeds for a subscriber, its
+/// waiters poll.
+pub(super) fn over_connection(
+    conn: redis::cluster_async::ClusterConnection,
+    config: Config,
+    ack: Option<ReplicaAck>,
+    command_timeout: Duration,
+) -> Locker {
+    let backend = RedisBackend::new(RedisConn::Cluster(conn), None, command_timeout).with_ack(ack);
+    Locker::from_parts(
+        Backend::Redis(Arc::new(backend)),
+        config,
+        "redis cluster connection".to_owned(),
+    )
+}

@@ -1,0 +1,393 @@
+//! A `Locker` over Redis Cluster, against a real cluster of three masters and three replicas:
+//! mutual exclusion across slots, wake-ups through sharded pub/sub on the lock's shard only,
+//! renewals of locks in many slots, and held locks that survive a slot migration and a failover.
+//!
+//! The harness blocks while it polls; tests that keep a `Locker` across a fault run on two worker
+//! threads and call it inside `block_in_place`.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use dlock_core::redis::{self, AsyncCommands as _};
+use dlock_core::{LockError, Locker, ReplicaAck};
+use dlock_tests::cluster::key_slot;
+use dlock_tests::{RedisCluster, unique_name};
+use tokio::task::block_in_place;
+
+async fn locker(cluster: &RedisCluster, lease: Duration) -> Locker {
+    Locker::builder()
+        .cluster(cluster.seed_urls())
+        .watchdog_lease(lease)
+        .build()
+        .await
+        .expect("a locker on the cluster")
+}
+
+/// Calls of `command` a node has served, from `INFO commandstats`.
+fn calls(cluster: &RedisCluster, port: u16, command: &str) -> u64 {
+    (cluster.node(port).info_commandstats())
+        .get(command)
+        .copied()
+        .unwrap_or(0)
+}
+
+/// Names whose locks live on at least two different masters.
+fn names_across_masters(
+    cluster: &RedisCluster,
+    locker: &Locker,
+    prefix: &str,
+    n: usize,
+) -> Vec<String> {
+    let names: Vec<String> = (0..n)
+        .map(|i| unique_name(&format!("{prefix}-{i}")))
+        .collect();
+    let masters: BTreeSet<u16> = (names.iter())
+        .map(|name| {
+            cluster
+                .node_for_key(locker.key_of(name.as_str()).unwrap())
+                .port
+        })
+        .collect();
+    assert!(masters.len() >= 2, "the names all hash to one master");
+    names
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_on_a_cluster_exclude_each_other_in_every_slot() {
+    const LOCKERS: usize = 3;
+    const TASKS: usize = 6;
+    const ROUNDS: usize = 40;
+    let cluster = block_in_place(RedisCluster::start);
+    let first = locker(&cluster, Duration::from_secs(30)).await;
+    let names = names_across_masters(&cluster, &first, "cluster-mutex", 4);
+    let inside: Arc<Vec<AtomicBool>> =
+        Arc::new(names.iter().map(|_| AtomicBool::new(false)).collect());
+    let overlaps = Arc::new(AtomicU64::new(0));
+    let counts: Arc<Vec<AtomicU64>> = Arc::new(names.iter().map(|_| AtomicU64::new(0)).collect());
+    let mut tasks = Vec::new();
+    for l in 0..LOCKERS {
+        let locker = if l == 0 {
+            first.clone()
+        } else {
+            locker(&cluster, Duration::from_secs(30)).await
+        };
+        for t in 0..TASKS {
+            let (locker, names) = (locker.clone(), names.clone());
+            let (inside, overlaps, counts) = (inside.clone(), overlaps.clone(), counts.clone());
+            tasks.push(tokio::spawn(async move {
+                for r in 0..ROUNDS {
+                    let i = (t + r) % names.len();
+                    let guard = (locker.lock(names[i].as_str()))
+                        .wait(Duration::from_secs(30))
+                        .await?;
+                    if inside[i].swap(true, Ordering::SeqCst) {
+                        overlaps.fetch_add(1, Ordering::SeqCst);
+                    }
+                    let seen = counts[i].load(Ordering::SeqCst);
+                    tokio::task::yield_now().await;
+                    counts[i].store(seen + 1, Ordering::SeqCst);
+                    inside[i].store(false, Ordering::SeqCst);
+                    assert!(guard.release().await.is_released());
+                }
+                Ok::<_, LockError>(())
+            }));
+        }
+    }
+    for task in tasks {
+        task.await.expect("task panicked").expect("lock error");
+    }
+    assert_eq!(overlaps.load(Ordering::SeqCst), 0, "two holders overlapped");
+    let total: u64 = counts.iter().map(|c| c.load(Ordering::SeqCst)).sum();
+    assert_eq!(
+        total,
+        (LOCKERS * TASKS * ROUNDS) as u64,
+        "an update was lost"
+    );
+    // Nothing left behind but the fencing counters.
+    for name in &names {
+        let key = first.key_of(name.as_str()).unwrap();
+        let node = cluster.node_for_key(&key);
+        let left: bool = cluster
+            .node(node.port)
+            .connection()
+            .await
+            .exists(&key)
+            .await
+            .unwrap();
+        assert!(!left, "{key} is still held");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_are_woken_through_sharded_pub_sub_on_the_locks_shard_only() {
+    let cluster = block_in_place(RedisCluster::start);
+    let holder = locker(&cluster, Duration::from_secs(30)).await;
+    let waiter = locker(&cluster, Duration::from_secs(30)).await;
+    let name = unique_name("cluster-wake");
+    let key = holder.key_of(name.as_str()).unwrap();
+    let owner = cluster.node_for_key(&key).port;
+    let before: Vec<(u16, u64, u64)> = (cluster.masters().iter())
+        .map(|m| {
+            (
+                m.port,
+                calls(&cluster, m.port, "spublish"),
+                calls(&cluster, m.port, "publish"),
+            )
+        })
+        .collect();
+
+    let guard = holder.lock(name.as_str()).await.expect("lock");
+    let waiting = tokio::spawn({
+        let (waiter, name) = (waiter.clone(), name.clone());
+        async move {
+            let guard = (waiter.lock(name.as_str()))
+                .wait(Duration::from_secs(10))
+                .await
+                .expect("the waiter gets the lock");
+            let at = Instant::now();
+            assert!(guard.release().await.is_released());
+            at
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let channel = format!("{key}:wake");
+    let mut on_owner = cluster.node(owner).connection().await;
+    let subscribed: (String, u64) = redis::cmd("PUBSUB")
+        .arg("SHARDNUMSUB")
+        .arg(&channel)
+        .query_async(&mut on_owner)
+        .await
+        .expect("PUBSUB SHARDNUMSUB");
+    assert_eq!(subscribed.1, 1, "the waiter subscribed on the lock's shard");
+    let released = Instant::now();
+    assert!(guard.release().await.is_released());
+    let woken = waiting.await.unwrap() - released;
+    // A 30 s lease: only a wake-up explains a grant this soon.
+    assert!(
+        woken < Duration::from_millis(500),
+        "woken {woken:?} after the release"
+    );
+
+    for (port, spublish, publish) in before {
+        let spublished = calls(&cluster, port, "spublish") - spublish;
+        assert_eq!(
+            calls(&cluster, port, "publish"),
+            publish,
+            "{port} broadcast a PUBLISH"
+        );
+        if port == owner {
+            assert!(spublished >= 1, "the lock's master sent no SPUBLISH");
+        } else {
+            assert_eq!(
+                spublished, 0,
+                "{port} published a wake-up for another shard"
+            );
+        }
+    }
+}
+
+/// `per_slot` names for each of `slots` slots (names whose keys share a slot, found by trying).
+fn names_sharing_slots(
+    locker: &Locker,
+    prefix: &str,
+    slots: usize,
+    per_slot: usize,
+) -> Vec<String> {
+    let mut names = Vec::new();
+    for s in 0..slots {
+        let first = unique_name(&format!("{prefix}-{s}"));
+        let slot = key_slot(locker.key_of(first.as_str()).unwrap().as_bytes());
+        names.push(first.clone());
+        let mut found = 1;
+        for i in 0.. {
+            if found == per_slot {
+                break;
+            }
+            let candidate = format!("{first}-{i}");
+            if key_slot(locker.key_of(candidate.as_str()).unwrap().as_bytes()) == slot {
+                names.push(candidate);
+                found += 1;
+            }
+        }
+    }
+    names
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_watchdog_renews_locks_in_many_slots_with_one_script_call_per_slot() {
+    const SLOTS: usize = 4;
+    const PER_SLOT: usize = 3;
+    let cluster = block_in_place(RedisCluster::start);
+    let lease = Duration::from_millis(900);
+    let tick = lease / 3;
+    let locker = locker(&cluster, lease).await;
+    let names = names_sharing_slots(&locker, "cluster-renew", SLOTS, PER_SLOT);
+    let masters: BTreeSet<u16> = (names.iter())
+        .map(|name| {
+            cluster
+                .node_for_key(locker.key_of(name.as_str()).unwrap())
+                .port
+        })
+        .collect();
+    let mut guards = Vec::new();
+    for name in &names {
+        guards.push(locker.lock(name.as_str()).await.expect("lock"));
+    }
+    let scripts = |cluster: &RedisCluster| -> u64 {
+        (cluster.masters().iter())
+            .map(|m| calls(cluster, m.port, "evalsha"))
+            .sum()
+    };
+    let before = scripts(&cluster);
+    let window = Instant::now();
+    tokio::time::sleep(lease * 3).await;
+    let renewals = scripts(&cluster) - before;
+    let ticks = (window.elapsed().as_millis() / tick.as_millis()) as u64 + 1;
+    for guard in &guards {
+        assert!(!guard.is_lost(), "{} was lost", guard.name());
+        let key = locker.key_of(guard.name()).unwrap();
+        let node = cluster.node_for_key(&key);
+        let pttl: i64 = cluster
+            .node(node.port)
+            .connection()
+            .await
+            .pttl(&key)
+            .await
+            .unwrap();
+        assert!(pttl > 0, "{key} has PTTL {pttl} on its master");
+    }
+    eprintln!(
+        "{} locks in {SLOTS} slots on {} masters: {renewals} renewal scripts in {ticks} ticks",
+        names.len(),
+        masters.len()
+    );
+    assert!(
+        renewals >= SLOTS as u64 * (ticks - 2),
+        "too few renewals: {renewals}"
+    );
+    assert!(
+        renewals <= SLOTS as u64 * ticks,
+        "{renewals} renewal scripts in {ticks} ticks: more than one per slot and tick"
+    );
+    for guard in guards {
+        assert!(guard.release().await.is_released());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_lock_survives_its_slot_migrating_to_another_master() {
+    let cluster = block_in_place(RedisCluster::start);
+    let lease = Duration::from_millis(900);
+    let locker = locker(&cluster, lease).await;
+    let rival = locker_with(&cluster).await;
+    let name = unique_name("cluster-migrate");
+    let key = locker.key_of(name.as_str()).unwrap();
+    let slot = key_slot(key.as_bytes());
+    let from = cluster.master_for_slot(slot);
+    let to = (cluster.masters().into_iter())
+        .find(|m| m.id != from.id)
+        .unwrap();
+
+    let guard = locker.lock(name.as_str()).await.expect("lock");
+    block_in_place(|| cluster.migrate_slot(slot, to.port));
+    assert_eq!(cluster.master_for_slot(slot).port, to.port);
+    tokio::time::sleep(lease * 2).await;
+    assert!(!guard.is_lost(), "the hold was lost in the move");
+    assert!(
+        rival
+            .lock(name.as_str())
+            .try_lock()
+            .await
+            .unwrap()
+            .is_none(),
+        "a rival got it"
+    );
+    let pttl: i64 = cluster
+        .node(to.port)
+        .connection()
+        .await
+        .pttl(&key)
+        .await
+        .unwrap();
+    assert!(
+        pttl > 0,
+        "the lock is renewed on its new master (PTTL {pttl})"
+    );
+    assert!(guard.release().await.is_released());
+    let guard = rival
+        .lock(name.as_str())
+        .try_lock()
+        .await
+        .unwrap()
+        .expect("free again");
+    assert!(guard.release().await.is_released());
+}
+
+async fn locker_with(cluster: &RedisCluster) -> Locker {
+    locker(cluster, Duration::from_secs(30)).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_lock_survives_a_coordinated_failover_of_its_master() {
+    let cluster = block_in_place(RedisCluster::start);
+    let lease = Duration::from_millis(900);
+    let locker = locker(&cluster, lease).await;
+    let rival = locker_with(&cluster).await;
+    let name = unique_name("cluster-failover");
+    let key = locker.key_of(name.as_str()).unwrap();
+    let master = cluster.node_for_key(&key);
+    let replica = cluster.replica_of(&master);
+
+    let guard = locker.lock(name.as_str()).await.expect("lock");
+    let first = guard.fencing_token();
+    block_in_place(|| cluster.failover(replica.port));
+    assert_eq!(cluster.node_for_key(&key).port, replica.port);
+    tokio::time::sleep(lease * 2).await;
+    assert!(!guard.is_lost(), "the hold was lost in the failover");
+    assert!(
+        rival
+            .lock(name.as_str())
+            .try_lock()
+            .await
+            .unwrap()
+            .is_none(),
+        "a rival got it"
+    );
+    assert!(guard.release().await.is_released());
+    let guard = (rival.lock(name.as_str()))
+        .wait(Duration::from_secs(5))
+        .await
+        .expect("free again");
+    assert!(guard.fencing_token() > first);
+    assert!(guard.release().await.is_released());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replica_acknowledged_grants_on_a_cluster_are_on_the_slots_replica() {
+    let cluster = block_in_place(RedisCluster::start);
+    let locker = Locker::builder()
+        .cluster(cluster.seed_urls())
+        .replica_ack(ReplicaAck::new(1, Duration::from_millis(500)))
+        .build()
+        .await
+        .expect("a locker on the cluster");
+    for i in 0..10 {
+        let name = unique_name(&format!("cluster-acked-{i}"));
+        let key = locker.key_of(name.as_str()).unwrap();
+        let replica = cluster.replica_of(&cluster.node_for_key(&key));
+        let guard = locker.lock(name.as_str()).await.expect("lock");
+        let mut on_replica = cluster.node(replica.port).connection().await;
+        let () = redis::cmd("READONLY")
+            .query_async(&mut on_replica)
+            .await
+            .unwrap();
+        let fence: u64 = on_replica
+            .hget(&key, "#f")
+            .await
+            .expect("HGET on the replica");
+        assert_eq!(fence, guard.fencing_token().get());
+        assert!(guard.release().await.is_released());
+    }
+}
