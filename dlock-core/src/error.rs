@@ -41,12 +41,21 @@ pub enum LockError {
     /// The `Locker` or the request is misconfigured.
     #[error("lock configuration error: {0}")]
     Config(String),
+    /// A [`MasterSet`](crate::MasterSet) got too few grants before its wait ran out; says what
+    /// each master answered.
+    #[error("{0}")]
+    Masters(Box<crate::masters::MastersError>),
 }
 
 impl LockError {
-    /// The lock was busy until the deadline.
+    /// The lock was busy until the deadline (on a [`MasterSet`](crate::MasterSet): enough
+    /// masters answered, but rivals held it on too many of them).
     pub fn is_timeout(&self) -> bool {
-        matches!(self, Self::Timeout { .. })
+        match self {
+            Self::Timeout { .. } => true,
+            Self::Masters(err) => err.is_busy(),
+            _ => false,
+        }
     }
 
     /// The lock was lost while held.
@@ -54,9 +63,14 @@ impl LockError {
         matches!(self, Self::Lost { .. })
     }
 
-    /// The backend could not be reached or failed.
+    /// The backend could not be reached or failed (on a [`MasterSet`](crate::MasterSet): too
+    /// many masters failed for the rest to make the count).
     pub fn is_backend(&self) -> bool {
-        matches!(self, Self::Backend(_))
+        match self {
+            Self::Backend(_) => true,
+            Self::Masters(err) => !err.is_busy(),
+            _ => false,
+        }
     }
 
     /// The name was rejected.
@@ -86,6 +100,8 @@ impl From<LockError> for std::io::Error {
             LockError::Timeout { .. } => std::io::ErrorKind::TimedOut,
             LockError::InvalidName(_) => std::io::ErrorKind::InvalidInput,
             LockError::Backend(_) => std::io::ErrorKind::NotConnected,
+            LockError::Masters(m) if m.is_busy() => std::io::ErrorKind::TimedOut,
+            LockError::Masters(_) => std::io::ErrorKind::NotConnected,
             _ => std::io::ErrorKind::Other,
         };
         std::io::Error::new(kind, err)

@@ -41,6 +41,9 @@
 //!   1), so they keep rising after a failover to a replica that missed the latest grants (see
 //!   [`FencingToken`]). A grant counts once the master has it; with
 //!   [`LockerBuilder::replica_ack`] it counts once replicas have it too ([`ReplicaAck`]).
+//! - **Independent masters**: a [`MasterSet`] holds a lock on every master
+//!   ([`MasterSet::all`]) or on a majority ([`MasterSet::majority`], Redlock), so no single
+//!   master's loss can hand it to a rival.
 //! - **Waiting**: [`LockRequest::wait`] waits up to a deadline (`Duration::MAX`: for as long as
 //!   it takes; without it, the `Locker`'s [`default_wait`](LockerBuilder::default_wait), one
 //!   attempt unless configured); a failing backend is retried within it. Waiters sleep on a pub/sub
@@ -111,6 +114,7 @@ mod guard;
 mod locker;
 #[doc(hidden)]
 pub mod macro_support;
+mod masters;
 pub mod metrics;
 mod multi;
 mod name;
@@ -131,6 +135,7 @@ pub use locker::{
     DEFAULT_PREFIX, DEFAULT_WATCHDOG_LEASE, Lease, LockRequest, Locker, LockerBuilder,
     default_locker, set_default_locker,
 };
+pub use masters::{MasterGuard, MasterOutcome, MasterRequest, MasterSet, MastersError};
 pub use multi::{MultiGuard, MultiLockRequest};
 pub use name::{IntoLockName, LockName, MAX_NAME_LEN, NameBuilder};
 pub use policy::OnLost;

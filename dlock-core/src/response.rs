@@ -16,6 +16,7 @@ use crate::error::LockError;
 /// | busy ([`LockError::Timeout`]) | 409 ([`busy_status`](Self::busy_status)) | `Retry-After`: the holder's remaining lease in whole seconds, rounded up, at least 1 |
 /// | lost while held ([`LockError::Lost`]) | 503 ([`lost_status`](Self::lost_status)) | |
 /// | Redis unreachable, timed out or failing ([`LockError::Backend`]) | 503 ([`unavailable_status`](Self::unavailable_status)) | |
+/// | a [`MasterSet`](crate::MasterSet) short of grants ([`LockError::Masters`]) | 409 when rivals held it, 503 when masters failed | `Retry-After: 1` when busy |
 /// | invalid name ([`LockError::InvalidName`]) | 400 ([`invalid_name_status`](Self::invalid_name_status)) | |
 /// | anything else (a [`LockError::Config`]) | 500 | |
 ///
@@ -123,6 +124,8 @@ impl ErrorResponses {
             LockError::Lost { .. } => self.lost,
             LockError::Backend(_) => self.unavailable,
             LockError::InvalidName(_) => self.invalid_name,
+            LockError::Masters(m) if m.is_busy() => self.busy,
+            LockError::Masters(_) => self.unavailable,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -143,6 +146,14 @@ impl ErrorResponses {
             // The backend's error stays out: it can name hosts and ports.
             LockError::Backend(_) => (
                 "the lock service could not be reached; retry later".to_owned(),
+                None,
+            ),
+            LockError::Masters(m) if m.is_busy() => (
+                "another request holds this lock; retry later".to_owned(),
+                Some(m.name()),
+            ),
+            LockError::Masters(_) => (
+                "too few lock servers could be reached; retry later".to_owned(),
                 None,
             ),
             // Says why (length, a control character's offset), never the name itself.
@@ -168,7 +179,12 @@ impl ErrorResponses {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/problem+json"),
         );
-        if let LockError::Timeout { retry_after, .. } = err {
+        let busy_retry = match err {
+            LockError::Timeout { retry_after, .. } => Some(*retry_after),
+            LockError::Masters(m) if m.is_busy() => Some(None),
+            _ => None,
+        };
+        if let Some(retry_after) = busy_retry {
             let secs = retry_after
                 .map_or(1, |d| d.as_millis().div_ceil(1000))
                 .clamp(1, u128::from(u64::MAX));
@@ -234,6 +250,17 @@ impl axum_core::response::IntoResponse for LockError {
             LockError::Timeout { .. } => {
                 tracing::debug!("dlock: lock busy, answered over HTTP");
             }
+            LockError::Masters(m) if m.is_busy() => {
+                tracing::debug!("dlock: lock busy on its masters, answered over HTTP");
+            }
+            LockError::Masters(m) => {
+                tracing::warn!(
+                    granted = ?m.granted(),
+                    busy = ?m.busy(),
+                    failed = ?m.failed(),
+                    "dlock: too few lock masters, answered over HTTP"
+                );
+            }
             LockError::InvalidName(invalid) => {
                 tracing::debug!(reason = %invalid, "dlock: invalid lock name, answered over HTTP");
             }
@@ -252,6 +279,7 @@ mod tests {
     use super::*;
     use crate::error::{BackendError, InvalidName};
     use crate::guard::FencingToken;
+    use crate::masters::{MasterOutcome, MastersError};
 
     fn busy(retry_after: Option<Duration>) -> LockError {
         LockError::Timeout {
@@ -324,6 +352,27 @@ mod tests {
             (
                 LockError::Config("lease under 10ms".into()),
                 StatusCode::INTERNAL_SERVER_ERROR,
+            ),
+            (
+                LockError::Masters(Box::new(MastersError::for_test(
+                    "secret-user-42",
+                    2,
+                    vec![MasterOutcome::Busy, MasterOutcome::Busy],
+                ))),
+                StatusCode::LOCKED,
+            ),
+            (
+                LockError::Masters(Box::new(MastersError::for_test(
+                    "secret-user-42",
+                    2,
+                    vec![
+                        MasterOutcome::Granted,
+                        MasterOutcome::Failed(LockError::Backend(BackendError::timeout(
+                            Duration::from_millis(5),
+                        ))),
+                    ],
+                ))),
+                StatusCode::BAD_GATEWAY,
             ),
         ];
         for (err, status) in cases {

@@ -1,0 +1,481 @@
+//! One lock across independent Redis masters: held only when every master granted it
+//! ([`MasterSet::all`], a multi-lock), or when a majority did within the lease's validity
+//! ([`MasterSet::majority`], the Redlock algorithm).
+//!
+//! Independent masters do not replicate to each other, so losing one (a crash, a failover that
+//! lost the latest writes, a partition) cannot hand the lock to a second holder: with
+//! [`all`](MasterSet::all) the rival would need that master too; with
+//! [`majority`](MasterSet::majority), two majorities always share a master, and that master
+//! refuses the rival while the first hold runs. The price is one acquisition per master for
+//! every grant, and no pub/sub wake-ups: a busy set is retried after a short random pause.
+
+use std::fmt;
+use std::future::{Future, IntoFuture};
+use std::pin::Pin;
+use std::time::Duration;
+
+use futures_util::future::{join_all, select_all};
+use tokio::time::Instant;
+
+use crate::clock;
+use crate::error::{LockError, ReleaseOutcome};
+use crate::guard::{FencingToken, LockGuard};
+use crate::locker::{Lease, Locker};
+use crate::name::{IntoLockName, LockName};
+
+/// Independent Redis masters, one [`Locker`] each, that lock together. Cheap to clone.
+#[derive(Clone)]
+pub struct MasterSet {
+    lockers: std::sync::Arc<[Locker]>,
+    need: usize,
+}
+
+impl fmt::Debug for MasterSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MasterSet")
+            .field("masters", &self.lockers)
+            .field("need", &self.need)
+            .finish()
+    }
+}
+
+impl MasterSet {
+    /// A lock is held only when every one of `lockers` granted it (a multi-lock). Its fencing
+    /// token is the first master's (see [`MasterGuard::fencing_token`]).
+    pub fn all(lockers: impl IntoIterator<Item = Locker>) -> Result<Self, LockError> {
+        let lockers: Vec<Locker> = lockers.into_iter().collect();
+        let need = lockers.len();
+        Self::new(lockers, need)
+    }
+
+    /// A lock is held when a majority of `lockers` (⌊n/2⌋ + 1) granted it, within the lease's
+    /// validity (the Redlock algorithm). Use an odd number of masters, three or more: one of
+    /// three, two of five, may be down.
+    pub fn majority(lockers: impl IntoIterator<Item = Locker>) -> Result<Self, LockError> {
+        let lockers: Vec<Locker> = lockers.into_iter().collect();
+        let need = lockers.len() / 2 + 1;
+        Self::new(lockers, need)
+    }
+
+    fn new(lockers: Vec<Locker>, need: usize) -> Result<Self, LockError> {
+        if lockers.is_empty() {
+            return Err(LockError::Config(
+                "a master set needs at least one Locker".into(),
+            ));
+        }
+        Ok(Self {
+            lockers: lockers.into(),
+            need,
+        })
+    }
+
+    /// How many masters the set has.
+    pub fn len(&self) -> usize {
+        self.lockers.len()
+    }
+
+    /// Always false: a set has at least one master.
+    pub fn is_empty(&self) -> bool {
+        self.lockers.is_empty()
+    }
+
+    /// How many masters must grant a lock.
+    pub fn needed(&self) -> usize {
+        self.need
+    }
+
+    /// A request for the lock `name` on the set: set the wait and lease, then `.await` it
+    /// (or [`try_lock`](MasterRequest::try_lock)). Defaults come from the first `Locker`.
+    pub fn lock(&self, name: impl IntoLockName) -> MasterRequest {
+        let first = &self.lockers[0];
+        MasterRequest {
+            set: self.clone(),
+            name: name.into_lock_name(),
+            wait: first.default_wait(),
+            lease: first.default_lease(),
+        }
+    }
+}
+
+/// A request for a lock on a [`MasterSet`].
+#[must_use = "a lock request does nothing until awaited"]
+#[derive(Debug)]
+pub struct MasterRequest {
+    set: MasterSet,
+    name: Result<LockName, LockError>,
+    wait: Duration,
+    lease: Lease,
+}
+
+impl MasterRequest {
+    /// Retries a busy or unreachable set until `wait` has passed since the call.
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// A fixed lease on every master: the lock is valid until the lease, counted from when the
+    /// acquisition was sent, minus a drift allowance, has run out on the masters that count.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = Lease::Fixed(lease);
+        self
+    }
+
+    /// A lease renewed on every master while the guard lives.
+    pub fn watchdog_lease(mut self, lease: Duration) -> Self {
+        self.lease = Lease::Watchdog(lease);
+        self
+    }
+
+    /// One attempt: `Ok(None)` when the masters that granted were too few because the others
+    /// were busy.
+    pub async fn try_lock(mut self) -> Result<Option<MasterGuard>, LockError> {
+        self.wait = Duration::ZERO;
+        match self.acquire().await {
+            Ok(guard) => Ok(Some(guard)),
+            Err(LockError::Masters(err)) if err.is_busy() => Ok(None),
+            Err(err) => Err(err),
+        }
+    }
+
+    async fn acquire(self) -> Result<MasterGuard, LockError> {
+        let name = self.name?;
+        let started = Instant::now();
+        let deadline = clock::after(started, self.wait);
+        let set = self.set;
+        loop {
+            let attempts = set.lockers.iter().map(|locker| {
+                let request = locker.lock(name.clone());
+                let request = match self.lease {
+                    Lease::Fixed(lease) => request.lease(lease),
+                    Lease::Watchdog(lease) => request.watchdog_lease(lease),
+                };
+                request.try_lock()
+            });
+            let results = join_all(attempts).await;
+            let mut guards = Vec::with_capacity(results.len());
+            let mut outcomes = Vec::with_capacity(results.len());
+            for result in results {
+                match result {
+                    Ok(Some(guard)) => {
+                        guards.push(Some(guard));
+                        outcomes.push(MasterOutcome::Granted);
+                    }
+                    Ok(None) => {
+                        guards.push(None);
+                        outcomes.push(MasterOutcome::Busy);
+                    }
+                    Err(err) => {
+                        guards.push(None);
+                        outcomes.push(MasterOutcome::Failed(err));
+                    }
+                }
+            }
+            let guard = MasterGuard {
+                name: name.clone(),
+                need: set.need,
+                guards,
+            };
+            // Valid only if enough grants are still valid now: a slow round of attempts eats
+            // into the lease (each guard's validity already counts from when it was sent, minus
+            // drift).
+            if guard.valid_count(Instant::now()) >= set.need {
+                return Ok(guard);
+            }
+            for (outcome, sub) in outcomes.iter_mut().zip(&guard.guards) {
+                let now = Instant::now();
+                if matches!(outcome, MasterOutcome::Granted)
+                    && sub
+                        .as_ref()
+                        .is_some_and(|g| g.is_lost() || g.valid_until() <= now)
+                {
+                    *outcome = MasterOutcome::Expired;
+                }
+            }
+            // Too few: give back what was granted, on every master that granted.
+            guard.release().await;
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(LockError::Masters(Box::new(MastersError {
+                    name: name.to_string(),
+                    need: set.need,
+                    outcomes,
+                })));
+            }
+            // A random pause, so that rivals that split the masters between them do not retry
+            // in step.
+            let pause = Duration::from_millis(10 + u64::from(random_byte()) % 40);
+            tokio::time::sleep_until(deadline.min(now + pause)).await;
+        }
+    }
+}
+
+fn random_byte() -> u8 {
+    let mut b = [0u8; 1];
+    let _ = getrandom::fill(&mut b);
+    b[0]
+}
+
+impl IntoFuture for MasterRequest {
+    type Output = Result<MasterGuard, LockError>;
+    type IntoFuture = Pin<Box<dyn Future<Output = Self::Output> + Send>>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(self.acquire())
+    }
+}
+
+/// A lock held on a [`MasterSet`]: one [`LockGuard`] per master that granted it. Dropping it
+/// releases every one in the background; [`release`](Self::release) says what each master
+/// answered.
+#[derive(Debug)]
+pub struct MasterGuard {
+    name: LockName,
+    need: usize,
+    /// By master, in the set's order; `None` where the master did not grant.
+    guards: Vec<Option<LockGuard>>,
+}
+
+impl MasterGuard {
+    /// The lock's name.
+    pub fn name(&self) -> &LockName {
+        &self.name
+    }
+
+    /// The masters (by their index in the set) that granted the lock.
+    pub fn granted(&self) -> Vec<usize> {
+        (self.guards.iter().enumerate())
+            .filter(|(_, g)| g.is_some())
+            .map(|(i, _)| i)
+            .collect()
+    }
+
+    /// How many granting masters' holds are still valid at `now`.
+    fn valid_count(&self, now: Instant) -> usize {
+        (self.guards.iter().flatten())
+            .filter(|g| !g.is_lost() && g.valid_until() > now)
+            .count()
+    }
+
+    /// The fencing token each granting master gave, by master index.
+    ///
+    /// What they mean: each master's tokens rise for every grant it makes, so two holds of the
+    /// name are ordered by their tokens from a master both were granted by. With
+    /// [`MasterSet::all`] every hold has every master; with [`MasterSet::majority`] any two holds
+    /// share at least one. Tokens of different masters are not comparable.
+    pub fn fencing_tokens(&self) -> Vec<(usize, FencingToken)> {
+        (self.guards.iter().enumerate())
+            .filter_map(|(i, g)| g.as_ref().map(|g| (i, g.fencing_token())))
+            .collect()
+    }
+
+    /// One token that rises with every hold: the first master's, for a set where every master
+    /// must grant ([`MasterSet::all`]). `None` for a majority set, where no single master is in
+    /// every hold — use [`fencing_tokens`](Self::fencing_tokens) there.
+    pub fn fencing_token(&self) -> Option<FencingToken> {
+        if self.need < self.guards.len() {
+            return None;
+        }
+        self.guards.first()?.as_ref().map(LockGuard::fencing_token)
+    }
+
+    /// Until when the lock is valid: the latest instant by which enough masters' holds are
+    /// still valid (the `need`-th latest validity among the granting masters).
+    pub fn valid_until(&self) -> Instant {
+        let mut until: Vec<Instant> = self
+            .guards
+            .iter()
+            .flatten()
+            .map(LockGuard::valid_until)
+            .collect();
+        until.sort_unstable_by(|a, b| b.cmp(a));
+        until
+            .get(self.need.saturating_sub(1))
+            .copied()
+            .unwrap_or_else(Instant::now)
+    }
+
+    /// Whether the lock is lost: fewer than the needed masters still hold it.
+    pub fn is_lost(&self) -> bool {
+        self.valid_count(Instant::now()) < self.need
+    }
+
+    /// Resolves once the lock is lost (fewer than the needed masters still hold it).
+    pub async fn lost(&self) {
+        let mut pending: Vec<_> = (self.guards.iter().flatten())
+            .filter(|g| !g.is_lost())
+            .map(|g| Box::pin(g.lost()))
+            .collect();
+        while pending.len() >= self.need && !pending.is_empty() {
+            let (_, _, rest) = select_all(pending).await;
+            pending = rest;
+        }
+    }
+
+    /// Runs `fut`, cancelling it with [`LockError::Lost`] if the lock is lost first.
+    pub async fn run<F: Future>(&self, fut: F) -> Result<F::Output, LockError> {
+        if self.is_lost() {
+            return Err(self.lost_error());
+        }
+        tokio::select! {
+            out = fut => Ok(out),
+            () = self.lost() => Err(self.lost_error()),
+        }
+    }
+
+    fn lost_error(&self) -> LockError {
+        LockError::Lost {
+            name: self.name.to_string(),
+            fencing_token: (self.fencing_token())
+                .or_else(|| self.fencing_tokens().first().map(|(_, t)| *t))
+                .unwrap_or(FencingToken::new(0)),
+        }
+    }
+
+    /// Releases the lock on every master that granted it, all at once; returns each master's
+    /// outcome by index (`None` where it had not granted).
+    pub async fn release(mut self) -> Vec<Option<ReleaseOutcome>> {
+        let guards = std::mem::take(&mut self.guards);
+        let releases = guards.into_iter().map(|g| async move {
+            match g {
+                Some(g) => Some(g.release().await),
+                None => None,
+            }
+        });
+        join_all(releases).await
+    }
+}
+
+/// What one master answered to an acquisition on a [`MasterSet`].
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum MasterOutcome {
+    /// Granted (and given back, as the set did not get enough grants).
+    Granted,
+    /// Granted, but the grant's validity ran out before enough masters answered.
+    Expired,
+    /// Held by someone else.
+    Busy,
+    /// Unreachable or failing; the error says why.
+    Failed(LockError),
+}
+
+/// A lock a [`MasterSet`] could not take before its wait ran out: what each master answered to
+/// the last attempt. Nothing granted is left behind: every grant was given back.
+#[derive(Debug)]
+pub struct MastersError {
+    name: String,
+    need: usize,
+    outcomes: Vec<MasterOutcome>,
+}
+
+impl MastersError {
+    /// The lock's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// How many masters had to grant.
+    pub fn needed(&self) -> usize {
+        self.need
+    }
+
+    /// Each master's answer to the last attempt, by index in the set.
+    pub fn outcomes(&self) -> &[MasterOutcome] {
+        &self.outcomes
+    }
+
+    fn indices(&self, pick: impl Fn(&MasterOutcome) -> bool) -> Vec<usize> {
+        (self.outcomes.iter().enumerate())
+            .filter(|(_, o)| pick(o))
+            .map(|(i, _)| i)
+            .collect()
+    }
+
+    /// The masters that granted the lock (and were given it back).
+    pub fn granted(&self) -> Vec<usize> {
+        self.indices(|o| matches!(o, MasterOutcome::Granted | MasterOutcome::Expired))
+    }
+
+    /// The masters where someone else held it.
+    pub fn busy(&self) -> Vec<usize> {
+        self.indices(|o| matches!(o, MasterOutcome::Busy))
+    }
+
+    /// The masters that could not be reached or failed.
+    pub fn failed(&self) -> Vec<usize> {
+        self.indices(|o| matches!(o, MasterOutcome::Failed(_)))
+    }
+
+    /// Whether enough masters answered that only a rival's hold stood in the way (no master
+    /// failure decided it): the lock is busy, worth retrying later.
+    pub fn is_busy(&self) -> bool {
+        self.outcomes.len() - self.failed().len() >= self.need
+    }
+}
+
+impl fmt::Display for MastersError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "lock `{}` needs {} of {} masters: granted by {:?}, busy on {:?}, failed on {:?}",
+            self.name,
+            self.need,
+            self.outcomes.len(),
+            self.granted(),
+            self.busy(),
+            self.failed()
+        )?;
+        for (i, outcome) in self.outcomes.iter().enumerate() {
+            if let MasterOutcome::Failed(err) = outcome {
+                write!(f, "; master {i}: {err}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for MastersError {}
+
+#[cfg(test)]
+impl MastersError {
+    pub(crate) fn for_test(name: &str, need: usize, outcomes: Vec<MasterOutcome>) -> Self {
+        Self {
+            name: name.to_owned(),
+            need,
+            outcomes,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::BackendError;
+
+    fn unreachable() -> MasterOutcome {
+        MasterOutcome::Failed(LockError::Backend(BackendError::timeout(
+            Duration::from_millis(5),
+        )))
+    }
+
+    #[test]
+    fn busy_means_enough_masters_answered() {
+        use MasterOutcome::{Busy, Granted};
+        let busy = MastersError::for_test("a", 2, vec![Granted, Busy, unreachable()]);
+        assert!(busy.is_busy());
+        assert!(LockError::Masters(Box::new(busy)).is_timeout());
+        let down = MastersError::for_test("a", 2, vec![Granted, unreachable(), unreachable()]);
+        assert!(!down.is_busy());
+        assert_eq!(down.granted(), vec![0]);
+        assert_eq!(down.failed(), vec![1, 2]);
+        assert_eq!(
+            down.to_string(),
+            "lock `a` needs 2 of 3 masters: granted by [0], busy on [], failed on [1, 2]; \
+             master 1: lock backend unavailable: no answer from redis within 5ms; \
+             master 2: lock backend unavailable: no answer from redis within 5ms"
+        );
+        let err = LockError::Masters(Box::new(down));
+        assert!(err.is_backend() && !err.is_timeout());
+    }
+}
