@@ -26,7 +26,12 @@ pub(crate) struct Actor {
 }
 
 impl Actor {
-    fn new(label: &str, command_timeout: Duration, watchdog_lease: Duration, l: Locker) -> Self {
+    pub(crate) fn new(
+        label: &str,
+        command_timeout: Duration,
+        watchdog_lease: Duration,
+        l: Locker,
+    ) -> Self {
         Self {
             label: label.to_owned(),
             command_timeout,

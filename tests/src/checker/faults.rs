@@ -30,6 +30,12 @@ pub enum FaultFamily {
     Mixed,
     /// Memory backend: `MemoryStore::delete` and virtual-time jumps past the leases.
     Memory,
+    /// A Redis Cluster: coordinated failovers, masters killed (and restarted as replicas),
+    /// replicas paused, external `DEL`s.
+    Cluster,
+    /// Redis Sentinel: `SENTINEL FAILOVER`, the master killed (and restarted), the replica
+    /// paused, external `DEL`s.
+    Sentinel,
 }
 
 /// One planned fault.
@@ -46,6 +52,12 @@ pub(crate) enum FaultSpec {
     Clobber(u8, Duration),
     /// The proxy forwarding nothing (connections stay open) for a while.
     Stall(Duration),
+    /// A failover of the master of a name's slot (of the master, with Sentinel).
+    Failover(u8),
+    /// The master of a name's slot killed, down at least this long, then restarted.
+    KillMaster(u8, Duration),
+    /// The replica of a name's master paused for a while.
+    PauseReplica(u8, Duration),
 }
 
 /// A restart costs a new process and every connection: at most one per this much planned time.
@@ -79,13 +91,17 @@ impl FaultPlan {
     /// The next gap and fault.
     pub(crate) fn next_fault(&mut self) -> (Duration, FaultSpec) {
         let rng = &mut self.rng;
-        let (gap, weights): (Duration, [u32; 7]) = match self.family {
-            // pause, del, restart, cut, jump, clobber, stall
-            FaultFamily::PauseAndDel => (between(rng, 30, 300), [45, 40, 0, 0, 0, 15, 0]),
-            FaultFamily::Restart => (between(rng, 200, 800), [0, 60, 40, 0, 0, 0, 0]),
-            FaultFamily::ProxyCut => (between(rng, 50, 300), [0, 30, 0, 40, 0, 0, 30]),
-            FaultFamily::Mixed => (between(rng, 50, 300), [20, 25, 10, 20, 0, 15, 10]),
-            FaultFamily::Memory => (between(rng, 20, 500), [0, 60, 0, 0, 40, 0, 0]),
+        let (gap, weights): (Duration, [u32; 10]) = match self.family {
+            // pause, del, restart, cut, jump, clobber, stall, failover, kill master,
+            // pause replica
+            FaultFamily::PauseAndDel => (between(rng, 30, 300), [45, 40, 0, 0, 0, 15, 0, 0, 0, 0]),
+            FaultFamily::Restart => (between(rng, 200, 800), [0, 60, 40, 0, 0, 0, 0, 0, 0, 0]),
+            FaultFamily::ProxyCut => (between(rng, 50, 300), [0, 30, 0, 40, 0, 0, 30, 0, 0, 0]),
+            FaultFamily::Mixed => (between(rng, 50, 300), [20, 25, 10, 20, 0, 15, 10, 0, 0, 0]),
+            FaultFamily::Memory => (between(rng, 20, 500), [0, 60, 0, 0, 40, 0, 0, 0, 0, 0]),
+            FaultFamily::Cluster | FaultFamily::Sentinel => {
+                (between(rng, 200, 800), [0, 30, 0, 0, 0, 0, 0, 35, 15, 20])
+            }
         };
         self.since_restart += gap;
         let mut roll = rng.random_range(0..weights.iter().sum::<u32>());
@@ -94,7 +110,8 @@ impl FaultPlan {
             roll -= weights[pick];
             pick += 1;
         }
-        if pick == 2 && self.since_restart < MIN_RESTART_INTERVAL {
+        // Restarts, kills and failovers cost new processes or seconds of unavailability.
+        if matches!(pick, 2 | 7 | 8) && self.since_restart < MIN_RESTART_INTERVAL {
             pick = 1;
         }
         let fault = match pick {
@@ -110,6 +127,15 @@ impl FaultPlan {
             // Long enough to outlast a lease: the other holds must be renewed meanwhile.
             6 => FaultSpec::Stall(between(rng, 50, 1_000)),
             5 => FaultSpec::Clobber(rng.random_range(0..self.names), between(rng, 200, 1500)),
+            7 => {
+                self.since_restart = Duration::ZERO;
+                FaultSpec::Failover(rng.random_range(0..self.names))
+            }
+            8 => {
+                self.since_restart = Duration::ZERO;
+                FaultSpec::KillMaster(rng.random_range(0..self.names), between(rng, 0, 300))
+            }
+            9 => FaultSpec::PauseReplica(rng.random_range(0..self.names), between(rng, 50, 800)),
             _ => FaultSpec::Jump(self.longest_lease.mul_f64(rng.random_range(1.0..3.0))),
         };
         (gap, fault)
@@ -134,11 +160,13 @@ pub(crate) struct MemoryTargets {
     pub(crate) keys: Vec<String>,
 }
 
-/// Either backend.
+/// What a run injects faults into.
 #[derive(Debug)]
 pub(crate) enum Targets {
     Redis(RedisTargets),
     Memory(MemoryTargets),
+    /// A cluster or a sentinel set-up (see `distributed`).
+    Distributed(super::distributed::DistributedTargets),
 }
 
 /// How long an admin command may take.
@@ -157,6 +185,7 @@ impl Targets {
     async fn apply(&self, fault: FaultSpec, history: &History) -> bool {
         let from = Instant::now();
         let (kind, name, applied) = match (self, fault) {
+            (Self::Distributed(t), fault) => t.apply(fault).await,
             (Self::Redis(t), FaultSpec::Pause(d)) => {
                 let mut cmd = redis::cmd("CLIENT");
                 cmd.arg("PAUSE").arg(d.as_millis() as u64).arg("WRITE");

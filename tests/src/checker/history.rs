@@ -318,12 +318,28 @@ pub enum FaultKind {
     Clobber,
     /// The proxy forwarded nothing for a while (its lockers' commands went unanswered).
     Stall,
+    /// A coordinated failover (`CLUSTER FAILOVER`): the replica caught up before it took over.
+    Failover,
+    /// `SENTINEL FAILOVER` with writes counted once the master has them: the old master stays
+    /// writable for a while, and what is written there is lost.
+    Switch,
+    /// A master killed, its replica promoted, the old one restarted as a replica; writes the
+    /// replica had not received are lost.
+    MasterKilled,
+    /// As [`Switch`](Self::Switch) or [`MasterKilled`](Self::MasterKilled), for lockers whose
+    /// writes count only once a replica acknowledged them: nothing that counted is lost.
+    AckedFailover,
+    /// A replica paused (`SIGSTOP`) for a while: it lags.
+    ReplicaPaused,
 }
 
 impl FaultKind {
     /// Whether it destroys holds (and so excuses an overlap).
     pub fn destructive(self) -> bool {
-        matches!(self, Self::Del | Self::Restart | Self::Clobber)
+        matches!(
+            self,
+            Self::Del | Self::Restart | Self::Clobber | Self::Switch | Self::MasterKilled
+        )
     }
 }
 

@@ -19,6 +19,7 @@
 //! number of sessions (operations) per run, for a long soak.
 
 mod actors;
+mod distributed;
 mod faults;
 mod history;
 pub mod invariants;
@@ -29,6 +30,7 @@ mod render;
 mod run;
 mod sample;
 
+pub use distributed::{Figures, run_cluster, run_sentinel};
 pub use faults::FaultFamily;
 pub use history::History;
 pub use invariants::{Invariant, Violation};

@@ -32,16 +32,16 @@ const SETTLE_MARGIN: Duration = Duration::from_millis(500);
 
 /// The run's shape, drawn from the seed.
 #[derive(Debug, Clone, Copy)]
-struct Params {
-    workers: u16,
-    names: u8,
-    watchdog_lease: Duration,
-    command_timeout: Duration,
-    tiny_timeout: Duration,
-    fence_ttl: Option<Duration>,
+pub(super) struct Params {
+    pub(super) workers: u16,
+    pub(super) names: u8,
+    pub(super) watchdog_lease: Duration,
+    pub(super) command_timeout: Duration,
+    pub(super) tiny_timeout: Duration,
+    pub(super) fence_ttl: Option<Duration>,
 }
 
-fn params(seed: u64) -> Params {
+pub(super) fn params(seed: u64) -> Params {
     let mut rng = StdRng::seed_from_u64(seed);
     let ms = |rng: &mut StdRng, lo: u64, hi: u64| Duration::from_millis(rng.random_range(lo..=hi));
     Params {
@@ -141,7 +141,7 @@ fn summarize(
 }
 
 /// Runs the workers and the fault injector to the end; returns the faults injected.
-async fn drive(
+pub(super) async fn drive(
     ctx: &Arc<Ctx>,
     targets: &Targets,
     config: Config,
@@ -156,7 +156,7 @@ async fn drive(
     let lag_stop = stop_rx.clone();
     let lags = async move {
         // Virtual time has no scheduler lag, and a sleeper would keep it moving.
-        if matches!(targets, Targets::Redis(_)) {
+        if !matches!(targets, Targets::Memory(_)) {
             ctx.history.lags.monitor(lag_stop).await;
         }
     };
@@ -192,7 +192,7 @@ const PROBE_LEASES: u32 = 3;
 ///
 /// With an admin connection, each locker also holds a second lock whose key gets a foreign value
 /// written over it: that hold is lost, and the first must be renewed regardless.
-async fn watchdog_probe(
+pub(super) async fn watchdog_probe(
     actors: &[Actor],
     admin: Option<&redis::aio::ConnectionManager>,
     out: &mut Vec<Violation>,
@@ -298,7 +298,7 @@ async fn watchdog_probe(
     }
 }
 
-fn locker_leftovers(actors: &[Actor], out: &mut Vec<Violation>) {
+pub(super) fn locker_leftovers(actors: &[Actor], out: &mut Vec<Violation>) {
     for actor in actors {
         for (generation, l) in actor.generations().iter().enumerate() {
             let (renewed, watched) = (l.renewed_holds(), l.watched_names());
@@ -385,7 +385,7 @@ async fn redis_leftovers(
     out
 }
 
-fn finish(
+pub(super) fn finish(
     config: Config,
     wall: std::time::Instant,
     ctx: &Ctx,
@@ -425,11 +425,11 @@ fn finish(
     }
 }
 
-fn names(p: Params) -> Vec<String> {
+pub(super) fn names(p: Params) -> Vec<String> {
     (0..p.names).map(|i| format!("hot{i}")).collect()
 }
 
-fn ctx(
+pub(super) fn ctx(
     actors: Vec<Actor>,
     names: Vec<String>,
     admin: Option<redis::aio::ConnectionManager>,

@@ -1,0 +1,412 @@
+//! The checker on Redis's own distributed deployments: a cluster of three masters and three
+//! replicas, and a master, a replica and three sentinels, with failover faults — coordinated
+//! failovers, masters killed and restarted, replicas paused, external `DEL`s.
+//!
+//! Each deployment runs in two modes. With writes counted once the master has them (the
+//! default), a killed master or a `SENTINEL FAILOVER` may lose grants: those faults are
+//! destructive, they excuse the overlaps they cause, and [`Figures::overlaps`] counts every
+//! overlap, excused or not — the honest price of the mode. With replica acknowledgement
+//! ([`dlock_core::ReplicaAck`]) the same faults lose nothing that counted: they excuse nothing,
+//! and any overlap is a violation.
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use dlock_core::redis::{self, AsyncCommands as _};
+use dlock_core::{Locker, LockerBuilder, ReplicaAck};
+use tokio::time::Instant;
+
+use super::actors::Actor;
+use super::faults::FaultSpec;
+use super::history::{FaultKind, History, locked};
+use super::invariants::{Invariant, Violation};
+use super::run::{
+    self, Params, Report, ctx, drive, finish, locker_leftovers, names, watchdog_probe,
+};
+use super::{Config, FaultFamily};
+use crate::{RedisCluster, RedisSentinel, unique_name};
+
+/// How many replicas acknowledge, and for how long a write waits for them, in acknowledged runs.
+const ACK: ReplicaAck = ReplicaAck::new(1, Duration::from_millis(250));
+
+/// The command timeout of a distributed run: above a cluster's ~1 s of `CLUSTERDOWN` during a
+/// failover is not needed (that is what waits are for), but above the acknowledgement wait.
+const COMMAND_TIMEOUT: Duration = Duration::from_millis(800);
+
+/// Which deployment a run's faults act on.
+#[derive(Debug, Clone)]
+enum Deployment {
+    Cluster(Arc<Mutex<RedisCluster>>),
+    Sentinel(Arc<Mutex<RedisSentinel>>),
+}
+
+/// What the distributed injector acts on.
+#[derive(Debug)]
+pub(crate) struct DistributedTargets {
+    deployment: Deployment,
+    keys: Vec<String>,
+    acked: bool,
+}
+
+/// Runs a blocking harness call on the blocking pool.
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    tokio::task::spawn_blocking(f)
+        .await
+        .expect("a harness call")
+}
+
+impl DistributedTargets {
+    /// Carries out one fault; returns what to record.
+    pub(crate) async fn apply(&self, fault: FaultSpec) -> (FaultKind, Option<u8>, bool) {
+        let lost_kind = |kind| {
+            if self.acked {
+                FaultKind::AckedFailover
+            } else {
+                kind
+            }
+        };
+        match (&self.deployment, fault) {
+            (_, FaultSpec::Del(n)) => {
+                let key = self.keys[usize::from(n)].clone();
+                let ok = self.del(key).await;
+                (FaultKind::Del, Some(n), ok)
+            }
+            (Deployment::Cluster(c), FaultSpec::Failover(n)) => {
+                let (c, key) = (c.clone(), self.keys[usize::from(n)].clone());
+                blocking(move || {
+                    let cluster = locked(&c);
+                    let replica = cluster.replica_of(&cluster.node_for_key(&key));
+                    cluster.failover(replica.port);
+                })
+                .await;
+                (FaultKind::Failover, None, true)
+            }
+            (Deployment::Cluster(c), FaultSpec::KillMaster(n, down)) => {
+                let (c, key) = (c.clone(), self.keys[usize::from(n)].clone());
+                blocking(move || {
+                    let mut cluster = locked(&c);
+                    let master = cluster.node_for_key(&key).port;
+                    cluster.kill(master);
+                    cluster.wait_ok();
+                    std::thread::sleep(down);
+                    cluster.restart(master);
+                    cluster.wait_ok();
+                })
+                .await;
+                (lost_kind(FaultKind::MasterKilled), None, true)
+            }
+            (Deployment::Cluster(c), FaultSpec::PauseReplica(n, pause)) => {
+                let (c, key) = (c.clone(), self.keys[usize::from(n)].clone());
+                blocking(move || {
+                    let mut cluster = locked(&c);
+                    let replica = cluster.replica_of(&cluster.node_for_key(&key)).port;
+                    cluster.pause(replica);
+                    std::thread::sleep(pause);
+                    cluster.resume(replica);
+                })
+                .await;
+                (FaultKind::ReplicaPaused, None, true)
+            }
+            (Deployment::Sentinel(s), FaultSpec::Failover(_)) => {
+                let s = s.clone();
+                blocking(move || {
+                    let set = locked(&s);
+                    set.failover();
+                    // Until the old master follows the new one (~10 s), the new one has no
+                    // replica: acknowledged writes fail. That is part of the fault.
+                    set.wait_ready();
+                })
+                .await;
+                (lost_kind(FaultKind::Switch), None, true)
+            }
+            (Deployment::Sentinel(s), FaultSpec::KillMaster(_, down)) => {
+                let s = s.clone();
+                blocking(move || {
+                    let mut set = locked(&s);
+                    let old = set.kill_master();
+                    set.wait_promotion(old, Duration::from_secs(20));
+                    std::thread::sleep(down);
+                    // Back empty; the sentinels make it a replica of the new master.
+                    set.restart(old);
+                    set.wait_ready();
+                })
+                .await;
+                (lost_kind(FaultKind::MasterKilled), None, true)
+            }
+            (Deployment::Sentinel(s), FaultSpec::PauseReplica(_, pause)) => {
+                let s = s.clone();
+                blocking(move || {
+                    let mut set = locked(&s);
+                    set.pause_replica();
+                    std::thread::sleep(pause);
+                    set.resume_replica();
+                })
+                .await;
+                (FaultKind::ReplicaPaused, None, true)
+            }
+            (_, other) => unreachable!("fault {other:?} planned for a distributed run"),
+        }
+    }
+
+    /// `DEL key` on the node that has it now.
+    async fn del(&self, key: String) -> bool {
+        let port = match &self.deployment {
+            Deployment::Cluster(c) => {
+                let (c, key) = (c.clone(), key.clone());
+                blocking(move || locked(&c).node_for_key(&key).port).await
+            }
+            Deployment::Sentinel(s) => {
+                let s = s.clone();
+                blocking(move || locked(&s).master_port()).await
+            }
+        };
+        let url = format!("redis://127.0.0.1:{port}/");
+        let Ok(client) = redis::Client::open(url) else {
+            return false;
+        };
+        let done = tokio::time::timeout(Duration::from_secs(2), async {
+            let mut con = client.get_multiplexed_async_connection().await?;
+            con.del::<_, i64>(&key).await
+        })
+        .await;
+        matches!(done, Ok(Ok(_)))
+    }
+
+    /// The ports of the data nodes that serve writes now.
+    async fn masters(&self) -> Vec<u16> {
+        match &self.deployment {
+            Deployment::Cluster(c) => {
+                let c = c.clone();
+                blocking(move || {
+                    let cluster = locked(&c);
+                    cluster.wait_ok();
+                    cluster.masters().into_iter().map(|m| m.port).collect()
+                })
+                .await
+            }
+            Deployment::Sentinel(s) => {
+                let s = s.clone();
+                blocking(move || vec![locked(&s).master_port()]).await
+            }
+        }
+    }
+}
+
+/// The figures a distributed run reports besides its violations.
+#[derive(Debug, Clone, Default)]
+pub struct Figures {
+    /// Guards handed out.
+    pub guards: usize,
+    /// Pairs of holds of one name, with different tokens, whose beliefs overlapped, other than
+    /// those an external `DEL` of the name explains (a `DEL` frees a lock by design) — whether a
+    /// failover excuses them or not.
+    pub overlaps: usize,
+    /// Guards that saw their lock lost while they lived.
+    pub lost: usize,
+    /// Failovers and kills, and for each the time from its start to the next grant of any name.
+    pub recoveries: Vec<(FaultKind, Duration)>,
+}
+
+impl fmt::Display for Figures {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut times: Vec<Duration> = self.recoveries.iter().map(|r| r.1).collect();
+        times.sort();
+        let median = times.get(times.len() / 2).copied().unwrap_or_default();
+        let max = times.last().copied().unwrap_or_default();
+        write!(
+            f,
+            "{} guards, {} overlaps, {} lost; {} failovers/kills, recovered (next grant) in \
+             median {median:?}, max {max:?}",
+            self.guards,
+            self.overlaps,
+            self.lost,
+            times.len()
+        )
+    }
+}
+
+/// Counts every overlap of two holds with different tokens, and the losses and recoveries.
+fn figures(history: &History, finish: Instant) -> Figures {
+    let guards = history.guards();
+    let faults = history.faults();
+    let deleted = |name: u8, from: Instant, to: Instant| {
+        (faults.iter())
+            .any(|f| f.kind == FaultKind::Del && f.hits(name) && f.to >= from && f.from <= to)
+    };
+    let mut overlaps = 0;
+    let names = u8::try_from(history.names.len()).unwrap_or(u8::MAX);
+    for name in 0..names {
+        // (start of belief, end of belief, token, acquisition called)
+        let mut holds: Vec<(Instant, Instant, u64, Instant)> = (guards.iter())
+            .filter(|g| g.name == name && !g.reentrant)
+            .map(|g| (g.start, g.belief_end(finish), g.token, g.call))
+            .filter(|h| h.0 < h.1)
+            .collect();
+        holds.sort_by_key(|h| h.0);
+        for (i, a) in holds.iter().enumerate() {
+            overlaps += (holds[i + 1..].iter())
+                .take_while(|b| b.0 < a.1)
+                .filter(|b| b.2 != a.2)
+                .filter(|b| {
+                    let first = if a.2 < b.2 { a } else { *b };
+                    let second = if a.2 < b.2 { *b } else { a };
+                    !deleted(name, first.3, second.0)
+                })
+                .count();
+        }
+    }
+    let lost = guards.iter().filter(|g| g.lost_at.get().is_some()).count();
+    let mut starts: Vec<Instant> = guards.iter().map(|g| g.start).collect();
+    starts.sort();
+    let recoveries = (history.faults().iter())
+        .filter(|f| {
+            matches!(
+                f.kind,
+                FaultKind::Failover
+                    | FaultKind::Switch
+                    | FaultKind::MasterKilled
+                    | FaultKind::AckedFailover
+            )
+        })
+        .filter_map(|f| {
+            let next = starts.iter().find(|s| **s >= f.from)?;
+            Some((f.kind, *next - f.from))
+        })
+        .collect();
+    Figures {
+        guards: guards.len(),
+        overlaps,
+        lost,
+        recoveries,
+    }
+}
+
+/// Lock keys (not fencing counters) left on the masters after every lease ran out.
+async fn leftovers(targets: &DistributedTargets, prefix: &str) -> Vec<Violation> {
+    let mut out = Vec::new();
+    for port in targets.masters().await {
+        let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).expect("a node url");
+        let mut con = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("a connection to a master");
+        let keys: Vec<String> = {
+            let mut iter = (con.scan_match::<_, String>(format!("{prefix}*")).await)
+                .expect("SCAN the run's prefix");
+            let mut keys = Vec::new();
+            while let Some(key) = futures_util::StreamExt::next(&mut iter).await {
+                keys.push(key.expect("a SCAN reply"));
+            }
+            keys
+        };
+        for key in keys.into_iter().filter(|k| !k.ends_with(":fence")) {
+            let mut con = con.clone();
+            let pttl: i64 = con.pttl(&key).await.unwrap_or(-3);
+            out.push(Violation {
+                invariant: Invariant::LeftBehind,
+                summary: format!(
+                    "lock key {key} remains on master {port} after every guard is gone and \
+                     every lease ran out (PTTL {pttl} ms)"
+                ),
+                window: None,
+                hint: "",
+            });
+        }
+    }
+    out
+}
+
+fn builder(prefix: &str, p: Params, acked: bool) -> LockerBuilder {
+    let b = Locker::builder()
+        .prefix(prefix)
+        .watchdog_lease(p.watchdog_lease)
+        .fence_ttl(p.fence_ttl)
+        .command_timeout(COMMAND_TIMEOUT)
+        .connect_timeout(Duration::from_secs(1));
+    if acked { b.replica_ack(ACK) } else { b }
+}
+
+async fn run(
+    config: Config,
+    deployment: Deployment,
+    lockers: Vec<Locker>,
+    prefix: String,
+    acked: bool,
+    p: Params,
+) -> (Report, Figures) {
+    let wall = std::time::Instant::now();
+    let actors = (lockers.into_iter().enumerate())
+        .map(|(i, l)| Actor::new(&format!("locker-{i}"), COMMAND_TIMEOUT, p.watchdog_lease, l))
+        .collect();
+    let ctx = ctx(actors, names(p), None);
+    let targets = DistributedTargets {
+        deployment,
+        keys: ctx.keys.clone(),
+        acked,
+    };
+    let targets = super::faults::Targets::Distributed(targets);
+    let faults = drive(&ctx, &targets, config, p).await;
+    let super::faults::Targets::Distributed(targets) = &targets else {
+        unreachable!("a distributed run");
+    };
+    let mut found = leftovers(targets, &prefix).await;
+    locker_leftovers(&ctx.actors, &mut found);
+    watchdog_probe(&ctx.actors, None, &mut found).await;
+    let figures = figures(&ctx.history, Instant::now());
+    let report = finish(config, wall, &ctx, faults, found);
+    eprintln!(
+        "checker {:?}{}: {figures}",
+        config.family,
+        if acked { " (replica-acknowledged)" } else { "" }
+    );
+    (report, figures)
+}
+
+/// A checker run on a real 3+3 Redis Cluster, every locker on it through `LockerBuilder::cluster`
+/// (with replica acknowledgement if `acked`).
+pub async fn run_cluster(config: Config, acked: bool) -> (Report, Figures) {
+    assert_eq!(
+        config.family,
+        FaultFamily::Cluster,
+        "a cluster run takes the cluster faults"
+    );
+    let p = run::params(config.seed);
+    let cluster = blocking(RedisCluster::start).await;
+    let prefix = format!("chk-{}-{}:", config.seed, unique_name("cluster"));
+    let mut lockers = Vec::new();
+    for _ in 0..3 {
+        let l = builder(&prefix, p, acked)
+            .cluster(cluster.seed_urls())
+            .build()
+            .await
+            .expect("a cluster locker");
+        lockers.push(l);
+    }
+    let deployment = Deployment::Cluster(Arc::new(Mutex::new(cluster)));
+    run(config, deployment, lockers, prefix, acked, p).await
+}
+
+/// A checker run on a real master, replica and three sentinels, every locker on it through
+/// `LockerBuilder::sentinel` (with replica acknowledgement if `acked`).
+pub async fn run_sentinel(config: Config, acked: bool) -> (Report, Figures) {
+    assert_eq!(
+        config.family,
+        FaultFamily::Sentinel,
+        "a sentinel run takes the sentinel faults"
+    );
+    let p = run::params(config.seed);
+    let set = blocking(RedisSentinel::start).await;
+    let prefix = format!("chk-{}-{}:", config.seed, unique_name("sentinel"));
+    let mut lockers = Vec::new();
+    for _ in 0..3 {
+        let l = builder(&prefix, p, acked)
+            .sentinel(set.sentinel_urls(), set.master_name())
+            .build()
+            .await
+            .expect("a sentinel locker");
+        lockers.push(l);
+    }
+    let deployment = Deployment::Sentinel(Arc::new(Mutex::new(set)));
+    run(config, deployment, lockers, prefix, acked, p).await
+}
