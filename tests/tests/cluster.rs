@@ -391,3 +391,50 @@ async fn replica_acknowledged_grants_on_a_cluster_are_on_the_slots_replica() {
         assert!(guard.release().await.is_released());
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_multi_lock_across_masters_is_all_or_none() {
+    let cluster = block_in_place(RedisCluster::start);
+    let locker = locker_with(&cluster).await;
+    let rival = locker_with(&cluster).await;
+    let names = names_across_masters(&cluster, &locker, "cluster-multi", 6);
+    let all = locker
+        .lock_all(names.iter().map(String::as_str))
+        .await
+        .expect("lock all");
+    assert_eq!(all.len(), names.len());
+    for name in &names {
+        assert!(
+            rival
+                .lock(name.as_str())
+                .try_lock()
+                .await
+                .unwrap()
+                .is_none(),
+            "{name} is free"
+        );
+    }
+    assert!(all.release().await.iter().all(|o| o.is_released()));
+
+    // One name held elsewhere: the others are given back, on whichever masters they live.
+    let blocker = rival.lock(names[3].as_str()).await.expect("lock one");
+    let busy = locker
+        .lock_all(names.iter().map(String::as_str))
+        .try_lock()
+        .await
+        .unwrap();
+    assert!(busy.is_none());
+    for (i, name) in names.iter().enumerate().filter(|(i, _)| *i != 3) {
+        let key = locker.key_of(name.as_str()).unwrap();
+        let port = cluster.node_for_key(&key).port;
+        let left: bool = cluster
+            .node(port)
+            .connection()
+            .await
+            .exists(&key)
+            .await
+            .unwrap();
+        assert!(!left, "name {i} was left held on {port}");
+    }
+    assert!(blocker.release().await.is_released());
+}
