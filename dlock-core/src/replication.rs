@@ -27,17 +27,40 @@ use std::time::Duration;
 /// usually but not certainly one of them. Replicas without persistence that restart lose what
 /// they acknowledged. `WAIT` blocks the connection it runs on, so over a shared connection a slow
 /// acknowledgement delays the commands queued behind it, up to `timeout`.
+///
+/// [`with_fsync`](Self::with_fsync) asks for more: the replicas must have written the lock
+/// writes to their append-only files (`WAITAOF`, Redis 7.2 / Valkey 7.2 or newer, replicas with
+/// `appendonly yes`), so a replica that restarts keeps them too.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReplicaAck {
     replicas: u32,
     timeout: Duration,
+    fsync: bool,
 }
 
 impl ReplicaAck {
     /// Wait for `replicas` replicas (at least 1), for at most `timeout` each time (at least 1 ms,
     /// and less than the `Locker`'s command timeout, which bounds the write and its wait together).
     pub const fn new(replicas: u32, timeout: Duration) -> Self {
-        Self { replicas, timeout }
+        Self {
+            replicas,
+            timeout,
+            fsync: false,
+        }
+    }
+
+    /// The replicas must also have written each lock write to their append-only file
+    /// (`WAITAOF 0 <replicas> <timeout>` instead of `WAIT`). A server older than 7.2 answers
+    /// every write with an error ([`LockerBuilder::build`](crate::LockerBuilder::build) refuses
+    /// it up front when it connects), and replicas without `appendonly yes` never acknowledge.
+    pub const fn with_fsync(mut self) -> Self {
+        self.fsync = true;
+        self
+    }
+
+    /// Whether the replicas must have fsynced the writes ([`with_fsync`](Self::with_fsync)).
+    pub const fn fsyncs(&self) -> bool {
+        self.fsync
     }
 
     /// How many replicas must acknowledge.
@@ -55,5 +78,30 @@ impl ReplicaAck {
         u64::try_from(self.timeout.as_millis())
             .unwrap_or(u64::MAX)
             .max(1)
+    }
+
+    /// The command that waits: `WAIT <replicas> <ms>`, or `WAITAOF 0 <replicas> <ms>`.
+    pub(crate) fn command(&self) -> redis::Cmd {
+        let mut cmd = if self.fsync {
+            let mut cmd = redis::cmd("WAITAOF");
+            cmd.arg(0);
+            cmd
+        } else {
+            redis::cmd("WAIT")
+        };
+        cmd.arg(self.replicas).arg(self.timeout_ms());
+        cmd
+    }
+
+    /// How many replicas acknowledged, from the answer to [`command`](Self::command) (`WAIT`
+    /// answers a count, `WAITAOF` a pair: local, replicas).
+    pub(crate) fn count(&self, answer: redis::Value) -> redis::RedisResult<u32> {
+        use redis::FromRedisValue;
+        if self.fsync {
+            let (_local, replicas) = <(u32, u32)>::from_redis_value(answer)?;
+            Ok(replicas)
+        } else {
+            Ok(u32::from_redis_value(answer)?)
+        }
     }
 }

@@ -116,7 +116,7 @@ struct Acked {
     locker: Locker,
 }
 
-const ACK_TIMEOUT: Duration = Duration::from_millis(150);
+const ACK_TIMEOUT: Duration = Duration::from_millis(400);
 
 async fn acked(lease: Duration) -> Acked {
     let args = ["--repl-diskless-sync-delay", "0"];
@@ -293,4 +293,74 @@ async fn replica_acknowledgement_that_cannot_work_is_refused_at_build() {
         err.is_config() && err.to_string().contains("needs Redis"),
         "{err}"
     );
+}
+
+/// Whether the server on `server` knows `WAITAOF` (Redis and Valkey 7.2 or newer).
+async fn knows_waitaof(server: &RedisServer) -> bool {
+    let mut con = server.connection().await;
+    let info: Vec<redis::Value> = redis::cmd("COMMAND")
+        .arg("INFO")
+        .arg("WAITAOF")
+        .query_async(&mut con)
+        .await
+        .expect("COMMAND INFO");
+    info.first().is_some_and(|v| *v != redis::Value::Nil)
+}
+
+/// With fsync, a grant counts once the replica wrote it to its append-only file: granted when
+/// the replica runs with `appendonly yes`, refused (and rolled back) when it does not. A server
+/// without `WAITAOF` is refused when the `Locker` is built.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fsynced_acknowledgement_needs_waitaof_and_a_replica_with_an_append_only_file() {
+    let args = ["--repl-diskless-sync-delay", "0"];
+    let master = RedisServer::start_with_args(&args);
+    let replica = RedisServer::start_with_args(&[
+        "--repl-diskless-sync-delay",
+        "0",
+        "--appendonly",
+        "yes",
+        "--appendfsync",
+        "always",
+    ]);
+    let link = Proxy::start(master.addr()).await;
+    replicate(&master, &replica, &link).await;
+    let ack = ReplicaAck::new(1, Duration::from_millis(300)).with_fsync();
+    let built = Locker::builder()
+        .url(master.url())
+        .replica_ack(ack)
+        .build()
+        .await;
+    if !knows_waitaof(&master).await {
+        let err = built.unwrap_err();
+        assert!(
+            err.is_config() && err.to_string().contains("WAITAOF"),
+            "{err}"
+        );
+        eprintln!("this server has no WAITAOF: refused at build ({err})");
+        return;
+    }
+    let locker = built.expect("a locker with fsynced acknowledgement");
+    let name = unique_name("fsynced");
+    // A replica that just synced rewrites its append-only file before it reports fsyncs: the
+    // first grants are refused until then, and the request retries within its wait.
+    let guard = (locker.lock(name.as_str()))
+        .wait(Duration::from_secs(10))
+        .await
+        .expect("lock");
+    assert!(guard.release().await.is_released());
+
+    // A replica without an append-only file never acknowledges an fsync.
+    let mut con = replica.connection().await;
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("appendonly")
+        .arg("no")
+        .query_async(&mut con)
+        .await
+        .expect("CONFIG SET appendonly no");
+    let err = locker.lock(name.as_str()).try_lock().await.unwrap_err();
+    let dlock_core::LockError::Backend(backend) = &err else {
+        panic!("expected a backend error, got {err}");
+    };
+    assert!(backend.is_not_replicated(), "{err}");
 }

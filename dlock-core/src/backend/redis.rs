@@ -343,6 +343,17 @@ impl RedisBackend {
         .await
     }
 
+    /// Whether the server knows `command` (`COMMAND INFO` answers nil for an unknown one).
+    pub(crate) async fn knows_command(&self, command: &str) -> Result<bool, BackendError> {
+        let mut pipe = redis::pipe();
+        pipe.cmd("COMMAND").arg("INFO").arg(command);
+        let reply = self.pipeline(&pipe, &[]).await?;
+        Ok(match reply.into_iter().next() {
+            Some(Value::Array(items)) => items.first().is_some_and(|i| *i != Value::Nil),
+            _ => false,
+        })
+    }
+
     /// One `PING`, bounded by the command timeout.
     pub(crate) async fn ping(&self) -> Result<(), BackendError> {
         let mut pipe = redis::pipe();
@@ -523,12 +534,13 @@ impl RedisBackend {
             }
         }
         if let Some(ack) = self.ack {
-            pipe.cmd("WAIT").arg(ack.replicas()).arg(ack.timeout_ms());
+            pipe.add_command(ack.command());
         }
         let mut replies = self.pipeline(&pipe, &[&script::RENEW]).await?;
-        if self.ack.is_some() {
+        if let Some(ack) = self.ack {
             let acknowledged = match replies.pop() {
-                Some(value) => u32::from_redis_value(value)
+                Some(value) => ack
+                    .count(value)
                     .map_err(|e| BackendError::protocol(format!("WAIT reply: {e}")))?,
                 None => return Err(BackendError::protocol("no WAIT reply")),
             };
@@ -641,11 +653,9 @@ impl ScriptCall {
             Some(ack) => {
                 let mut pipe = redis::pipe();
                 pipe.add_command(self.cmd.clone())
-                    .cmd("WAIT")
-                    .arg(ack.replicas())
-                    .arg(ack.timeout_ms());
-                let (reply, acknowledged): (T, u32) = pipe.query_async(c).await?;
-                Ok((reply, Some(acknowledged)))
+                    .add_command(ack.command());
+                let (reply, answer): (T, Value) = pipe.query_async(c).await?;
+                Ok((reply, Some(ack.count(answer)?)))
             }
         }
     }

@@ -314,6 +314,15 @@ impl LockerBuilder {
 
     /// Connects (for a URL or client) and builds the `Locker`.
     pub async fn build(self) -> Result<Locker, LockError> {
+        let fsync = self.replica_ack.is_some_and(|a| a.fsyncs()) && !self.lazy;
+        let locker = self.build_locker().await?;
+        if fsync {
+            waitaof_supported(&locker).await?;
+        }
+        Ok(locker)
+    }
+
+    async fn build_locker(self) -> Result<Locker, LockError> {
         let prefix = self.prefix.unwrap_or_else(|| DEFAULT_PREFIX.to_owned());
         validate_prefix(&prefix)?;
         let default_lease = self
@@ -509,6 +518,22 @@ pub(super) fn tls_ready(at: &str) -> Result<(), LockError> {
     Err(LockError::Config(format!(
         "`{at}` is a TLS connection: enable dlock-core's `tls-rustls` feature"
     )))
+}
+
+/// `WAITAOF` is there (Redis / Valkey 7.2 or newer), asked with `COMMAND INFO`; a server that
+/// can't be asked now is left to answer the first write.
+async fn waitaof_supported(locker: &Locker) -> Result<(), LockError> {
+    let Backend::Redis(backend) = &locker.inner.backend else {
+        return Ok(());
+    };
+    match backend.knows_command("WAITAOF").await {
+        Ok(false) => Err(LockError::Config(
+            "replica acknowledgement with fsync needs WAITAOF (Redis or Valkey 7.2 or newer); \
+             this server does not know it"
+                .into(),
+        )),
+        Ok(true) | Err(_) => Ok(()),
+    }
 }
 
 /// Replica acknowledgement needs replicas (so a Redis backend), at least one, and a wait that
