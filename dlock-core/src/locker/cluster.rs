@@ -55,6 +55,12 @@ pub(super) async fn locker(
         command_timeout,
     )
     .with_ack(ack);
+    // Releases wake waiters with SPUBLISH: without it every release would fail half-way.
+    if let Ok(false) = backend.knows_command("SPUBLISH").await {
+        return Err(LockError::Config(format!(
+            "{at}: locks on a cluster need sharded pub/sub (SPUBLISH, Redis 7.0 or newer)"
+        )));
+    }
     Ok(Locker::from_parts(
         Backend::Redis(Arc::new(backend)),
         config,
