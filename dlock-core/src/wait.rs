@@ -286,6 +286,30 @@ impl SubscriberSource {
     }
 }
 
+/// While there is no connection: refuses the pending subscription and every one asked for in
+/// the next `backoff` (their watchers poll). False when the `Locker` is gone.
+async fn refuse_for(
+    rx: &mut mpsc::UnboundedReceiver<SubCmd>,
+    pending: &mut Option<SubCmd>,
+    backoff: Duration,
+) -> bool {
+    if let Some(SubCmd::Subscribe(_, ack)) = pending.take() {
+        let _ = ack.send(false);
+    }
+    let sleep = tokio::time::sleep(backoff);
+    tokio::pin!(sleep);
+    loop {
+        tokio::select! {
+            () = &mut sleep => return true,
+            cmd = rx.recv() => match cmd {
+                None => return false,
+                Some(SubCmd::Subscribe(_, ack)) => { let _ = ack.send(false); }
+                Some(SubCmd::Unsubscribe(_)) => {}
+            },
+        }
+    }
+}
+
 /// Resolves when the master moves (never without a sentinel).
 async fn moved(moves: &mut Option<tokio::sync::watch::Receiver<u64>>) {
     match moves {
@@ -331,20 +355,8 @@ async fn run(
             healthy.store(false, Ordering::Release);
             slots.set_all_confirmed(false);
             slots.wake_all();
-            if let Some(SubCmd::Subscribe(_, ack)) = pending.take() {
-                let _ = ack.send(false);
-            }
-            let sleep = tokio::time::sleep(backoff);
-            tokio::pin!(sleep);
-            loop {
-                tokio::select! {
-                    () = &mut sleep => break,
-                    cmd = rx.recv() => match cmd {
-                        None => return,
-                        Some(SubCmd::Subscribe(_, ack)) => { let _ = ack.send(false); }
-                        Some(SubCmd::Unsubscribe(_)) => {}
-                    },
-                }
+            if !refuse_for(&mut rx, &mut pending, backoff).await {
+                return;
             }
             backoff = (backoff * 2).min(MAX_BACKOFF);
             continue 'connect;

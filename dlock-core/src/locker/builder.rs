@@ -420,24 +420,16 @@ impl LockerBuilder {
                 ));
             }
             #[cfg(feature = "sentinel")]
-            Source::SentinelUrls(urls, name) => {
-                let client = super::sentinel::client(urls, &name)?;
+            source @ (Source::SentinelUrls(..) | Source::Sentinel(..)) => {
+                let (client, name) = match source {
+                    Source::SentinelUrls(urls, name) => {
+                        (super::sentinel::client(urls, &name)?, name)
+                    }
+                    Source::Sentinel(client, name) => (*client, name),
+                    _ => unreachable!("matched above"),
+                };
                 return super::sentinel::locker(
                     client,
-                    name,
-                    self.subscriber,
-                    self.lazy,
-                    config,
-                    ack,
-                    command_timeout,
-                    connect_timeout,
-                )
-                .await;
-            }
-            #[cfg(feature = "sentinel")]
-            Source::Sentinel(client, name) => {
-                return super::sentinel::locker(
-                    *client,
                     name,
                     self.subscriber,
                     self.lazy,

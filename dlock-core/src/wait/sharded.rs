@@ -13,7 +13,7 @@ use std::time::Duration;
 use redis::{PushKind, Value};
 use tokio::sync::mpsc;
 
-use super::{MAX_BACKOFF, MIN_BACKOFF, Slots, SubCmd};
+use super::{MAX_BACKOFF, MIN_BACKOFF, Slots, SubCmd, refuse_for};
 use crate::backend::cluster::ClusterSeeds;
 
 pub(super) async fn run(
@@ -44,20 +44,8 @@ pub(super) async fn run(
             }
             Err(_) => {}
         }
-        if let Some(SubCmd::Subscribe(_, ack)) = pending.take() {
-            let _ = ack.send(false);
-        }
-        let sleep = tokio::time::sleep(backoff);
-        tokio::pin!(sleep);
-        loop {
-            tokio::select! {
-                () = &mut sleep => break,
-                cmd = rx.recv() => match cmd {
-                    None => return,
-                    Some(SubCmd::Subscribe(_, ack)) => { let _ = ack.send(false); }
-                    Some(SubCmd::Unsubscribe(_)) => {}
-                },
-            }
+        if !refuse_for(&mut rx, &mut pending, backoff).await {
+            return;
         }
         backoff = (backoff * 2).min(MAX_BACKOFF);
     };
