@@ -1,5 +1,5 @@
-//! The demo: app instances as real processes sharing one Redis and one database, the load
-//! generator against all of them, without locks and with them.
+//! The demo: app instances as real processes sharing one Redis (or one Redis Cluster) and one
+//! database, the load generator against all of them, without locks and with them.
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use tokio::process::{Child, Command};
 
 use crate::loadgen::{self, LoadConfig, Report};
+use crate::server::{REDIS_CLUSTER_URLS_ENV, REDIS_URL_ENV, RedisTarget};
 
 /// Running app instances and their database; the processes are killed and the database removed
 /// on drop.
@@ -70,14 +71,14 @@ impl ServerCommand {
     }
 }
 
-/// Starts `count` instances on free loopback ports over `database_url` (default: a fresh SQLite
-/// file in a temporary directory), all at once — as replicas start, racing to migrate the
+/// Starts `count` instances on free loopback ports over `redis` and `database_url` (default: a
+/// fresh SQLite file in a temporary directory), all at once — as replicas start, racing to migrate the
 /// schema — and waits until each answers. Their logs go to stderr at `warn` unless `RUST_LOG`
 /// says otherwise.
 pub async fn start(
     server: &ServerCommand,
     count: usize,
-    redis_url: &str,
+    redis: &RedisTarget,
     database_url: Option<&str>,
     locks: bool,
 ) -> Result<Instances, String> {
@@ -101,13 +102,22 @@ pub async fn start(
         command
             .arg("--port")
             .arg(port.to_string())
-            .env("REDIS_URL", redis_url)
             .env("DATABASE_URL", &database_url)
             .env("RUST_LOG", &log_level)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .kill_on_drop(true);
+        // The instance reads one of the two (both set is an error): the other is cleared, so a
+        // variable of the demo's own environment can't point it elsewhere.
+        match redis {
+            RedisTarget::Server(url) => command
+                .env(REDIS_URL_ENV, url)
+                .env_remove(REDIS_CLUSTER_URLS_ENV),
+            RedisTarget::Cluster(urls) => command
+                .env(REDIS_CLUSTER_URLS_ENV, urls.join(","))
+                .env_remove(REDIS_URL_ENV),
+        };
         if !locks {
             command.arg("--no-locks");
         }
@@ -148,11 +158,11 @@ pub async fn wait_ready(child: &mut Child, url: &str) -> Result<(), String> {
 pub async fn round(
     server: &ServerCommand,
     instances: usize,
-    redis_url: &str,
+    redis: &RedisTarget,
     locks: bool,
     load: &LoadConfig,
 ) -> Result<(Report, Instances), String> {
-    let running = start(server, instances, redis_url, None, locks).await?;
+    let running = start(server, instances, redis, None, locks).await?;
     let config = LoadConfig {
         targets: running.urls.clone(),
         ..load.clone()

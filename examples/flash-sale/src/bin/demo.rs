@@ -62,6 +62,7 @@ async fn run() -> Result<ExitCode, String> {
         }
     }
     let (redis_url, _redis) = dlock_tests::redis_from_env_or_start()?;
+    let redis = server::RedisTarget::Server(redis_url);
     let server = demo::ServerCommand::this_program()?;
     println!(
         "{} buyers × {} simultaneous orders for one voucher (stock {}), then a checkout each \
@@ -69,10 +70,10 @@ async fn run() -> Result<ExitCode, String> {
         load.users, load.requests_per_user, load.stock, load.skus, load.sku_stock
     );
     println!("round 1: without locks (--no-locks) …");
-    let (unlocked, first) = demo::round(&server, instances, &redis_url, false, &load).await?;
+    let (unlocked, first) = demo::round(&server, instances, &redis, false, &load).await?;
     drop(first);
     println!("round 2: with locks …");
-    let (locked, running) = demo::round(&server, instances, &redis_url, true, &load).await?;
+    let (locked, running) = demo::round(&server, instances, &redis, true, &load).await?;
     println!();
     print!(
         "{}",
