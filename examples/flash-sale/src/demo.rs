@@ -170,3 +170,57 @@ pub async fn round(
     let report = loadgen::run(&config).await?;
     Ok((report, running))
 }
+
+/// The Redis processes the demo started itself; they are killed on drop.
+#[derive(Debug)]
+pub enum OwnRedis {
+    /// None: the demo uses a Redis named by the environment.
+    None,
+    /// A private `redis-server`.
+    Server(dlock_tests::RedisServer),
+    /// A private Redis Cluster: three masters, three replicas.
+    Cluster(dlock_tests::RedisCluster),
+}
+
+/// The demo's Redis. Without `cluster`: `REDIS_URL` if set, else a private `redis-server` on a
+/// free port. With `cluster`: `REDIS_CLUSTER_URLS` if set, else a private cluster of three
+/// masters and three replicas on free ports. What it starts is announced on stdout and killed
+/// when the returned [`OwnRedis`] is dropped; a missing binary is an error naming the install
+/// command.
+pub async fn redis(cluster: bool) -> Result<(RedisTarget, OwnRedis), String> {
+    if !cluster {
+        let (url, server) = dlock_tests::redis_from_env_or_start()?;
+        let own = server.map_or(OwnRedis::None, OwnRedis::Server);
+        return Ok((RedisTarget::Server(url), own));
+    }
+    let from_env = std::env::var(REDIS_CLUSTER_URLS_ENV).ok();
+    if let Some(list) = from_env.filter(|l| !l.trim().is_empty()) {
+        return Ok((RedisTarget::from_vars(None, Some(list))?, OwnRedis::None));
+    }
+    // Forming a cluster blocks for seconds: off the runtime's threads. Should the demo be
+    // interrupted meanwhile, the cluster is dropped (its nodes killed) as soon as it is up.
+    let started = tokio::task::spawn_blocking(dlock_tests::RedisCluster::try_start)
+        .await
+        .map_err(|e| format!("the Redis Cluster did not form: {}", panic_text(e)))??;
+    let ports: Vec<String> = started.ports().iter().map(u16::to_string).collect();
+    println!(
+        "started a Redis Cluster (3 masters, 3 replicas) on ports {}",
+        ports.join(", ")
+    );
+    Ok((
+        RedisTarget::Cluster(started.seed_urls()),
+        OwnRedis::Cluster(started),
+    ))
+}
+
+/// What a task that failed said (its panic message, or that it was cancelled).
+fn panic_text(err: tokio::task::JoinError) -> String {
+    match err.try_into_panic() {
+        Ok(payload) => payload
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| payload.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+            .unwrap_or_else(|| "it panicked".to_owned()),
+        Err(err) => err.to_string(),
+    }
+}

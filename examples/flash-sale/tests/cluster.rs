@@ -190,3 +190,62 @@ async fn bad_or_unreachable_cluster_settings_stop_an_instance_with_a_reason() {
         assert!(!stderr.contains("panicked"), "{env:?}: {stderr}");
     }
 }
+
+/// `demo --cluster`, at small scale: a cluster of its own, both rounds, the table with every
+/// invariant holding with the locks on, exit status 0, and no cluster node left running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_on_a_cluster_prints_the_table_and_leaves_no_node_running() {
+    let demo = tokio::process::Command::new(env!("CARGO_BIN_EXE_demo"))
+        .args(["--exit", "--cluster", "--users", "300", "--instances", "2"])
+        .env_remove(REDIS_URL_ENV)
+        .env_remove(REDIS_CLUSTER_URLS_ENV)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(180), demo)
+        .await
+        .expect("the demo ends within 180 s")
+        .expect("the demo starts");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{}\n{stdout}\n{stderr}", out.status);
+    let first = stdout.lines().next().unwrap_or_default();
+    let ports: Vec<u16> = first
+        .strip_prefix("started a Redis Cluster (3 masters, 3 replicas) on ports ")
+        .unwrap_or_else(|| panic!("{stdout}"))
+        .split(", ")
+        .map(|p| p.parse().unwrap())
+        .collect();
+    assert_eq!(ports.len(), 6, "{stdout}");
+    assert!(stdout.contains("one Redis Cluster"), "{stdout}");
+
+    let row = |label: &str| -> Vec<String> {
+        let line = stdout
+            .lines()
+            .find(|l| l.starts_with(label))
+            .unwrap_or_else(|| panic!("no `{label}` row in:\n{stdout}"));
+        line[label.len()..]
+            .split("  ")
+            .map(str::trim)
+            .filter(|c| !c.is_empty())
+            .map(str::to_owned)
+            .collect()
+    };
+    assert_eq!(row("other errors")[1], "0", "{stdout}");
+    assert_eq!(row("users with duplicate orders")[1], "0", "{stdout}");
+    assert_eq!(row("SKU units oversold")[1], "0", "{stdout}");
+    assert_eq!(row("units lost (stock − orders)")[1], "0", "{stdout}");
+    assert_eq!(row("units sold twice (lost updates)")[1], "0", "{stdout}");
+    assert_eq!(row("voucher orders / stock")[1], "100 / 100", "{stdout}");
+    assert_eq!(row("invariants hold")[1], "yes", "{stdout}");
+
+    // The demo killed its nodes on the way out: nothing answers on their ports.
+    for port in ports {
+        assert!(
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_err(),
+            "a cluster node still listens on {port}"
+        );
+    }
+}
