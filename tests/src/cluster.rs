@@ -67,6 +67,26 @@ impl RedisCluster {
         Self::start_with_node_timeout(DEFAULT_NODE_TIMEOUT)
     }
 
+    /// [`start`](Self::start), for a program rather than a test: a `redis-server` or
+    /// `redis-cli` that can't be run is an error naming the install command, not a panic.
+    pub fn try_start() -> Result<Self, String> {
+        let server = crate::redis_binary();
+        if !runs(&server) {
+            return Err(format!(
+                "`{server}` was not found: install it with `apt-get install redis-server`, \
+                 or point {REDIS_SERVER_ENV} at a redis-server binary"
+            ));
+        }
+        let cli = redis_cli();
+        if !runs(&cli) {
+            return Err(format!(
+                "`{cli}` was not found (a cluster is created with it): install it with \
+                 `apt-get install redis-tools`, or point {REDIS_CLI_ENV} at a redis-cli binary"
+            ));
+        }
+        Ok(Self::start())
+    }
+
     /// [`start`](Self::start) with another `cluster-node-timeout`.
     pub fn start_with_node_timeout(node_timeout: Duration) -> Self {
         let cli = redis_cli();

@@ -1,7 +1,8 @@
 //! The project's two commands, for a fresh machine that has only the Rust toolchain:
 //!
 //! ```text
-//! cargo xtask demo [ARGS]   the flash-sale demo (ARGS go to it: --exit, --users N, --instances N)
+//! cargo xtask demo [ARGS]   the flash-sale demo (ARGS go to it: --exit, --users N, --instances N,
+//!                           --cluster)
 //! cargo xtask test          the whole test suite, exactly as CI runs it
 //! ```
 //!
@@ -27,7 +28,9 @@ usage: cargo xtask <command>
 
   demo [ARGS]   build and run the flash-sale demo: three shop instances, one private
                 redis-server, 2,000 buyers, without locks then with them (ARGS: --exit to stop
-                after the table, --users N, --instances N; REDIS_URL to use your own Redis)
+                after the table, --users N, --instances N; REDIS_URL to use your own Redis;
+                --cluster to lock on a private Redis Cluster of three masters and three
+                replicas instead, or on yours: REDIS_CLUSTER_URLS)
   test          install what the test suite needs, then run it: the MSRV check of the
                 dependencies, doc tests, every test with cargo-nextest (the CI profile), then
                 the tests that talk to a server once more on Valkey
@@ -61,7 +64,14 @@ fn main() -> ExitCode {
 }
 
 fn demo(args: Vec<String>) -> Result<(), String> {
-    if std::env::var_os("REDIS_URL").is_none() {
+    // The demo starts its own server (or cluster: redis-server and redis-cli, both brought by
+    // the package) unless the environment names one.
+    let own = if args.iter().any(|a| a == "--cluster") {
+        "REDIS_CLUSTER_URLS"
+    } else {
+        "REDIS_URL"
+    };
+    if std::env::var_os(own).is_none() {
         ensure(&[REDIS])?;
     }
     cargo(

@@ -1,5 +1,5 @@
-//! The demo: app instances as real processes sharing one Redis and one database, the load
-//! generator against all of them, without locks and with them.
+//! The demo: app instances as real processes sharing one Redis (or one Redis Cluster) and one
+//! database, the load generator against all of them, without locks and with them.
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use tokio::process::{Child, Command};
 
 use crate::loadgen::{self, LoadConfig, Report};
+use crate::server::{REDIS_CLUSTER_URLS_ENV, REDIS_URL_ENV, RedisTarget};
 
 /// Running app instances and their database; the processes are killed and the database removed
 /// on drop.
@@ -70,14 +71,14 @@ impl ServerCommand {
     }
 }
 
-/// Starts `count` instances on free loopback ports over `database_url` (default: a fresh SQLite
-/// file in a temporary directory), all at once — as replicas start, racing to migrate the
+/// Starts `count` instances on free loopback ports over `redis` and `database_url` (default: a
+/// fresh SQLite file in a temporary directory), all at once — as replicas start, racing to migrate the
 /// schema — and waits until each answers. Their logs go to stderr at `warn` unless `RUST_LOG`
 /// says otherwise.
 pub async fn start(
     server: &ServerCommand,
     count: usize,
-    redis_url: &str,
+    redis: &RedisTarget,
     database_url: Option<&str>,
     locks: bool,
 ) -> Result<Instances, String> {
@@ -101,13 +102,22 @@ pub async fn start(
         command
             .arg("--port")
             .arg(port.to_string())
-            .env("REDIS_URL", redis_url)
             .env("DATABASE_URL", &database_url)
             .env("RUST_LOG", &log_level)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .kill_on_drop(true);
+        // The instance reads one of the two (both set is an error): the other is cleared, so a
+        // variable of the demo's own environment can't point it elsewhere.
+        match redis {
+            RedisTarget::Server(url) => command
+                .env(REDIS_URL_ENV, url)
+                .env_remove(REDIS_CLUSTER_URLS_ENV),
+            RedisTarget::Cluster(urls) => command
+                .env(REDIS_CLUSTER_URLS_ENV, urls.join(","))
+                .env_remove(REDIS_URL_ENV),
+        };
         if !locks {
             command.arg("--no-locks");
         }
@@ -148,15 +158,69 @@ pub async fn wait_ready(child: &mut Child, url: &str) -> Result<(), String> {
 pub async fn round(
     server: &ServerCommand,
     instances: usize,
-    redis_url: &str,
+    redis: &RedisTarget,
     locks: bool,
     load: &LoadConfig,
 ) -> Result<(Report, Instances), String> {
-    let running = start(server, instances, redis_url, None, locks).await?;
+    let running = start(server, instances, redis, None, locks).await?;
     let config = LoadConfig {
         targets: running.urls.clone(),
         ..load.clone()
     };
     let report = loadgen::run(&config).await?;
     Ok((report, running))
+}
+
+/// The Redis processes the demo started itself; they are killed on drop.
+#[derive(Debug)]
+pub enum OwnRedis {
+    /// None: the demo uses a Redis named by the environment.
+    None,
+    /// A private `redis-server`.
+    Server(dlock_tests::RedisServer),
+    /// A private Redis Cluster: three masters, three replicas.
+    Cluster(dlock_tests::RedisCluster),
+}
+
+/// The demo's Redis. Without `cluster`: `REDIS_URL` if set, else a private `redis-server` on a
+/// free port. With `cluster`: `REDIS_CLUSTER_URLS` if set, else a private cluster of three
+/// masters and three replicas on free ports. What it starts is announced on stdout and killed
+/// when the returned [`OwnRedis`] is dropped; a missing binary is an error naming the install
+/// command.
+pub async fn redis(cluster: bool) -> Result<(RedisTarget, OwnRedis), String> {
+    if !cluster {
+        let (url, server) = dlock_tests::redis_from_env_or_start()?;
+        let own = server.map_or(OwnRedis::None, OwnRedis::Server);
+        return Ok((RedisTarget::Server(url), own));
+    }
+    let from_env = std::env::var(REDIS_CLUSTER_URLS_ENV).ok();
+    if let Some(list) = from_env.filter(|l| !l.trim().is_empty()) {
+        return Ok((RedisTarget::from_vars(None, Some(list))?, OwnRedis::None));
+    }
+    // Forming a cluster blocks for seconds: off the runtime's threads. Should the demo be
+    // interrupted meanwhile, the cluster is dropped (its nodes killed) as soon as it is up.
+    let started = tokio::task::spawn_blocking(dlock_tests::RedisCluster::try_start)
+        .await
+        .map_err(|e| format!("the Redis Cluster did not form: {}", panic_text(e)))??;
+    let ports: Vec<String> = started.ports().iter().map(u16::to_string).collect();
+    println!(
+        "started a Redis Cluster (3 masters, 3 replicas) on ports {}",
+        ports.join(", ")
+    );
+    Ok((
+        RedisTarget::Cluster(started.seed_urls()),
+        OwnRedis::Cluster(started),
+    ))
+}
+
+/// What a task that failed said (its panic message, or that it was cancelled).
+fn panic_text(err: tokio::task::JoinError) -> String {
+    match err.try_into_panic() {
+        Ok(payload) => payload
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| payload.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+            .unwrap_or_else(|| "it panicked".to_owned()),
+        Err(err) => err.to_string(),
+    }
 }

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use flash_sale::demo;
 use flash_sale::loadgen::LoadConfig;
+use flash_sale::server::RedisTarget;
 
 fn small_load() -> LoadConfig {
     LoadConfig {
@@ -20,7 +21,7 @@ fn small_load() -> LoadConfig {
 async fn two_instances_with_locks_never_duplicate_or_oversell() {
     let redis = dlock_tests::RedisServer::start();
     let server = demo::ServerCommand::binary(env!("CARGO_BIN_EXE_flash-sale"));
-    let (url, load) = (redis.url(), small_load());
+    let (url, load) = (RedisTarget::Server(redis.url()), small_load());
     let round = demo::round(&server, 2, &url, true, &load);
     let (report, _instances) = tokio::time::timeout(Duration::from_secs(180), round)
         .await

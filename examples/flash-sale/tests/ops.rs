@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use flash_sale::demo::{self, ServerCommand};
+use flash_sale::server::RedisTarget;
 use http_body_util::{BodyExt as _, Full};
 use hyper_util::client::legacy::Client;
 use serde_json::{Value, json};
@@ -123,7 +124,7 @@ fn assert_no_internals(text: &str) {
 async fn an_instance_starts_without_redis_and_locks_once_it_is_back() {
     let mut redis = dlock_tests::RedisServer::start();
     redis.kill();
-    let shop = demo::start(&server(), 1, &redis.url(), None, true)
+    let shop = demo::start(&server(), 1, &RedisTarget::Server(redis.url()), None, true)
         .await
         .expect("the instance starts without Redis");
     let url = &shop.urls[0];
@@ -161,7 +162,7 @@ async fn an_instance_starts_without_redis_and_locks_once_it_is_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_first_locked_request_after_redis_restarts_succeeds() {
     let mut redis = dlock_tests::RedisServer::start();
-    let shop = demo::start(&server(), 1, &redis.url(), None, true)
+    let shop = demo::start(&server(), 1, &RedisTarget::Server(redis.url()), None, true)
         .await
         .expect("the instance starts");
     let url = &shop.urls[0];
@@ -224,7 +225,7 @@ async fn the_first_locked_request_after_redis_restarts_succeeds() {
 async fn an_instance_without_locks_runs_without_redis() {
     let mut redis = dlock_tests::RedisServer::start();
     redis.kill();
-    let shop = demo::start(&server(), 1, &redis.url(), None, false)
+    let shop = demo::start(&server(), 1, &RedisTarget::Server(redis.url()), None, false)
         .await
         .expect("the instance starts without Redis");
     let url = &shop.urls[0];
@@ -243,7 +244,7 @@ async fn an_instance_without_locks_runs_without_redis() {
 async fn three_replicas_start_together_on_a_fresh_sqlite_file() {
     let redis = dlock_tests::RedisServer::start();
     for _ in 0..3 {
-        let shop = demo::start(&server(), 3, &redis.url(), None, true)
+        let shop = demo::start(&server(), 3, &RedisTarget::Server(redis.url()), None, true)
             .await
             .expect("three instances start together");
         let (user, _) = setup(&shop.urls[0]).await;

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use flash_sale::demo;
 use flash_sale::loadgen::LoadConfig;
+use flash_sale::server::RedisTarget;
 
 /// A throwaway PostgreSQL cluster on a free loopback port, stopped on drop.
 struct Postgres {
@@ -136,9 +137,15 @@ async fn the_shop_runs_on_postgres_without_duplicates_or_oversell() {
     let redis = dlock_tests::RedisServer::start();
     let server = demo::ServerCommand::binary(env!("CARGO_BIN_EXE_flash-sale"));
     let started = Instant::now();
-    let instances = demo::start(&server, 2, &redis.url(), Some(&pg.url()), true)
-        .await
-        .expect("instances on postgres");
+    let instances = demo::start(
+        &server,
+        2,
+        &RedisTarget::Server(redis.url()),
+        Some(&pg.url()),
+        true,
+    )
+    .await
+    .expect("instances on postgres");
     let load = LoadConfig {
         targets: instances.urls.clone(),
         users: 150,
@@ -188,9 +195,15 @@ async fn three_instances_start_together_on_a_fresh_postgres_and_refuse_bad_input
     let pg = Postgres::start();
     let redis = dlock_tests::RedisServer::start();
     let server = demo::ServerCommand::binary(env!("CARGO_BIN_EXE_flash-sale"));
-    let instances = demo::start(&server, 3, &redis.url(), Some(&pg.url()), true)
-        .await
-        .expect("three instances start together on a fresh database");
+    let instances = demo::start(
+        &server,
+        3,
+        &RedisTarget::Server(redis.url()),
+        Some(&pg.url()),
+        true,
+    )
+    .await
+    .expect("three instances start together on a fresh database");
     let url = &instances.urls[2];
     let now = flash_sale::now_ms();
     for body in [

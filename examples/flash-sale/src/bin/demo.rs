@@ -2,15 +2,19 @@
 //! without locks and then with them, side by side. Then the shop (with locks) stays up for a
 //! person to open in a browser.
 //!
-//! `demo [--exit] [--users N] [--instances N]`. `--exit` ends after the table (for tests and
-//! CI). Redis: `REDIS_URL`, or a `redis-server` started on a free port.
+//! `demo [--exit] [--users N] [--instances N] [--cluster]`. `--exit` ends after the table (for
+//! tests and CI). Redis: `REDIS_URL`, or a `redis-server` started on a free port. With
+//! `--cluster`, the instances lock on a Redis Cluster instead: `REDIS_CLUSTER_URLS` (seed URLs,
+//! comma-separated), or a cluster of three masters and three replicas started on free ports
+//! (it needs `redis-cli` too, to create it).
 
 use std::process::ExitCode;
 
 use flash_sale::loadgen::{self, LoadConfig};
 use flash_sale::{NewVoucher, demo, now_ms, server};
 
-const USAGE: &str = "demo [--exit] [--users N] [--instances N]   (env: REDIS_URL)";
+const USAGE: &str = "demo [--exit] [--users N] [--instances N] [--cluster]   \
+(env: REDIS_URL; with --cluster, REDIS_CLUSTER_URLS)";
 
 fn number<T: std::str::FromStr>(flag: &str, value: Option<String>) -> Result<T, String> {
     value
@@ -21,8 +25,8 @@ fn number<T: std::str::FromStr>(flag: &str, value: Option<String>) -> Result<T, 
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    // Ctrl-C at any point drops `run`, and with it the shop instances and the redis-server it
-    // started: nothing outlives the demo.
+    // Ctrl-C at any point drops `run`, and with it the shop instances and the redis-server or
+    // Redis Cluster it started: nothing outlives the demo.
     let outcome = tokio::select! {
         outcome = run() => outcome,
         _ = tokio::signal::ctrl_c() => return ExitCode::from(130),
@@ -47,11 +51,13 @@ async fn run() -> Result<ExitCode, String> {
         return Ok(ExitCode::SUCCESS);
     }
     let mut exit = false;
+    let mut cluster = false;
     let mut instances = 3usize;
     let mut load = LoadConfig::default();
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--exit" | "--ci" => exit = true,
+            "--cluster" => cluster = true,
             "--users" => load.users = number("--users", args.next())?,
             "--instances" => instances = number::<usize>("--instances", args.next())?.max(1),
             "--help" | "-h" => {
@@ -61,18 +67,24 @@ async fn run() -> Result<ExitCode, String> {
             other => return Err(format!("unknown argument `{other}`\nusage: {USAGE}")),
         }
     }
-    let (redis_url, _redis) = dlock_tests::redis_from_env_or_start()?;
+    // Declared before the instances, so dropped after them, on every path out of `run`.
+    let (redis, _own_redis) = demo::redis(cluster).await?;
     let server = demo::ServerCommand::this_program()?;
     println!(
         "{} buyers × {} simultaneous orders for one voucher (stock {}), then a checkout each \
-         ({} SKUs × {} in stock); {instances} instances, one Redis, one SQLite database",
-        load.users, load.requests_per_user, load.stock, load.skus, load.sku_stock
+         ({} SKUs × {} in stock); {instances} instances, {}, one SQLite database",
+        load.users,
+        load.requests_per_user,
+        load.stock,
+        load.skus,
+        load.sku_stock,
+        redis.describe()
     );
     println!("round 1: without locks (--no-locks) …");
-    let (unlocked, first) = demo::round(&server, instances, &redis_url, false, &load).await?;
+    let (unlocked, first) = demo::round(&server, instances, &redis, false, &load).await?;
     drop(first);
     println!("round 2: with locks …");
-    let (locked, running) = demo::round(&server, instances, &redis_url, true, &load).await?;
+    let (locked, running) = demo::round(&server, instances, &redis, true, &load).await?;
     println!();
     print!(
         "{}",
