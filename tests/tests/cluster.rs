@@ -438,3 +438,36 @@ async fn a_multi_lock_across_masters_is_all_or_none() {
     }
     assert!(blocker.release().await.is_released());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lazy_cluster_locker_builds_while_the_cluster_is_down_and_locks_once_it_is_back() {
+    let mut cluster = block_in_place(RedisCluster::start);
+    let ports = cluster.ports();
+    for &port in &ports {
+        cluster.pause(port);
+    }
+    let started = Instant::now();
+    let locker = Locker::builder()
+        .cluster(cluster.seed_urls())
+        .connect_lazily(true)
+        .command_timeout(Duration::from_millis(500))
+        .connect_timeout(Duration::from_millis(300))
+        .build()
+        .await
+        .expect("a lazy locker builds without the cluster");
+    assert!(
+        started.elapsed() < Duration::from_millis(300),
+        "build waited for the cluster"
+    );
+    let name = unique_name("cluster-lazy");
+    let err = locker.lock(name.as_str()).try_lock().await.unwrap_err();
+    assert!(err.is_backend(), "{err}");
+    for &port in &ports {
+        cluster.resume(port);
+    }
+    let guard = (locker.lock(name.as_str()))
+        .wait(Duration::from_secs(10))
+        .await
+        .expect("lock once the cluster is back");
+    assert!(guard.release().await.is_released());
+}

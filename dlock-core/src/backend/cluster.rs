@@ -1,8 +1,12 @@
 //! Redis Cluster: which slot a key lives in, and connecting to a cluster.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use redis::aio::ConnectionLike;
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
 
 /// The number of hash slots of a Redis Cluster.
 pub(crate) const SLOTS: u16 = 16384;
@@ -52,6 +56,101 @@ impl ClusterSeeds {
             .retries(16)
             .min_retry_wait(10)
             .max_retry_wait(200)
+    }
+}
+
+/// A cluster connection opened by the first command that needs it (and again by the next one
+/// if that failed), so a `Locker` can be built while the cluster is down. Once open, redis-rs's
+/// cluster connection reconnects to the nodes by itself. Cheap to clone.
+#[derive(Clone)]
+pub(crate) struct LazyCluster {
+    inner: Arc<LazyInner>,
+}
+
+struct LazyInner {
+    /// `None` over an application's connection, which is open from the start.
+    client: Option<ClusterClient>,
+    connect_timeout: Duration,
+    open: Mutex<Option<ClusterConnection>>,
+    /// One connection attempt at a time.
+    opening: tokio::sync::Mutex<()>,
+}
+
+impl LazyCluster {
+    pub(crate) fn new(client: Option<ClusterClient>, connect_timeout: Duration) -> Self {
+        Self {
+            inner: Arc::new(LazyInner {
+                client,
+                connect_timeout,
+                open: Mutex::new(None),
+                opening: tokio::sync::Mutex::new(()),
+            }),
+        }
+    }
+
+    /// Over an application's open connection.
+    pub(crate) fn open(conn: ClusterConnection) -> Self {
+        let lazy = Self::new(None, Duration::ZERO);
+        *lazy.open_conn() = Some(conn);
+        lazy
+    }
+
+    fn open_conn(&self) -> std::sync::MutexGuard<'_, Option<ClusterConnection>> {
+        self.inner.open.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The open connection, opening it first if needed (within the connect timeout).
+    pub(crate) async fn connection(&self) -> RedisResult<ClusterConnection> {
+        if let Some(conn) = self.open_conn().as_ref() {
+            return Ok(conn.clone());
+        }
+        let _opening = self.inner.opening.lock().await;
+        if let Some(conn) = self.open_conn().as_ref() {
+            return Ok(conn.clone());
+        }
+        let Some(client) = &self.inner.client else {
+            return Err(redis::RedisError::from((
+                redis::ErrorKind::InvalidClientConfig,
+                "no cluster connection",
+            )));
+        };
+        let conn =
+            match tokio::time::timeout(self.inner.connect_timeout, client.get_async_connection())
+                .await
+            {
+                Ok(conn) => conn?,
+                Err(_) => {
+                    return Err(redis::RedisError::from(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "no cluster node answered in time",
+                    )));
+                }
+            };
+        *self.open_conn() = Some(conn.clone());
+        Ok(conn)
+    }
+}
+
+impl ConnectionLike for LazyCluster {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        Box::pin(async move { self.connection().await?.req_packed_command(cmd).await })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        Box::pin(async move {
+            (self.connection().await?)
+                .req_packed_commands(pipeline, offset, count)
+                .await
+        })
+    }
+
+    fn get_db(&self) -> i64 {
+        0
     }
 }
 

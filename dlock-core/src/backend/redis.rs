@@ -30,7 +30,7 @@ pub(crate) enum RedisConn {
     Sentinel(SentinelConnection),
     /// A Redis Cluster: each command goes to its key's slot.
     #[cfg(feature = "cluster")]
-    Cluster(redis::cluster_async::ClusterConnection),
+    Cluster(super::cluster::LazyCluster),
 }
 
 impl RedisConn {
@@ -101,7 +101,7 @@ impl Pool {
 pub(crate) enum OpConn {
     Manager(ConnectionManager),
     #[cfg(feature = "cluster")]
-    Cluster(redis::cluster_async::ClusterConnection),
+    Cluster(super::cluster::LazyCluster),
     #[cfg(feature = "sentinel")]
     Sentinel(SentinelConnection),
     Multiplexed(MultiplexedConnection),

@@ -141,7 +141,8 @@ impl LockerBuilder {
     /// `MOVED` and `ASK` through resharding and failovers. Waiters are woken through sharded
     /// pub/sub (`SSUBSCRIBE`/`SPUBLISH`, Redis 7.0 or newer), so a wake-up stays on its shard;
     /// the watchdog renews the locks of each slot in one script call, all slots at once.
-    /// `build` connects ([`connect_lazily`](Self::connect_lazily) does not apply).
+    /// `build` connects (with [`connect_lazily`](Self::connect_lazily), the first command does,
+    /// so a service can start while the cluster is down).
     #[cfg(feature = "cluster")]
     #[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
     pub fn cluster(mut self, seeds: impl IntoIterator<Item = impl Into<String>>) -> Self {
@@ -407,8 +408,15 @@ impl LockerBuilder {
             }
             #[cfg(feature = "cluster")]
             Source::ClusterUrls(urls) => {
-                return super::cluster::locker(urls, config, ack, command_timeout, connect_timeout)
-                    .await;
+                return super::cluster::locker(
+                    urls,
+                    self.lazy,
+                    config,
+                    ack,
+                    command_timeout,
+                    connect_timeout,
+                )
+                .await;
             }
             #[cfg(feature = "cluster")]
             Source::ClusterConnection(conn) => {

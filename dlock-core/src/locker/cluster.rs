@@ -7,16 +7,18 @@ use super::builder::{tls_ready, url_error};
 use super::url::redact_url;
 use super::{Config, Locker};
 use crate::backend::Backend;
-use crate::backend::cluster::ClusterSeeds;
+use crate::backend::cluster::{ClusterSeeds, LazyCluster};
 use crate::backend::redis::{RedisBackend, RedisConn};
 use crate::error::{BackendError, LockError};
 use crate::replication::ReplicaAck;
 use crate::wait::SubscriberSource;
 
-/// Connects to the cluster through `urls` (within twice the connect timeout) and builds a
-/// `Locker` whose waiters are woken through sharded pub/sub.
+/// Connects to the cluster through `urls` (within twice the connect timeout; unless `lazy`: then
+/// the first command connects) and builds a `Locker` whose waiters are woken through sharded
+/// pub/sub.
 pub(super) async fn locker(
     urls: Vec<String>,
+    lazy: bool,
     config: Config,
     ack: Option<ReplicaAck>,
     command_timeout: Duration,
@@ -36,19 +38,21 @@ pub(super) async fn locker(
     };
     let client = (seeds.builder().build())
         .map_err(|e| LockError::Config(format!("bad cluster URLs {at}: {}", url_error(&e))))?;
-    let conn = match tokio::time::timeout(connect_timeout * 2, client.get_async_connection()).await
-    {
-        Ok(Ok(conn)) => conn,
-        Ok(Err(err)) => {
-            tracing::debug!(at = at.as_str(), error = %err, "dlock: cannot connect");
-            return Err(LockError::Backend(BackendError::redis(err)));
+    let conn = LazyCluster::new(Some(client), connect_timeout);
+    if !lazy {
+        match tokio::time::timeout(connect_timeout * 2, conn.connection()).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(err)) => {
+                tracing::debug!(at = at.as_str(), error = %err, "dlock: cannot connect");
+                return Err(LockError::Backend(BackendError::redis(err)));
+            }
+            Err(_) => {
+                return Err(LockError::Backend(BackendError::timeout(
+                    connect_timeout * 2,
+                )));
+            }
         }
-        Err(_) => {
-            return Err(LockError::Backend(BackendError::timeout(
-                connect_timeout * 2,
-            )));
-        }
-    };
+    }
     let backend = RedisBackend::new(
         RedisConn::Cluster(conn),
         Some(SubscriberSource::Cluster(seeds)),
@@ -56,7 +60,7 @@ pub(super) async fn locker(
     )
     .with_ack(ack);
     // Releases wake waiters with SPUBLISH: without it every release would fail half-way.
-    if let Ok(false) = backend.knows_command("SPUBLISH").await {
+    if !lazy && let Ok(false) = backend.knows_command("SPUBLISH").await {
         return Err(LockError::Config(format!(
             "{at}: locks on a cluster need sharded pub/sub (SPUBLISH, Redis 7.0 or newer)"
         )));
@@ -76,7 +80,12 @@ pub(super) fn over_connection(
     ack: Option<ReplicaAck>,
     command_timeout: Duration,
 ) -> Locker {
-    let backend = RedisBackend::new(RedisConn::Cluster(conn), None, command_timeout).with_ack(ack);
+    let backend = RedisBackend::new(
+        RedisConn::Cluster(LazyCluster::open(conn)),
+        None,
+        command_timeout,
+    )
+    .with_ack(ack);
     Locker::from_parts(
         Backend::Redis(Arc::new(backend)),
         config,

@@ -5,13 +5,10 @@
 //! `flash-sale.db` in the current directory; `postgres://…` for PostgreSQL). Setting both Redis
 //! variables is an error.
 //!
-//! With one Redis server, the instance starts whether or not Redis is up: its `Locker` runs over
-//! a connection manager that connects on first use and reconnects by itself ([`locker`]). Until
-//! Redis answers, the locked routes answer 503 and `/readyz` says so; everything else works.
-//! With a cluster, the `Locker` ([`cluster_locker`]) needs the cluster's slot map to start, so
-//! the instance connects at start and exits with an error if no seed node answers; once running
-//! it follows resharding and failovers, and answers 503 (and `/readyz` "down") while the
-//! cluster can't be reached. The database must be there at start: the instance brings its schema
+//! The instance starts whether or not Redis (or the cluster) is up: its `Locker` connects on
+//! first use and reconnects by itself ([`locker`], [`cluster_locker`]). Until Redis answers, the
+//! locked routes answer 503 and `/readyz` says so; everything else works. On a cluster it follows
+//! resharding and failovers once connected. The database must be there at start: the instance brings its schema
 //! up to date before it serves.
 
 use std::time::Duration;
@@ -171,12 +168,14 @@ pub async fn locker(redis_url: &str) -> Result<Locker, String> {
         .map_err(|e| format!("Locker: {e}"))
 }
 
-/// A `Locker` on the Redis Cluster reached through `seed_urls`. It connects now (it needs the
-/// cluster's slot map), so it fails when no seed answers; afterwards it follows `MOVED`/`ASK`
-/// through resharding and failovers, and waiters are woken through sharded pub/sub.
+/// A `Locker` on the Redis Cluster reached through `seed_urls`, built without connecting: the
+/// first command fetches the cluster's slot map (and the next one again, if that failed), so the
+/// shop starts while the cluster is down. It follows `MOVED`/`ASK` through resharding and
+/// failovers, and waiters are woken through sharded pub/sub.
 pub async fn cluster_locker(seed_urls: &[String]) -> Result<Locker, String> {
     Locker::builder()
         .cluster(seed_urls)
+        .connect_lazily(true)
         .connect_timeout(REDIS_TIMEOUT)
         .command_timeout(REDIS_TIMEOUT)
         .default_wait(LOCK_WAIT)
