@@ -304,3 +304,52 @@ impl Drop for HolderProcess {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::HolderLine;
+
+    #[test]
+    fn every_line_the_holder_prints_parses() {
+        assert_eq!(
+            HolderLine::parse("acquired token=17 lease_ms=900"),
+            HolderLine::Acquired { token: 17 }
+        );
+        assert_eq!(
+            HolderLine::parse("write token=17 seq=3 refused"),
+            HolderLine::Write {
+                token: 17,
+                seq: 3,
+                accepted: false
+            }
+        );
+        assert_eq!(
+            HolderLine::parse("lost via=deadline held_ms=1200"),
+            HolderLine::Lost {
+                via: "deadline".to_owned(),
+                held_ms: 1200
+            }
+        );
+        assert_eq!(
+            HolderLine::parse("after-loss-write token=17 refused"),
+            HolderLine::AfterLossWrite { accepted: false }
+        );
+        assert_eq!(
+            HolderLine::parse("released outcome=TakenOver"),
+            HolderLine::Released {
+                outcome: "TakenOver".to_owned()
+            }
+        );
+        assert_eq!(
+            HolderLine::parse("error acquire: timed out"),
+            HolderLine::Error {
+                message: "acquire: timed out".to_owned()
+            }
+        );
+        // A malformed known line is not taken for what it is not.
+        assert_eq!(
+            HolderLine::parse("write token=x seq=1 accepted"),
+            HolderLine::Other("write token=x seq=1 accepted".to_owned())
+        );
+    }
+}
