@@ -18,6 +18,7 @@
 //! after-loss-write token=<token> accepted|refused
 //! released outcome=<outcome>
 //! error <message>
+//! note <what dlock logged at WARN or above> <its fields>
 //! ```
 //!
 //! `lost via=deadline`: the guard's own validity deadline passed without a renewal confirming

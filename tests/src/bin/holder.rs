@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use dlock_core::Locker;
 use dlock_core::redis;
+use dlock_tests::capture::Capture;
 use dlock_tests::fenced;
 use dlock_tests::holder::WRITE_EVERY;
 use tokio::time::Instant;
@@ -31,6 +32,32 @@ fn exit_when_stdin_closes() {
     });
 }
 
+/// Prints what dlock logs at `WARN` and above (a failed renewal, a lost lock) as `note` lines,
+/// so that a test's failure message shows how the holder saw the fault.
+fn print_dlock_warnings() {
+    let capture = Capture::default();
+    if tracing::subscriber::set_global_default(capture.clone()).is_err() {
+        return;
+    }
+    tokio::spawn(async move {
+        let mut printed = 0;
+        loop {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            let events = capture.events();
+            for event in events.iter().skip(printed) {
+                if event.level <= tracing::Level::WARN {
+                    let fields: Vec<String> = (event.fields.iter())
+                        .filter(|(k, _)| *k != "message")
+                        .map(|(k, v)| format!("{k}={v}"))
+                        .collect();
+                    println!("note {} {}", event.message(), fields.join(" "));
+                }
+            }
+            printed = events.len();
+        }
+    });
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -43,6 +70,7 @@ async fn main() -> ExitCode {
         return usage();
     };
     exit_when_stdin_closes();
+    print_dlock_warnings();
 
     let locker = match Locker::builder()
         .url(url.as_str())
