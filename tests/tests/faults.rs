@@ -7,7 +7,7 @@
 //! Redis restart (`redis_restart_reconnects_and_reports_the_loss_of_held_locks`); here the
 //! *holder* is paused, killed and partitioned, and a restart hits several holder processes.
 
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use dlock_core::Locker;
 use dlock_core::redis::AsyncCommands as _;
@@ -54,6 +54,23 @@ async fn locker(url: String) -> Locker {
         .build()
         .await
         .expect("connect a Locker")
+}
+
+/// The instant, on this process's monotonic clock, at which the clock of a Redis on this machine
+/// read `micros` (microseconds since the Unix epoch, as `TIME` answers). Both are this machine's
+/// clocks; they are tied together by one reading of each, close to `micros`.
+fn instant_of_redis_micros(micros: u64) -> Instant {
+    let (wall, now) = (SystemTime::now(), Instant::now());
+    let wall_micros = wall
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .expect("the clock is past 1970")
+        .as_micros();
+    let wall_micros = u64::try_from(wall_micros).expect("microseconds fit u64");
+    if micros <= wall_micros {
+        now - Duration::from_micros(wall_micros - micros)
+    } else {
+        now + Duration::from_micros(micros - wall_micros)
+    }
 }
 
 fn ms(d: Duration) -> f64 {
@@ -253,11 +270,16 @@ async fn a_stopped_holder_resumes_to_a_lost_lock_and_refused_writes() {
 /// the loss from its own validity deadline before a rival talking to Redis directly can be
 /// granted the lock (once its key expires).
 ///
-/// The holder runs in this process, on a runtime of its own on a thread of its own: its loss and
-/// the rival's grant are then instants of one clock, and the rival's busy polling does not delay
-/// the holder's timers. The safety margin between the two is only the drift the guard takes off
-/// its lease (a hundredth of it plus 2 ms), less than what reading another process's output can
-/// add on a busy machine.
+/// The holder runs in this process, on a runtime of its own on a thread of its own: its loss is
+/// then an instant of this process's monotonic clock, with nothing between the loss and its
+/// reading, and the rival's busy polling does not delay the holder's timers. The safety margin
+/// is only the drift the guard takes off its lease (a hundredth of it plus 2 ms, 11 ms here),
+/// less than what reading another process's output can add on a busy machine.
+///
+/// The grant is placed on the same clock by Redis itself: the rival's fencing token is the
+/// server's clock, in microseconds, at the grant, and the server runs on this machine. The
+/// instants around the rival's call only bracket it: a call delayed on its way to Redis would
+/// make its start far earlier than the grant.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partitioned_holder_gives_up_by_its_own_deadline_before_a_rival_is_granted() {
     let server = RedisServer::start();
@@ -298,7 +320,7 @@ async fn a_partitioned_holder_gives_up_by_its_own_deadline_before_a_rival_is_gra
     proxy.stall();
     let stalled_at = Instant::now();
     // The rival tries as often as it can: it gets the lock the moment Redis lets it.
-    let (grant_sent, rival_guard) = loop {
+    let (grant_sent, grant_answered, rival_guard) = loop {
         let sent = Instant::now();
         if let Some(granted) = rival
             .lock(name.as_str())
@@ -306,7 +328,7 @@ async fn a_partitioned_holder_gives_up_by_its_own_deadline_before_a_rival_is_gra
             .await
             .expect("the rival's attempt")
         {
-            break (sent, granted);
+            break (sent, Instant::now(), granted);
         }
         assert!(
             stalled_at.elapsed() < Duration::from_secs(5),
@@ -318,23 +340,42 @@ async fn a_partitioned_holder_gives_up_by_its_own_deadline_before_a_rival_is_gra
         .await
         .expect("the partitioned holder never reported the loss")
         .expect("the holder's thread panicked");
+    // A fresh grant's token is the server's clock at the grant, in microseconds.
+    let granted_at = instant_of_redis_micros(rival_guard.fencing_token().get());
     eprintln!(
         "partition -> holder reports the loss: {:.1} ms (its deadline: {:.1} ms); partition -> \
          rival granted: {:.1} ms; loss reported {:.1} ms before the grant",
         ms(lost_at - stalled_at),
         ms(valid_until.saturating_duration_since(stalled_at)),
+        ms(granted_at - stalled_at),
+        ms(granted_at.saturating_duration_since(lost_at)),
+    );
+    eprintln!(
+        "the rival's granted call ran from {:.1} to {:.1} ms into the partition",
         ms(grant_sent - stalled_at),
-        ms(grant_sent.saturating_duration_since(lost_at)),
+        ms(grant_answered - stalled_at),
+    );
+    let slack = Duration::from_millis(2);
+    assert!(
+        granted_at + slack >= grant_sent && granted_at <= grant_answered + slack,
+        "Redis's clock puts the grant {:+.1} ms from the start of the call that was granted, \
+         {:+.1} ms from its answer: the two clocks disagree",
+        ms(granted_at.saturating_duration_since(grant_sent))
+            - ms(grant_sent.saturating_duration_since(granted_at)),
+        ms(granted_at.saturating_duration_since(grant_answered))
+            - ms(grant_answered.saturating_duration_since(granted_at)),
     );
     assert!(
-        valid_until <= grant_sent,
+        valid_until <= granted_at,
         "the holder's deadline ran {:.1} ms past the rival's grant",
-        ms(valid_until - grant_sent)
+        ms(valid_until - granted_at)
     );
     assert!(
-        lost_at <= grant_sent,
-        "the holder reported the loss {:.1} ms after the rival was granted the lock",
-        ms(lost_at - grant_sent)
+        lost_at <= granted_at,
+        "the holder reported the loss {:.1} ms after the rival was granted the lock (its deadline \
+         was {:.1} ms before the grant)",
+        ms(lost_at - granted_at),
+        ms(granted_at.saturating_duration_since(valid_until))
     );
     assert!(
         lost_at - stalled_at <= LEASE,
@@ -436,9 +477,10 @@ async fn restart_under_holders(down: Duration) {
         assert!(
             after <= TICK + REPORT_SLACK,
             "holder {i} reported the loss {:.1} ms (via {via}) after redis was back, more than a \
-             tick (and {} ms of slack)",
+             tick (and {} ms of slack); its output:\n{}",
             ms(after),
-            REPORT_SLACK.as_millis()
+            REPORT_SLACK.as_millis(),
+            holders[i].seen().join("\n")
         );
     }
 
