@@ -11,6 +11,9 @@
 //!   [`RedisSentinel`] ([`sentinel`]) a master, a replica and three sentinels: real processes,
 //!   with failovers, kills, pauses and slot migrations on demand.
 //!
+//! - [`holder`] runs a lock holder in a process of its own (the `holder` binary), to be killed and
+//!   stopped for real; it writes to a [`fenced`] resource that refuses stale fencing tokens.
+//!
 //! - [`checker`] is the randomized, seeded, replayable history checker for dlock-core.
 //!
 //! A missing `redis-server` binary is a loud failure naming the command that installs it.
@@ -28,7 +31,9 @@ mod admin;
 pub mod capture;
 pub mod checker;
 pub mod cluster;
+pub mod fenced;
 pub mod handover;
+pub mod holder;
 mod proxy;
 pub mod sentinel;
 
