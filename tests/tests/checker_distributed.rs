@@ -10,7 +10,7 @@
 use dlock_tests::checker::{Config, FaultFamily, run_cluster, run_sentinel};
 
 /// Operations per run.
-const OPS: usize = 1_500;
+const OPS: usize = 1_000;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checker_cluster_failovers() {

@@ -377,7 +377,12 @@ async fn replica_acknowledged_grants_on_a_cluster_are_on_the_slots_replica() {
         let name = unique_name(&format!("cluster-acked-{i}"));
         let key = locker.key_of(name.as_str()).unwrap();
         let replica = cluster.replica_of(&cluster.node_for_key(&key));
-        let guard = locker.lock(name.as_str()).await.expect("lock");
+        // A grant the replica does not acknowledge in time (a busy machine) is rolled back and
+        // tried again within the wait.
+        let guard = (locker.lock(name.as_str()))
+            .wait(Duration::from_secs(5))
+            .await
+            .expect("lock");
         let mut on_replica = cluster.node(replica.port).connection().await;
         let () = redis::cmd("READONLY")
             .query_async(&mut on_replica)

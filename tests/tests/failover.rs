@@ -158,7 +158,10 @@ async fn acknowledged_grants_are_on_the_replica_when_the_call_returns() {
     for i in 0..20 {
         let name = format!("acked-{i}");
         let key = set_up.locker.key_of(name.as_str()).unwrap();
-        let guard = set_up.locker.lock(name.as_str()).await.expect("lock");
+        let guard = (set_up.locker.lock(name.as_str()))
+            .wait(Duration::from_secs(5))
+            .await
+            .expect("lock");
         let fence: u64 = on_replica
             .hget(&key, "#f")
             .await
@@ -220,7 +223,10 @@ async fn a_grant_no_replica_acknowledges_fails_cleanly_and_is_rolled_back() {
     // Replication back: grants count again.
     set_up.link.restore();
     acknowledged(&set_up.master).await;
-    let guard = set_up.locker.lock(name.as_str()).await.expect("lock");
+    let guard = (set_up.locker.lock(name.as_str()))
+        .wait(Duration::from_secs(5))
+        .await
+        .expect("lock");
     assert!(guard.release().await.is_released());
 }
 
@@ -229,7 +235,10 @@ async fn a_holder_whose_renewals_are_not_acknowledged_reports_the_loss_at_its_de
     let lease = Duration::from_millis(900);
     let set_up = acked(lease).await;
     let name = unique_name("unacked-renewals");
-    let guard = set_up.locker.lock(name.as_str()).await.expect("lock");
+    let guard = (set_up.locker.lock(name.as_str()))
+        .wait(Duration::from_secs(5))
+        .await
+        .expect("lock");
     let valid_until = guard.valid_until();
     set_up.link.cut();
     tokio::time::timeout(lease + Duration::from_secs(1), guard.lost())
@@ -249,7 +258,10 @@ async fn a_release_no_replica_acknowledges_still_releases() {
     let set_up = acked(Duration::from_secs(30)).await;
     let name = unique_name("unacked-release");
     let key = set_up.locker.key_of(name.as_str()).unwrap();
-    let guard = set_up.locker.lock(name.as_str()).await.expect("lock");
+    let guard = (set_up.locker.lock(name.as_str()))
+        .wait(Duration::from_secs(5))
+        .await
+        .expect("lock");
     set_up.link.cut();
     replica_gone(&set_up.master).await;
     assert!(guard.release().await.is_released());
