@@ -109,18 +109,7 @@ async fn three_instances_on_a_redis_cluster_never_duplicate_or_oversell() {
 
     // The whole cluster gone: not ready, and a locked purchase is a 503, not a 500.
     let url = &instances.urls[0];
-    let (status, user) = http(
-        "POST",
-        &format!("{url}/api/login"),
-        Some(json!({"name": "late"})),
-    )
-    .await;
-    assert_eq!(status, 200, "{user}");
-    let now = flash_sale::now_ms();
-    let voucher = json!({"title": "v", "price_cents": 100, "stock": 1,
-                         "starts_at_ms": now - 1000, "ends_at_ms": now + 600_000});
-    let (status, voucher) = http("POST", &format!("{url}/api/vouchers"), Some(voucher)).await;
-    assert_eq!(status, 201, "{voucher}");
+    let (user, voucher) = user_and_voucher(url, "late").await;
     drop(cluster);
     let (status, ready) = http("GET", &format!("{url}/readyz"), None).await;
     assert_eq!(status, 503, "{ready}");
@@ -134,6 +123,23 @@ async fn three_instances_on_a_redis_cluster_never_duplicate_or_oversell() {
     let (status, problem) = http("POST", &orders, Some(order)).await;
     assert_eq!(status, 503, "{problem}");
     assert_eq!(problem["status"], 503, "{problem}");
+}
+
+/// A user called `name` and a voucher on sale now (neither needs Redis).
+async fn user_and_voucher(url: &str, name: &str) -> (Value, Value) {
+    let (status, user) = http(
+        "POST",
+        &format!("{url}/api/login"),
+        Some(json!({ "name": name })),
+    )
+    .await;
+    assert_eq!(status, 200, "{user}");
+    let now = flash_sale::now_ms();
+    let voucher = json!({"title": "v", "price_cents": 100, "stock": 1,
+                         "starts_at_ms": now - 1000, "ends_at_ms": now + 600_000});
+    let (status, voucher) = http("POST", &format!("{url}/api/vouchers"), Some(voucher)).await;
+    assert_eq!(status, 201, "{voucher}");
+    (user, voucher)
 }
 
 /// An instance whose cluster can't be reached starts all the same: `/healthz` answers, `/readyz`
@@ -156,18 +162,7 @@ async fn an_instance_starts_while_its_cluster_is_down() {
     let (status, ready) = http("GET", &format!("{url}/readyz"), None).await;
     assert_eq!(status, 503, "{ready}");
     assert_eq!(ready["redis"], "down", "{ready}");
-    let (status, user) = http(
-        "POST",
-        &format!("{url}/api/login"),
-        Some(json!({"name": "u"})),
-    )
-    .await;
-    assert_eq!(status, 200, "{user}");
-    let now = flash_sale::now_ms();
-    let voucher = json!({"title": "v", "price_cents": 100, "stock": 1,
-                         "starts_at_ms": now - 1000, "ends_at_ms": now + 600_000});
-    let (status, voucher) = http("POST", &format!("{url}/api/vouchers"), Some(voucher)).await;
-    assert_eq!(status, 201, "{voucher}");
+    let (user, voucher) = user_and_voucher(url, "u").await;
     let orders = format!("{url}/api/vouchers/{}/orders", voucher["id"]);
     let (status, problem) = http("POST", &orders, Some(json!({ "user_id": user["id"] }))).await;
     assert_eq!(status, 503, "{problem}");
