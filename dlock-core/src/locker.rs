@@ -27,6 +27,7 @@ mod sentinel;
 mod url;
 
 use acquire::{Attempted, InFlight};
+pub(crate) use acquire::{TriedAll, is_permanent};
 pub use builder::LockerBuilder;
 pub use default::{default_locker, set_default_locker};
 pub use lease::Lease;

@@ -2,8 +2,10 @@
 //!
 //! Names are deduplicated and acquired in the order of their keys, so two multi-locks over
 //! overlapping sets can never deadlock each other; the wait deadline is shared by all of them.
-//! If any name stays busy past the deadline (or the backend fails), every lock already taken is
-//! released before the error is returned.
+//! Names next to each other in that order that live together — every name on one server, names
+//! in one slot on a cluster — are first tried in one script, all or none; if one of them is
+//! busy, they are taken one by one in order. If any name stays busy past the deadline (or the
+//! backend fails), every lock already taken is released before the error is returned.
 
 use std::fmt;
 use std::future::{Future, IntoFuture};
@@ -14,7 +16,7 @@ use tokio::time::Instant;
 
 use crate::error::{LockError, ReleaseOutcome};
 use crate::guard::{FencingToken, LockGuard};
-use crate::locker::{LockRequest, Locker};
+use crate::locker::{Lease, Locker, TriedAll, is_permanent};
 use crate::name::{IntoLockName, LockName};
 
 /// A request for several locks at once: set the wait and lease, then `.await` it.
@@ -23,8 +25,7 @@ pub struct MultiLockRequest {
     locker: Locker,
     names: Result<Vec<LockName>, LockError>,
     wait: Duration,
-    configure: Option<fn(LockRequest, Duration) -> LockRequest>,
-    lease: Option<Duration>,
+    lease: Option<Lease>,
 }
 
 impl fmt::Debug for MultiLockRequest {
@@ -51,7 +52,6 @@ impl MultiLockRequest {
             wait: locker.default_wait(),
             locker,
             names,
-            configure: None,
             lease: None,
         }
     }
@@ -66,15 +66,13 @@ impl MultiLockRequest {
 
     /// A fixed lease for every lock (no renewal).
     pub fn lease(mut self, lease: Duration) -> Self {
-        self.lease = Some(lease);
-        self.configure = Some(LockRequest::lease);
+        self.lease = Some(Lease::Fixed(lease));
         self
     }
 
     /// Watchdog mode with this lease for every lock.
     pub fn watchdog_lease(mut self, lease: Duration) -> Self {
-        self.lease = Some(lease);
-        self.configure = Some(LockRequest::watchdog_lease);
+        self.lease = Some(Lease::Watchdog(lease));
         self
     }
 
@@ -104,35 +102,61 @@ impl MultiLockRequest {
         // Key order is the global order every multi-lock follows.
         names.sort_by(|a, b| a.as_str().cmp(b.as_str()));
         names.dedup();
+        let lease = self.lease.unwrap_or(self.locker.default_lease());
         let mut guards = Vec::with_capacity(names.len());
-        for name in names {
-            let wait = deadline.saturating_duration_since(Instant::now());
-            let mut request = self.locker.lock(name).wait(wait);
-            if let (Some(configure), Some(lease)) = (self.configure, self.lease) {
-                request = configure(request, lease);
+        for run in self.locker.runs_together(&names) {
+            // One script for the run: taking them all at once, holding only names before them,
+            // keeps the order. Busy, or not for this call to try: one by one, in order.
+            if run.len() > 1 {
+                match self.locker.try_all(run, lease).await {
+                    Ok(TriedAll::Taken(taken)) => {
+                        guards.extend(taken);
+                        continue;
+                    }
+                    // One attempt only, and it was all or none: nothing to take one by one.
+                    Ok(TriedAll::Busy(name, retry_after)) if self.wait.is_zero() => {
+                        let err = self.locker.busy_at_once(&name, started, retry_after);
+                        return Err(give_back(guards, err).await);
+                    }
+                    Ok(TriedAll::Busy(..) | TriedAll::NotTried) => {}
+                    // One by one, the requests below retry within the wait and report the error.
+                    Err(err) if !self.wait.is_zero() && !is_permanent(&err) => {}
+                    Err(err) => return Err(give_back(guards, err).await),
+                }
             }
-            match request.await {
-                Ok(guard) => guards.push(guard),
-                Err(err) => {
-                    let err = match err {
-                        LockError::Timeout {
-                            name, retry_after, ..
-                        } => LockError::Timeout {
+            for name in run {
+                let wait = deadline.saturating_duration_since(Instant::now());
+                let request = self.locker.lock(name.clone()).wait(wait);
+                let request = match lease {
+                    Lease::Fixed(lease) => request.lease(lease),
+                    Lease::Watchdog(lease) => request.watchdog_lease(lease),
+                };
+                match request.await {
+                    Ok(guard) => guards.push(guard),
+                    Err(LockError::Timeout {
+                        name, retry_after, ..
+                    }) => {
+                        let err = LockError::Timeout {
                             name,
                             waited: started.elapsed(),
                             retry_after,
-                        },
-                        other => other,
-                    };
-                    for guard in guards.into_iter().rev() {
-                        let _ = guard.release().await;
+                        };
+                        return Err(give_back(guards, err).await);
                     }
-                    return Err(err);
+                    Err(err) => return Err(give_back(guards, err).await),
                 }
             }
         }
         Ok(MultiGuard { guards })
     }
+}
+
+/// Releases what a failed multi-lock took (in reverse order) and hands back its error.
+async fn give_back(guards: Vec<LockGuard>, err: LockError) -> LockError {
+    for guard in guards.into_iter().rev() {
+        let _ = guard.release().await;
+    }
+    err
 }
 
 impl IntoFuture for MultiLockRequest {

@@ -32,24 +32,28 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-/// The next fencing token of `KEYS[2]` into `f`: the server clock in microseconds, or the last
-/// token + 1 when the clock is not past it; a new counter key gets the TTL in `fence_ttl` (ms,
-/// `'0'`: none). Lua numbers are doubles: microseconds since 1970 stay exact until 2255.
+/// `next_fence(fence_key, fence_ttl)`: the next fencing token of `fence_key` — the server clock in
+/// microseconds, or the last token + 1 when the clock is not past it — stored as its last token; a
+/// new counter key gets the TTL in `fence_ttl` (ms, `'0'`: none). Lua numbers are doubles:
+/// microseconds since 1970 stay exact until 2255.
 macro_rules! next_fence_lua {
     () => {
         r#"
-local t = redis.call('TIME')
-local f = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local last = redis.call('HGET', KEYS[2], 'n')
-if last then
-  last = tonumber(last)
-  if f <= last then
-    f = last + 1
+local function next_fence(fence_key, fence_ttl)
+  local t = redis.call('TIME')
+  local f = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local last = redis.call('HGET', fence_key, 'n')
+  if last then
+    last = tonumber(last)
+    if f <= last then
+      f = last + 1
+    end
   end
-end
-redis.call('HSET', KEYS[2], 'n', string.format('%d', f))
-if not last and fence_ttl ~= '0' and redis.call('PTTL', KEYS[2]) == -1 then
-  redis.call('PEXPIRE', KEYS[2], fence_ttl)
+  redis.call('HSET', fence_key, 'n', string.format('%d', f))
+  if not last and fence_ttl ~= '0' and redis.call('PTTL', fence_key) == -1 then
+    redis.call('PEXPIRE', fence_key, fence_ttl)
+  end
+  return f
 end
 "#
     };
@@ -63,6 +67,7 @@ end
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_LUA));
 
 pub(crate) const ACQUIRE_LUA: &str = concat!(
+    next_fence_lua!(),
     r#"
 if redis.call('EXISTS', KEYS[1]) == 1 then
   if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
@@ -70,13 +75,45 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
   end
   return {0, redis.call('PTTL', KEYS[1])}
 end
-local fence_ttl = ARGV[3]
-"#,
-    next_fence_lua!(),
-    r#"
+local f = next_fence(KEYS[2], ARGV[3])
 redis.call('HSET', KEYS[1], ARGV[1], 1, '#f', string.format('%d', f))
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return {1, f}
+"#
+);
+
+/// All-or-none acquisition of several locks on one server (in one slot, on a cluster).
+///
+/// `KEYS[2i-1]` lock `i`, `KEYS[2i]` its fence; `ARGV[1]` lease ms, `ARGV[2]` fence TTL ms
+/// (0 = none), `ARGV[2+i]` the owner for lock `i` (a fresh token each). Returns
+/// `{1, token_1, .., token_n}` when every lock is held by its owner now (one its owner held
+/// already counts: a retry), or `{0, i, pttl}` when lock `i` is busy — and then nothing was
+/// written.
+pub(crate) static ACQUIRE_ALL: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_ALL_LUA));
+
+pub(crate) const ACQUIRE_ALL_LUA: &str = concat!(
+    next_fence_lua!(),
+    r#"
+local n = #KEYS / 2
+for i = 1, n do
+  local lock = KEYS[2 * i - 1]
+  if redis.call('EXISTS', lock) == 1 and redis.call('HEXISTS', lock, ARGV[2 + i]) == 0 then
+    return {0, i, redis.call('PTTL', lock)}
+  end
+end
+local out = {1}
+for i = 1, n do
+  local lock = KEYS[2 * i - 1]
+  if redis.call('EXISTS', lock) == 1 then
+    out[i + 1] = tonumber(redis.call('HGET', lock, '#f'))
+  else
+    local f = next_fence(KEYS[2 * i], ARGV[2])
+    redis.call('HSET', lock, ARGV[2 + i], 1, '#f', string.format('%d', f))
+    redis.call('PEXPIRE', lock, ARGV[1])
+    out[i + 1] = f
+  end
+end
+return out
 "#
 );
 
@@ -157,6 +194,7 @@ return out
 pub(crate) static HANDOFF: LazyLock<Script> = LazyLock::new(|| Script::new(HANDOFF_LUA));
 
 pub(crate) const HANDOFF_LUA: &str = concat!(
+    next_fence_lua!(),
     r#"
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then
   if redis.call('EXISTS', KEYS[1]) == 1 then
@@ -164,10 +202,7 @@ if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then
   end
   return {0, -1}
 end
-local fence_ttl = ARGV[4]
-"#,
-    next_fence_lua!(),
-    r#"
+local f = next_fence(KEYS[2], ARGV[4])
 redis.call('HSET', KEYS[2], 'r', ARGV[1])
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], ARGV[2], 1, '#f', string.format('%d', f))

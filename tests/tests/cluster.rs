@@ -476,3 +476,61 @@ async fn a_lazy_cluster_locker_builds_while_the_cluster_is_down_and_locks_once_i
         .expect("lock once the cluster is back");
     assert!(guard.release().await.is_released());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_multi_lock_takes_the_names_of_one_slot_in_one_script() {
+    let cluster = block_in_place(RedisCluster::start);
+    let locker = locker_with(&cluster).await;
+    let rival = locker_with(&cluster).await;
+    let slot = |name: &str| key_slot(locker.key_of(name).unwrap().as_bytes());
+    // Two names that share a slot (found by trying), and a third that sorts after them (digits
+    // before letters) in another slot.
+    let base = unique_name("cluster-slot");
+    let mut seen = std::collections::HashMap::new();
+    let (a, b) = (0..20_000)
+        .map(|i| format!("{base}-{i}"))
+        .find_map(|name| (seen.insert(slot(&name), name.clone())).map(|other| (other, name)))
+        .expect("two names in one slot");
+    let c = format!("{base}-z");
+    assert_ne!(slot(&c), slot(&a));
+    let scripts = || {
+        (cluster.masters().iter())
+            .map(|m| calls(&cluster, m.port, "evalsha") + calls(&cluster, m.port, "eval"))
+            .sum::<u64>()
+    };
+    // Load the scripts on every master first; then count.
+    for name in [&a, &c] {
+        let all = locker.lock_all([name.as_str(), b.as_str()]).await;
+        all.expect("warm up").release().await;
+        let one = locker.lock(name.as_str()).await;
+        assert!(one.expect("warm up").release().await.is_released());
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let before = block_in_place(scripts);
+    let pair = locker
+        .lock_all([b.as_str(), a.as_str()])
+        .await
+        .expect("pair");
+    assert_eq!(
+        block_in_place(scripts) - before,
+        1,
+        "one script for one slot"
+    );
+    assert!(pair.release().await.iter().all(|o| o.is_released()));
+
+    let before = block_in_place(scripts);
+    let all = (locker.lock_all([c.as_str(), a.as_str(), b.as_str()]).await).expect("three");
+    assert_eq!(
+        block_in_place(scripts) - before,
+        2,
+        "one script for the slot of two names, one for the third"
+    );
+    for name in [&a, &b, &c] {
+        let busy = rival.lock(name.as_str()).try_lock().await.unwrap();
+        assert!(busy.is_none(), "{name} is held");
+    }
+    let tokens: BTreeSet<u64> = all.fencing_tokens().iter().map(|t| t.get()).collect();
+    assert_eq!(tokens.len(), 3);
+    assert!(all.release().await.iter().all(|o| o.is_released()));
+}

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{AcquireReply, HandoffReply, ReleaseReply, RenewItem, RenewReply};
+use super::{AcquireAllReply, AcquireReply, HandoffReply, ReleaseReply, RenewItem, RenewReply};
 use crate::clock;
 use crate::name::LockKeys;
 use crate::wait::{Slots, Watch};
@@ -139,6 +139,45 @@ impl MemoryBackend {
             },
         );
         AcquireReply::Acquired { fence }
+    }
+
+    /// Every lock for its owner, or none, in one step (as the acquire-all script).
+    pub(crate) fn acquire_all(
+        &self,
+        locks: &[(&LockKeys, &str)],
+        lease: Duration,
+    ) -> AcquireAllReply {
+        let now = Instant::now();
+        let mut state = self.store.state();
+        for (index, (keys, owner)) in locks.iter().enumerate() {
+            if let Some(held) = Self::live(&mut state, &keys.lock, now)
+                && held.owner != *owner
+            {
+                return AcquireAllReply::Busy {
+                    index,
+                    pttl: Some(held.expires - now),
+                };
+            }
+        }
+        let mut fences = Vec::with_capacity(locks.len());
+        for (keys, owner) in locks {
+            if let Some(held) = Self::live(&mut state, &keys.lock, now) {
+                fences.push(held.fence);
+                continue;
+            }
+            let fence = Self::next_fence(&mut state, &keys.lock);
+            state.locks.insert(
+                keys.lock.clone(),
+                Held {
+                    owner: (*owner).to_owned(),
+                    fence,
+                    expires: clock::after(now, lease),
+                    seq: 0,
+                },
+            );
+            fences.push(fence);
+        }
+        AcquireAllReply::Acquired { fences }
     }
 
     pub(crate) fn holds(&self, keys: &LockKeys, owner: &str) -> AcquireReply {

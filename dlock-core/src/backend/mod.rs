@@ -26,6 +26,18 @@ pub(crate) enum AcquireReply {
     Busy { pttl: Option<Duration> },
 }
 
+/// The answer to an all-or-none acquisition of several locks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum AcquireAllReply {
+    /// Every lock is held by its owner now, with these fencing tokens (in the order asked).
+    Acquired { fences: Vec<u64> },
+    /// The lock at `index` is busy (its holder has `pttl` left, if known); nothing was taken.
+    Busy {
+        index: usize,
+        pttl: Option<Duration>,
+    },
+}
+
 /// The answer to one release.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum ReleaseReply {
@@ -121,6 +133,15 @@ impl Backend {
         }
     }
 
+    /// The cluster slot of `key`, on a cluster; `None` where every key lives on one server (so
+    /// one script may touch any of them).
+    pub(crate) fn slot(&self, key: &str) -> Option<u16> {
+        match self {
+            Self::Redis(r) => r.slot(key),
+            Self::Memory(_) => None,
+        }
+    }
+
     /// Whether this backend runs commands over the network (and so needs cancellation-safe
     /// operations).
     pub(crate) fn is_remote(&self) -> bool {
@@ -146,6 +167,19 @@ impl Session {
         match self {
             Self::Redis(r, c) => r.acquire(c, keys, owner, lease, fence_ttl).await,
             Self::Memory(m) => Ok(m.acquire(keys, owner, lease)),
+        }
+    }
+
+    /// Takes every lock in `locks` for its owner, or none (all on one server, or in one slot).
+    pub(crate) async fn acquire_all(
+        &self,
+        locks: &[(&LockKeys, &str)],
+        lease: Duration,
+        fence_ttl: Option<Duration>,
+    ) -> Result<AcquireAllReply, BackendError> {
+        match self {
+            Self::Redis(r, c) => r.acquire_all(c, locks, lease, fence_ttl).await,
+            Self::Memory(m) => Ok(m.acquire_all(locks, lease)),
         }
     }
 

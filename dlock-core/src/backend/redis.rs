@@ -10,7 +10,7 @@ use redis::{FromRedisValue, Pipeline, RedisResult, Script, ToRedisArgs, Value};
 
 #[cfg(feature = "sentinel")]
 use super::sentinel::SentinelConnection;
-use super::{AcquireReply, HandoffReply, ReleaseReply, RenewItem, RenewReply};
+use super::{AcquireAllReply, AcquireReply, HandoffReply, ReleaseReply, RenewItem, RenewReply};
 use crate::error::BackendError;
 use crate::name::LockKeys;
 use crate::replication::ReplicaAck;
@@ -382,6 +382,43 @@ impl RedisBackend {
         Ok(reply)
     }
 
+    pub(crate) async fn acquire_all(
+        &self,
+        conn: &OpConn,
+        locks: &[(&LockKeys, &str)],
+        lease: Duration,
+        fence_ttl: Option<Duration>,
+    ) -> Result<AcquireAllReply, BackendError> {
+        let keys: Vec<&str> = (locks.iter())
+            .flat_map(|(keys, _)| [keys.lock.as_str(), keys.fence.as_str()])
+            .collect();
+        let mut call = ScriptCall::new(&script::ACQUIRE_ALL, &keys)
+            .arg(millis(lease))
+            .arg(fence_ttl.map_or(0, millis));
+        for (_, owner) in locks {
+            call = call.arg(*owner);
+        }
+        let (reply, acknowledged): (Vec<i64>, _) = self.invoke(conn, &call, true, self.ack).await?;
+        let reply = acquire_all_reply(&reply, locks.len())?;
+        if matches!(reply, AcquireAllReply::Acquired { .. }) {
+            // Not acknowledged in time: the caller's clean-up releases every grant.
+            self.acknowledged(acknowledged)?;
+        }
+        Ok(reply)
+    }
+
+    /// The cluster slot of `key` on a cluster; `None` on one server.
+    pub(crate) fn slot(&self, key: &str) -> Option<u16> {
+        match &self.conn {
+            #[cfg(feature = "cluster")]
+            RedisConn::Cluster(_) => Some(super::cluster::key_slot(key.as_bytes())),
+            _ => {
+                let _ = key;
+                None
+            }
+        }
+    }
+
     pub(crate) async fn holds(
         &self,
         conn: &OpConn,
@@ -663,6 +700,27 @@ impl ScriptCall {
 
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+fn acquire_all_reply(reply: &[i64], n: usize) -> Result<AcquireAllReply, BackendError> {
+    match reply {
+        [1, fences @ ..] if fences.len() == n => Ok(AcquireAllReply::Acquired {
+            fences: (fences.iter())
+                .map(|f| u64::try_from(*f))
+                .collect::<Result<_, _>>()
+                .map_err(|_| BackendError::protocol("negative fencing token"))?,
+        }),
+        [0, index, pttl] => Ok(AcquireAllReply::Busy {
+            index: usize::try_from(*index - 1)
+                .ok()
+                .filter(|i| *i < n)
+                .ok_or_else(|| BackendError::protocol("acquire-all named no lock"))?,
+            pttl: u64::try_from(*pttl).ok().map(Duration::from_millis),
+        }),
+        other => Err(BackendError::protocol(format!(
+            "acquire-all script answered {other:?}"
+        ))),
+    }
 }
 
 fn acquire_reply((code, value): (i64, i64)) -> Result<AcquireReply, BackendError> {

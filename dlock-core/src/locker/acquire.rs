@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::*;
-use crate::backend::{AcquireReply, Backend, Session};
+use crate::backend::{AcquireAllReply, AcquireReply, Backend, Session};
 use crate::clock;
 use crate::error::LockError;
 use crate::guard::{FencingToken, HoldState, LockGuard, LossReason};
@@ -212,6 +212,98 @@ impl Locker {
         }
     }
 
+    /// `names` (in key order) cut into runs of neighbours that one script may take together:
+    /// every name on one server, names in one slot on a cluster.
+    pub(crate) fn runs_together<'a>(&self, names: &'a [LockName]) -> Vec<&'a [LockName]> {
+        let prefix = &self.inner.config.prefix;
+        let slots: Vec<Option<u16>> = (names.iter())
+            .map(|name| self.inner.backend.slot(&LockKeys::new(prefix, name).lock))
+            .collect();
+        let mut runs = Vec::new();
+        let mut start = 0;
+        for i in 1..=names.len() {
+            if i == names.len() || slots[i] != slots[start] {
+                runs.push(&names[start..i]);
+                start = i;
+            }
+        }
+        runs
+    }
+
+    /// One all-or-none attempt at `names` (sorted, distinct, all on one server or in one slot)
+    /// for a multi-lock: one script for all of them. Not tried when a name is one this task
+    /// holds in its scope (re-entry) or local waiters are holding back for other processes:
+    /// the caller takes them one by one then. Like [`attempt`](Self::attempt),
+    /// cancellation-safe: a dropped or failed call releases every grant it may have made.
+    pub(crate) async fn try_all(
+        &self,
+        names: &[LockName],
+        lease: Lease,
+    ) -> Result<TriedAll, LockError> {
+        super::lease::check_lease(lease.duration())?;
+        let started = Instant::now();
+        let prefix = &self.inner.config.prefix;
+        let keys: Vec<Arc<LockKeys>> = (names.iter())
+            .map(|name| Arc::new(LockKeys::new(prefix, name)))
+            .collect();
+        let not_for_us = keys.iter().any(|k| {
+            scope::find(self.inner.id, &k.lock).is_some()
+                || (self.existing_queue(&k.lock)).is_some_and(|q| q.deferred().is_some())
+        });
+        if not_for_us {
+            return Ok(TriedAll::NotTried);
+        }
+        let owners: Vec<Arc<str>> = names.iter().map(|_| new_owner()).collect();
+        let session = (self.inner.backend.session().await).map_err(LockError::Backend)?;
+        let holds = keys.iter().cloned().zip(owners.iter().cloned()).collect();
+        let mut in_flight = InFlight::many(self, holds);
+        in_flight.session = Some(session.clone());
+        let locks: Vec<(&LockKeys, &str)> = (keys.iter().zip(&owners))
+            .map(|(keys, owner)| (&**keys, &**owner))
+            .collect();
+        let sent_at = Instant::now();
+        let reply = session
+            .acquire_all(&locks, lease.duration(), self.inner.config.fence_ttl)
+            .await
+            .map_err(LockError::Backend)?;
+        // Answered: no `.await` from here on.
+        in_flight.disarm();
+        let fences = match reply {
+            AcquireAllReply::Acquired { fences } => fences,
+            AcquireAllReply::Busy { index, pttl } => {
+                let name = names.get(index).or(names.first()).cloned();
+                return Ok(name.map_or(TriedAll::NotTried, |name| TriedAll::Busy(name, pttl)));
+            }
+        };
+        let grants = names.iter().cloned().zip(keys).zip(owners).zip(fences);
+        Ok(TriedAll::Taken(
+            grants
+                .map(|(((name, keys), owner), fence)| {
+                    self.acquired(name, keys, owner, fence, lease, sent_at, started)
+                })
+                .collect(),
+        ))
+    }
+
+    /// The error of a multi-lock whose one attempt found `name` busy: counted and logged as a
+    /// request that timed out on it would be.
+    pub(crate) fn busy_at_once(
+        &self,
+        name: &LockName,
+        started: Instant,
+        retry_after: Option<Duration>,
+    ) -> LockError {
+        let labelled = self.inner.config.metrics_name_label;
+        busy(name, labelled, started, retry_after);
+        let label = metrics::name_label(labelled, name);
+        metrics::count(metrics::TIMEOUT, label.as_deref(), 1);
+        LockError::Timeout {
+            name: name.to_string(),
+            waited: started.elapsed(),
+            retry_after,
+        }
+    }
+
     /// Turns a grant into a guard: the hold's state, the watchdog, the scope; no `.await`.
     #[allow(clippy::too_many_arguments)]
     fn acquired(
@@ -259,6 +351,16 @@ impl Locker {
     }
 }
 
+/// What one all-or-none attempt at several locks did.
+pub(crate) enum TriedAll {
+    /// Every lock, in the order asked.
+    Taken(Vec<LockGuard>),
+    /// This one was busy (its holder has this much lease left, if known); nothing was taken.
+    Busy(LockName, Option<Duration>),
+    /// Not tried (see [`Locker::try_all`]).
+    NotTried,
+}
+
 /// The result of an acquisition that did not fail.
 pub(super) enum Attempted {
     Held(LockGuard),
@@ -284,7 +386,7 @@ pub(super) fn busy(
 }
 
 /// Whether retrying can't cure `err` (see [`crate::BackendError::is_permanent`]).
-fn is_permanent(err: &LockError) -> bool {
+pub(crate) fn is_permanent(err: &LockError) -> bool {
     matches!(err, LockError::Backend(e) if e.is_permanent())
 }
 
@@ -308,19 +410,23 @@ fn gave_up(
 pub(super) struct InFlight {
     backend: Backend,
     pub(super) session: Option<Session>,
-    keys: Arc<LockKeys>,
-    owner: Arc<str>,
+    /// The locks the command was for, each with its owner.
+    holds: Vec<(Arc<LockKeys>, Arc<str>)>,
     fence_ttl: Option<Duration>,
     armed: bool,
 }
 
 impl InFlight {
     pub(super) fn new(locker: &Locker, keys: &Arc<LockKeys>, owner: &Arc<str>) -> Self {
+        Self::many(locker, vec![(keys.clone(), owner.clone())])
+    }
+
+    /// For a command that took (or may have taken) several locks.
+    fn many(locker: &Locker, holds: Vec<(Arc<LockKeys>, Arc<str>)>) -> Self {
         Self {
             backend: locker.inner.backend.clone(),
             session: None,
-            keys: keys.clone(),
-            owner: owner.clone(),
+            holds,
             fence_ttl: locker.inner.config.fence_ttl,
             armed: true,
         }
@@ -337,7 +443,7 @@ impl Drop for InFlight {
             return;
         }
         let (backend, session) = (self.backend.clone(), self.session.take());
-        let (keys, owner, fence_ttl) = (self.keys.clone(), self.owner.clone(), self.fence_ttl);
+        let (holds, fence_ttl) = (std::mem::take(&mut self.holds), self.fence_ttl);
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             handle.spawn(async move {
                 let session = match session {
@@ -347,7 +453,9 @@ impl Drop for InFlight {
                         Err(_) => return,
                     },
                 };
-                let _ = session.clean_up(&keys, &owner, fence_ttl).await;
+                for (keys, owner) in holds {
+                    let _ = session.clean_up(&keys, &owner, fence_ttl).await;
+                }
             });
         }
     }
