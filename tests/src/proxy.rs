@@ -1,8 +1,9 @@
-//! [`Proxy`]: a TCP proxy on loopback that can cut or stall every connection through it.
+//! [`Proxy`]: a TCP proxy on loopback that can cut or stall every connection through it, or
+//! move to another server as a floating address would.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use tokio::sync::watch;
 
@@ -14,6 +15,7 @@ pub struct Proxy {
     /// While true, nothing is forwarded either way and new connections wait.
     stalled: watch::Sender<bool>,
     generation: watch::Sender<u64>,
+    target: Arc<Mutex<SocketAddr>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -27,7 +29,9 @@ impl Proxy {
         let cut = Arc::new(AtomicBool::new(false));
         let (generation, _) = watch::channel(0u64);
         let (stalled, _) = watch::channel(false);
+        let target = Arc::new(Mutex::new(target));
         let task = tokio::spawn({
+            let target = target.clone();
             let cut = cut.clone();
             let generation = generation.clone();
             let stalled = stalled.clone();
@@ -44,6 +48,7 @@ impl Proxy {
                         continue;
                     }
                     let stall = stalled.subscribe();
+                    let target = *target.lock().unwrap_or_else(|e| e.into_inner());
                     tokio::spawn(async move {
                         let forward = async move {
                             unstalled(stall.clone()).await;
@@ -70,6 +75,7 @@ impl Proxy {
             cut,
             stalled,
             generation,
+            target,
             task,
         }
     }
@@ -110,6 +116,13 @@ impl Proxy {
     /// Forwards again what a stall held back.
     pub fn unstall(&self) {
         self.stalled.send_replace(false);
+    }
+
+    /// Forwards new connections to `target` and closes the open ones, as a floating address
+    /// that moves to another server breaks the connections to the old one.
+    pub fn retarget(&self, target: SocketAddr) {
+        *self.target.lock().unwrap_or_else(|e| e.into_inner()) = target;
+        self.generation.send_modify(|g| *g += 1);
     }
 }
 

@@ -21,6 +21,8 @@ pub(crate) struct Actor {
     pub(crate) watchdog_lease: Duration,
     /// Whether its commands are meant to time out (a tiny command timeout).
     pub(crate) tiny: bool,
+    /// Whether its waiters poll, having no subscriber (a `Locker` over a cluster connection).
+    pub(crate) polls: bool,
     current: Mutex<Locker>,
     all: Mutex<Vec<Locker>>,
 }
@@ -37,6 +39,7 @@ impl Actor {
             command_timeout,
             watchdog_lease,
             tiny: false,
+            polls: false,
             current: Mutex::new(l.clone()),
             all: Mutex::new(vec![l]),
         }

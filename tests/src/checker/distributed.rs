@@ -1,6 +1,13 @@
 //! The checker on Redis's own distributed deployments: a cluster of three masters and three
 //! replicas, and a master, a replica and three sentinels, with failover faults — coordinated
-//! failovers, masters killed and restarted, replicas paused, external `DEL`s.
+//! failovers, masters killed and restarted, replicas paused, one client partitioned, external
+//! `DEL`s.
+//!
+//! Three lockers follow the deployment (`LockerBuilder::cluster`, `LockerBuilder::sentinel`); a
+//! fourth reaches it through proxies that a partition fault stalls or cuts while the others go
+//! on: on the cluster, a cluster connection whose node addresses map to one proxy per node; with
+//! Sentinel, a plain locker on a floating address (a proxy moved to the new master after each
+//! failover, as a virtual IP would be).
 //!
 //! Each deployment runs in two modes. With writes counted once the master has them (the
 //! default), a killed master or a `SENTINEL FAILOVER` may lose grants: those faults are
@@ -25,10 +32,13 @@ use super::run::{
     self, Params, Report, ctx, drive, finish, locker_leftovers, names, watchdog_probe,
 };
 use super::{Config, FaultFamily};
-use crate::{RedisCluster, RedisSentinel, unique_name};
+use crate::{Proxy, RedisCluster, RedisSentinel, unique_name};
 
 /// How many replicas acknowledge, and for how long a write waits for them, in acknowledged runs.
 const ACK: ReplicaAck = ReplicaAck::new(1, Duration::from_millis(250));
+
+/// Lockers that follow the deployment themselves; one more is the partitioned client.
+const FOLLOWERS: usize = 3;
 
 /// The command timeout of a distributed run: above a cluster's ~1 s of `CLUSTERDOWN` during a
 /// failover is not needed (that is what waits are for), but above the acknowledgement wait.
@@ -47,6 +57,8 @@ pub(crate) struct DistributedTargets {
     deployment: Deployment,
     keys: Vec<String>,
     acked: bool,
+    /// The proxies between the partitioned client and the servers.
+    partition: Vec<Proxy>,
 }
 
 /// Runs a blocking harness call on the blocking pool.
@@ -71,6 +83,14 @@ impl DistributedTargets {
                 let key = self.keys[usize::from(n)].clone();
                 let ok = self.del(key).await;
                 (FaultKind::Del, Some(n), ok)
+            }
+            (_, FaultSpec::Partition { span, cut }) => {
+                for proxy in &self.partition {
+                    if cut { proxy.cut() } else { proxy.stall() }
+                }
+                tokio::time::sleep(span).await;
+                self.heal();
+                (FaultKind::Partition, None, true)
             }
             (Deployment::Cluster(c), FaultSpec::Failover(n)) => {
                 let (c, key) = (c.clone(), self.keys[usize::from(n)].clone());
@@ -110,22 +130,27 @@ impl DistributedTargets {
             }
             (Deployment::Sentinel(s), FaultSpec::Failover(_)) => {
                 let s = s.clone();
-                blocking(move || {
-                    let set = locked(&s);
-                    set.failover();
-                    // Until the old master follows the new one (~10 s), the new one has no
-                    // replica: acknowledged writes fail. That is part of the fault.
-                    set.wait_ready();
-                })
-                .await;
+                let moved = s.clone();
+                blocking(move || locked(&moved).failover()).await;
+                self.follow_master(&s).await;
+                // Until the old master follows the new one (~10 s), the new one has no replica:
+                // acknowledged writes fail. That is part of the fault.
+                blocking(move || locked(&s).wait_ready()).await;
                 (lost_kind(FaultKind::Switch), None, true)
             }
             (Deployment::Sentinel(s), FaultSpec::KillMaster(_, down)) => {
                 let s = s.clone();
-                blocking(move || {
-                    let mut set = locked(&s);
+                let moved = s.clone();
+                let old = blocking(move || {
+                    let mut set = locked(&moved);
                     let old = set.kill_master();
                     set.wait_promotion(old, Duration::from_secs(20));
+                    old
+                })
+                .await;
+                self.follow_master(&s).await;
+                blocking(move || {
+                    let mut set = locked(&s);
                     std::thread::sleep(down);
                     // Back empty; the sentinels make it a replica of the new master.
                     set.restart(old);
@@ -146,6 +171,23 @@ impl DistributedTargets {
                 (FaultKind::ReplicaPaused, None, true)
             }
             (_, other) => unreachable!("fault {other:?} planned for a distributed run"),
+        }
+    }
+
+    /// Ends a partition.
+    pub(crate) fn heal(&self) {
+        for proxy in &self.partition {
+            proxy.restore();
+            proxy.unstall();
+        }
+    }
+
+    /// Moves the floating address to the master the sentinels promoted.
+    async fn follow_master(&self, set: &Arc<Mutex<RedisSentinel>>) {
+        let set = set.clone();
+        let port = blocking(move || locked(&set).master_port()).await;
+        for proxy in &self.partition {
+            proxy.retarget(std::net::SocketAddr::from(([127, 0, 0, 1], port)));
         }
     }
 
@@ -317,6 +359,12 @@ async fn leftovers(targets: &DistributedTargets, prefix: &str) -> Vec<Violation>
     out
 }
 
+/// The last locker of a run: the proxies between it and the servers, and whether it polls.
+struct Partitioned {
+    proxies: Vec<Proxy>,
+    polls: bool,
+}
+
 fn builder(prefix: &str, p: Params, acked: bool) -> LockerBuilder {
     let b = Locker::builder()
         .prefix(prefix)
@@ -331,19 +379,30 @@ async fn run(
     config: Config,
     deployment: Deployment,
     lockers: Vec<Locker>,
+    partitioned: Partitioned,
     prefix: String,
     acked: bool,
     p: Params,
 ) -> (Report, Figures) {
     let wall = std::time::Instant::now();
     let actors = (lockers.into_iter().enumerate())
-        .map(|(i, l)| Actor::new(&format!("locker-{i}"), COMMAND_TIMEOUT, p.watchdog_lease, l))
+        .map(|(i, l)| {
+            if i < FOLLOWERS {
+                Actor::new(&format!("locker-{i}"), COMMAND_TIMEOUT, p.watchdog_lease, l)
+            } else {
+                let mut actor = Actor::new("partitioned", COMMAND_TIMEOUT, p.watchdog_lease, l);
+                // Over a cluster connection of its own: no subscriber, its waiters poll.
+                actor.polls = partitioned.polls;
+                actor
+            }
+        })
         .collect();
     let ctx = ctx(actors, names(p), None);
     let targets = DistributedTargets {
         deployment,
         keys: ctx.keys.clone(),
         acked,
+        partition: partitioned.proxies,
     };
     let targets = super::faults::Targets::Distributed(targets);
     let faults = drive(&ctx, &targets, config, p).await;
@@ -363,8 +422,9 @@ async fn run(
     (report, figures)
 }
 
-/// A checker run on a real 3+3 Redis Cluster, every locker on it through `LockerBuilder::cluster`
-/// (with replica acknowledgement if `acked`).
+/// A checker run on a real 3+3 Redis Cluster: three lockers on it through
+/// `LockerBuilder::cluster`, a fourth through `LockerBuilder::cluster_connection` over one proxy
+/// per node (the partitioned client); with replica acknowledgement if `acked`.
 pub async fn run_cluster(config: Config, acked: bool) -> (Report, Figures) {
     assert_eq!(
         config.family,
@@ -375,7 +435,7 @@ pub async fn run_cluster(config: Config, acked: bool) -> (Report, Figures) {
     let cluster = blocking(RedisCluster::start).await;
     let prefix = format!("chk-{}-{}:", config.seed, unique_name("cluster"));
     let mut lockers = Vec::new();
-    for _ in 0..3 {
+    for _ in 0..FOLLOWERS {
         let l = builder(&prefix, p, acked)
             .cluster(cluster.seed_urls())
             .build()
@@ -383,12 +443,40 @@ pub async fn run_cluster(config: Config, acked: bool) -> (Report, Figures) {
             .expect("a cluster locker");
         lockers.push(l);
     }
+    let mut partition = Vec::new();
+    let mut map = std::collections::HashMap::new();
+    for port in cluster.ports() {
+        let proxy = Proxy::start(std::net::SocketAddr::from(([127, 0, 0, 1], port))).await;
+        map.insert(
+            redis::cluster::NodeAddress::new("127.0.0.1", port),
+            redis::cluster::NodeAddress::new("127.0.0.1", proxy.port()),
+        );
+        partition.push(proxy);
+    }
+    // Seeds through the proxies too: a partition leaves this client no way around it.
+    let seeds: Vec<String> = partition.iter().map(Proxy::url).collect();
+    let client = redis::cluster::ClusterClient::builder(seeds)
+        .node_address_map(map)
+        .connection_timeout(Duration::from_secs(1))
+        .build()
+        .expect("a cluster client with an address map");
+    let conn = (client.get_async_connection().await).expect("a cluster connection via proxies");
+    let l = builder(&prefix, p, acked)
+        .cluster_connection(conn)
+        .build()
+        .await;
+    lockers.push(l.expect("a locker over the proxied cluster connection"));
     let deployment = Deployment::Cluster(Arc::new(Mutex::new(cluster)));
-    run(config, deployment, lockers, prefix, acked, p).await
+    let partitioned = Partitioned {
+        proxies: partition,
+        polls: true,
+    };
+    run(config, deployment, lockers, partitioned, prefix, acked, p).await
 }
 
-/// A checker run on a real master, replica and three sentinels, every locker on it through
-/// `LockerBuilder::sentinel` (with replica acknowledgement if `acked`).
+/// A checker run on a real master, replica and three sentinels: three lockers on it through
+/// `LockerBuilder::sentinel`, a fourth on a floating address (the partitioned client); with
+/// replica acknowledgement if `acked`.
 pub async fn run_sentinel(config: Config, acked: bool) -> (Report, Figures) {
     assert_eq!(
         config.family,
@@ -399,7 +487,7 @@ pub async fn run_sentinel(config: Config, acked: bool) -> (Report, Figures) {
     let set = blocking(RedisSentinel::start).await;
     let prefix = format!("chk-{}-{}:", config.seed, unique_name("sentinel"));
     let mut lockers = Vec::new();
-    for _ in 0..3 {
+    for _ in 0..FOLLOWERS {
         let l = builder(&prefix, p, acked)
             .sentinel(set.sentinel_urls(), set.master_name())
             .build()
@@ -407,6 +495,17 @@ pub async fn run_sentinel(config: Config, acked: bool) -> (Report, Figures) {
             .expect("a sentinel locker");
         lockers.push(l);
     }
+    let floating = Proxy::start(std::net::SocketAddr::from((
+        [127, 0, 0, 1],
+        set.master_port(),
+    )))
+    .await;
+    let l = builder(&prefix, p, acked).url(floating.url()).build().await;
+    lockers.push(l.expect("a locker on the floating address"));
     let deployment = Deployment::Sentinel(Arc::new(Mutex::new(set)));
-    run(config, deployment, lockers, prefix, acked, p).await
+    let partitioned = Partitioned {
+        proxies: vec![floating],
+        polls: false,
+    };
+    run(config, deployment, lockers, partitioned, prefix, acked, p).await
 }

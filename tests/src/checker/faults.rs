@@ -31,10 +31,10 @@ pub enum FaultFamily {
     /// Memory backend: `MemoryStore::delete` and virtual-time jumps past the leases.
     Memory,
     /// A Redis Cluster: coordinated failovers, masters killed (and restarted as replicas),
-    /// replicas paused, external `DEL`s.
+    /// replicas paused, one client partitioned from every node, external `DEL`s.
     Cluster,
     /// Redis Sentinel: `SENTINEL FAILOVER`, the master killed (and restarted), the replica
-    /// paused, external `DEL`s.
+    /// paused, one client partitioned from the master, external `DEL`s.
     Sentinel,
 }
 
@@ -58,6 +58,12 @@ pub(crate) enum FaultSpec {
     KillMaster(u8, Duration),
     /// The replica of a name's master paused for a while.
     PauseReplica(u8, Duration),
+    /// One client cut off from every node for a while: its connections stall (a partition that
+    /// drops packets) or, if `cut`, are closed and refused.
+    Partition {
+        span: Duration,
+        cut: bool,
+    },
 }
 
 /// A restart costs a new process and every connection: at most one per this much planned time.
@@ -91,17 +97,23 @@ impl FaultPlan {
     /// The next gap and fault.
     pub(crate) fn next_fault(&mut self) -> (Duration, FaultSpec) {
         let rng = &mut self.rng;
-        let (gap, weights): (Duration, [u32; 10]) = match self.family {
+        let (gap, weights): (Duration, [u32; 11]) = match self.family {
             // pause, del, restart, cut, jump, clobber, stall, failover, kill master,
-            // pause replica
-            FaultFamily::PauseAndDel => (between(rng, 30, 300), [45, 40, 0, 0, 0, 15, 0, 0, 0, 0]),
-            FaultFamily::Restart => (between(rng, 200, 800), [0, 60, 40, 0, 0, 0, 0, 0, 0, 0]),
-            FaultFamily::ProxyCut => (between(rng, 50, 300), [0, 30, 0, 40, 0, 0, 30, 0, 0, 0]),
-            FaultFamily::Mixed => (between(rng, 50, 300), [20, 25, 10, 20, 0, 15, 10, 0, 0, 0]),
-            FaultFamily::Memory => (between(rng, 20, 500), [0, 60, 0, 0, 40, 0, 0, 0, 0, 0]),
-            FaultFamily::Cluster | FaultFamily::Sentinel => {
-                (between(rng, 200, 800), [0, 30, 0, 0, 0, 0, 0, 35, 15, 20])
+            // pause replica, partition of one client
+            FaultFamily::PauseAndDel => {
+                (between(rng, 30, 300), [45, 40, 0, 0, 0, 15, 0, 0, 0, 0, 0])
             }
+            FaultFamily::Restart => (between(rng, 200, 800), [0, 60, 40, 0, 0, 0, 0, 0, 0, 0, 0]),
+            FaultFamily::ProxyCut => (between(rng, 50, 300), [0, 30, 0, 40, 0, 0, 30, 0, 0, 0, 0]),
+            FaultFamily::Mixed => (
+                between(rng, 50, 300),
+                [20, 25, 10, 20, 0, 15, 10, 0, 0, 0, 0],
+            ),
+            FaultFamily::Memory => (between(rng, 20, 500), [0, 60, 0, 0, 40, 0, 0, 0, 0, 0, 0]),
+            FaultFamily::Cluster | FaultFamily::Sentinel => (
+                between(rng, 200, 800),
+                [0, 25, 0, 0, 0, 0, 0, 30, 12, 15, 18],
+            ),
         };
         self.since_restart += gap;
         let mut roll = rng.random_range(0..weights.iter().sum::<u32>());
@@ -136,6 +148,12 @@ impl FaultPlan {
                 FaultSpec::KillMaster(rng.random_range(0..self.names), between(rng, 0, 300))
             }
             9 => FaultSpec::PauseReplica(rng.random_range(0..self.names), between(rng, 50, 800)),
+            // Up to about three leases: the partitioned holder must let go by its own clock
+            // while the others take over.
+            10 => FaultSpec::Partition {
+                span: between(rng, 100, 3_000),
+                cut: rng.random_bool(0.3),
+            },
             _ => FaultSpec::Jump(self.longest_lease.mul_f64(rng.random_range(1.0..3.0))),
         };
         (gap, fault)
@@ -265,8 +283,11 @@ impl Targets {
         applied
     }
 
-    /// Undoes what a fault may have left on: a pause, a cut, a stall.
+    /// Undoes what a fault may have left on: a pause, a cut, a stall, a partition.
     pub(crate) async fn settle(&self) {
+        if let Self::Distributed(t) = self {
+            t.heal();
+        }
         if let Self::Redis(t) = self {
             t.proxy.restore();
             t.proxy.unstall();

@@ -331,6 +331,9 @@ pub enum FaultKind {
     AckedFailover,
     /// A replica paused (`SIGSTOP`) for a while: it lags.
     ReplicaPaused,
+    /// One client cut off from the servers for a while (the others not): nothing is lost, so
+    /// it excuses nothing.
+    Partition,
 }
 
 impl FaultKind {

@@ -226,6 +226,9 @@ pub(super) async fn watchdog_probe(
             // on this runtime if the one it started on is gone) within a reconnect or two.
             let waited = l.lock(name.as_str()).wait(Duration::from_millis(50)).await;
             let subscribed = async {
+                if actor.polls {
+                    return true;
+                }
                 for _ in 0..100 {
                     if l.subscriber_connected() {
                         return true;
