@@ -94,6 +94,8 @@ pub(crate) struct HoldState {
     released: CancellationToken,
     /// When the last guard let go, the deadline it believed then, and whether it was lost then.
     let_go: OnceLock<(Instant, Instant, bool)>,
+    /// Until when a release must keep the name taken (`LockRequest::at_least`).
+    pub(crate) keep_until: OnceLock<Instant>,
 }
 
 impl fmt::Debug for HoldState {
@@ -146,6 +148,13 @@ pub(crate) fn drift(lease: Duration) -> Duration {
 }
 
 impl HoldState {
+    /// How long a release sent now must keep the name taken (`at_least`), if at all.
+    pub(crate) fn keep_for(&self) -> Option<Duration> {
+        let until = *self.keep_until.get()?;
+        let left = until.saturating_duration_since(Instant::now());
+        (!left.is_zero()).then_some(left)
+    }
+
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         id: u64,
@@ -180,6 +189,7 @@ impl HoldState {
             loss: OnceLock::new(),
             released: CancellationToken::new(),
             let_go: OnceLock::new(),
+            keep_until: OnceLock::new(),
         }
     }
 

@@ -31,6 +31,7 @@ pub(crate) use acquire::{TriedAll, is_permanent};
 pub use builder::LockerBuilder;
 pub use default::{default_locker, set_default_locker};
 pub use lease::Lease;
+pub(crate) use lease::check_at_least;
 use queue::{HeadWait, QueueEntry, handed};
 use release::release_outcome;
 pub use request::LockRequest;
@@ -203,6 +204,7 @@ impl Locker {
             name: self.name(name),
             wait: self.inner.config.default_wait,
             lease: self.inner.config.default_lease,
+            at_least: None,
         }
     }
 

@@ -19,6 +19,8 @@ pub struct Options {
     pub wait: Option<Duration>,
     /// A fixed lease (`None`: the `Locker`'s default lease).
     pub lease: Option<Duration>,
+    /// How long the name stays taken at least, from the grant (`None`: released at once).
+    pub at_least: Option<Duration>,
     /// Loss policy.
     pub on_lost: OnLost,
     /// Whether a nested acquisition of a held name in the same task re-enters.
@@ -117,6 +119,9 @@ impl Held {
                 if let Some(lease) = options.lease {
                     request = request.lease(lease);
                 }
+                if let Some(at_least) = options.at_least {
+                    request = request.at_least(at_least);
+                }
                 request.await.map(Self::One)
             }
             Names::Many(names) => {
@@ -126,6 +131,9 @@ impl Held {
                 }
                 if let Some(lease) = options.lease {
                     request = request.lease(lease);
+                }
+                if let Some(at_least) = options.at_least {
+                    request = request.at_least(at_least);
                 }
                 request.await.map(Self::Many)
             }

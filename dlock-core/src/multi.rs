@@ -26,6 +26,7 @@ pub struct MultiLockRequest {
     names: Result<Vec<LockName>, LockError>,
     wait: Duration,
     lease: Option<Lease>,
+    at_least: Option<Duration>,
 }
 
 impl fmt::Debug for MultiLockRequest {
@@ -53,6 +54,7 @@ impl MultiLockRequest {
             locker,
             names,
             lease: None,
+            at_least: None,
         }
     }
 
@@ -73,6 +75,13 @@ impl MultiLockRequest {
     /// Watchdog mode with this lease for every lock.
     pub fn watchdog_lease(mut self, lease: Duration) -> Self {
         self.lease = Some(Lease::Watchdog(lease));
+        self
+    }
+
+    /// Keeps every name taken until at least `at_least` after the grant, even when released
+    /// sooner (see [`LockRequest::at_least`](crate::LockRequest::at_least)).
+    pub fn at_least(mut self, at_least: Duration) -> Self {
+        self.at_least = Some(at_least);
         self
     }
 
@@ -103,6 +112,9 @@ impl MultiLockRequest {
         names.sort_by(|a, b| a.as_str().cmp(b.as_str()));
         names.dedup();
         let lease = self.lease.unwrap_or(self.locker.default_lease());
+        if let Some(at_least) = self.at_least {
+            crate::locker::check_at_least(at_least, lease)?;
+        }
         let mut guards = Vec::with_capacity(names.len());
         for run in self.locker.runs_together(&names) {
             // One script for the run: taking them all at once, holding only names before them,
@@ -145,6 +157,12 @@ impl MultiLockRequest {
                     }
                     Err(err) => return Err(give_back(guards, err).await),
                 }
+            }
+        }
+        if let Some(at_least) = self.at_least {
+            let until = crate::clock::after(Instant::now(), at_least);
+            for guard in guards.iter().filter(|g| !g.is_reentrant()) {
+                let _ = guard.state.keep_until.set(until);
             }
         }
         Ok(MultiGuard { guards })

@@ -4,7 +4,7 @@
 //!
 //! | key | type | holds |
 //! | --- | --- | --- |
-//! | `<prefix>{<name>}` | hash | `<owner token> -> 1`, `#f -> fencing token`, `#s -> sequence number of the last lease change`; lease = PTTL |
+//! | `<prefix>{<name>}` | hash | `<owner token> -> 1`, `#f -> fencing token`, `#s -> sequence number of the last lease change`; lease = PTTL; after a release that keeps the name taken (`at_least`): only `#k -> released owner`, until it expires |
 //! | `<prefix>{<name>}:fence` | hash | `n -> last fencing token`, `r -> last released owner` |
 //! | `<prefix>{<name>}:wake` | channel | a message on every final release (sharded on a cluster) |
 //!
@@ -133,7 +133,10 @@ return {0, redis.call('PTTL', KEYS[1])}
 ///
 /// `KEYS[1]` lock, `KEYS[2]` fence, `KEYS[3]` wake channel; `ARGV[1]` owner, `ARGV[2]` the owner a
 /// hand-over of `ARGV[1]`'s hold may have gone to (empty: none), `ARGV[3]` fence TTL ms (0 = none),
-/// `ARGV[4]` the command that wakes waiters (`PUBLISH`, or `SPUBLISH` on a cluster).
+/// `ARGV[4]` the command that wakes waiters (`PUBLISH`, or `SPUBLISH` on a cluster), `ARGV[5]`
+/// how long the name stays taken after the release, in ms (`0`: free at once; otherwise the key
+/// is kept, without an owner and with `#k` naming the released one, for that long — a hold that
+/// must last at least some time). Waiters are woken either way (they learn the new expiry).
 /// Returns `{code, woken}`: code `0` released (`woken` subscribers got the wake-up), `-1` expired,
 /// `-2` taken over. A retry of a release whose reply was lost answers `0` again: the last released
 /// owner is remembered next to the fencing counter.
@@ -146,6 +149,10 @@ if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1
   if redis.call('HSET', KEYS[2], 'r', ARGV[1]) == 1 and ARGV[3] ~= '0'
     and redis.call('PTTL', KEYS[2]) == -1 then
     redis.call('PEXPIRE', KEYS[2], ARGV[3])
+  end
+  if ARGV[5] ~= '0' then
+    redis.call('HSET', KEYS[1], '#k', ARGV[1])
+    redis.call('PEXPIRE', KEYS[1], ARGV[5])
   end
   return {0, redis.call(ARGV[4], KEYS[3], '1')}
 end

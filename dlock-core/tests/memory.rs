@@ -355,3 +355,29 @@ async fn waiting_for_duration_max_does_not_overflow() {
     let err = locker.lock("max").lease(Duration::MAX).await.unwrap_err();
     assert!(err.is_config(), "{err}");
 }
+
+#[tokio::test(start_paused = true)]
+async fn at_least_keeps_the_name_taken_after_an_early_release() {
+    let store = MemoryStore::new();
+    let locker = Locker::builder()
+        .memory(store.clone())
+        .build()
+        .await
+        .unwrap();
+    let rival = Locker::builder().memory(store).build().await.unwrap();
+    let first = (locker.lock("job").at_least(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    let token = first.fencing_token();
+    advance(Duration::from_secs(1)).await;
+    assert!(first.release().await.is_released());
+    assert!(rival.lock("job").try_lock().await.unwrap().is_none());
+    advance(Duration::from_secs(28)).await;
+    assert!(rival.lock("job").try_lock().await.unwrap().is_none());
+    advance(Duration::from_secs(2)).await;
+    let second = rival.lock("job").try_lock().await.unwrap().unwrap();
+    assert!(second.fencing_token() > token);
+    assert!(second.release().await.is_released());
+    // Without a period, free at once.
+    assert!(locker.lock("job").try_lock().await.unwrap().is_some());
+}

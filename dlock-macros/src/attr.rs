@@ -13,12 +13,14 @@ mod kw {
     syn::custom_keyword!(key);
     syn::custom_keyword!(wait);
     syn::custom_keyword!(lease);
+    syn::custom_keyword!(at_least);
     syn::custom_keyword!(locker);
     syn::custom_keyword!(on_lost);
     syn::custom_keyword!(reentrant);
 }
 
-const ACCEPTED: &str = "`key`, `wait`, `lease`, `locker`, `on_lost`, `reentrant`, `crate`";
+const ACCEPTED: &str =
+    "`key`, `wait`, `lease`, `at_least`, `locker`, `on_lost`, `reentrant`, `crate`";
 
 /// What to do when the lock is lost while the body runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,6 +45,7 @@ pub(crate) struct Args {
     pub(crate) keys: Vec<Template>,
     pub(crate) wait: Option<Value<Duration>>,
     pub(crate) lease: Option<Value<Duration>>,
+    pub(crate) at_least: Option<Value<Duration>>,
     pub(crate) locker: Option<Expr>,
     pub(crate) on_lost: Option<Value<OnLost>>,
     pub(crate) reentrant: bool,
@@ -66,6 +69,9 @@ impl Parse for Args {
         let mut keys = Vec::new();
         let mut wait = None;
         let mut lease = None;
+        let mut at_least = None;
+        // Where a literal `at_least` was written, to point at it if it outlasts the lease.
+        let mut at_least_span = None;
         let mut locker = None;
         let mut on_lost = None;
         let mut reentrant = None;
@@ -93,6 +99,17 @@ impl Parse for Args {
                     Err(expr) => Value::Expr(expr),
                 };
                 once(&mut lease, value, "lease", span)?;
+            } else if lookahead.peek(kw::at_least) {
+                let span = input.parse::<kw::at_least>()?.span;
+                input.parse::<Token![=]>()?;
+                let value = match string_or_expr(input)? {
+                    Ok(lit) => {
+                        at_least_span = Some(lit.span());
+                        Value::Literal(parse_at_least(&lit)?)
+                    }
+                    Err(expr) => Value::Expr(expr),
+                };
+                once(&mut at_least, value, "at_least", span)?;
             } else if lookahead.peek(kw::locker) {
                 let span = input.parse::<kw::locker>()?.span;
                 input.parse::<Token![=]>()?;
@@ -141,10 +158,21 @@ impl Parse for Args {
                 "missing `key` argument, e.g. `#[distributed_lock(key = \"order:<user_id>\")]`",
             ));
         }
+        if let (Some(Value::Literal(lease)), Some(Value::Literal(period)), Some(span)) =
+            (&lease, &at_least, at_least_span)
+            && period > lease
+        {
+            return Err(syn::Error::new(
+                span,
+                "`at_least` is longer than the fixed `lease`: a holder that crashed would free \
+                 the name before the period ends",
+            ));
+        }
         Ok(Self {
             keys,
             wait,
             lease,
+            at_least,
             locker,
             on_lost,
             reentrant: reentrant.unwrap_or(true),
@@ -192,6 +220,18 @@ fn parse_lease(lit: &LitStr) -> syn::Result<Duration> {
         return Err(syn::Error::new(
             lit.span(),
             "`lease` must be at most `87600h` (about ten years)",
+        ));
+    }
+    Ok(value)
+}
+
+/// A literal `at_least` period, held to the bound the core enforces at run time.
+fn parse_at_least(lit: &LitStr) -> syn::Result<Duration> {
+    let value = parse_duration(lit)?;
+    if value > MAX_LEASE {
+        return Err(syn::Error::new(
+            lit.span(),
+            "`at_least` must be at most `87600h` (about ten years)",
         ));
     }
     Ok(value)

@@ -123,6 +123,17 @@ pub(crate) fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream> {
             quote!(::core::option::Option::Some(__dlock_lease))
         }
     };
+    let at_least = match &args.at_least {
+        None => quote!(::core::option::Option::None),
+        Some(Value::Literal(at_least)) => {
+            let at_least = duration(*at_least);
+            quote!(::core::option::Option::Some(#at_least))
+        }
+        Some(Value::Expr(expr)) => {
+            evaluated.extend(typed_let(quote!(__dlock_at_least), &duration_ty, expr));
+            quote!(::core::option::Option::Some(__dlock_at_least))
+        }
+    };
     let on_lost = match &args.on_lost {
         None | Some(Value::Literal(OnLost::Cancel)) => quote!(#support::OnLost::Cancel),
         Some(Value::Literal(OnLost::Signal)) => quote!(#support::OnLost::Signal),
@@ -168,6 +179,7 @@ pub(crate) fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream> {
                 #support::Options {
                     wait: #wait,
                     lease: #lease,
+                    at_least: #at_least,
                     on_lost: #on_lost,
                     reentrant: #reentrant,
                 },

@@ -120,6 +120,23 @@ use proc_macro::TokenStream;
 /// unless configured, a 30 s watchdog lease renewed every 10 s, which keeps the lock alive for as
 /// long as the body runs.
 ///
+/// # `at_least = "30s"` or `at_least = <expr>`
+///
+/// Run at most once per period: the name stays taken until at least this long after the grant,
+/// even when the body finishes sooner, so a scheduled job that every instance starts at the
+/// same time runs on one of them per period (`LockRequest::at_least`). With a literal `lease`,
+/// a literal `at_least` longer than it is a compile error; an expression is checked at each
+/// call (`LockError::Config`).
+///
+/// ```
+/// use dlock_core::{LockError, distributed_lock};
+///
+/// #[distributed_lock(key = "job:nightly-report", at_least = "30s")]
+/// async fn nightly_report() -> Result<(), LockError> {
+///     Ok(())
+/// }
+/// ```
+///
 /// # `locker = <expr>`
 ///
 /// Which `dlock_core::Locker` to use: an expression evaluated in the function's scope before the

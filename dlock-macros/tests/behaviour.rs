@@ -399,3 +399,30 @@ async fn the_default_locker_is_used_or_its_absence_is_a_clear_error() {
     dlock_core::set_default_locker(locker(&server).await).unwrap();
     assert!(uses_the_default_locker(&id).await.unwrap() > 0);
 }
+
+#[distributed_lock(key = "report:<day>", locker = locker, at_least = "700ms")]
+async fn nightly_report(locker: &Locker, day: &str, runs: &AtomicU32) -> Result<(), LockError> {
+    runs.fetch_add(1, Ordering::SeqCst);
+    Ok(())
+}
+
+#[tokio::test]
+async fn at_least_runs_a_job_once_per_period_across_instances() {
+    let server = RedisServer::start();
+    let (a, b) = (locker(&server).await, locker(&server).await);
+    let day = unique_name("day");
+    let runs = AtomicU32::new(0);
+    let started = Instant::now();
+    nightly_report(&a, &day, &runs).await.expect("first run");
+    // Another instance, right after the first finished: the period is not over.
+    let err = nightly_report(&b, &day, &runs)
+        .await
+        .expect_err("same period");
+    assert!(err.is_timeout(), "{err}");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    // The next period.
+    assert!(free_within(&b, &format!("report:{day}"), Duration::from_secs(3)).await);
+    assert!(started.elapsed() >= Duration::from_millis(700));
+    nightly_report(&b, &day, &runs).await.expect("next period");
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}

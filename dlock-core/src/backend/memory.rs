@@ -229,8 +229,25 @@ impl MemoryBackend {
         keys: &LockKeys,
         owner: &str,
         handed_to: Option<&str>,
+        keep: Option<Duration>,
     ) -> ReleaseReply {
-        let reply = Self::release_locked(&mut self.store.state(), keys, owner, handed_to);
+        let mut state = self.store.state();
+        let now = Instant::now();
+        let releasing = Self::live(&mut state, &keys.lock, now)
+            .is_some_and(|h| h.owner == owner || Some(h.owner.as_str()) == handed_to);
+        let reply = Self::release_locked(&mut state, keys, owner, handed_to);
+        if releasing && let Some(keep) = keep {
+            // Taken by nobody until `keep` has passed.
+            let fence = state.fences.get(&keys.lock).map_or(0, |f| f.0);
+            let held = Held {
+                owner: String::new(),
+                fence,
+                expires: clock::after(now, keep),
+                seq: 0,
+            };
+            state.locks.insert(keys.lock.clone(), held);
+        }
+        drop(state);
         if let ReleaseReply::Released { .. } = reply {
             let woke = self.store.inner.slots.wake(&keys.channel);
             return ReleaseReply::Released {

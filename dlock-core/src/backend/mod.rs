@@ -196,17 +196,18 @@ impl Session {
     }
 
     /// Releases `owner`'s hold, or the hold of `handed_to` if a hand-over of `owner`'s hold to it
-    /// may have happened.
+    /// may have happened; with `keep`, the name stays taken (by nobody) for that long.
     pub(crate) async fn release(
         &self,
         keys: &LockKeys,
         owner: &str,
         handed_to: Option<&str>,
         fence_ttl: Option<Duration>,
+        keep: Option<Duration>,
     ) -> Result<ReleaseReply, BackendError> {
         match self {
-            Self::Redis(r, c) => r.release(c, keys, owner, handed_to, fence_ttl).await,
-            Self::Memory(m) => Ok(m.release(keys, owner, handed_to)),
+            Self::Redis(r, c) => r.release(c, keys, owner, handed_to, fence_ttl, keep).await,
+            Self::Memory(m) => Ok(m.release(keys, owner, handed_to, keep)),
         }
     }
 
@@ -217,10 +218,11 @@ impl Session {
         keys: &LockKeys,
         owner: &str,
         fence_ttl: Option<Duration>,
+        keep: Option<Duration>,
     ) -> Result<ReleaseReply, BackendError> {
         match self {
-            Self::Redis(r, c) => r.clean_up(c, keys, owner, fence_ttl).await,
-            Self::Memory(m) => Ok(m.release(keys, owner, None)),
+            Self::Redis(r, c) => r.clean_up(c, keys, owner, fence_ttl, keep).await,
+            Self::Memory(m) => Ok(m.release(keys, owner, None, keep)),
         }
     }
 

@@ -438,12 +438,14 @@ impl RedisBackend {
         owner: &str,
         handed_to: Option<&str>,
         fence_ttl: Option<Duration>,
+        keep: Option<Duration>,
     ) -> Result<ReleaseReply, BackendError> {
         let call = ScriptCall::new(&script::RELEASE, &[&keys.lock, &keys.fence, &keys.channel])
             .arg(owner)
             .arg(handed_to.unwrap_or(""))
             .arg(fence_ttl.map_or(0, millis))
-            .arg(self.publish());
+            .arg(self.publish())
+            .arg(keep.map_or(0, millis));
         let ((code, woke), acknowledged): ((i64, i64), _) =
             self.invoke(conn, &call, true, self.ack).await?;
         if let Err(err) = self.acknowledged(acknowledged) {
@@ -463,6 +465,7 @@ impl RedisBackend {
         keys: &LockKeys,
         owner: &str,
         fence_ttl: Option<Duration>,
+        keep: Option<Duration>,
     ) -> Result<ReleaseReply, BackendError> {
         let mut cmd = redis::cmd("EVAL");
         cmd.arg(script::RELEASE_LUA)
@@ -473,7 +476,8 @@ impl RedisBackend {
             .arg(owner)
             .arg("")
             .arg(fence_ttl.map_or(0, millis))
-            .arg(self.publish());
+            .arg(self.publish())
+            .arg(keep.map_or(0, millis));
         let (code, woke): (i64, i64) = self
             .bounded(async {
                 let res: RedisResult<(i64, i64)> = match conn {

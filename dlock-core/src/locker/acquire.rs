@@ -413,6 +413,8 @@ pub(super) struct InFlight {
     /// The locks the command was for, each with its owner.
     holds: Vec<(Arc<LockKeys>, Arc<str>)>,
     fence_ttl: Option<Duration>,
+    /// For a release: until when it keeps the name taken (`at_least`).
+    keep_until: Option<Instant>,
     armed: bool,
 }
 
@@ -428,8 +430,15 @@ impl InFlight {
             session: None,
             holds,
             fence_ttl: locker.inner.config.fence_ttl,
+            keep_until: None,
             armed: true,
         }
+    }
+
+    /// For a release that keeps the name taken until `until`.
+    pub(super) fn keeping(mut self, until: Option<&Instant>) -> Self {
+        self.keep_until = until.copied();
+        self
     }
 
     pub(super) fn disarm(&mut self) {
@@ -444,6 +453,7 @@ impl Drop for InFlight {
         }
         let (backend, session) = (self.backend.clone(), self.session.take());
         let (holds, fence_ttl) = (std::mem::take(&mut self.holds), self.fence_ttl);
+        let keep_until = self.keep_until;
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             handle.spawn(async move {
                 let session = match session {
@@ -453,8 +463,11 @@ impl Drop for InFlight {
                         Err(_) => return,
                     },
                 };
+                let keep = keep_until
+                    .map(|until| until.saturating_duration_since(Instant::now()))
+                    .filter(|left| !left.is_zero());
                 for (keys, owner) in holds {
-                    let _ = session.clean_up(&keys, &owner, fence_ttl).await;
+                    let _ = session.clean_up(&keys, &owner, fence_ttl, keep).await;
                 }
             });
         }

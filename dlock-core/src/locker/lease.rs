@@ -82,6 +82,23 @@ pub(crate) fn check_lease(lease: Duration) -> Result<(), LockError> {
     Ok(())
 }
 
+/// Rejects an `at_least` period beyond [`MAX_LEASE`], or beyond a fixed lease (the name would be
+/// free before the period ends anyway if the holder crashed).
+pub(crate) fn check_at_least(at_least: Duration, lease: Lease) -> Result<(), LockError> {
+    if at_least > MAX_LEASE {
+        return Err(LockError::Config(format!(
+            "at_least {at_least:?} is too long; the maximum is {} days",
+            MAX_LEASE.as_secs() / 86_400
+        )));
+    }
+    match lease {
+        Lease::Fixed(lease) if at_least > lease => Err(LockError::Config(format!(
+            "at_least {at_least:?} is longer than the fixed lease {lease:?}"
+        ))),
+        _ => Ok(()),
+    }
+}
+
 impl Locker {
     /// Sets `hold`'s lease to `lease` from now, owner-checked. The change carries the hold's next
     /// sequence number, so a renewal still in flight can't undo it, and the validity deadline

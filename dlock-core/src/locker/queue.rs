@@ -127,7 +127,8 @@ impl Locker {
     /// Hands the lock straight to the local head waiter, if there is one; `None` when the lock
     /// is to be released normally.
     pub(super) async fn try_handoff(&self, hold: &HoldState) -> Option<ReleaseOutcome> {
-        if !self.inner.config.handoff || hold.is_lost() {
+        // A name kept taken after the release (`at_least`) is handed to nobody.
+        if !self.inner.config.handoff || hold.is_lost() || hold.keep_for().is_some() {
             return None;
         }
         let queue = self.existing_queue(&hold.keys.lock)?;
@@ -159,7 +160,9 @@ impl Locker {
                 queue.streak.fetch_add(1, Ordering::Relaxed);
                 if slot.tx.send((fence, sent_at)).is_err() {
                     // The waiter left meanwhile: release what it was given.
-                    let _ = session.clean_up(&hold.keys, &slot.owner, fence_ttl).await;
+                    let _ = session
+                        .clean_up(&hold.keys, &slot.owner, fence_ttl, None)
+                        .await;
                 }
                 Some(ReleaseOutcome::Released)
             }

@@ -27,7 +27,8 @@ impl Locker {
             // Nobody local waits, so no hand-over: release inline. If this future is dropped
             // half-way, the same release is sent again in the background (a repeated release is
             // recognised by the script).
-            let mut in_flight = InFlight::new(self, &hold.keys, &hold.owner);
+            let mut in_flight =
+                InFlight::new(self, &hold.keys, &hold.owner).keeping(hold.keep_until.get());
             let outcome = self.finish_release(hold.clone()).await;
             in_flight.disarm();
             return outcome;
@@ -111,7 +112,13 @@ impl Locker {
         let release = || async {
             let session = self.inner.backend.session().await?;
             session
-                .release(&hold.keys, &hold.owner, handed_to, fence_ttl)
+                .release(
+                    &hold.keys,
+                    &hold.owner,
+                    handed_to,
+                    fence_ttl,
+                    hold.keep_for(),
+                )
                 .await
         };
         // When the holder let go, and what it believed then.

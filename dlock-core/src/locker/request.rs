@@ -21,6 +21,7 @@ pub struct LockRequest {
     pub(super) name: Result<LockName, LockError>,
     pub(super) wait: Duration,
     pub(super) lease: Lease,
+    pub(super) at_least: Option<Duration>,
 }
 
 impl LockRequest {
@@ -50,6 +51,24 @@ impl LockRequest {
         self
     }
 
+    /// Keeps the name taken until at least `at_least` after the acquisition, even when the
+    /// guard is released sooner: a scheduled job that finishes quickly does not run again on
+    /// another instance within the same period (what ShedLock calls lock-at-least-for; the lease
+    /// is the lock-at-most-for). A release before then frees the holder and wakes waiters, but
+    /// the name stays taken, by nobody, until the period ends, and it is not handed to a local
+    /// waiter; a release after it frees the name at once. Only a fresh acquisition takes it (a
+    /// re-entry inside a scope leaves the outer hold's setting alone).
+    ///
+    /// The period runs from when the grant came back, so it lasts at least `at_least` from the
+    /// grant in Redis. A holder that crashes keeps the name until its lease ends — with a fixed
+    /// lease, `at_least` may not exceed it ([`LockError::Config`] otherwise); with the watchdog,
+    /// a crash frees the name one lease after the last renewal, which may be before the period
+    /// ends.
+    pub fn at_least(mut self, at_least: Duration) -> Self {
+        self.at_least = Some(at_least);
+        self
+    }
+
     /// Keeps this lock's name out of dlock's logs, spans and metric labels when `hide` is true
     /// (see [`LockName::hidden`]); errors returned to the caller still carry it.
     pub fn hide_name(mut self, hide: bool) -> Self {
@@ -69,12 +88,20 @@ impl LockRequest {
     async fn run(self) -> Result<(Attempted, LockName), LockError> {
         let name = self.name?;
         super::lease::check_lease(self.lease.duration())?;
+        if let Some(at_least) = self.at_least {
+            super::lease::check_at_least(at_least, self.lease)?;
+        }
         let span = tracing::debug_span!("dlock.acquire", name = name.for_logs());
         let attempted = self
             .locker
             .acquire(name.clone(), self.wait, self.lease)
             .instrument(span)
             .await?;
+        if let (Attempted::Held(guard), Some(at_least)) = (&attempted, self.at_least)
+            && !guard.is_reentrant()
+        {
+            let _ = (guard.state.keep_until).set(crate::clock::after(Instant::now(), at_least));
+        }
         Ok((attempted, name))
     }
 

@@ -1,4 +1,4 @@
-//! `wait`, `lease` and `on_lost` as constants and expressions, evaluated in the function's scope.
+//! `wait`, `lease`, `at_least` and `on_lost` as constants and expressions, evaluated in the function's scope.
 #![deny(warnings)]
 
 use std::time::Duration;
@@ -40,6 +40,16 @@ async fn mixed(id: u64, wait: &Duration) -> Result<u64, LockError> {
     Ok(id + wait.as_secs())
 }
 
+#[distributed_lock(key = "job:<id>", lease = "1m", at_least = "30s")]
+async fn once_per_period(id: u64) -> Result<u64, LockError> {
+    Ok(id)
+}
+
+#[distributed_lock(key = "job:<id>", at_least = Duration::from_secs(period_s))]
+async fn once_per_given_period(id: u64, period_s: u64) -> Result<u64, LockError> {
+    Ok(id + period_s)
+}
+
 pub struct Service {
     locker: Locker,
     wait: Duration,
@@ -70,6 +80,8 @@ fn main() {
         fields(1, cfg),
         arguments(1, 2, true),
         mixed(1, &Duration::ZERO),
+        once_per_period(1),
+        once_per_given_period(1, 30),
     );
     let _ = |service: Service| async move { service.by_ref(1).await };
 }
