@@ -125,14 +125,18 @@ impl MultiLockRequest {
                         guards.extend(taken);
                         continue;
                     }
-                    // One attempt only, and it was all or none: nothing to take one by one.
-                    Ok(TriedAll::Busy(name, retry_after)) if self.wait.is_zero() => {
+                    // One attempt only (or no wait left), and it was all or none: nothing to
+                    // take one by one.
+                    Ok(TriedAll::Busy(name, retry_after))
+                        if self.wait.is_zero() || Instant::now() >= deadline =>
+                    {
                         let err = self.locker.busy_at_once(&name, started, retry_after);
                         return Err(give_back(guards, err).await);
                     }
                     Ok(TriedAll::Busy(..) | TriedAll::NotTried) => {}
-                    // One by one, the requests below retry within the wait and report the error.
-                    Err(err) if !self.wait.is_zero() && !is_permanent(&err) => {}
+                    // One by one, the requests below retry within what is left of the wait.
+                    // None left: the error now, not one more command's timeout later.
+                    Err(err) if Instant::now() < deadline && !is_permanent(&err) => {}
                     Err(err) => return Err(give_back(guards, err).await),
                 }
             }

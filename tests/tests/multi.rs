@@ -200,3 +200,29 @@ async fn inside_a_scope_a_held_name_is_re_entered_and_the_rest_taken() {
     .await;
     assert_eq!(locker.renewed_holds(), 0);
 }
+
+#[tokio::test]
+async fn a_stalled_multi_lock_returns_within_its_wait_and_one_command_timeout() {
+    let server = RedisServer::start();
+    let mut admin = server.connection().await;
+    let timeout = Duration::from_millis(300);
+    let wait = Duration::from_millis(50);
+    let locker = Locker::builder()
+        .url(server.url())
+        .command_timeout(timeout)
+        .build()
+        .await
+        .expect("connect");
+    let names = names("multi-stalled", 2);
+    drop(locker.lock_all(["warm-a", "warm-b"]).await.expect("warm up"));
+    pause_writes(&mut admin, 1_500).await;
+    let started = tokio::time::Instant::now();
+    let err = (locker.lock_all(names.iter().map(String::as_str)).wait(wait))
+        .await
+        .expect_err("the server answers nothing");
+    let took = started.elapsed();
+    unpause(&mut admin).await;
+    assert!(err.is_backend(), "{err}");
+    // The one script timed out past the wait: no second command after it.
+    assert!(took < wait + timeout + Duration::from_millis(200), "took {took:?}");
+}
