@@ -96,44 +96,17 @@ pub(crate) fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream> {
         }
     };
 
-    // Without `wait` or `lease`, the `Locker`'s defaults apply. Expressions are evaluated here,
+    // Without `wait` or `lease`, the `Locker`'s defaults apply; without `at_least`, none. Expressions are evaluated here,
     // in the function's scope, when it is called; each is bound to a `let` of the type it must
     // have, spanned on the expression, so that a wrong type is reported on the user's expression.
     let mut evaluated = TokenStream::new();
-    let duration_ty = quote!(::core::time::Duration);
-    let wait = match &args.wait {
-        None => quote!(::core::option::Option::None),
-        Some(Value::Literal(wait)) => {
-            let wait = duration(*wait);
-            quote!(::core::option::Option::Some(#wait))
-        }
-        Some(Value::Expr(expr)) => {
-            evaluated.extend(typed_let(quote!(__dlock_wait), &duration_ty, expr));
-            quote!(::core::option::Option::Some(__dlock_wait))
-        }
-    };
-    let lease = match &args.lease {
-        None => quote!(::core::option::Option::None),
-        Some(Value::Literal(lease)) => {
-            let lease = duration(*lease);
-            quote!(::core::option::Option::Some(#lease))
-        }
-        Some(Value::Expr(expr)) => {
-            evaluated.extend(typed_let(quote!(__dlock_lease), &duration_ty, expr));
-            quote!(::core::option::Option::Some(__dlock_lease))
-        }
-    };
-    let at_least = match &args.at_least {
-        None => quote!(::core::option::Option::None),
-        Some(Value::Literal(at_least)) => {
-            let at_least = duration(*at_least);
-            quote!(::core::option::Option::Some(#at_least))
-        }
-        Some(Value::Expr(expr)) => {
-            evaluated.extend(typed_let(quote!(__dlock_at_least), &duration_ty, expr));
-            quote!(::core::option::Option::Some(__dlock_at_least))
-        }
-    };
+    let wait = optional_duration(args.wait.as_ref(), quote!(__dlock_wait), &mut evaluated);
+    let lease = optional_duration(args.lease.as_ref(), quote!(__dlock_lease), &mut evaluated);
+    let at_least = optional_duration(
+        args.at_least.as_ref(),
+        quote!(__dlock_at_least),
+        &mut evaluated,
+    );
     let on_lost = match &args.on_lost {
         None | Some(Value::Literal(OnLost::Cancel)) => quote!(#support::OnLost::Cancel),
         Some(Value::Literal(OnLost::Signal)) => quote!(#support::OnLost::Signal),
@@ -247,6 +220,27 @@ fn typed_let(name: TokenStream, ty: &TokenStream, expr: &syn::Expr) -> TokenStre
     let ty = respan(ty.clone(), span);
     quote_spanned! {span=>
         let #name: #ty = #expr;
+    }
+}
+
+/// An `Option<Duration>` for a duration argument: `None` when absent, the literal, or the
+/// expression bound to `binding` (a `let` added to `evaluated`).
+fn optional_duration(
+    value: Option<&Value<Duration>>,
+    binding: TokenStream,
+    evaluated: &mut TokenStream,
+) -> TokenStream {
+    match value {
+        None => quote!(::core::option::Option::None),
+        Some(Value::Literal(d)) => {
+            let d = duration(*d);
+            quote!(::core::option::Option::Some(#d))
+        }
+        Some(Value::Expr(expr)) => {
+            let ty = quote!(::core::time::Duration);
+            evaluated.extend(typed_let(binding.clone(), &ty, expr));
+            quote!(::core::option::Option::Some(#binding))
+        }
     }
 }
 
