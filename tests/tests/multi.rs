@@ -214,7 +214,12 @@ async fn a_stalled_multi_lock_returns_within_its_wait_and_one_command_timeout() 
         .await
         .expect("connect");
     let names = names("multi-stalled", 2);
-    drop(locker.lock_all(["warm-a", "warm-b"]).await.expect("warm up"));
+    drop(
+        locker
+            .lock_all(["warm-a", "warm-b"])
+            .await
+            .expect("warm up"),
+    );
     pause_writes(&mut admin, 1_500).await;
     let started = tokio::time::Instant::now();
     let err = (locker.lock_all(names.iter().map(String::as_str)).wait(wait))
@@ -224,5 +229,8 @@ async fn a_stalled_multi_lock_returns_within_its_wait_and_one_command_timeout() 
     unpause(&mut admin).await;
     assert!(err.is_backend(), "{err}");
     // The one script timed out past the wait: no second command after it.
-    assert!(took < wait + timeout + Duration::from_millis(200), "took {took:?}");
+    assert!(
+        took < wait + timeout + Duration::from_millis(200),
+        "took {took:?}"
+    );
 }
