@@ -118,27 +118,12 @@ impl MemoryBackend {
     }
 
     pub(crate) fn acquire(&self, keys: &LockKeys, owner: &str, lease: Duration) -> AcquireReply {
-        let now = Instant::now();
-        let mut state = self.store.state();
-        if let Some(held) = Self::live(&mut state, &keys.lock, now) {
-            if held.owner == owner {
-                return AcquireReply::Acquired { fence: held.fence };
-            }
-            return AcquireReply::Busy {
-                pttl: Some(held.expires - now),
-            };
-        }
-        let fence = Self::next_fence(&mut state, &keys.lock);
-        state.locks.insert(
-            keys.lock.clone(),
-            Held {
-                owner: owner.to_owned(),
-                fence,
-                expires: clock::after(now, lease),
-                seq: 0,
+        match self.acquire_all(&[(keys, owner)], lease) {
+            AcquireAllReply::Acquired { fences } => AcquireReply::Acquired {
+                fence: fences.first().copied().unwrap_or_default(),
             },
-        );
-        AcquireReply::Acquired { fence }
+            AcquireAllReply::Busy { pttl, .. } => AcquireReply::Busy { pttl },
+        }
     }
 
     /// Every lock for its owner, or none, in one step (as the acquire-all script).

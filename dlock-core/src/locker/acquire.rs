@@ -295,13 +295,7 @@ impl Locker {
     ) -> LockError {
         let labelled = self.inner.config.metrics_name_label;
         busy(name, labelled, started, retry_after);
-        let label = metrics::name_label(labelled, name);
-        metrics::count(metrics::TIMEOUT, label.as_deref(), 1);
-        LockError::Timeout {
-            name: name.to_string(),
-            waited: started.elapsed(),
-            retry_after,
-        }
+        timed_out(labelled, name, started, retry_after)
     }
 
     /// Turns a grant into a guard: the hold's state, the watchdog, the scope; no `.await`.
@@ -383,6 +377,22 @@ pub(super) fn busy(
         "dlock: busy"
     );
     Attempted::Busy(pttl)
+}
+
+/// A request's [`LockError::Timeout`] on `name`, counted in the timeout metric.
+pub(crate) fn timed_out(
+    labelled: bool,
+    name: &LockName,
+    started: Instant,
+    retry_after: Option<Duration>,
+) -> LockError {
+    let label = metrics::name_label(labelled, name);
+    metrics::count(metrics::TIMEOUT, label.as_deref(), 1);
+    LockError::Timeout {
+        name: name.to_string(),
+        waited: started.elapsed(),
+        retry_after,
+    }
 }
 
 /// Whether retrying can't cure `err` (see [`crate::BackendError::is_permanent`]).

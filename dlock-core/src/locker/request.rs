@@ -8,7 +8,6 @@ use tracing::Instrument as _;
 use super::*;
 use crate::error::LockError;
 use crate::guard::LockGuard;
-use crate::metrics;
 use crate::name::LockName;
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
@@ -110,15 +109,12 @@ impl LockRequest {
         let self_labelled = self.locker.inner.config.metrics_name_label;
         match self.run().await? {
             (Attempted::Held(guard), _) => Ok(guard),
-            (Attempted::Busy(retry_after), name) => {
-                let label = metrics::name_label(self_labelled, &name);
-                metrics::count(metrics::TIMEOUT, label.as_deref(), 1);
-                Err(LockError::Timeout {
-                    name: name.to_string(),
-                    waited: started.elapsed(),
-                    retry_after,
-                })
-            }
+            (Attempted::Busy(retry_after), name) => Err(super::acquire::timed_out(
+                self_labelled,
+                &name,
+                started,
+                retry_after,
+            )),
         }
     }
 }
