@@ -445,7 +445,7 @@ impl RedisBackend {
             .arg(handed_to.unwrap_or(""))
             .arg(fence_ttl.map_or(0, millis))
             .arg(self.publish())
-            .arg(keep.map_or(0, millis));
+            .arg(keep.map_or(0, millis_up));
         let ((code, woke), acknowledged): ((i64, i64), _) =
             self.invoke(conn, &call, true, self.ack).await?;
         if let Err(err) = self.acknowledged(acknowledged) {
@@ -477,7 +477,7 @@ impl RedisBackend {
             .arg("")
             .arg(fence_ttl.map_or(0, millis))
             .arg(self.publish())
-            .arg(keep.map_or(0, millis));
+            .arg(keep.map_or(0, millis_up));
         let (code, woke): (i64, i64) = self
             .bounded(async {
                 let res: RedisResult<(i64, i64)> = match conn {
@@ -700,6 +700,13 @@ impl ScriptCall {
             }
         }
     }
+}
+
+/// `d` in whole milliseconds, rounded up: a period kept in Redis must not end early.
+fn millis_up(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos().div_ceil(1_000_000))
+        .unwrap_or(u64::MAX)
+        .max(1)
 }
 
 fn millis(d: Duration) -> u64 {

@@ -62,7 +62,8 @@ impl LockRequest {
     /// grant in Redis. A holder that crashes keeps the name until its lease ends — with a fixed
     /// lease, `at_least` may not exceed it ([`LockError::Config`] otherwise); with the watchdog,
     /// a crash frees the name one lease after the last renewal, which may be before the period
-    /// ends.
+    /// ends. With [`ReplicaAck`](crate::ReplicaAck), a release is not held back for replicas, so
+    /// a failover right after an early release may free the name before the period ends too.
     pub fn at_least(mut self, at_least: Duration) -> Self {
         self.at_least = Some(at_least);
         self

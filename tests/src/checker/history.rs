@@ -265,6 +265,8 @@ pub struct GuardRec {
     pub lost_at: OnceLock<Instant>,
     /// Its lease when acquired.
     pub lease: Duration,
+    /// The `at_least` period it was asked for (a re-entered guard leaves it to its hold).
+    pub at_least: Option<Duration>,
     /// Every successful `extend`: when it was called and to what lease.
     pub extends: Mutex<Vec<(Instant, Duration)>>,
     /// How it ended (`None`: never ended before the run's end).

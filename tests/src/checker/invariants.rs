@@ -26,6 +26,8 @@ pub enum Invariant {
     Reentry,
     /// (a) A guard believes no longer than Redis keeps its lock.
     BeliefWithinLease,
+    /// (a) A name released within its `at_least` period is granted to nobody before it ends.
+    AtLeast,
     /// (b) Tokens rise with acquisition order; no token is handed out twice.
     FencingOrder,
     /// (c) A release outcome tells the truth.
@@ -48,6 +50,7 @@ impl fmt::Display for Invariant {
             Self::MutualExclusion => "(a) mutual exclusion",
             Self::Reentry => "(a) re-entry inside a live hold",
             Self::BeliefWithinLease => "(a) a guard believes no longer than Redis keeps its lock",
+            Self::AtLeast => "(a) a name stays taken for its at-least period",
             Self::FencingOrder => "(b) fencing order",
             Self::ReleaseTruth => "(c) release outcomes tell the truth",
             Self::RunTruth => "(c) run() is cancelled when the hold ends",
@@ -253,6 +256,66 @@ fn mutual_exclusion(
             });
         }
         active.push(b);
+    }
+}
+
+/// Redis keeps a key in whole milliseconds, and the period starts a moment before the checker
+/// reads the grant's return.
+const PERIOD_TOLERANCE: Duration = Duration::from_millis(3);
+
+/// A hold released within its `at_least` period — a release that returned `Released` before the
+/// guard's belief ended, so the script found the hold and kept the key — leaves the name to
+/// nobody until the period ends. Excused by a fault that destroys keys or loses writes (a
+/// replica-acknowledged failover too: a release is not held back for acknowledgement).
+fn at_least(
+    history: &History,
+    name: u8,
+    holds: &[&Hold],
+    faults: &[FaultRec],
+    finish: Instant,
+    out: &mut Vec<Violation>,
+) {
+    for a in holds {
+        let Some(period) = a.guard.at_least else {
+            continue;
+        };
+        let Some(end) = a.guard.end() else {
+            continue;
+        };
+        let kept = end.final_of_hold
+            && matches!(end.returned, Some((ret, Outcome::Released)) if ret <= end.valid_until);
+        let until = a.guard.start + period;
+        if !kept || end.at >= until {
+            continue;
+        }
+        let early = holds.iter().filter(|b| {
+            b.guard.token != a.guard.token
+                && b.start >= end.at
+                && b.start + PERIOD_TOLERANCE < until
+                && !faults.iter().any(|f| {
+                    (f.kind.destructive() || f.kind == FaultKind::AckedFailover)
+                        && f.hits(name)
+                        && f.to >= a.guard.call
+                        && f.from <= b.start
+                })
+        });
+        for b in early {
+            out.push(Violation {
+                invariant: Invariant::AtLeast,
+                summary: format!(
+                    "`{}` was granted {} before the at-least period ({}) of a hold released \
+                     {} into it ended:\n      A: {}\n      B: {}",
+                    history.names[usize::from(name)],
+                    ms(until - b.start),
+                    ms(period),
+                    ms(end.at - a.guard.start),
+                    describe(history, &a.guard, finish),
+                    describe(history, &b.guard, finish)
+                ),
+                window: Some((name, a.guard.call, b.last)),
+                hint: "",
+            });
+        }
     }
 }
 
@@ -508,6 +571,7 @@ pub fn check(history: &History, finish: Instant, unreliable: &[u8]) -> Vec<Viola
         let mut holds: Vec<&Hold> = by_name[&name].iter().filter(|h| h.start < h.end).collect();
         holds.sort_by_key(|h| h.start);
         mutual_exclusion(history, name, &holds, &faults, finish, &mut out);
+        at_least(history, name, &holds, &faults, finish, &mut out);
         fencing_order(history, name, &holds, finish, &mut out);
         // A token handed out twice (as fresh holds) is a fencing failure whatever the times.
         let mut seen: HashMap<u64, &Hold> = HashMap::new();

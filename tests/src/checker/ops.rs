@@ -91,7 +91,7 @@ impl Tracked {
         worker: u16,
         locker: u8,
         call: Instant,
-        lease: Duration,
+        (lease, at_least): (Duration, Option<Duration>),
         guard: LockGuard,
     ) -> Self {
         let start = Instant::now();
@@ -108,6 +108,7 @@ impl Tracked {
             start,
             lost_at: Default::default(),
             lease,
+            at_least,
             extends: Default::default(),
             end: Default::default(),
         });
@@ -345,7 +346,7 @@ fn record_acquired(
     locker: u8,
     names: &[u8],
     result: Option<Result<Option<Vec<LockGuard>>, LockError>>,
-    (call, lease, bound): (Instant, Duration, Duration),
+    (call, lease, at_least, bound): (Instant, Duration, Option<Duration>, Duration),
 ) -> Vec<Tracked> {
     let ret = Instant::now();
     let history = &ctx.history;
@@ -375,7 +376,7 @@ fn record_acquired(
     match result {
         Ok(Some(guards)) => guards
             .into_iter()
-            .map(|g| Tracked::new(ctx, worker, locker, call, lease, g))
+            .map(|g| Tracked::new(ctx, worker, locker, call, (lease, at_least), g))
             .collect(),
         Ok(None) => {
             bump(&ctx.stats.busy);
@@ -420,7 +421,10 @@ async fn acquire_one(
         lease: acq.lease,
     };
     ctx.history.event(call, worker, locker, name, event);
-    let request = with_lease(l.lock(ctx.name(name)).wait(acq.wait), acq.lease);
+    let mut request = with_lease(l.lock(ctx.name(name)).wait(acq.wait), acq.lease);
+    if let Some(period) = acq.period() {
+        request = request.at_least(period);
+    }
     let fut = async {
         if acq.try_lock {
             request.try_lock().await.map(|g| g.map(|g| vec![g]))
@@ -434,7 +438,8 @@ async fn acquire_one(
         .saturating_add(actor.command_timeout)
         .saturating_add(SLACK);
     let lease = lease_of(acq.lease, actor.watchdog_lease);
-    record_acquired(ctx, worker, locker, &[name], result, (call, lease, bound)).pop()
+    let recorded = (call, lease, acq.period(), bound);
+    record_acquired(ctx, worker, locker, &[name], result, recorded).pop()
 }
 
 async fn acquire_all(
@@ -464,6 +469,9 @@ async fn acquire_all(
         LeaseSpec::Watchdog(d) => request.watchdog_lease(d),
         LeaseSpec::Fixed(d) => request.lease(d),
     };
+    if let Some(period) = acq.period() {
+        request = request.at_least(period);
+    }
     let fut = async {
         if acq.try_lock {
             request
@@ -481,7 +489,8 @@ async fn acquire_all(
         .saturating_add(actor.command_timeout * count)
         .saturating_add(SLACK);
     let lease = lease_of(acq.lease, actor.watchdog_lease);
-    record_acquired(ctx, worker, locker, names, result, (call, lease, bound))
+    let recorded = (call, lease, acq.period(), bound);
+    record_acquired(ctx, worker, locker, names, result, recorded)
 }
 
 async fn steps(guard: &Tracked, steps: &[Step]) {

@@ -19,6 +19,19 @@ pub(crate) struct Acquire {
     pub(crate) lease: LeaseSpec,
     /// Drop the acquisition future after this long if it has not finished.
     pub(crate) cancel_after: Option<Duration>,
+    /// Keep the name taken this long after the grant (`at_least`; capped by a fixed lease).
+    pub(crate) at_least: Option<Duration>,
+}
+
+impl Acquire {
+    /// The `at_least` period the request asks for: the planned one, no longer than a fixed
+    /// lease (a longer one is a configuration error).
+    pub(crate) fn period(&self) -> Option<Duration> {
+        match self.lease {
+            LeaseSpec::Fixed(lease) => self.at_least.map(|p| p.min(lease)),
+            _ => self.at_least,
+        }
+    }
 }
 
 /// One step while a guard is held.
@@ -159,6 +172,8 @@ fn acquire(rng: &mut StdRng, try_lock: bool) -> Acquire {
         wait: if try_lock { Duration::ZERO } else { wait(rng) },
         lease: lease(rng),
         cancel_after: None,
+        // Now and then a job that must not run twice within a period.
+        at_least: rng.random_bool(0.15).then(|| between(rng, 20, 600)),
     }
 }
 
