@@ -288,8 +288,10 @@ fn at_least(
         if !kept || end.at >= until {
             continue;
         }
+        // Granted after A (a higher token): a hold granted before A and destroyed by a fault
+        // may come to believe it holds only after A's release, but Redis never kept it.
         let early = holds.iter().filter(|b| {
-            b.guard.token != a.guard.token
+            b.guard.token > a.guard.token
                 && b.start >= end.at
                 && b.start + PERIOD_TOLERANCE < until
                 && !faults.iter().any(|f| {
