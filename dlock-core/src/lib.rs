@@ -132,8 +132,8 @@ pub use error::{BackendError, InvalidName, LockError, ReleaseOutcome};
 pub use guard::{FencingToken, LockGuard, Lost};
 pub use locker::{
     DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_FENCE_TTL, DEFAULT_POLL_INTERVAL,
-    DEFAULT_PREFIX, DEFAULT_WATCHDOG_LEASE, Lease, LockRequest, Locker, LockerBuilder,
-    default_locker, set_default_locker,
+    DEFAULT_PREFIX, DEFAULT_WATCHDOG_LEASE, Holder, Lease, LockInfo, LockRequest, Locker,
+    LockerBuilder, default_locker, set_default_locker,
 };
 pub use masters::{MasterGuard, MasterOutcome, MasterRequest, MasterSet, MastersError};
 pub use multi::{MultiGuard, MultiLockRequest};

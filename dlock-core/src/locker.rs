@@ -18,6 +18,7 @@ mod builder;
 #[cfg(feature = "cluster")]
 mod cluster;
 mod default;
+mod inspect;
 mod lease;
 mod queue;
 mod release;
@@ -30,6 +31,7 @@ use acquire::{Attempted, InFlight};
 pub(crate) use acquire::{TriedAll, is_permanent};
 pub use builder::LockerBuilder;
 pub use default::{default_locker, set_default_locker};
+pub use inspect::{Holder, LockInfo};
 pub use lease::Lease;
 pub(crate) use lease::check_at_least;
 use queue::{HeadWait, QueueEntry, handed};
@@ -58,7 +60,9 @@ fn next_id() -> u64 {
 /// A fresh owner token: 128 random bits from the operating system, in hex. Should the system
 /// have no randomness to give, the token is still unique to this hold: the process id, the
 /// time, and a counter no other token of this process shares.
-fn new_owner() -> Arc<str> {
+/// A fresh owner token: 128 random bits in hex, then `@label` if the `Locker` has a holder
+/// label.
+fn new_owner(label: Option<&str>) -> Arc<str> {
     let mut bytes = [0u8; 16];
     let value = match getrandom::fill(&mut bytes) {
         Ok(()) => u128::from_le_bytes(bytes),
@@ -72,7 +76,10 @@ fn new_owner() -> Arc<str> {
                 ^ u128::from(FALLBACK.fetch_add(1, Ordering::Relaxed))
         }
     };
-    Arc::from(format!("{value:032x}").as_str())
+    Arc::from(match label {
+        Some(label) => format!("{value:032x}@{label}"),
+        None => format!("{value:032x}"),
+    })
 }
 
 /// Acquires distributed locks.
@@ -123,6 +130,8 @@ struct Config {
     metrics_name_label: bool,
     /// Keep every name of this `Locker` out of logs, spans and metric labels.
     hide_names: bool,
+    /// Carried in every owner token this `Locker` mints, for `inspect` to show.
+    holder_label: Option<Arc<str>>,
 }
 
 impl Default for Config {
@@ -136,6 +145,7 @@ impl Default for Config {
             handoff: true,
             metrics_name_label: false,
             hide_names: false,
+            holder_label: None,
         }
     }
 }

@@ -217,3 +217,59 @@ redis.call('PEXPIRE', KEYS[1], ARGV[3])
 return {1, f}
 "#
 );
+
+/// What a name holds, for operators (read-only).
+///
+/// `KEYS` as for [`RELEASE`]; `ARGV[1]` the `PUBSUB` subcommand that counts a channel's
+/// subscribers (`NUMSUB`, or `SHARDNUMSUB` on a cluster). Returns `{pttl, holders, token, kept,
+/// foreign, last, subscribers}`: the lock key's PTTL (-2 gone), each holder as its owner token's
+/// first 8 characters and its label (the part after `@`, or `''`) — never the whole token —, the
+/// current hold's fencing token (`''`: none), 1 if the key is kept after a release (`#k`), 1 if
+/// the key holds something other than a lock, the last fencing token handed out (`''`: none),
+/// and the wake-up channel's subscribers (one per waiting `Locker`).
+pub(crate) static INSPECT: LazyLock<Script> = LazyLock::new(|| Script::new(INSPECT_LUA));
+
+pub(crate) const INSPECT_LUA: &str = r#"
+local pttl = redis.call('PTTL', KEYS[1])
+local holders = {}
+local token = ''
+local kept = 0
+local foreign = 0
+if pttl ~= -2 then
+  if redis.call('TYPE', KEYS[1])['ok'] == 'hash' then
+    for _, field in ipairs(redis.call('HKEYS', KEYS[1])) do
+      if string.sub(field, 1, 1) ~= '#' then
+        holders[#holders + 1] = string.sub(field, 1, 8)
+        holders[#holders + 1] = string.match(field, '@(.*)$') or ''
+      elseif field == '#k' then
+        kept = 1
+      end
+    end
+    token = redis.call('HGET', KEYS[1], '#f') or ''
+  else
+    foreign = 1
+  end
+end
+local last = ''
+if redis.call('TYPE', KEYS[2])['ok'] == 'hash' then
+  last = redis.call('HGET', KEYS[2], 'n') or ''
+end
+local subscribers = redis.call('PUBSUB', ARGV[1], KEYS[3])[2]
+return {pttl, holders, token, kept, foreign, last, subscribers}
+"#;
+
+/// An operator's release of whatever holds a name, owner or not (its holders learn of the loss
+/// at their next renewal); wakes waiters.
+///
+/// `KEYS[1]` lock, `KEYS[2]` wake channel; `ARGV[1]` the command that wakes waiters. Returns 1
+/// if a key was removed, 0 if there was none.
+pub(crate) static FORCE_RELEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(FORCE_RELEASE_LUA));
+
+pub(crate) const FORCE_RELEASE_LUA: &str = r#"
+if redis.call('DEL', KEYS[1]) == 1 then
+  redis.call(ARGV[1], KEYS[2], '1')
+  return 1
+end
+return 0
+"#;

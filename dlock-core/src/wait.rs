@@ -115,6 +115,11 @@ impl Slots {
     pub(crate) fn len(&self) -> usize {
         self.lock().len()
     }
+
+    /// How many watchers `channel` has.
+    pub(crate) fn watchers(&self, channel: &str) -> usize {
+        self.lock().get(channel).map_or(0, |e| e.refs)
+    }
 }
 
 /// One watcher's registration; unregisters on drop.

@@ -381,3 +381,32 @@ async fn at_least_keeps_the_name_taken_after_an_early_release() {
     // Without a period, free at once.
     assert!(locker.lock("job").try_lock().await.unwrap().is_some());
 }
+
+#[tokio::test(start_paused = true)]
+async fn inspect_and_force_release_in_memory() {
+    let store = MemoryStore::new();
+    let locker = Locker::builder()
+        .memory(store.clone())
+        .holder_label("memory-a")
+        .build()
+        .await
+        .unwrap();
+    let rival = Locker::builder().memory(store).build().await.unwrap();
+    assert!(!locker.inspect("job").await.unwrap().is_taken());
+    let guard = locker
+        .lock("job")
+        .lease(Duration::from_secs(10))
+        .await
+        .unwrap();
+    advance(Duration::from_secs(1)).await;
+    let info = rival.inspect("job").await.unwrap();
+    assert_eq!(info.holders.len(), 1);
+    assert_eq!(info.holders[0].label.as_deref(), Some("memory-a"));
+    assert_eq!(info.holders[0].token_prefix.len(), 8);
+    assert_eq!(info.fencing_token, Some(guard.fencing_token()));
+    assert_eq!(info.ttl, Some(Duration::from_secs(9)));
+    assert!(rival.force_release("job").await.unwrap());
+    assert!(!rival.inspect("job").await.unwrap().is_taken());
+    assert!(matches!(guard.release().await, ReleaseOutcome::Expired));
+    assert!(!rival.force_release("job").await.unwrap());
+}

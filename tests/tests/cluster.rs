@@ -544,3 +544,40 @@ async fn a_multi_lock_takes_the_names_of_one_slot_in_one_script() {
     );
     assert!(all.release().await.iter().all(|o| o.is_released()));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_and_force_release_work_on_the_slots_master() {
+    let cluster = block_in_place(RedisCluster::start);
+    let locker = locker_with(&cluster).await;
+    let rival = locker_with(&cluster).await;
+    let name = unique_name("cluster-inspect");
+    let guard = locker.lock(name.as_str()).await.expect("lock");
+    let waiter = tokio::spawn({
+        let (rival, name) = (rival.clone(), name.clone());
+        async move {
+            rival
+                .lock(name.as_str())
+                .wait(Duration::from_secs(10))
+                .await
+        }
+    });
+    // The waiter's sharded subscription is counted on the shard that owns the name.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let info = loop {
+        let info = locker.inspect(name.as_str()).await.expect("inspect");
+        if info.waiting_lockers == 1 || Instant::now() >= deadline {
+            break info;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(info.waiting_lockers, 1, "{info:?}");
+    assert_eq!(info.fencing_token, Some(guard.fencing_token()));
+    assert_eq!(info.holders.len(), 1);
+    assert!(locker.force_release(name.as_str()).await.expect("force"));
+    let next = waiter
+        .await
+        .expect("waiter")
+        .expect("granted after the forced release");
+    assert!(next.fencing_token() > guard.fencing_token());
+    assert!(next.release().await.is_released());
+}

@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{AcquireAllReply, AcquireReply, HandoffReply, ReleaseReply, RenewItem, RenewReply};
+use super::{
+    AcquireAllReply, AcquireReply, HandoffReply, RawInfo, ReleaseReply, RenewItem, RenewReply,
+};
 use crate::clock;
 use crate::name::LockKeys;
 use crate::wait::{Slots, Watch};
@@ -163,6 +165,42 @@ impl MemoryBackend {
             fences.push(fence);
         }
         AcquireAllReply::Acquired { fences }
+    }
+
+    pub(crate) fn inspect(&self, keys: &LockKeys) -> RawInfo {
+        let now = Instant::now();
+        let mut state = self.store.state();
+        let last_token = state.fences.get(&keys.lock).map(|f| f.0).filter(|n| *n > 0);
+        let mut info = RawInfo {
+            last_token,
+            waiting: u64::try_from(self.store.inner.slots.watchers(&keys.channel)).unwrap_or(0),
+            ..RawInfo::default()
+        };
+        if let Some(held) = Self::live(&mut state, &keys.lock, now) {
+            info.ttl = Some(held.expires - now);
+            if held.owner.is_empty() {
+                info.kept = true;
+            } else {
+                let prefix = held.owner.chars().take(8).collect();
+                let label = held.owner.split_once('@').map(|(_, l)| l.to_owned());
+                info.holders.push((prefix, label));
+                info.token = Some(held.fence);
+            }
+        }
+        info
+    }
+
+    pub(crate) fn force_release(&self, keys: &LockKeys) -> bool {
+        let removed = {
+            let mut state = self.store.state();
+            let now = Instant::now();
+            Self::live(&mut state, &keys.lock, now).is_some()
+                && state.locks.remove(&keys.lock).is_some()
+        };
+        if removed {
+            self.store.inner.slots.wake(&keys.channel);
+        }
+        removed
     }
 
     pub(crate) fn holds(&self, keys: &LockKeys, owner: &str) -> AcquireReply {

@@ -38,6 +38,25 @@ pub(crate) enum AcquireAllReply {
     },
 }
 
+/// What a name holds, as [`Session::inspect`] reads it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub(crate) struct RawInfo {
+    /// The lock key's remaining lease (`None`: no key, or no expiry).
+    pub(crate) ttl: Option<Duration>,
+    /// Each holder: its owner token's first characters, and its label if any.
+    pub(crate) holders: Vec<(String, Option<String>)>,
+    /// The current hold's fencing token.
+    pub(crate) token: Option<u64>,
+    /// Kept, by nobody, after a release within an `at_least` period.
+    pub(crate) kept: bool,
+    /// The key holds something other than a lock.
+    pub(crate) foreign: bool,
+    /// The last fencing token handed out for the name.
+    pub(crate) last_token: Option<u64>,
+    /// Lockers waiting for a release (subscribers of the wake-up channel).
+    pub(crate) waiting: u64,
+}
+
 /// The answer to one release.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum ReleaseReply {
@@ -180,6 +199,22 @@ impl Session {
         match self {
             Self::Redis(r, c) => r.acquire_all(c, locks, lease, fence_ttl).await,
             Self::Memory(m) => Ok(m.acquire_all(locks, lease)),
+        }
+    }
+
+    /// What the name holds now (read-only).
+    pub(crate) async fn inspect(&self, keys: &LockKeys) -> Result<RawInfo, BackendError> {
+        match self {
+            Self::Redis(r, c) => r.inspect(c, keys).await,
+            Self::Memory(m) => Ok(m.inspect(keys)),
+        }
+    }
+
+    /// Removes whatever holds the name and wakes its waiters; whether there was anything.
+    pub(crate) async fn force_release(&self, keys: &LockKeys) -> Result<bool, BackendError> {
+        match self {
+            Self::Redis(r, c) => r.force_release(c, keys).await,
+            Self::Memory(m) => Ok(m.force_release(keys)),
         }
     }
 

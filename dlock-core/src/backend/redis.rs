@@ -10,7 +10,9 @@ use redis::{FromRedisValue, Pipeline, RedisResult, Script, ToRedisArgs, Value};
 
 #[cfg(feature = "sentinel")]
 use super::sentinel::SentinelConnection;
-use super::{AcquireAllReply, AcquireReply, HandoffReply, ReleaseReply, RenewItem, RenewReply};
+use super::{
+    AcquireAllReply, AcquireReply, HandoffReply, RawInfo, ReleaseReply, RenewItem, RenewReply,
+};
 use crate::error::BackendError;
 use crate::name::LockKeys;
 use crate::replication::ReplicaAck;
@@ -180,6 +182,15 @@ impl RedisBackend {
             #[cfg(feature = "cluster")]
             RedisConn::Cluster(_) => "SPUBLISH",
             _ => "PUBLISH",
+        }
+    }
+
+    /// The `PUBSUB` subcommand that counts a wake-up channel's subscribers.
+    fn numsub(&self) -> &'static str {
+        match self.conn {
+            #[cfg(feature = "cluster")]
+            RedisConn::Cluster(_) => "SHARDNUMSUB",
+            _ => "NUMSUB",
         }
     }
 
@@ -405,6 +416,45 @@ impl RedisBackend {
             self.acknowledged(acknowledged)?;
         }
         Ok(reply)
+    }
+
+    pub(crate) async fn inspect(
+        &self,
+        conn: &OpConn,
+        keys: &LockKeys,
+    ) -> Result<RawInfo, BackendError> {
+        let call = ScriptCall::new(&script::INSPECT, &[&keys.lock, &keys.fence, &keys.channel])
+            .arg(self.numsub());
+        type Reply = (i64, Vec<String>, String, i64, i64, String, i64);
+        let ((pttl, holders, token, kept, foreign, last, waiting), _): (Reply, _) =
+            self.invoke(conn, &call, true, None).await?;
+        let number = |s: String| (!s.is_empty()).then(|| s.parse::<u64>()).transpose();
+        let bad = |_| BackendError::protocol("inspect script answered a bad fencing token");
+        Ok(RawInfo {
+            ttl: u64::try_from(pttl).ok().map(Duration::from_millis),
+            holders: (holders.chunks(2))
+                .map(|h| {
+                    let label = h.get(1).filter(|l| !l.is_empty()).cloned();
+                    (h[0].clone(), label)
+                })
+                .collect(),
+            token: number(token).map_err(bad)?,
+            kept: kept == 1,
+            foreign: foreign == 1,
+            last_token: number(last).map_err(bad)?,
+            waiting: u64::try_from(waiting).unwrap_or(0),
+        })
+    }
+
+    pub(crate) async fn force_release(
+        &self,
+        conn: &OpConn,
+        keys: &LockKeys,
+    ) -> Result<bool, BackendError> {
+        let call = ScriptCall::new(&script::FORCE_RELEASE, &[&keys.lock, &keys.channel])
+            .arg(self.publish());
+        let (removed, _): (i64, _) = self.invoke(conn, &call, true, self.ack).await?;
+        Ok(removed == 1)
     }
 
     /// The cluster slot of `key` on a cluster; `None` on one server.

@@ -112,7 +112,7 @@ impl Locker {
             return Ok(Attempted::Held(guard));
         }
 
-        let mut owner = new_owner();
+        let mut owner = new_owner(self.inner.config.holder_label.as_deref());
         // The last backend error, while no attempt has answered since: what the call returns
         // if the deadline comes first.
         let mut failed: Option<LockError> = None;
@@ -140,7 +140,7 @@ impl Locker {
                 Err(err) if wait.is_zero() || is_permanent(&err) => return Err(err),
                 Err(err) => {
                     // The clean-up of that attempt releases `owner`: never reuse it.
-                    owner = new_owner();
+                    owner = new_owner(self.inner.config.holder_label.as_deref());
                     failed = Some(err);
                 }
             }
@@ -182,7 +182,7 @@ impl Locker {
                 }
                 Err(err) if is_permanent(&err) => return Err(err),
                 Err(err) => {
-                    owner = new_owner();
+                    owner = new_owner(self.inner.config.holder_label.as_deref());
                     failed = Some(err);
                 }
             }
@@ -253,7 +253,10 @@ impl Locker {
         if not_for_us {
             return Ok(TriedAll::NotTried);
         }
-        let owners: Vec<Arc<str>> = names.iter().map(|_| new_owner()).collect();
+        let owners: Vec<Arc<str>> = names
+            .iter()
+            .map(|_| new_owner(self.inner.config.holder_label.as_deref()))
+            .collect();
         let session = (self.inner.backend.session().await).map_err(LockError::Backend)?;
         let holds = keys.iter().cloned().zip(owners.iter().cloned()).collect();
         let mut in_flight = InFlight::many(self, holds);

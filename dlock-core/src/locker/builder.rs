@@ -30,6 +30,7 @@ pub struct LockerBuilder {
     handoff: Option<bool>,
     metrics_name_label: bool,
     hide_names: bool,
+    holder_label: Option<String>,
     lazy: bool,
     replica_ack: Option<ReplicaAck>,
 }
@@ -302,6 +303,15 @@ impl LockerBuilder {
         self
     }
 
+    /// A label carried by every lock this `Locker` takes — say `"web-3:4711"` (host and pid) —
+    /// which [`Locker::inspect`] shows operators next to the holder's token prefix. At most 64
+    /// bytes, no control characters or whitespace; [`build`](Self::build) refuses others. It is
+    /// part of each owner token (no extra command), so keep it short.
+    pub fn holder_label(mut self, label: impl Into<String>) -> Self {
+        self.holder_label = Some(label.into());
+        self
+    }
+
     /// Every lock write waits until this many replicas have it (`WAIT`), so that a failover to
     /// one of them keeps it (default: none, the fastest: a write counts once the master has it).
     /// Grants not acknowledged in time are rolled back; hand-over between waiters is off. See
@@ -350,6 +360,7 @@ impl LockerBuilder {
             handoff: self.handoff.unwrap_or(true) && ack.is_none(),
             metrics_name_label: self.metrics_name_label,
             hide_names: self.hide_names,
+            holder_label: check_holder_label(self.holder_label)?,
         };
         let (client, display) = match self.source {
             Source::None => {
@@ -617,4 +628,23 @@ fn connect_error(at: &str, err: redis::RedisError) -> LockError {
 fn describe_client(client: &redis::Client) -> String {
     let info = client.get_connection_info();
     format!("{}", info.addr())
+}
+
+/// The longest holder label accepted, in bytes.
+const MAX_HOLDER_LABEL: usize = 64;
+
+fn check_holder_label(label: Option<String>) -> Result<Option<Arc<str>>, LockError> {
+    let Some(label) = label else {
+        return Ok(None);
+    };
+    if label.is_empty()
+        || label.len() > MAX_HOLDER_LABEL
+        || label.chars().any(|c| c.is_control() || c.is_whitespace())
+    {
+        return Err(LockError::Config(format!(
+            "holder label {label:?}: 1 to {MAX_HOLDER_LABEL} bytes, no whitespace or control \
+             characters"
+        )));
+    }
+    Ok(Some(Arc::from(label)))
 }

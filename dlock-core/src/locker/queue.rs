@@ -217,7 +217,7 @@ impl<'a> HeadWait<'a> {
         };
         // No `.await` from here until `HeadWait` exists: once the offer is out, only its `Drop`
         // can give back a lock handed over to a waiter that was dropped.
-        let handoff_owner = new_owner();
+        let handoff_owner = new_owner(locker.inner.config.holder_label.as_deref());
         let mut rx = None;
         if locker.inner.config.handoff {
             let (tx, handoff_rx) = oneshot::channel();

@@ -1,0 +1,104 @@
+//! Operator tools: what a name holds ([`Locker::inspect`]) and freeing it whoever holds it
+//! ([`Locker::force_release`]).
+
+use std::time::Duration;
+
+use super::Locker;
+use crate::error::LockError;
+use crate::guard::FencingToken;
+use crate::name::{IntoLockName, LockKeys};
+
+/// One holder of a lock, as an operator may see it — never its whole owner token, which would
+/// let anyone who reads it release the lock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Holder {
+    /// The first eight characters of the holder's owner token: enough to tell holders apart.
+    pub token_prefix: String,
+    /// The label of the `Locker` that took it ([`LockerBuilder::holder_label`]), if it had one.
+    ///
+    /// [`LockerBuilder::holder_label`]: crate::LockerBuilder::holder_label
+    pub label: Option<String>,
+}
+
+/// What Redis holds for one name at the moment [`Locker::inspect`] read it (one script, so
+/// every field is from the same instant).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LockInfo {
+    /// The name.
+    pub name: String,
+    /// Who holds it (empty: nobody). A lock has one holder in Redis however many times its
+    /// holder re-entered it: re-entries are counted in the holder's process.
+    pub holders: Vec<Holder>,
+    /// The current hold's fencing token.
+    pub fencing_token: Option<FencingToken>,
+    /// How long the key has left, read from Redis (`None`: no key).
+    pub ttl: Option<Duration>,
+    /// Taken by nobody: released within an `at_least` period, which ends with `ttl`.
+    pub kept: bool,
+    /// The key holds something other than a lock (written by someone else).
+    pub foreign: bool,
+    /// The last fencing token handed out for this name (`None`: none, or its counter expired).
+    pub last_fencing_token: Option<FencingToken>,
+    /// How many `Locker`s are waiting for a release (subscribers of the name's wake-up
+    /// channel: one per `Locker`, however many of its tasks wait; `Locker`s that poll are not
+    /// counted).
+    pub waiting_lockers: u64,
+}
+
+impl LockInfo {
+    /// Whether someone holds the lock, or it is kept after a release: an acquisition now would
+    /// find it busy.
+    pub fn is_taken(&self) -> bool {
+        !self.holders.is_empty() || self.kept || self.foreign
+    }
+}
+
+impl Locker {
+    /// Reads what Redis holds for `name`: its holder (a token prefix and the holder's label),
+    /// the remaining TTL, the current and the last fencing token, and how many `Locker`s wait.
+    /// Read-only; one round trip.
+    pub async fn inspect(&self, name: impl IntoLockName) -> Result<LockInfo, LockError> {
+        let name = self.name(name)?;
+        let keys = LockKeys::new(&self.inner.config.prefix, &name);
+        let session = (self.inner.backend.session().await).map_err(LockError::Backend)?;
+        let raw = (session.inspect(&keys).await).map_err(LockError::Backend)?;
+        Ok(LockInfo {
+            name: name.to_string(),
+            holders: (raw.holders.into_iter())
+                .map(|(token_prefix, label)| Holder {
+                    token_prefix,
+                    label,
+                })
+                .collect(),
+            fencing_token: raw.token.map(FencingToken::new),
+            ttl: raw.ttl,
+            kept: raw.kept,
+            foreign: raw.foreign,
+            last_fencing_token: raw.last_token.map(FencingToken::new),
+            waiting_lockers: raw.waiting,
+        })
+    }
+
+    /// Frees `name` whoever holds it, for operators: removes the lock (or what a release kept
+    /// for an `at_least` period) and wakes its waiters. Its holder learns of the loss at its
+    /// next renewal (within a third of its lease, with the watchdog) and its guarded work is
+    /// cancelled or signalled as for any loss; a holder with a fixed lease learns it only when
+    /// it extends or releases. Returns whether there was anything to remove.
+    ///
+    /// The next holder gets a higher fencing token, so a resource that checks tokens refuses
+    /// the old holder's late writes.
+    pub async fn force_release(&self, name: impl IntoLockName) -> Result<bool, LockError> {
+        let name = self.name(name)?;
+        let keys = LockKeys::new(&self.inner.config.prefix, &name);
+        let session = (self.inner.backend.session().await).map_err(LockError::Backend)?;
+        let removed = (session.force_release(&keys).await).map_err(LockError::Backend)?;
+        tracing::warn!(
+            name = name.for_logs(),
+            removed,
+            "dlock: lock released by force"
+        );
+        Ok(removed)
+    }
+}

@@ -1,0 +1,183 @@
+//! Operator tools against real Redis: `Locker::inspect` matches what Redis holds (and never shows
+//! a whole owner token), `Locker::force_release` frees a name whoever holds it.
+
+use std::time::Duration;
+
+use dlock_core::redis::AsyncCommands as _;
+use dlock_core::{LockError, Locker};
+use dlock_tests::{RedisServer, unique_name};
+use tokio::time::Instant;
+
+async fn labelled(server: &RedisServer, label: &str, lease: Duration) -> Locker {
+    Locker::builder()
+        .url(server.url())
+        .holder_label(label)
+        .watchdog_lease(lease)
+        .build()
+        .await
+        .expect("connect")
+}
+
+#[tokio::test]
+async fn inspect_shows_the_holder_its_label_tokens_and_ttl_as_redis_has_them() {
+    let server = RedisServer::start();
+    let locker = labelled(&server, "web-3:4711", Duration::from_secs(30)).await;
+    let name = unique_name("inspect");
+    let key = locker.key_of(name.as_str()).expect("key");
+
+    let free = locker.inspect(name.as_str()).await.expect("inspect");
+    assert!(!free.is_taken() && free.holders.is_empty(), "{free:?}");
+    assert_eq!(
+        (free.ttl, free.fencing_token, free.last_fencing_token),
+        (None, None, None)
+    );
+
+    let guard = locker.lock(name.as_str()).await.expect("lock");
+    let info = locker.inspect(name.as_str()).await.expect("inspect");
+    let mut con = server.connection().await;
+    let pttl: u64 = con.pttl(&key).await.expect("PTTL");
+    let fields: Vec<String> = con.hkeys(&key).await.expect("HKEYS");
+    let owner = (fields.iter().find(|f| !f.starts_with('#'))).expect("an owner field");
+
+    assert!(info.is_taken() && !info.kept && !info.foreign, "{info:?}");
+    assert_eq!(info.holders.len(), 1);
+    assert_eq!(info.holders[0].label.as_deref(), Some("web-3:4711"));
+    assert_eq!(info.holders[0].token_prefix, owner[..8]);
+    assert_eq!(info.fencing_token, Some(guard.fencing_token()));
+    assert_eq!(info.last_fencing_token, Some(guard.fencing_token()));
+    let ttl = info.ttl.expect("a TTL").as_millis() as u64;
+    // Read first, then PTTL: at most a moment apart.
+    assert!(
+        ttl <= 30_000 && ttl >= pttl && ttl - pttl < 1_000,
+        "ttl {ttl} ms, PTTL {pttl} ms"
+    );
+    // The token's secret part is never shown.
+    let secret = owner.split('@').next().expect("a token");
+    assert!(!format!("{info:?}").contains(secret), "{info:?}");
+    assert!(guard.release().await.is_released());
+
+    // Released within a period: kept, by nobody; the last token stays readable.
+    let guard = (locker.lock(name.as_str()).at_least(Duration::from_secs(2))).await;
+    let guard = guard.expect("lock");
+    let token = guard.fencing_token();
+    assert!(guard.release().await.is_released());
+    let kept = locker.inspect(name.as_str()).await.expect("inspect");
+    assert!(
+        kept.kept && kept.is_taken() && kept.holders.is_empty(),
+        "{kept:?}"
+    );
+    assert_eq!(
+        (kept.fencing_token, kept.last_fencing_token),
+        (None, Some(token))
+    );
+}
+
+#[tokio::test]
+async fn inspect_counts_waiting_lockers_and_reports_kept_and_foreign_keys() {
+    let server = RedisServer::start();
+    let locker = labelled(&server, "a", Duration::from_secs(30)).await;
+    let rival = labelled(&server, "b", Duration::from_secs(30)).await;
+    let name = unique_name("inspect-wait");
+    let key = locker.key_of(name.as_str()).expect("key");
+
+    let guard = (locker.lock(name.as_str()).at_least(Duration::from_secs(2))).await;
+    let guard = guard.expect("lock");
+    let waiter = tokio::spawn({
+        let (rival, name) = (rival.clone(), name.clone());
+        async move {
+            rival
+                .lock(name.as_str())
+                .wait(Duration::from_secs(10))
+                .await
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let info = locker.inspect(name.as_str()).await.expect("inspect");
+        if info.waiting_lockers == 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no waiter counted: {info:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(guard.release().await.is_released());
+    let kept = locker.inspect(name.as_str()).await.expect("inspect");
+    assert!(
+        kept.kept && kept.holders.is_empty() && kept.is_taken(),
+        "{kept:?}"
+    );
+    assert!(
+        kept.ttl.is_some_and(|t| t <= Duration::from_secs(2)),
+        "{kept:?}"
+    );
+    let next = waiter
+        .await
+        .expect("waiter")
+        .expect("granted after the period");
+    let info = locker.inspect(name.as_str()).await.expect("inspect");
+    assert_eq!(info.holders[0].label.as_deref(), Some("b"));
+    assert_eq!(info.waiting_lockers, 0);
+    assert!(next.release().await.is_released());
+
+    let mut con = server.connection().await;
+    let () = con.set(&key, "not a lock").await.expect("SET");
+    let foreign = locker.inspect(name.as_str()).await.expect("inspect");
+    assert!(foreign.foreign && foreign.is_taken() && foreign.holders.is_empty());
+}
+
+#[tokio::test]
+async fn force_release_frees_a_name_and_its_holder_learns_within_a_tick() {
+    let server = RedisServer::start();
+    let lease = Duration::from_millis(900);
+    let holder = labelled(&server, "holder", lease).await;
+    let operator = Locker::connect(&server.url()).await.expect("connect");
+    let waiter_locker = labelled(&server, "waiter", Duration::from_secs(30)).await;
+    let name = unique_name("force");
+    let guard = holder.lock(name.as_str()).await.expect("lock");
+    let first = guard.fencing_token();
+    let waiter = tokio::spawn({
+        let name = name.clone();
+        async move {
+            let g = waiter_locker
+                .lock(name.as_str())
+                .wait(Duration::from_secs(10))
+                .await;
+            (g, Instant::now())
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let forced = Instant::now();
+    assert!(operator.force_release(name.as_str()).await.expect("force"));
+    // The waiter is woken by the release, not by the holder's 900 ms lease.
+    let (next, at) = waiter.await.expect("waiter");
+    let next = next.expect("granted after the forced release");
+    assert!(
+        at - forced < Duration::from_millis(500),
+        "granted {:?} after",
+        at - forced
+    );
+    assert!(next.fencing_token() > first);
+    // The holder learns at its next renewal: a third of its lease.
+    tokio::time::timeout(lease / 3 + Duration::from_millis(200), guard.lost())
+        .await
+        .expect("the holder learned of the loss within a tick");
+    assert!(next.release().await.is_released());
+    assert!(
+        !operator.force_release(name.as_str()).await.expect("force"),
+        "nothing left"
+    );
+}
+
+#[tokio::test]
+async fn a_bad_holder_label_is_a_configuration_error() {
+    let server = RedisServer::start();
+    for label in ["", "has space", "x".repeat(65).as_str(), "tab\there"] {
+        let built = Locker::builder()
+            .url(server.url())
+            .holder_label(label)
+            .build()
+            .await;
+        assert!(matches!(built, Err(LockError::Config(_))), "{label:?}");
+    }
+}
