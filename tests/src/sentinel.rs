@@ -43,8 +43,10 @@ const QUORUM: usize = 2;
 /// How long the set-up may take to be ready, at start or after a fault.
 const READY_WITHIN: Duration = Duration::from_secs(30);
 
-/// How long a promotion may take after `SENTINEL FAILOVER`.
-const PROMOTION_WITHIN: Duration = Duration::from_secs(20);
+/// How long a promotion may take after `SENTINEL FAILOVER` or a killed master: a sentinel that
+/// led a failover of this master tries again only after twice the failover timeout, then the
+/// master must be seen down and a leader elected — and the machine may be busy.
+pub const PROMOTION_WITHIN: Duration = Duration::from_secs(30);
 
 /// A master, its replica and three sentinels, each a `redis-server` process on a free loopback
 /// port, killed on drop.

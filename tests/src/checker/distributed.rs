@@ -144,7 +144,7 @@ impl DistributedTargets {
                 let old = blocking(move || {
                     let mut set = locked(&moved);
                     let old = set.kill_master();
-                    set.wait_promotion(old, Duration::from_secs(20));
+                    set.wait_promotion(old, crate::sentinel::PROMOTION_WITHIN);
                     old
                 })
                 .await;
