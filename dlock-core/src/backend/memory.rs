@@ -190,6 +190,16 @@ impl MemoryBackend {
         info
     }
 
+    /// Every live lock key.
+    pub(crate) fn keys(&self) -> Vec<String> {
+        let now = Instant::now();
+        let state = self.store.state();
+        (state.locks.iter())
+            .filter(|(_, h)| h.expires > now)
+            .map(|(k, _)| k.clone())
+            .collect()
+    }
+
     pub(crate) fn force_release(&self, keys: &LockKeys) -> bool {
         let removed = {
             let mut state = self.store.state();

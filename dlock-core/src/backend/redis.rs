@@ -354,6 +354,37 @@ impl RedisBackend {
         .await
     }
 
+    /// Every key matching `pattern` (`SCAN`, never `KEYS`), each batch bounded by the command
+    /// timeout; `None` on a cluster, whose keys are spread over its masters.
+    pub(crate) async fn scan(&self, pattern: &str) -> Result<Option<Vec<String>>, BackendError> {
+        #[cfg(feature = "cluster")]
+        if matches!(self.conn, RedisConn::Cluster(_)) {
+            return Ok(None);
+        }
+        let mut keys = Vec::new();
+        let mut cursor = 0u64;
+        loop {
+            let mut pipe = redis::pipe();
+            pipe.cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(pattern)
+                .arg("COUNT")
+                .arg(1000);
+            let reply = self.pipeline(&pipe, &[]).await?;
+            let (next, batch): (u64, Vec<String>) = match reply.into_iter().next() {
+                Some(value) => redis::from_redis_value(value)
+                    .map_err(|e| BackendError::protocol(format!("SCAN: {e}")))?,
+                None => return Err(BackendError::protocol("SCAN answered nothing")),
+            };
+            keys.extend(batch);
+            cursor = next;
+            if cursor == 0 {
+                return Ok(Some(keys));
+            }
+        }
+    }
+
     /// Whether the server knows `command` (`COMMAND INFO` answers nil for an unknown one).
     pub(crate) async fn knows_command(&self, command: &str) -> Result<bool, BackendError> {
         let mut pipe = redis::pipe();

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use super::Locker;
+use crate::backend::Backend;
 use crate::error::LockError;
 use crate::guard::FencingToken;
 use crate::name::{IntoLockName, LockKeys};
@@ -56,6 +57,35 @@ impl LockInfo {
 }
 
 impl Locker {
+    /// The names of this `Locker`'s prefix with a lock key in Redis now — held, or kept after a
+    /// release — whose name matches `pattern` (a Redis glob: `*`, `?`, `[...]`; `"*"` for all),
+    /// sorted. Reads with `SCAN` in batches, never `KEYS`, so a large database is not blocked.
+    /// On a cluster it is a [`LockError::Config`]: its keys are spread over its masters; inspect
+    /// names one by one there.
+    pub async fn list(&self, pattern: &str) -> Result<Vec<String>, LockError> {
+        let prefix = &self.inner.config.prefix;
+        let keys = match &self.inner.backend {
+            Backend::Redis(r) => {
+                let glob = format!("{}{{{pattern}}}", escape_glob(prefix));
+                (r.scan(&glob).await)
+                    .map_err(LockError::Backend)?
+                    .ok_or_else(|| {
+                        LockError::Config("listing locks needs one server, not a cluster".into())
+                    })?
+            }
+            Backend::Memory(m) => m.keys(),
+        };
+        let mut names: Vec<String> = (keys.iter())
+            .filter_map(|k| k.strip_prefix(prefix.as_str()))
+            .filter_map(|k| k.strip_prefix('{').and_then(|k| k.strip_suffix('}')))
+            .filter(|name| glob_matches(pattern, name))
+            .map(str::to_owned)
+            .collect();
+        names.sort();
+        names.dedup();
+        Ok(names)
+    }
+
     /// Reads what Redis holds for `name`: its holder (a token prefix and the holder's label),
     /// the remaining TTL, the current and the last fencing token, and how many `Locker`s wait.
     /// Read-only; one round trip.
@@ -100,5 +130,79 @@ impl Locker {
             "dlock: lock released by force"
         );
         Ok(removed)
+    }
+}
+
+/// `text` with Redis's glob characters escaped, to match literally.
+fn escape_glob(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Whether `name` matches the glob `pattern` (`*`, `?`, `[...]`, `\` escapes), as Redis's
+/// `MATCH` does: the memory backend's listing, and a second check on what `SCAN` returned.
+fn glob_matches(pattern: &str, name: &str) -> bool {
+    fn go(p: &[char], n: &[char]) -> bool {
+        match p.split_first() {
+            None => n.is_empty(),
+            Some(('*', rest)) => (0..=n.len()).any(|i| go(rest, &n[i..])),
+            Some(('?', rest)) => !n.is_empty() && go(rest, &n[1..]),
+            Some(('[', rest)) => {
+                let Some(end) = rest.iter().position(|c| *c == ']') else {
+                    return n.first() == Some(&'[') && go(rest, &n[1..]);
+                };
+                let (class, after) = (&rest[..end], &rest[end + 1..]);
+                let Some(c) = n.first() else {
+                    return false;
+                };
+                let (negate, class) = match class.split_first() {
+                    Some(('^', class)) => (true, class),
+                    _ => (false, class),
+                };
+                let mut hit = false;
+                let mut i = 0;
+                while i < class.len() {
+                    if i + 2 < class.len() && class[i + 1] == '-' {
+                        hit |= class[i] <= *c && *c <= class[i + 2];
+                        i += 3;
+                    } else {
+                        hit |= class[i] == *c;
+                        i += 1;
+                    }
+                }
+                hit != negate && go(after, &n[1..])
+            }
+            Some(('\\', rest)) if !rest.is_empty() => {
+                n.first() == Some(&rest[0]) && go(&rest[1..], &n[1..])
+            }
+            Some((c, rest)) => n.first() == Some(c) && go(rest, &n[1..]),
+        }
+    }
+    let (p, n): (Vec<char>, Vec<char>) = (pattern.chars().collect(), name.chars().collect());
+    go(&p, &n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{escape_glob, glob_matches};
+
+    #[test]
+    fn globs_match_as_redis_does() {
+        assert!(glob_matches("*", "order:1"));
+        assert!(glob_matches("order:*", "order:1"));
+        assert!(!glob_matches("order:*", "cart:1"));
+        assert!(glob_matches("order:?", "order:1"));
+        assert!(!glob_matches("order:?", "order:12"));
+        assert!(glob_matches("order:[0-4]", "order:3"));
+        assert!(!glob_matches("order:[^0-4]", "order:3"));
+        assert!(glob_matches("a\\*b", "a*b"));
+        assert!(!glob_matches("a\\*b", "axb"));
+        assert_eq!(escape_glob("my*app:"), "my\\*app:");
     }
 }

@@ -1,0 +1,139 @@
+//! What the commands print: text for people, JSON for scripts.
+
+use std::time::Duration;
+
+use dlock_core::LockInfo;
+use serde_json::{Value, json};
+
+/// One word for the name's state.
+fn state(info: &LockInfo) -> &'static str {
+    if !info.holders.is_empty() {
+        "held"
+    } else if info.kept {
+        "kept"
+    } else if info.foreign {
+        "foreign"
+    } else {
+        "free"
+    }
+}
+
+fn holders(info: &LockInfo) -> String {
+    let each = info.holders.iter().map(|h| match &h.label {
+        Some(label) => format!("{} ({label})", h.token_prefix),
+        None => h.token_prefix.clone(),
+    });
+    each.collect::<Vec<_>>().join(", ")
+}
+
+fn ttl(d: Option<Duration>) -> String {
+    d.map_or_else(|| "-".to_owned(), |d| format!("{:.3}s", d.as_secs_f64()))
+}
+
+fn to_json(info: &LockInfo) -> Value {
+    json!({
+        "name": info.name,
+        "state": state(info),
+        "holders": info.holders.iter().map(|h| json!({
+            "token_prefix": h.token_prefix,
+            "label": h.label,
+        })).collect::<Vec<_>>(),
+        "ttl_ms": info.ttl.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+        "fencing_token": info.fencing_token.map(|t| t.get()),
+        "last_fencing_token": info.last_fencing_token.map(|t| t.get()),
+        "waiting_lockers": info.waiting_lockers,
+    })
+}
+
+/// `dlock list`.
+pub(crate) fn list(infos: &[LockInfo], json: bool) -> String {
+    if json {
+        return Value::Array(infos.iter().map(to_json).collect()).to_string();
+    }
+    if infos.is_empty() {
+        return "no locks".to_owned();
+    }
+    let width = infos.iter().map(|i| i.name.len()).max().unwrap_or(0);
+    let lines = infos.iter().map(|i| {
+        let who = match state(i) {
+            "held" => format!("held by {}", holders(i)),
+            other => other.to_owned(),
+        };
+        format!(
+            "{:width$}  {who}  ttl {}  waiting {}",
+            i.name,
+            ttl(i.ttl),
+            i.waiting_lockers
+        )
+    });
+    lines.collect::<Vec<_>>().join("\n")
+}
+
+/// `dlock show`.
+pub(crate) fn show(info: &LockInfo, json: bool) -> String {
+    if json {
+        return to_json(info).to_string();
+    }
+    let token = |t: Option<dlock_core::FencingToken>| t.map_or("-".to_owned(), |t| t.to_string());
+    let state = match state(info) {
+        "kept" => "kept after a release (at-least period)",
+        "foreign" => "a value that is not a lock",
+        other => other,
+    };
+    let who = if info.holders.is_empty() {
+        "-".to_owned()
+    } else {
+        holders(info)
+    };
+    [
+        format!("name             {}", info.name),
+        format!("state            {state}"),
+        format!("holder           {who}"),
+        format!("ttl              {}", ttl(info.ttl)),
+        format!("fencing token    {}", token(info.fencing_token)),
+        format!("last token       {}", token(info.last_fencing_token)),
+        format!("waiting lockers  {}", info.waiting_lockers),
+    ]
+    .join("\n")
+}
+
+/// `dlock release --force`.
+pub(crate) fn released(name: &str, removed: bool, json: bool) -> String {
+    if json {
+        return json!({ "name": name, "released": removed }).to_string();
+    }
+    if removed {
+        format!("released {name}")
+    } else {
+        format!("{name} was not held")
+    }
+}
+
+/// One line of `dlock watch`.
+pub(crate) fn watch_line(info: &LockInfo, json: bool) -> String {
+    if json {
+        return to_json(info).to_string();
+    }
+    match state(info) {
+        "held" => format!(
+            "{}: held by {} (token {}), ttl {}, waiting {}",
+            info.name,
+            holders(info),
+            info.fencing_token.map_or("-".to_owned(), |t| t.to_string()),
+            ttl(info.ttl),
+            info.waiting_lockers
+        ),
+        other => format!("{}: {other}, waiting {}", info.name, info.waiting_lockers),
+    }
+}
+
+/// What `dlock watch` compares between reads: everything but the TTL.
+pub(crate) fn watch_key(info: &LockInfo) -> String {
+    format!(
+        "{} {} {:?} {}",
+        state(info),
+        holders(info),
+        info.fencing_token,
+        info.waiting_lockers
+    )
+}
