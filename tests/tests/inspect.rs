@@ -181,3 +181,42 @@ async fn a_bad_holder_label_is_a_configuration_error() {
         assert!(matches!(built, Err(LockError::Config(_))), "{label:?}");
     }
 }
+
+#[tokio::test]
+async fn list_scans_one_prefix_and_matches_names_by_glob() {
+    let server = RedisServer::start();
+    // A prefix with a glob character matches itself only.
+    let starred = Locker::builder()
+        .url(server.url())
+        .prefix("app*:")
+        .build()
+        .await
+        .expect("connect");
+    let other = Locker::builder()
+        .url(server.url())
+        .prefix("app-b:")
+        .build()
+        .await
+        .expect("connect");
+    let mut guards = Vec::new();
+    for name in ["order:1", "order:2", "cart:1"] {
+        guards.push(starred.lock(name).await.expect("lock"));
+    }
+    guards.push(other.lock("order:9").await.expect("lock"));
+    let kept = (starred.lock("report:1").at_least(Duration::from_secs(5))).await;
+    assert!(kept.expect("lock").release().await.is_released());
+
+    assert_eq!(
+        starred.list("*").await.expect("list"),
+        ["cart:1", "order:1", "order:2", "report:1"]
+    );
+    assert_eq!(
+        starred.list("order:*").await.expect("list"),
+        ["order:1", "order:2"]
+    );
+    assert_eq!(other.list("*").await.expect("list"), ["order:9"]);
+    for guard in guards {
+        assert!(guard.release().await.is_released());
+    }
+    assert_eq!(starred.list("*").await.expect("list"), ["report:1"]);
+}
