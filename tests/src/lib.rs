@@ -173,6 +173,23 @@ pub async fn unpause(con: &mut redis::aio::MultiplexedConnection) {
         .expect("CLIENT UNPAUSE");
 }
 
+/// Waits (up to 3 s) until `inspect` counts `n` `Locker`s waiting for `name`; returns the last
+/// reading, whether or not it got there.
+pub async fn until_waiting(
+    locker: &dlock_core::Locker,
+    name: &str,
+    n: u64,
+) -> dlock_core::LockInfo {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+    loop {
+        let info = locker.inspect(name).await.expect("inspect");
+        if info.waiting_lockers == n || tokio::time::Instant::now() >= deadline {
+            return info;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// A `redis-server` process on a free loopback port, killed on drop.
 #[derive(Debug)]
 pub struct RedisServer {

@@ -562,14 +562,7 @@ async fn inspect_and_force_release_work_on_the_slots_master() {
         }
     });
     // The waiter's sharded subscription is counted on the shard that owns the name.
-    let deadline = Instant::now() + Duration::from_secs(3);
-    let info = loop {
-        let info = locker.inspect(name.as_str()).await.expect("inspect");
-        if info.waiting_lockers == 1 || Instant::now() >= deadline {
-            break info;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let info = dlock_tests::until_waiting(&locker, name.as_str(), 1).await;
     assert_eq!(info.waiting_lockers, 1, "{info:?}");
     assert_eq!(info.fencing_token, Some(guard.fencing_token()));
     assert_eq!(info.holders.len(), 1);

@@ -91,15 +91,8 @@ async fn inspect_counts_waiting_lockers_and_reports_kept_and_foreign_keys() {
                 .await
         }
     });
-    let deadline = Instant::now() + Duration::from_secs(3);
-    loop {
-        let info = locker.inspect(name.as_str()).await.expect("inspect");
-        if info.waiting_lockers == 1 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "no waiter counted: {info:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let info = dlock_tests::until_waiting(&locker, name.as_str(), 1).await;
+    assert_eq!(info.waiting_lockers, 1, "no waiter counted: {info:?}");
     assert!(guard.release().await.is_released());
     let kept = locker.inspect(name.as_str()).await.expect("inspect");
     assert!(
