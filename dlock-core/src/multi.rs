@@ -20,6 +20,10 @@ use crate::locker::{Lease, Locker, TriedAll, is_permanent};
 use crate::name::{IntoLockName, LockName};
 
 /// A request for several locks at once: set the wait and lease, then `.await` it.
+///
+/// It returns within its wait plus one command timeout per name; when it fails after taking
+/// some of them, it gives those back before returning (all at once: at most two command
+/// timeouts more), so that none is held when it returns.
 #[must_use = "a lock request does nothing until awaited"]
 pub struct MultiLockRequest {
     locker: Locker,
@@ -174,10 +178,10 @@ impl MultiLockRequest {
 }
 
 /// Releases what a failed multi-lock took (in reverse order) and hands back its error.
+/// All at once: giving back takes at most one release's time (two command timeouts) however
+/// many there are.
 async fn give_back(guards: Vec<LockGuard>, err: LockError) -> LockError {
-    for guard in guards.into_iter().rev() {
-        let _ = guard.release().await;
-    }
+    futures_util::future::join_all(guards.into_iter().map(LockGuard::release)).await;
     err
 }
 

@@ -484,6 +484,10 @@ async fn acquire_all(
     };
     let result = maybe_cancelled(fut, acq.cancel_after).await;
     let count = u32::try_from(names.len()).expect("a few names");
+    // A multi-lock that did not get them all gives back what it took before it returns: one
+    // release's time (two command timeouts) more.
+    let gave_back = !matches!(result, Some(Ok(Some(_))));
+    let count = if gave_back { count + 2 } else { count };
     let bound = acq
         .wait
         .saturating_add(actor.command_timeout * count)
