@@ -113,15 +113,24 @@ pub(crate) fn replica_in_sync(admin: &Admin, replica: u16, master: u16) -> Resul
 pub(crate) fn poll<T>(
     what: impl Display,
     within: Duration,
-    mut look: impl FnMut() -> Result<T, String>,
+    look: impl FnMut() -> Result<T, String>,
 ) -> T {
+    match try_poll(within, look) {
+        Ok(done) => done,
+        Err(state) => panic!("{what}: still not so after {within:?}; last seen: {state}"),
+    }
+}
+
+/// As [`poll`], but gives back the last state seen instead of panicking when `within` runs out.
+pub(crate) fn try_poll<T>(
+    within: Duration,
+    mut look: impl FnMut() -> Result<T, String>,
+) -> Result<T, String> {
     let started = Instant::now();
     loop {
         match look() {
-            Ok(done) => return done,
-            Err(state) if started.elapsed() >= within => {
-                panic!("{what}: still not so after {within:?}; last seen: {state}")
-            }
+            Ok(done) => return Ok(done),
+            Err(state) if started.elapsed() >= within => return Err(state),
             Err(_) => std::thread::sleep(POLL_INTERVAL),
         }
     }

@@ -23,7 +23,7 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use crate::RedisServer;
-use crate::admin::{Admin, field, poll, replica_in_sync};
+use crate::admin::{Admin, field, poll, replica_in_sync, try_poll};
 
 /// The name the sentinels monitor the master under.
 pub const MASTER_NAME: &str = "dlock";
@@ -184,43 +184,60 @@ impl RedisSentinel {
         poll(
             format!("the sentinels promote a new master in place of {from}"),
             within,
-            || {
-                let master = self.agreed_master()?;
-                if master == from {
-                    return Err(format!("the sentinels still report {from}"));
-                }
-                let info = (self.admin)
-                    .info(master, "replication")
-                    .map_err(|e| format!("INFO replication on {master}: {e}"))?;
-                match field(&info, "role") {
-                    Some("master") => Ok(master),
-                    role => Err(format!("{master}, reported master, has role {role:?}")),
-                }
-            },
+            || self.promoted(from),
         )
+    }
+
+    /// The new master's port once every sentinel reports a master other than `from` and that
+    /// node says it is master; what is seen so far otherwise.
+    fn promoted(&self, from: u16) -> Result<u16, String> {
+        let master = self.agreed_master()?;
+        if master == from {
+            return Err(format!("the sentinels still report {from}"));
+        }
+        let info = (self.admin)
+            .info(master, "replication")
+            .map_err(|e| format!("INFO replication on {master}: {e}"))?;
+        match field(&info, "role") {
+            Some("master") => Ok(master),
+            role => Err(format!("{master}, reported master, has role {role:?}")),
+        }
     }
 
     /// `SENTINEL FAILOVER` (once the set-up is [ready](Self::wait_ready)): the replica is
     /// promoted without the master failing. Returns the new master's port once every sentinel
     /// reports it and it says it is master. The old master follows it only ~10 s later (see the
     /// [module docs](self)); [`wait_ready`](Self::wait_ready) waits for that.
+    ///
+    /// A requested failover can be aborted: another sentinel, not yet told of the new epoch,
+    /// may turn the promoted replica back into a replica (`+convert-to-slave`), and the leader
+    /// gives up after the failover timeout (`-failover-abort-slave-timeout`). It is requested
+    /// again then, from the next sentinel, up to three times.
     pub fn failover(&self) -> u16 {
-        self.wait_ready();
-        let old = self.master_port();
-        let sentinel = self.sentinels[0].port();
-        poll("a sentinel starts a failover", PROMOTION_WITHIN, || {
-            let mut cmd = redis::cmd("SENTINEL");
-            cmd.arg("FAILOVER").arg(MASTER_NAME);
-            match self.admin.query::<()>(sentinel, &cmd) {
-                Ok(()) => Ok(()),
-                // A failover already under way (one this call started and whose answer was lost,
-                // or the sentinels' own) is waited for, not followed by a second one.
-                Err(e) if e.code() == Some("INPROG") => Ok(()),
-                // -NOGOODSLAVE while the sentinel's view of the replica settles.
-                Err(e) => Err(format!("SENTINEL FAILOVER: {e}")),
+        let mut last = String::new();
+        for attempt in 0..3 {
+            self.wait_ready();
+            let old = self.master_port();
+            let sentinel = self.sentinels[attempt % self.sentinels.len()].port();
+            poll("a sentinel starts a failover", PROMOTION_WITHIN, || {
+                let mut cmd = redis::cmd("SENTINEL");
+                cmd.arg("FAILOVER").arg(MASTER_NAME);
+                match self.admin.query::<()>(sentinel, &cmd) {
+                    Ok(()) => Ok(()),
+                    // A failover already under way (one this call started and whose answer was
+                    // lost, or the sentinels' own) is waited for, not followed by a second one.
+                    Err(e) if e.code() == Some("INPROG") => Ok(()),
+                    // -NOGOODSLAVE while the sentinel's view of the replica settles.
+                    Err(e) => Err(format!("SENTINEL FAILOVER: {e}")),
+                }
+            });
+            // An aborted failover is given up after the failover timeout.
+            match try_poll(FAILOVER_TIMEOUT * 2 + DOWN_AFTER, || self.promoted(old)) {
+                Ok(master) => return master,
+                Err(state) => last = state,
             }
-        });
-        self.wait_promotion(old, PROMOTION_WITHIN)
+        }
+        panic!("three requested failovers did not promote the replica; last seen: {last}")
     }
 
     /// Kills a data node (`SIGKILL`).
