@@ -18,6 +18,7 @@ mod builder;
 #[cfg(feature = "cluster")]
 mod cluster;
 mod default;
+mod fair;
 mod inspect;
 mod lease;
 mod queue;
@@ -50,6 +51,11 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 pub const DEFAULT_FENCE_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
 /// How often a waiter retries when wake-ups cannot be delivered (no subscriber connection).
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(50);
+/// How long a fair lock's waiter keeps its place in line without showing that it is alive
+/// (see [`LockerBuilder::dead_waiter_timeout`]).
+pub const DEFAULT_DEAD_WAITER_TIMEOUT: Duration = Duration::from_secs(5);
+/// The shortest dead-waiter timeout accepted.
+const MIN_DEAD_WAITER_TIMEOUT: Duration = Duration::from_millis(30);
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -125,6 +131,8 @@ struct Config {
     default_lease: Lease,
     fence_ttl: Option<Duration>,
     poll_interval: Duration,
+    /// How long a fair waiter keeps its place without an attempt.
+    dead_waiter_timeout: Duration,
     handoff: bool,
     /// Label metrics with the lock's name (see [`crate::metrics`]).
     metrics_name_label: bool,
@@ -142,6 +150,7 @@ impl Default for Config {
             default_lease: Lease::Watchdog(DEFAULT_WATCHDOG_LEASE),
             fence_ttl: Some(DEFAULT_FENCE_TTL),
             poll_interval: DEFAULT_POLL_INTERVAL,
+            dead_waiter_timeout: DEFAULT_DEAD_WAITER_TIMEOUT,
             handoff: true,
             metrics_name_label: false,
             hide_names: false,
@@ -215,6 +224,33 @@ impl Locker {
             wait: self.inner.config.default_wait,
             lease: self.inner.config.default_lease,
             at_least: None,
+            fair: false,
+        }
+    }
+
+    /// Starts a request for the fair lock `name`: waiters get it in the order they came, across
+    /// processes. Await it, or call [`try_lock`](LockRequest::try_lock), as for [`lock`](Self::lock).
+    ///
+    /// A fair lock is a plain lock (same key, same fencing tokens, watchdog, loss detection,
+    /// re-entry inside a [`scope`](crate::scope)) with a line of waiters in Redis. A request that
+    /// finds the lock taken, or finds others in line, joins the line at the back; the lock goes
+    /// to the head of the line, and a release wakes the head alone, on its own channel. A
+    /// [`try_lock`](LockRequest::try_lock) never joins the line and gets the lock only when it is
+    /// free and nobody is in line. Waiters of one `Locker` each stand in line themselves (no
+    /// hand-over between them), so the order holds across tasks and processes alike.
+    ///
+    /// A waiter that stops waiting (its wait ran out, or its future was dropped) leaves the line
+    /// at once. A waiter whose process crashed or froze stays in line until the
+    /// [dead-waiter timeout](LockerBuilder::dead_waiter_timeout) has passed since its last
+    /// attempt (5 s unless configured), so it delays the line by at most that timeout plus a
+    /// third of it; waiters show they are alive with an attempt at least every third of it.
+    /// The line's keys expire with their last waiter, so none is left behind.
+    ///
+    /// Use a name either fairly or plainly, not both: a plain request ignores the line.
+    pub fn fair_lock(&self, name: impl IntoLockName) -> LockRequest {
+        LockRequest {
+            fair: true,
+            ..self.lock(name)
         }
     }
 

@@ -334,8 +334,20 @@ pub(crate) struct LockKeys {
     pub(crate) lock: String,
     /// The fencing counter (and the last released owner, for idempotent release retries).
     pub(crate) fence: String,
-    /// The wake-up channel.
+    /// The wake-up channel (for a fair lock, each waiter's channel is this one, `:`, and the
+    /// waiter's owner token).
     pub(crate) channel: String,
+    /// A fair lock's queue keys (`None` for a plain lock).
+    pub(crate) fair: Option<FairKeys>,
+}
+
+/// The keys of a fair lock's waiting line.
+#[derive(Debug, Clone)]
+pub(crate) struct FairKeys {
+    /// `waiter -> place in line` (a sorted set).
+    pub(crate) queue: String,
+    /// `waiter -> until when it counts as alive`, in server milliseconds (a sorted set).
+    pub(crate) alive: String,
 }
 
 impl LockKeys {
@@ -351,7 +363,23 @@ impl LockKeys {
             lock,
             fence,
             channel,
+            fair: None,
         }
+    }
+
+    /// The keys of the fair lock `name`: the plain lock's, and its waiting line.
+    pub(crate) fn fair(prefix: &str, name: &LockName) -> Self {
+        let mut keys = Self::new(prefix, name);
+        keys.fair = Some(FairKeys {
+            queue: format!("{}:queue", keys.lock),
+            alive: format!("{}:alive", keys.lock),
+        });
+        keys
+    }
+
+    /// The channel that wakes the fair waiter `owner`.
+    pub(crate) fn waiter_channel(&self, owner: &str) -> String {
+        format!("{}:{owner}", self.channel)
     }
 }
 

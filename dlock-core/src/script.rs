@@ -7,6 +7,9 @@
 //! | `<prefix>{<name>}` | hash | `<owner token> -> 1`, `#f -> fencing token`, `#s -> sequence number of the last lease change`; lease = PTTL; after a release that keeps the name taken (`at_least`): only `#k -> released owner`, until it expires |
 //! | `<prefix>{<name>}:fence` | hash | `n -> last fencing token`, `r -> last released owner` |
 //! | `<prefix>{<name>}:wake` | channel | a message on every final release (sharded on a cluster) |
+//! | `<prefix>{<name>}:queue` | sorted set | fair locks: `waiter -> place in line` |
+//! | `<prefix>{<name>}:alive` | sorted set | fair locks: `waiter -> until when it counts as alive` (server ms) |
+//! | `<prefix>{<name>}:wake:<waiter>` | channel | fair locks: wakes that waiter, once it heads the line |
 //!
 //! Fencing tokens: every fresh acquisition takes the server's clock in microseconds (`TIME`), or
 //! the last token + 1 when that is not below it, and stores it as the last token. So tokens
@@ -23,6 +26,14 @@
 //! Holds are not counted in Redis: one owner token is one hold, and re-entry inside a lock scope
 //! counts guards in the process (see `scope`). A re-entry only checks, read-only, that Redis still
 //! has the hold, so nothing a re-entry does can be left behind by a dropped future or a timeout.
+//!
+//! A fair lock is a plain lock plus a waiting line: a waiter joins the line when it finds the lock
+//! taken, and while anyone is in line only the head may take the free lock. Waiters prove they
+//! are alive with every attempt (one per third of their timeout at least); the head of the line
+//! is dropped, by whichever script next looks at it, once its time is up. Each waiter has its
+//! own wake-up channel, and a release wakes only the head. Both sorted sets expire no earlier
+//! than their last waiter's deadline, and Redis deletes a sorted set when its last member goes,
+//! so no key outlives the line.
 //!
 //! Lease changes (watchdog renewals, `extend`) carry a per-hold sequence number and apply only
 //! if it is higher than the last one applied: a renewal that arrives late (a slow server, a
@@ -59,6 +70,34 @@ end
     };
 }
 
+/// The helpers of a fair lock's line: `now_ms()`, the server clock in ms; `fair_head(queue, alive,
+/// now)`, the first waiter still alive (those ahead of it whose time is up leave the line).
+macro_rules! fair_lua {
+    () => {
+        r#"
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function fair_head(queue, alive, now)
+  for _ = 1, 100 do
+    local head = redis.call('ZRANGE', queue, 0, 0)[1]
+    if not head then
+      return nil
+    end
+    local until_ms = redis.call('ZSCORE', alive, head)
+    if until_ms and tonumber(until_ms) > now then
+      return head
+    end
+    redis.call('ZREM', queue, head)
+    redis.call('ZREM', alive, head)
+  end
+  return redis.call('ZRANGE', queue, 0, 0)[1]
+end
+"#
+    };
+}
+
 /// Acquire.
 ///
 /// `KEYS[1]` lock, `KEYS[2]` fence; `ARGV[1]` owner (a fresh token), `ARGV[2]` lease ms,
@@ -79,6 +118,66 @@ local f = next_fence(KEYS[2], ARGV[3])
 redis.call('HSET', KEYS[1], ARGV[1], 1, '#f', string.format('%d', f))
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return {1, f}
+"#
+);
+
+/// Fair acquire: the lock when it is free and nobody alive is ahead in line; otherwise (when
+/// asked) a place in line, or a refreshed one.
+///
+/// `KEYS[1]` lock, `KEYS[2]` fence, `KEYS[3]` wake channel, `KEYS[4]` queue, `KEYS[5]` alive;
+/// `ARGV[1]` owner (the waiter), `ARGV[2]` lease ms, `ARGV[3]` fence TTL ms (0 = none), `ARGV[4]`
+/// how long the waiter counts as alive without another attempt, ms (`0`: do not join the line),
+/// `ARGV[5]` the command that wakes a waiter. Returns `{1, token}` acquired (also a retry of a
+/// grant), `{0, pttl, place}` busy: the holder's PTTL (-2: free, but another waiter heads the line,
+/// and was woken), and the waiter's place in line (0: the head; -1: not in line).
+pub(crate) static ACQUIRE_FAIR: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_FAIR_LUA));
+
+pub(crate) const ACQUIRE_FAIR_LUA: &str = concat!(
+    next_fence_lua!(),
+    fair_lua!(),
+    r#"
+local now = now_ms()
+local function join()
+  if ARGV[4] == '0' then
+    return -1
+  end
+  if not redis.call('ZSCORE', KEYS[4], ARGV[1]) then
+    local last = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')
+    local place = 1
+    if last[2] then
+      place = tonumber(last[2]) + 1
+    end
+    redis.call('ZADD', KEYS[4], place, ARGV[1])
+  end
+  local alive_ms = tonumber(ARGV[4])
+  redis.call('ZADD', KEYS[5], now + alive_ms, ARGV[1])
+  for i = 4, 5 do
+    if redis.call('PTTL', KEYS[i]) < alive_ms then
+      redis.call('PEXPIRE', KEYS[i], alive_ms)
+    end
+  end
+  return redis.call('ZRANK', KEYS[4], ARGV[1])
+end
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
+    return {1, tonumber(redis.call('HGET', KEYS[1], '#f'))}
+  end
+  local pttl = redis.call('PTTL', KEYS[1])
+  return {0, pttl, join()}
+end
+local head = fair_head(KEYS[4], KEYS[5], now)
+if head == nil or head == ARGV[1] then
+  if head then
+    redis.call('ZREM', KEYS[4], ARGV[1])
+    redis.call('ZREM', KEYS[5], ARGV[1])
+  end
+  local f = next_fence(KEYS[2], ARGV[3])
+  redis.call('HSET', KEYS[1], ARGV[1], 1, '#f', string.format('%d', f))
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return {1, f}
+end
+redis.call(ARGV[5], KEYS[3] .. ':' .. head, '1')
+return {0, -2, join()}
 "#
 );
 
@@ -140,9 +239,30 @@ return {0, redis.call('PTTL', KEYS[1])}
 /// Returns `{code, woken}`: code `0` released (`woken` subscribers got the wake-up), `-1` expired,
 /// `-2` taken over. A retry of a release whose reply was lost answers `0` again: the last released
 /// owner is remembered next to the fencing counter.
+///
+/// For a fair lock, `ARGV[6]` is `1`, `KEYS[4]` the queue and `KEYS[5]` alive: `ARGV[1]` also
+/// leaves the line (a waiter giving up sends this too), and whenever the lock is left free only
+/// the head of the line is woken, on its own channel.
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_LUA));
 
-pub(crate) const RELEASE_LUA: &str = r#"
+pub(crate) const RELEASE_LUA: &str = concat!(
+    fair_lua!(),
+    r#"
+local fair = ARGV[6] == '1'
+local function wake()
+  if not fair then
+    return redis.call(ARGV[4], KEYS[3], '1')
+  end
+  local head = fair_head(KEYS[4], KEYS[5], now_ms())
+  if head then
+    return redis.call(ARGV[4], KEYS[3] .. ':' .. head, '1')
+  end
+  return 0
+end
+if fair then
+  redis.call('ZREM', KEYS[4], ARGV[1])
+  redis.call('ZREM', KEYS[5], ARGV[1])
+end
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1
   or (ARGV[2] ~= '' and redis.call('HEXISTS', KEYS[1], ARGV[2]) == 1) then
   redis.call('DEL', KEYS[1])
@@ -154,16 +274,20 @@ if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1
     redis.call('HSET', KEYS[1], '#k', ARGV[1])
     redis.call('PEXPIRE', KEYS[1], ARGV[5])
   end
-  return {0, redis.call(ARGV[4], KEYS[3], '1')}
+  return {0, wake()}
 end
+local code = -1
 if redis.call('HGET', KEYS[2], 'r') == ARGV[1] then
-  return {0, 0}
+  code = 0
+elseif redis.call('EXISTS', KEYS[1]) == 1 then
+  code = -2
 end
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  return {-2, 0}
+if fair and redis.call('EXISTS', KEYS[1]) == 0 then
+  wake()
 end
-return {-1, 0}
-"#;
+return {code, 0}
+"#
+);
 
 /// Batched lease change: every `KEYS[i]` is paired with `ARGV[3i-2]` owner, `ARGV[3i-1]` lease ms
 /// and `ARGV[3i]` sequence number. Returns one integer per key: `1` applied, `2` still held but a
@@ -220,13 +344,14 @@ return {1, f}
 
 /// What a name holds, for operators (read-only).
 ///
-/// `KEYS` as for [`RELEASE`]; `ARGV[1]` the `PUBSUB` subcommand that counts a channel's
-/// subscribers (`NUMSUB`, or `SHARDNUMSUB` on a cluster). Returns `{pttl, holders, token, kept,
-/// foreign, last, subscribers}`: the lock key's PTTL (-2 gone), each holder as its owner token's
+/// `KEYS` as for [`RELEASE`], then the fair queue; `ARGV[1]` the `PUBSUB` subcommand that counts a
+/// channel's subscribers (`NUMSUB`, or `SHARDNUMSUB` on a cluster). Returns `{pttl, holders,
+/// token, kept, foreign, last, subscribers, queued}`: the lock key's PTTL (-2 gone), each holder as its owner token's
 /// first 8 characters and its label (the part after `@`, or `''`) — never the whole token —, the
 /// current hold's fencing token (`''`: none), 1 if the key is kept after a release (`#k`), 1 if
 /// the key holds something other than a lock, the last fencing token handed out (`''`: none),
-/// and the wake-up channel's subscribers (one per waiting `Locker`).
+/// the wake-up channel's subscribers (one per waiting `Locker`), and the number of waiters in a
+/// fair lock's line (`KEYS[4]`, the queue).
 pub(crate) static INSPECT: LazyLock<Script> = LazyLock::new(|| Script::new(INSPECT_LUA));
 
 pub(crate) const INSPECT_LUA: &str = r#"
@@ -255,7 +380,11 @@ if redis.call('TYPE', KEYS[2])['ok'] == 'hash' then
   last = redis.call('HGET', KEYS[2], 'n') or ''
 end
 local subscribers = redis.call('PUBSUB', ARGV[1], KEYS[3])[2]
-return {pttl, holders, token, kept, foreign, last, subscribers}
+local queued = 0
+if redis.call('TYPE', KEYS[4])['ok'] == 'zset' then
+  queued = redis.call('ZCARD', KEYS[4])
+end
+return {pttl, holders, token, kept, foreign, last, subscribers, queued}
 "#;
 
 /// An operator's release of whatever holds a name, owner or not (its holders learn of the loss

@@ -574,3 +574,66 @@ async fn inspect_and_force_release_work_on_the_slots_master() {
     assert!(next.fencing_token() > guard.fencing_token());
     assert!(next.release().await.is_released());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_lock_on_a_cluster_goes_in_order_and_wakes_each_head_by_sharded_pub_sub() {
+    let cluster = block_in_place(RedisCluster::start);
+    // Waiters show they are alive every 10 s: a grant within the test is a wake-up.
+    let build = || {
+        Locker::builder()
+            .cluster(cluster.seed_urls())
+            .dead_waiter_timeout(Duration::from_secs(30))
+            .build()
+    };
+    let (a, b) = (
+        build().await.expect("locker"),
+        build().await.expect("locker"),
+    );
+    let name = unique_name("cluster-fair");
+    let holder = a.fair_lock(name.as_str()).await.expect("lock");
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..4u64 {
+        let (locker, own, order) = (
+            if i % 2 == 0 { &a } else { &b }.clone(),
+            name.clone(),
+            order.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let guard = (locker.fair_lock(own.as_str()).wait(Duration::from_secs(10)))
+                .await
+                .expect("fair lock");
+            order.lock().unwrap().push(i);
+            assert!(guard.release().await.is_released());
+        }));
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while a
+            .inspect(name.as_str())
+            .await
+            .expect("inspect")
+            .queued_waiters
+            != i + 1
+        {
+            assert!(Instant::now() < deadline, "waiter {i} never queued");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    let released = Instant::now();
+    assert!(holder.release().await.is_released());
+    for task in tasks {
+        task.await.expect("task");
+    }
+    assert!(
+        released.elapsed() < Duration::from_secs(3),
+        "the heads were not woken: {:?}",
+        released.elapsed()
+    );
+    assert_eq!(*order.lock().unwrap(), vec![0, 1, 2, 3]);
+    assert_eq!(
+        a.inspect(name.as_str())
+            .await
+            .expect("inspect")
+            .queued_waiters,
+        0
+    );
+}

@@ -11,7 +11,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{
-    AcquireAllReply, AcquireReply, HandoffReply, RawInfo, ReleaseReply, RenewItem, RenewReply,
+    AcquireAllReply, AcquireReply, FairReply, HandoffReply, RawInfo, ReleaseReply, RenewItem,
+    RenewReply,
 };
 use crate::clock;
 use crate::name::LockKeys;
@@ -44,6 +45,14 @@ struct State {
     locks: HashMap<String, Held>,
     /// Fencing counter and last released owner, per lock key.
     fences: HashMap<String, (u64, Option<String>)>,
+    /// Fair locks' lines, per lock key.
+    lines: HashMap<String, Line>,
+}
+
+/// A fair lock's waiters in order: each with until when it counts as alive.
+#[derive(Default)]
+struct Line {
+    waiters: Vec<(String, Instant)>,
 }
 
 struct Held {
@@ -167,12 +176,105 @@ impl MemoryBackend {
         AcquireAllReply::Acquired { fences }
     }
 
+    /// The first waiter in `lock_key`'s line still alive (those ahead of it whose time is up
+    /// leave the line), as the fair scripts find it.
+    fn fair_head(state: &mut State, lock_key: &str, now: Instant) -> Option<String> {
+        let line = state.lines.get_mut(lock_key)?;
+        let dead = line.waiters.iter().take_while(|(_, alive)| *alive <= now);
+        let dead = dead.count();
+        line.waiters.drain(..dead);
+        let head = line.waiters.first().map(|(owner, _)| owner.clone());
+        if head.is_none() {
+            state.lines.remove(lock_key);
+        }
+        head
+    }
+
+    /// `owner` leaves `lock_key`'s line (if it is in it).
+    fn leave(state: &mut State, lock_key: &str, owner: &str) {
+        if let Some(line) = state.lines.get_mut(lock_key) {
+            line.waiters.retain(|(o, _)| o != owner);
+            if line.waiters.is_empty() {
+                state.lines.remove(lock_key);
+            }
+        }
+    }
+
+    /// A fair lock's attempt, as the fair acquire script.
+    pub(crate) fn acquire_fair(
+        &self,
+        keys: &LockKeys,
+        owner: &str,
+        lease: Duration,
+        alive: Option<Duration>,
+    ) -> FairReply {
+        let now = Instant::now();
+        let mut state = self.store.state();
+        let join = |state: &mut State| {
+            let alive = alive?;
+            let line = state.lines.entry(keys.lock.clone()).or_default();
+            let until = clock::after(now, alive);
+            match line.waiters.iter().position(|(o, _)| o == owner) {
+                Some(place) => {
+                    line.waiters[place].1 = until;
+                    u64::try_from(place).ok()
+                }
+                None => {
+                    line.waiters.push((owner.to_owned(), until));
+                    u64::try_from(line.waiters.len() - 1).ok()
+                }
+            }
+        };
+        if let Some(held) = Self::live(&mut state, &keys.lock, now) {
+            if held.owner == owner {
+                return FairReply {
+                    reply: AcquireReply::Acquired { fence: held.fence },
+                    place: None,
+                };
+            }
+            let pttl = Some(held.expires - now);
+            let place = join(&mut state);
+            return FairReply {
+                reply: AcquireReply::Busy { pttl },
+                place,
+            };
+        }
+        match Self::fair_head(&mut state, &keys.lock, now) {
+            Some(head) if head != owner => {
+                let place = join(&mut state);
+                drop(state);
+                self.store.inner.slots.wake(&keys.waiter_channel(&head));
+                FairReply {
+                    reply: AcquireReply::Busy { pttl: None },
+                    place,
+                }
+            }
+            _ => {
+                Self::leave(&mut state, &keys.lock, owner);
+                let fence = Self::next_fence(&mut state, &keys.lock);
+                let held = Held {
+                    owner: owner.to_owned(),
+                    fence,
+                    expires: clock::after(now, lease),
+                    seq: 0,
+                };
+                state.locks.insert(keys.lock.clone(), held);
+                FairReply {
+                    reply: AcquireReply::Acquired { fence },
+                    place: None,
+                }
+            }
+        }
+    }
+
     pub(crate) fn inspect(&self, keys: &LockKeys) -> RawInfo {
         let now = Instant::now();
         let mut state = self.store.state();
         let last_token = state.fences.get(&keys.lock).map(|f| f.0).filter(|n| *n > 0);
+        let queued = state.lines.get(&keys.lock).map_or(0, |l| l.waiters.len());
         let mut info = RawInfo {
             last_token,
+            queued: u64::try_from(queued).unwrap_or(u64::MAX),
             waiting: u64::try_from(self.store.inner.slots.watchers(&keys.channel)).unwrap_or(0),
             ..RawInfo::default()
         };
@@ -266,6 +368,9 @@ impl MemoryBackend {
     ) -> ReleaseReply {
         let mut state = self.store.state();
         let now = Instant::now();
+        if keys.fair.is_some() {
+            Self::leave(&mut state, &keys.lock, owner);
+        }
         let releasing = Self::live(&mut state, &keys.lock, now)
             .is_some_and(|h| h.owner == owner || Some(h.owner.as_str()) == handed_to);
         let reply = Self::release_locked(&mut state, keys, owner, handed_to);
@@ -279,6 +384,22 @@ impl MemoryBackend {
                 seq: 0,
             };
             state.locks.insert(keys.lock.clone(), held);
+        }
+        if keys.fair.is_some() {
+            // Only the head of the line is woken, whenever the lock is left free.
+            let free = Self::live(&mut state, &keys.lock, now).is_none();
+            let head = free.then(|| Self::fair_head(&mut state, &keys.lock, now));
+            drop(state);
+            let woke = match head.flatten() {
+                Some(head) => self.store.inner.slots.wake(&keys.waiter_channel(&head)),
+                None => 0,
+            };
+            return match reply {
+                ReleaseReply::Released { .. } if releasing => ReleaseReply::Released {
+                    woke: u32::try_from(woke).unwrap_or(u32::MAX),
+                },
+                reply => reply,
+            };
         }
         drop(state);
         if let ReleaseReply::Released { .. } = reply {

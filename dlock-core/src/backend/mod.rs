@@ -38,6 +38,14 @@ pub(crate) enum AcquireAllReply {
     },
 }
 
+/// The answer to a fair lock's attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct FairReply {
+    pub(crate) reply: AcquireReply,
+    /// The waiter's place in line when busy (0: the head; `None`: not in line).
+    pub(crate) place: Option<u64>,
+}
+
 /// What a name holds, as [`Session::inspect`] reads it.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub(crate) struct RawInfo {
@@ -55,6 +63,8 @@ pub(crate) struct RawInfo {
     pub(crate) last_token: Option<u64>,
     /// Lockers waiting for a release (subscribers of the wake-up channel).
     pub(crate) waiting: u64,
+    /// Waiters in a fair lock's line.
+    pub(crate) queued: u64,
 }
 
 /// The answer to one release.
@@ -186,6 +196,26 @@ impl Session {
         match self {
             Self::Redis(r, c) => r.acquire(c, keys, owner, lease, fence_ttl).await,
             Self::Memory(m) => Ok(m.acquire(keys, owner, lease)),
+        }
+    }
+
+    /// A fair lock's attempt for `owner` (`keys` must be a fair lock's): the lock when it is
+    /// free and nobody alive is ahead in line; with `alive`, a place in line otherwise, which
+    /// counts for `alive` after this attempt.
+    pub(crate) async fn acquire_fair(
+        &self,
+        keys: &LockKeys,
+        owner: &str,
+        lease: Duration,
+        fence_ttl: Option<Duration>,
+        alive: Option<Duration>,
+    ) -> Result<FairReply, BackendError> {
+        match self {
+            Self::Redis(r, c) => {
+                r.acquire_fair(c, keys, owner, lease, fence_ttl, alive)
+                    .await
+            }
+            Self::Memory(m) => Ok(m.acquire_fair(keys, owner, lease, alive)),
         }
     }
 

@@ -11,7 +11,8 @@ use redis::{FromRedisValue, Pipeline, RedisResult, Script, ToRedisArgs, Value};
 #[cfg(feature = "sentinel")]
 use super::sentinel::SentinelConnection;
 use super::{
-    AcquireAllReply, AcquireReply, HandoffReply, RawInfo, ReleaseReply, RenewItem, RenewReply,
+    AcquireAllReply, AcquireReply, FairReply, HandoffReply, RawInfo, ReleaseReply, RenewItem,
+    RenewReply,
 };
 use crate::error::BackendError;
 use crate::name::LockKeys;
@@ -424,6 +425,57 @@ impl RedisBackend {
         Ok(reply)
     }
 
+    /// A fair lock's attempt: the lock, or (with `alive`) a place in line kept for `alive`.
+    pub(crate) async fn acquire_fair(
+        &self,
+        conn: &OpConn,
+        keys: &LockKeys,
+        owner: &str,
+        lease: Duration,
+        fence_ttl: Option<Duration>,
+        alive: Option<Duration>,
+    ) -> Result<FairReply, BackendError> {
+        let fair = (keys.fair.as_ref())
+            .ok_or_else(|| BackendError::protocol("a fair attempt on a plain lock"))?;
+        let call = ScriptCall::new(
+            &script::ACQUIRE_FAIR,
+            &[
+                &keys.lock,
+                &keys.fence,
+                &keys.channel,
+                &fair.queue,
+                &fair.alive,
+            ],
+        )
+        .arg(owner)
+        .arg(millis(lease))
+        .arg(fence_ttl.map_or(0, millis))
+        .arg(alive.map_or(0, millis))
+        .arg(self.publish());
+        let (reply, acknowledged): (Vec<i64>, _) = self.invoke(conn, &call, true, self.ack).await?;
+        let reply = match reply.as_slice() {
+            [1, fence] => FairReply {
+                reply: AcquireReply::Acquired {
+                    fence: u64::try_from(*fence)
+                        .map_err(|_| BackendError::protocol("negative fencing token"))?,
+                },
+                place: None,
+            },
+            [0, pttl, place] => FairReply {
+                reply: AcquireReply::Busy {
+                    pttl: u64::try_from(*pttl).ok().map(Duration::from_millis),
+                },
+                place: u64::try_from(*place).ok(),
+            },
+            _ => return Err(BackendError::protocol("fair acquire script answered badly")),
+        };
+        if matches!(reply.reply, AcquireReply::Acquired { .. }) {
+            // Not acknowledged in time: the caller's clean-up releases the grant.
+            self.acknowledged(acknowledged)?;
+        }
+        Ok(reply)
+    }
+
     pub(crate) async fn acquire_all(
         &self,
         conn: &OpConn,
@@ -454,10 +506,14 @@ impl RedisBackend {
         conn: &OpConn,
         keys: &LockKeys,
     ) -> Result<RawInfo, BackendError> {
-        let call = ScriptCall::new(&script::INSPECT, &[&keys.lock, &keys.fence, &keys.channel])
-            .arg(self.numsub());
-        type Reply = (i64, Vec<String>, String, i64, i64, String, i64);
-        let ((pttl, holders, token, kept, foreign, last, waiting), _): (Reply, _) =
+        let queue = format!("{}:queue", keys.lock);
+        let call = ScriptCall::new(
+            &script::INSPECT,
+            &[&keys.lock, &keys.fence, &keys.channel, &queue],
+        )
+        .arg(self.numsub());
+        type Reply = (i64, Vec<String>, String, i64, i64, String, i64, i64);
+        let ((pttl, holders, token, kept, foreign, last, waiting, queued), _): (Reply, _) =
             self.invoke(conn, &call, true, None).await?;
         let number = |s: String| (!s.is_empty()).then(|| s.parse::<u64>()).transpose();
         let bad = |_| BackendError::protocol("inspect script answered a bad fencing token");
@@ -474,6 +530,7 @@ impl RedisBackend {
             foreign: foreign == 1,
             last_token: number(last).map_err(bad)?,
             waiting: u64::try_from(waiting).unwrap_or(0),
+            queued: u64::try_from(queued).unwrap_or(0),
         })
     }
 
@@ -521,12 +578,13 @@ impl RedisBackend {
         fence_ttl: Option<Duration>,
         keep: Option<Duration>,
     ) -> Result<ReleaseReply, BackendError> {
-        let call = ScriptCall::new(&script::RELEASE, &[&keys.lock, &keys.fence, &keys.channel])
+        let call = ScriptCall::new(&script::RELEASE, &release_keys(keys))
             .arg(owner)
             .arg(handed_to.unwrap_or(""))
             .arg(fence_ttl.map_or(0, millis))
             .arg(self.publish())
-            .arg(keep.map_or(0, millis_up));
+            .arg(keep.map_or(0, millis_up))
+            .arg(u8::from(keys.fair.is_some()));
         let ((code, woke), acknowledged): ((i64, i64), _) =
             self.invoke(conn, &call, true, self.ack).await?;
         if let Err(err) = self.acknowledged(acknowledged) {
@@ -549,16 +607,16 @@ impl RedisBackend {
         keep: Option<Duration>,
     ) -> Result<ReleaseReply, BackendError> {
         let mut cmd = redis::cmd("EVAL");
+        let release_keys = release_keys(keys);
         cmd.arg(script::RELEASE_LUA)
-            .arg(3)
-            .arg(&keys.lock)
-            .arg(&keys.fence)
-            .arg(&keys.channel)
+            .arg(release_keys.len())
+            .arg(&release_keys)
             .arg(owner)
             .arg("")
             .arg(fence_ttl.map_or(0, millis))
             .arg(self.publish())
-            .arg(keep.map_or(0, millis_up));
+            .arg(keep.map_or(0, millis_up))
+            .arg(u8::from(keys.fair.is_some()));
         let (code, woke): (i64, i64) = self
             .bounded(async {
                 let res: RedisResult<(i64, i64)> = match conn {
@@ -788,6 +846,20 @@ fn millis_up(d: Duration) -> u64 {
     u64::try_from(d.as_nanos().div_ceil(1_000_000))
         .unwrap_or(u64::MAX)
         .max(1)
+}
+
+/// The keys the release script takes: the lock's, and a fair lock's line.
+fn release_keys(keys: &LockKeys) -> Vec<&str> {
+    let mut out = vec![
+        keys.lock.as_str(),
+        keys.fence.as_str(),
+        keys.channel.as_str(),
+    ];
+    if let Some(fair) = &keys.fair {
+        out.push(&fair.queue);
+        out.push(&fair.alive);
+    }
+    out
 }
 
 fn millis(d: Duration) -> u64 {

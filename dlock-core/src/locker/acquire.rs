@@ -47,7 +47,10 @@ impl Locker {
     /// Re-enters `hold`, which this task holds in the current scope: checks (read-only) that
     /// Redis still has it, then counts one more guard in. `Ok(None)` when the hold was released
     /// meanwhile (the caller acquires afresh); the loss when it was lost.
-    async fn reenter(&self, hold: Arc<HoldState>) -> Result<Option<LockGuard>, LockError> {
+    pub(super) async fn reenter(
+        &self,
+        hold: Arc<HoldState>,
+    ) -> Result<Option<LockGuard>, LockError> {
         if hold.is_lost() {
             return Err(hold.lost_error());
         }
@@ -303,7 +306,7 @@ impl Locker {
 
     /// Turns a grant into a guard: the hold's state, the watchdog, the scope; no `.await`.
     #[allow(clippy::too_many_arguments)]
-    fn acquired(
+    pub(super) fn acquired(
         &self,
         name: LockName,
         keys: Arc<LockKeys>,
@@ -404,7 +407,7 @@ pub(crate) fn is_permanent(err: &LockError) -> bool {
 }
 
 /// The deadline came: busy, or the backend error if Redis failed since the last answer.
-fn gave_up(
+pub(super) fn gave_up(
     name: &LockName,
     labelled: bool,
     started: Instant,

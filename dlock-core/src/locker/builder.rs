@@ -27,6 +27,7 @@ pub struct LockerBuilder {
     command_timeout: Option<Duration>,
     connect_timeout: Option<Duration>,
     poll_interval: Option<Duration>,
+    dead_waiter_timeout: Option<Duration>,
     handoff: Option<bool>,
     metrics_name_label: bool,
     hide_names: bool,
@@ -272,6 +273,16 @@ impl LockerBuilder {
         self
     }
 
+    /// How long a waiter for a [fair lock](Locker::fair_lock) keeps its place in line without
+    /// showing that it is alive (default 5 s, from 30 ms up). A waiting task renews its place
+    /// with every attempt, and attempts at least every third of this; a waiter whose process
+    /// crashed or froze loses its place once this has passed since its last attempt, so it holds
+    /// up the line for at most this plus a third of it.
+    pub fn dead_waiter_timeout(mut self, timeout: Duration) -> Self {
+        self.dead_waiter_timeout = Some(timeout);
+        self
+    }
+
     /// Whether a release hands the lock straight to a waiter of the same `Locker` in the same
     /// round trip (default on).
     pub fn handoff(mut self, enabled: bool) -> Self {
@@ -350,8 +361,19 @@ impl LockerBuilder {
                 matches!(self.source, Source::Memory(_)),
             )?;
         }
+        let dead_waiter_timeout = self
+            .dead_waiter_timeout
+            .unwrap_or(DEFAULT_DEAD_WAITER_TIMEOUT);
+        if !(MIN_DEAD_WAITER_TIMEOUT..=lease::MAX_LEASE).contains(&dead_waiter_timeout) {
+            return Err(LockError::Config(format!(
+                "dead_waiter_timeout {dead_waiter_timeout:?} is out of range: from \
+                 {MIN_DEAD_WAITER_TIMEOUT:?} to {} days",
+                lease::MAX_LEASE.as_secs() / 86_400
+            )));
+        }
         let config = Config {
             prefix,
+            dead_waiter_timeout,
             default_wait: self.default_wait.unwrap_or(Duration::ZERO),
             default_lease,
             fence_ttl: self.fence_ttl.unwrap_or(Some(DEFAULT_FENCE_TTL)),

@@ -46,6 +46,9 @@ pub struct LockInfo {
     /// channel: one per `Locker`, however many of its tasks wait; `Locker`s that poll are not
     /// counted).
     pub waiting_lockers: u64,
+    /// How many waiters stand in the name's fair line ([`Locker::fair_lock`]; 0 for a plain
+    /// lock), dead ones whose time is not yet up included.
+    pub queued_waiters: u64,
 }
 
 impl LockInfo {
@@ -108,6 +111,7 @@ impl Locker {
             foreign: raw.foreign,
             last_fencing_token: raw.last_token.map(FencingToken::new),
             waiting_lockers: raw.waiting,
+            queued_waiters: raw.queued,
         })
     }
 

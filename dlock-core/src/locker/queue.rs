@@ -128,7 +128,12 @@ impl Locker {
     /// is to be released normally.
     pub(super) async fn try_handoff(&self, hold: &HoldState) -> Option<ReleaseOutcome> {
         // A name kept taken after the release (`at_least`) is handed to nobody.
-        if !self.inner.config.handoff || hold.is_lost() || hold.keep_for().is_some() {
+        // A fair lock goes to the head of its line in Redis, never to a local waiter.
+        if !self.inner.config.handoff
+            || hold.is_lost()
+            || hold.keep_for().is_some()
+            || hold.keys.fair.is_some()
+        {
             return None;
         }
         let queue = self.existing_queue(&hold.keys.lock)?;

@@ -21,6 +21,8 @@ pub struct LockRequest {
     pub(super) wait: Duration,
     pub(super) lease: Lease,
     pub(super) at_least: Option<Duration>,
+    /// A fair lock's request ([`Locker::fair_lock`]).
+    pub(super) fair: bool,
 }
 
 impl LockRequest {
@@ -92,11 +94,16 @@ impl LockRequest {
             super::lease::check_at_least(at_least, self.lease)?;
         }
         let span = tracing::debug_span!("dlock.acquire", name = name.for_logs());
-        let attempted = self
-            .locker
-            .acquire(name.clone(), self.wait, self.lease)
-            .instrument(span)
-            .await?;
+        let locker = self.locker.clone();
+        let attempted = if self.fair {
+            (locker.acquire_fair(name.clone(), self.wait, self.lease))
+                .instrument(span)
+                .await?
+        } else {
+            (locker.acquire(name.clone(), self.wait, self.lease))
+                .instrument(span)
+                .await?
+        };
         if let (Attempted::Held(guard), Some(at_least)) = (&attempted, self.at_least)
             && !guard.is_reentrant()
         {
