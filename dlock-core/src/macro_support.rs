@@ -25,6 +25,8 @@ pub struct Options {
     pub on_lost: OnLost,
     /// Whether a nested acquisition of a held name in the same task re-enters.
     pub reentrant: bool,
+    /// A fair lock (one name only).
+    pub fair: bool,
 }
 
 /// One name or several, as the key template produced them.
@@ -112,7 +114,11 @@ impl Held {
     async fn acquire(locker: &Locker, names: Names, options: Options) -> Result<Self, LockError> {
         match names {
             Names::One(name) => {
-                let mut request: LockRequest = locker.lock(name);
+                let mut request: LockRequest = if options.fair {
+                    locker.fair_lock(name)
+                } else {
+                    locker.lock(name)
+                };
                 if let Some(wait) = options.wait {
                     request = request.wait(wait);
                 }

@@ -17,10 +17,11 @@ mod kw {
     syn::custom_keyword!(locker);
     syn::custom_keyword!(on_lost);
     syn::custom_keyword!(reentrant);
+    syn::custom_keyword!(fair);
 }
 
 const ACCEPTED: &str =
-    "`key`, `wait`, `lease`, `at_least`, `locker`, `on_lost`, `reentrant`, `crate`";
+    "`key`, `wait`, `lease`, `at_least`, `fair`, `locker`, `on_lost`, `reentrant`, `crate`";
 
 /// What to do when the lock is lost while the body runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,6 +50,8 @@ pub(crate) struct Args {
     pub(crate) locker: Option<Expr>,
     pub(crate) on_lost: Option<Value<OnLost>>,
     pub(crate) reentrant: bool,
+    /// A fair lock (`fair = true`).
+    pub(crate) fair: bool,
     pub(crate) krate: Option<Path>,
 }
 
@@ -75,6 +78,9 @@ impl Parse for Args {
         let mut locker = None;
         let mut on_lost = None;
         let mut reentrant = None;
+        let mut fair = None;
+        // Where `fair = true` was written, to point at it if the key names several locks.
+        let mut fair_span = None;
         let mut krate = None;
         while !input.is_empty() {
             let lookahead = input.lookahead1();
@@ -128,6 +134,12 @@ impl Parse for Args {
                 input.parse::<Token![=]>()?;
                 let lit: LitBool = input.parse()?;
                 once(&mut reentrant, lit.value, "reentrant", span)?;
+            } else if lookahead.peek(kw::fair) {
+                let span = input.parse::<kw::fair>()?.span;
+                input.parse::<Token![=]>()?;
+                let lit: LitBool = input.parse()?;
+                fair_span = Some(span);
+                once(&mut fair, lit.value, "fair", span)?;
             } else if lookahead.peek(Token![crate]) {
                 let span = input.parse::<Token![crate]>()?.span;
                 input.parse::<Token![=]>()?;
@@ -158,6 +170,14 @@ impl Parse for Args {
                 "missing `key` argument, e.g. `#[distributed_lock(key = \"order:<user_id>\")]`",
             ));
         }
+        let many = keys.len() > 1 || keys.iter().any(|k| k.collection().is_some());
+        if let (Some(true), Some(span), true) = (fair, fair_span, many) {
+            return Err(syn::Error::new(
+                span,
+                "`fair = true` takes one lock, and this key names several: a fair lock keeps one \
+                 line of waiters per name",
+            ));
+        }
         if let (Some(Value::Literal(lease)), Some(Value::Literal(period)), Some(span)) =
             (&lease, &at_least, at_least_span)
             && period > lease
@@ -176,6 +196,7 @@ impl Parse for Args {
             locker,
             on_lost,
             reentrant: reentrant.unwrap_or(true),
+            fair: fair.unwrap_or(false),
             krate,
         })
     }

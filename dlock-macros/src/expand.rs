@@ -120,6 +120,7 @@ pub(crate) fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream> {
         }
     };
     let reentrant = args.reentrant;
+    let fair = args.fair;
 
     // A return edge of the declared type, never taken, so that `?` and type errors in the body
     // are checked against the function's own signature. (`impl Trait` can't be named in a
@@ -155,6 +156,7 @@ pub(crate) fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream> {
                     at_least: #at_least,
                     on_lost: #on_lost,
                     reentrant: #reentrant,
+                    fair: #fair,
                 },
                 __dlock_body,
             )

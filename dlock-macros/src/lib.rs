@@ -180,6 +180,22 @@ use proc_macro::TokenStream;
 /// `reentrant = false` the hold can't be re-entered, and the acquisition doesn't re-enter an
 /// outer hold either: a nested call on the same name waits like any other caller (and times out).
 ///
+/// # `fair = true`
+///
+/// Takes a fair lock (`Locker::fair_lock`): callers get it in the order they came, across
+/// processes, and a release wakes only the next one in line. A key naming several locks (several
+/// `key`s, or a collection placeholder) can't be fair: that is a compile error on `fair`.
+///
+/// ```
+/// use dlock_core::{LockError, distributed_lock};
+///
+/// // Callers for one account take turns in the order they arrived.
+/// #[distributed_lock(key = "ledger:<account_id>", wait = "10s", fair = true)]
+/// async fn post_entry(account_id: u64, cents: i64) -> Result<i64, LockError> {
+///     Ok(cents)
+/// }
+/// ```
+///
 /// # `crate = "path"`
 ///
 /// The path of `dlock_core` when it is renamed or re-exported (default `::dlock_core`), e.g.

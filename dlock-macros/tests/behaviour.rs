@@ -426,3 +426,53 @@ async fn at_least_runs_a_job_once_per_period_across_instances() {
     nightly_report(&b, &day, &runs).await.expect("next period");
     assert_eq!(runs.load(Ordering::SeqCst), 2);
 }
+
+#[distributed_lock(key = "ledger:<account>", locker = locker, wait = "10s", fair = true)]
+async fn post_entry(
+    locker: &Locker,
+    account: &str,
+    entry: u32,
+    posted: &std::sync::Mutex<Vec<u32>>,
+) -> Result<(), LockError> {
+    posted.lock().unwrap().push(entry);
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn fair_callers_take_turns_in_the_order_they_came() {
+    let server = RedisServer::start();
+    let (a, b) = (locker(&server).await, locker(&server).await);
+    let account = unique_name("account");
+    let posted = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let holder = (a.fair_lock(format!("ledger:{account}")).await).expect("first");
+    let mut calls = Vec::new();
+    for entry in 0..6u32 {
+        let locker = if entry % 2 == 0 { a.clone() } else { b.clone() };
+        let (own, posted) = (account.clone(), posted.clone());
+        calls.push(tokio::spawn(async move {
+            post_entry(&locker, &own, entry, &posted).await
+        }));
+        // The call stands in line before the next one comes.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let info = a
+                .inspect(format!("ledger:{account}"))
+                .await
+                .expect("inspect");
+            if info.queued_waiters == u64::from(entry) + 1 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "call {entry} not in line: {info:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    assert!(holder.release().await.is_released());
+    for call in calls {
+        call.await.expect("task").expect("posted");
+    }
+    assert_eq!(*posted.lock().unwrap(), vec![0, 1, 2, 3, 4, 5]);
+}

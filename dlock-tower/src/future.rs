@@ -265,7 +265,12 @@ where
         }
         LockKeys::One(Ok(name)) => {
             span.record("keys", if hidden { HIDDEN } else { name.as_str() });
-            let mut request = locker.lock(name).hide_name(hidden);
+            let request = if config.fair {
+                locker.fair_lock(name)
+            } else {
+                locker.lock(name)
+            };
+            let mut request = request.hide_name(hidden);
             if let Some(wait) = config.wait {
                 request = request.wait(wait);
             }
@@ -275,6 +280,10 @@ where
                 request = request.watchdog_lease(lease);
             }
             Acquire::One(request.into_future())
+        }
+        LockKeys::Many(_) if config.fair => {
+            let err = LockError::Config("a fair lock layer's key names several locks".to_owned());
+            return rejected(span, LockRejection::from(err), config, grpc);
         }
         LockKeys::Many(names) => {
             let names: Vec<_> = names.into_iter().filter_map(Result::ok).collect();

@@ -26,6 +26,8 @@ pub(crate) struct Config {
     pub(crate) wait: Option<Duration>,
     pub(crate) lease: Option<Duration>,
     pub(crate) watchdog_lease: Option<Duration>,
+    /// Fair locks (`Locker::fair_lock`).
+    pub(crate) fair: bool,
     /// Statuses and hidden names, as `#[distributed_lock]` handlers' errors can be answered.
     pub(crate) responses: ErrorResponses,
     pub(crate) hold_body: bool,
@@ -38,6 +40,7 @@ impl Default for Config {
             wait: None,
             lease: None,
             watchdog_lease: None,
+            fair: false,
             responses: ErrorResponses::new(),
             hold_body: false,
             handler: None,
@@ -51,6 +54,7 @@ impl fmt::Debug for Config {
             .field("wait", &self.wait)
             .field("lease", &self.lease)
             .field("watchdog_lease", &self.watchdog_lease)
+            .field("fair", &self.fair)
             .field("responses", &self.responses)
             .field("hold_body", &self.hold_body)
             .field("handler", &self.handler.is_some())
@@ -333,6 +337,16 @@ impl<S, K> LockLayer<S, K> {
     /// by default).
     pub fn watchdog_lease(mut self, lease: Duration) -> Self {
         self.config.watchdog_lease = Some(lease);
+        self
+    }
+
+    /// Takes fair locks ([`Locker::fair_lock`](dlock_core::Locker::fair_lock)): requests waiting
+    /// for one key get it in the order they came, across instances, and a release wakes only the
+    /// next in line (default off). Give the layer a [`wait`](Self::wait) for a line to form. A
+    /// key that names several locks can't be fair: such a request is answered as a
+    /// configuration error (500, without details), and its handler does not run.
+    pub fn fair(mut self, fair: bool) -> Self {
+        self.config.fair = fair;
         self
     }
 
