@@ -1,0 +1,155 @@
+//! What each kind of lock costs Redis, from `INFO commandstats`: round trips (commands a client
+//! sent) and the commands Redis ran for them, scripts' inner commands included — the figures of
+//! the README's "Choosing a lock" table, asserted exactly.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use dlock_core::Locker;
+use dlock_tests::{RedisServer, unique_name};
+
+/// Commands a client sends itself; everything else in `commandstats` ran inside a script.
+const SENT: &[&str] = &["evalsha", "eval", "subscribe", "unsubscribe", "ping"];
+
+/// What one operation cost: round trips, and every command Redis ran (those sent included).
+#[derive(Debug, PartialEq, Eq)]
+struct Cost {
+    round_trips: u64,
+    commands: u64,
+}
+
+/// The cost of what ran between two `commandstats` readings (the readings themselves aside).
+fn cost(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>) -> Cost {
+    let delta =
+        |name: &str| after.get(name).copied().unwrap_or(0) - before.get(name).copied().unwrap_or(0);
+    // The readings' own connections (`INFO`, and `CLIENT SETINFO` where the server knows it).
+    let reading = |k: &str| k == "info" || k == "script|load" || k.starts_with("client|");
+    let names = after.keys().filter(|k| !reading(k));
+    let commands = names.map(|k| delta(k)).sum();
+    let round_trips = SENT.iter().map(|k| delta(k)).sum();
+    Cost {
+        round_trips,
+        commands,
+    }
+}
+
+/// Runs `op` and returns what it cost.
+async fn measure<F: std::future::Future<Output = T>, T>(server: &RedisServer, op: F) -> (T, Cost) {
+    let before = server.info_commandstats();
+    let out = op.await;
+    let after = server.info_commandstats();
+    (out, cost(&before, &after))
+}
+
+const fn cost_of(round_trips: u64, commands: u64) -> Cost {
+    Cost {
+        round_trips,
+        commands,
+    }
+}
+
+/// A `Locker` whose scripts are loaded already (a first call of each is sent twice).
+async fn warm_locker(server: &RedisServer) -> Locker {
+    let locker = Locker::connect(&server.url()).await.expect("connect");
+    let warm = unique_name("warm-up");
+    let plain = locker.lock(format!("{warm}-plain")).await.expect("plain");
+    assert!(plain.release().await.is_released());
+    let fair = locker
+        .fair_lock(format!("{warm}-fair"))
+        .await
+        .expect("fair");
+    assert!(fair.release().await.is_released());
+    let names = [format!("{warm}-a"), format!("{warm}-b")];
+    let multi = locker.lock_all(names).await.expect("multi");
+    assert!(multi.release().await.iter().all(|o| o.is_released()));
+    dlock_core::scope(async {
+        let outer = locker.lock(format!("{warm}-plain")).await.expect("outer");
+        let inner = locker.lock(format!("{warm}-plain")).await.expect("inner");
+        drop((inner.release().await, outer.release().await));
+    })
+    .await;
+    locker
+}
+
+#[tokio::test]
+async fn a_plain_lock_costs_one_round_trip_to_take_and_one_to_give_back() {
+    let server = RedisServer::start();
+    let locker = warm_locker(&server).await;
+    let name = unique_name("cost-plain");
+    let (guard, taken) = measure(&server, locker.lock(name.as_str()).into_future()).await;
+    let guard = guard.expect("lock");
+    // EVALSHA; EXISTS, TIME, HGET (last token), HSET (counter), PTTL + PEXPIRE (a new counter's
+    // TTL), HSET (owner and token), PEXPIRE (lease).
+    assert_eq!(taken, cost_of(1, 9));
+    let (_, released) = measure(&server, guard.release()).await;
+    // EVALSHA; HEXISTS, DEL, HSET (released owner) and PTTL (the counter has its TTL: no
+    // PEXPIRE; a later release of the name finds the field there and skips the PTTL), PUBLISH.
+    assert_eq!(released, cost_of(1, 6));
+}
+
+#[tokio::test]
+async fn a_fair_lock_costs_one_round_trip_each_way_when_nobody_waits() {
+    let server = RedisServer::start();
+    let locker = warm_locker(&server).await;
+    let name = unique_name("cost-fair");
+    let (guard, taken) = measure(&server, locker.fair_lock(name.as_str()).into_future()).await;
+    let guard = guard.expect("lock");
+    // The plain lock's, plus TIME and a look at the (empty) line.
+    assert_eq!(taken, cost_of(1, 11));
+    let (_, released) = measure(&server, guard.release()).await;
+    // The plain release's, with two ZREMs (leaving the line) and a look for its head (TIME,
+    // ZRANGE) instead of a PUBLISH to all: nobody in line, nobody woken.
+    assert_eq!(released, cost_of(1, 9));
+}
+
+#[tokio::test]
+async fn a_multi_lock_on_one_server_costs_one_round_trip_to_take_them_all() {
+    let server = RedisServer::start();
+    let locker = warm_locker(&server).await;
+    let base = unique_name("cost-multi");
+    let names: Vec<String> = (0..3).map(|i| format!("{base}-{i}")).collect();
+    let (guard, taken) = measure(&server, locker.lock_all(names.clone()).into_future()).await;
+    let guard = guard.expect("lock all");
+    // EVALSHA; per name EXISTS twice (check, then take), and the plain acquisition's writes.
+    assert_eq!(taken, cost_of(1, 1 + 3 * 9));
+    let (_, released) = measure(&server, guard.release()).await;
+    // One release per name, all at once.
+    assert_eq!(released, cost_of(3, 3 * 6));
+}
+
+#[tokio::test]
+async fn a_reentry_costs_one_read_only_round_trip() {
+    let server = RedisServer::start();
+    let locker = warm_locker(&server).await;
+    let name = unique_name("cost-reentry");
+    dlock_core::scope(async {
+        let outer = locker.lock(name.as_str()).await.expect("outer");
+        let (inner, taken) = measure(&server, locker.lock(name.as_str()).into_future()).await;
+        let inner = inner.expect("inner");
+        assert!(inner.is_reentrant());
+        // EVALSHA; HEXISTS, HGET (token).
+        assert_eq!(taken, cost_of(1, 3));
+        let (_, released) = measure(&server, inner.release()).await;
+        assert_eq!(
+            released,
+            cost_of(0, 0),
+            "an inner release is counted in the process"
+        );
+        assert!(outer.release().await.is_released());
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_at_least_release_keeps_the_key_in_the_same_round_trip() {
+    let server = RedisServer::start();
+    let locker = warm_locker(&server).await;
+    let name = unique_name("cost-at-least");
+    let guard = (locker.lock(name.as_str()))
+        .at_least(Duration::from_secs(5))
+        .await
+        .expect("lock");
+    let (_, released) = measure(&server, guard.release()).await;
+    // The plain release's, and HSET + PEXPIRE to keep the name taken.
+    assert_eq!(released, cost_of(1, 8));
+}
