@@ -24,6 +24,7 @@ mod lease;
 mod queue;
 mod release;
 mod request;
+mod semaphore;
 #[cfg(feature = "sentinel")]
 mod sentinel;
 mod url;
@@ -38,6 +39,7 @@ pub(crate) use lease::check_at_least;
 use queue::{HeadWait, QueueEntry, handed};
 use release::release_outcome;
 pub use request::LockRequest;
+pub use semaphore::{Permit, PermitRequest, Semaphore, SemaphoreStatus};
 
 /// The default lease of a watchdog-mode lock; it is renewed every third of it.
 pub const DEFAULT_WATCHDOG_LEASE: Duration = Duration::from_secs(30);

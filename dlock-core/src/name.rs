@@ -339,6 +339,17 @@ pub(crate) struct LockKeys {
     pub(crate) channel: String,
     /// A fair lock's queue keys (`None` for a plain lock).
     pub(crate) fair: Option<FairKeys>,
+    /// A semaphore's (then `lock` is its set of permits).
+    pub(crate) semaphore: Option<SemaphoreKeys>,
+}
+
+/// What a semaphore's permits need besides their set.
+#[derive(Debug, Clone)]
+pub(crate) struct SemaphoreKeys {
+    /// The permit count set at run time (a string), if any.
+    pub(crate) limit: String,
+    /// The count to use when none was set.
+    pub(crate) permits: u32,
 }
 
 /// The keys of a fair lock's waiting line.
@@ -364,6 +375,24 @@ impl LockKeys {
             fence,
             channel,
             fair: None,
+            semaphore: None,
+        }
+    }
+
+    /// The keys of the semaphore `name` with `permits` permits unless a count was set: its
+    /// permits (a sorted set of permit ids by expiry, in `lock`), its set count and its wake-up
+    /// channel. They share the name's hash tag, but not a lock's keys.
+    pub(crate) fn semaphore(prefix: &str, name: &LockName, permits: u32) -> Self {
+        let base = Self::new(prefix, name).lock;
+        Self {
+            lock: format!("{base}:permits"),
+            fence: format!("{base}:permits:fence"),
+            channel: format!("{base}:permits:wake"),
+            fair: None,
+            semaphore: Some(SemaphoreKeys {
+                limit: format!("{base}:permits:limit"),
+                permits,
+            }),
         }
     }
 

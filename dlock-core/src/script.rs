@@ -10,6 +10,9 @@
 //! | `<prefix>{<name>}:queue` | sorted set | fair locks: `waiter -> place in line` |
 //! | `<prefix>{<name>}:alive` | sorted set | fair locks: `waiter -> until when it counts as alive` (server ms) |
 //! | `<prefix>{<name>}:wake:<waiter>` | channel | fair locks: wakes that waiter, once it heads the line |
+//! | `<prefix>{<name>}:permits` | sorted set | semaphores: `permit id -> expiry` (server ms) |
+//! | `<prefix>{<name>}:permits:limit` | string | semaphores: the permit count set at run time |
+//! | `<prefix>{<name>}:permits:wake` | channel | semaphores: a message on every release |
 //!
 //! Fencing tokens: every fresh acquisition takes the server's clock in microseconds (`TIME`), or
 //! the last token + 1 when that is not below it, and stores it as the last token. So tokens
@@ -216,6 +219,82 @@ return out
 "#
 );
 
+/// Takes a semaphore's permit when fewer than its count are held.
+///
+/// `KEYS[1]` permits, `KEYS[2]` the count set at run time; `ARGV[1]` the permit id (fresh),
+/// `ARGV[2]` lease ms, `ARGV[3]` the count to use when none was set. Expired permits are dropped
+/// first. Returns `{1, 0}` taken (also when `ARGV[1]` holds it already: a retry), `{0, ms}` all
+/// taken, the first of them expiring in `ms` at the latest.
+pub(crate) static ACQUIRE_PERMIT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(ACQUIRE_PERMIT_LUA));
+
+pub(crate) const ACQUIRE_PERMIT_LUA: &str = concat!(
+    fair_lua!(),
+    r#"
+local now = now_ms()
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if redis.call('ZSCORE', KEYS[1], ARGV[1]) then
+  return {1, 0}
+end
+local limit = tonumber(redis.call('GET', KEYS[2]) or ARGV[3]) or 0
+if redis.call('ZCARD', KEYS[1]) < limit then
+  local lease = tonumber(ARGV[2])
+  redis.call('ZADD', KEYS[1], now + lease, ARGV[1])
+  if redis.call('PTTL', KEYS[1]) < lease then
+    redis.call('PEXPIRE', KEYS[1], lease)
+  end
+  return {1, 0}
+end
+local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+if first[2] then
+  return {0, tonumber(first[2]) - now}
+end
+return {0, -1}
+"#
+);
+
+/// Gives a permit back and wakes waiters.
+///
+/// `KEYS[1]` permits, `KEYS[2]` wake channel; `ARGV[1]` the permit id, `ARGV[2]` the command that
+/// wakes waiters. Returns `{0, woken}` given back, `{-1, 0}` it was gone (expired, or given back
+/// by an earlier try of the same release).
+pub(crate) static RELEASE_PERMIT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(RELEASE_PERMIT_LUA));
+
+pub(crate) const RELEASE_PERMIT_LUA: &str = r#"
+if redis.call('ZREM', KEYS[1], ARGV[1]) == 1 then
+  return {0, redis.call(ARGV[2], KEYS[2], '1')}
+end
+return {-1, 0}
+"#;
+
+/// Sets a semaphore's permit count (`ARGV[1]`; `''` removes it, so each handle's own count
+/// applies again) and wakes waiters. `KEYS[1]` the count, `KEYS[2]` wake channel; `ARGV[2]` the
+/// command that wakes waiters.
+pub(crate) static SET_PERMITS: LazyLock<Script> = LazyLock::new(|| Script::new(SET_PERMITS_LUA));
+
+pub(crate) const SET_PERMITS_LUA: &str = r#"
+if ARGV[1] == '' then
+  redis.call('DEL', KEYS[1])
+else
+  redis.call('SET', KEYS[1], ARGV[1])
+end
+redis.call(ARGV[2], KEYS[2], '1')
+return 1
+"#;
+
+/// A semaphore's permits now (read-only): `KEYS[1]` permits, `KEYS[2]` the count set at run time.
+/// Returns `{held, set}`: the unexpired permits, and the count set (`-1`: none).
+pub(crate) static PERMITS: LazyLock<Script> = LazyLock::new(|| Script::new(PERMITS_LUA));
+
+pub(crate) const PERMITS_LUA: &str = concat!(
+    fair_lua!(),
+    r#"
+local held = redis.call('ZCOUNT', KEYS[1], '(' .. now_ms(), '+inf')
+return {held, tonumber(redis.call('GET', KEYS[2]) or '-1') or -1}
+"#
+);
+
 /// Re-entry check, read-only: does `ARGV[1]` still hold `KEYS[1]`?
 ///
 /// Returns `{1, token}` held, `{0, pttl}` not held by this owner (`pttl` -2 when nobody holds it).
@@ -290,16 +369,33 @@ return {code, 0}
 );
 
 /// Batched lease change: every `KEYS[i]` is paired with `ARGV[3i-2]` owner, `ARGV[3i-1]` lease ms
-/// and `ARGV[3i]` sequence number. Returns one integer per key: `1` applied, `2` still held but a
+/// and `ARGV[3i]` sequence number — or, for a semaphore's permit, `p` and the sequence number:
+/// `KEYS[i]` is then the semaphore's permits, `ARGV[3i-2]` the permit id, and the permit's
+/// expiry moves to the lease from now if it has not passed. Returns one integer per key: `1` applied, `2` still held but a
 /// later change was applied already (this one is stale and was ignored), `0` gone or owned by
 /// someone else. A key holding something other than a lock answers `0` without failing the rest.
 pub(crate) static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(RENEW_LUA));
 
-pub(crate) const RENEW_LUA: &str = r#"
+pub(crate) const RENEW_LUA: &str = concat!(
+    fair_lua!(),
+    r#"
 local out = {}
+local now
 for i = 1, #KEYS do
-  local held = redis.pcall('HEXISTS', KEYS[i], ARGV[3 * i - 2])
-  if held == 1 then
+  if string.sub(ARGV[3 * i], 1, 1) == 'p' then
+    now = now or now_ms()
+    local lease = tonumber(ARGV[3 * i - 1])
+    local expiry = redis.pcall('ZSCORE', KEYS[i], ARGV[3 * i - 2])
+    if type(expiry) == 'string' and tonumber(expiry) > now then
+      redis.call('ZADD', KEYS[i], now + lease, ARGV[3 * i - 2])
+      if redis.call('PTTL', KEYS[i]) < lease then
+        redis.call('PEXPIRE', KEYS[i], lease)
+      end
+      out[i] = 1
+    else
+      out[i] = 0
+    end
+  elseif redis.pcall('HEXISTS', KEYS[i], ARGV[3 * i - 2]) == 1 then
     local seq = tonumber(ARGV[3 * i])
     local last = tonumber(redis.call('HGET', KEYS[i], '#s') or '0')
     if seq > last then
@@ -314,7 +410,8 @@ for i = 1, #KEYS do
   end
 end
 return out
-"#;
+"#
+);
 
 /// Hand-over inside one process: release `ARGV[1]`'s hold and, in the same step, acquire for
 /// `ARGV[2]` with a fresh fencing token, so a local waiter takes over without a wake-up round trip.

@@ -47,6 +47,10 @@ struct State {
     fences: HashMap<String, (u64, Option<String>)>,
     /// Fair locks' lines, per lock key.
     lines: HashMap<String, Line>,
+    /// Semaphores' permits (`id -> expiry`), per permits key.
+    permits: HashMap<String, HashMap<String, Instant>>,
+    /// Semaphores' counts set at run time, per count key.
+    limits: HashMap<String, u32>,
 }
 
 /// A fair lock's waiters in order: each with until when it counts as alive.
@@ -129,6 +133,19 @@ impl MemoryBackend {
     }
 
     pub(crate) fn acquire(&self, keys: &LockKeys, owner: &str, lease: Duration) -> AcquireReply {
+        if let Some(sem) = &keys.semaphore {
+            let now = Instant::now();
+            let mut state = self.store.state();
+            let limit = state.limits.get(&sem.limit).copied().unwrap_or(sem.permits);
+            let permits = state.permits.entry(keys.lock.clone()).or_default();
+            permits.retain(|_, expiry| *expiry > now);
+            if permits.contains_key(owner) || permits.len() < limit as usize {
+                permits.insert(owner.to_owned(), clock::after(now, lease));
+                return AcquireReply::Acquired { fence: 0 };
+            }
+            let first = permits.values().min().map(|e| *e - now);
+            return AcquireReply::Busy { pttl: first };
+        }
         match self.acquire_all(&[(keys, owner)], lease) {
             AcquireAllReply::Acquired { fences } => AcquireReply::Acquired {
                 fence: fences.first().copied().unwrap_or_default(),
@@ -359,6 +376,28 @@ impl MemoryBackend {
         }
     }
 
+    /// Sets (or, with `None`, removes) a semaphore's count and wakes its waiters.
+    pub(crate) fn set_permits(&self, keys: &LockKeys, permits: Option<u32>) {
+        if let Some(sem) = &keys.semaphore {
+            let mut state = self.store.state();
+            match permits {
+                Some(n) => state.limits.insert(sem.limit.clone(), n),
+                None => state.limits.remove(&sem.limit),
+            };
+        }
+        self.store.inner.slots.wake(&keys.channel);
+    }
+
+    /// A semaphore's unexpired permits, and the count set at run time.
+    pub(crate) fn permits(&self, keys: &LockKeys) -> (u32, Option<u32>) {
+        let now = Instant::now();
+        let state = self.store.state();
+        let held =
+            (state.permits.get(&keys.lock)).map_or(0, |p| p.values().filter(|e| **e > now).count());
+        let set = (keys.semaphore.as_ref()).and_then(|sem| state.limits.get(&sem.limit).copied());
+        (u32::try_from(held).unwrap_or(u32::MAX), set)
+    }
+
     pub(crate) fn release(
         &self,
         keys: &LockKeys,
@@ -368,6 +407,21 @@ impl MemoryBackend {
     ) -> ReleaseReply {
         let mut state = self.store.state();
         let now = Instant::now();
+        if keys.semaphore.is_some() {
+            let permits = state.permits.entry(keys.lock.clone()).or_default();
+            let given_back = permits.remove(owner).is_some_and(|expiry| expiry > now);
+            if permits.is_empty() {
+                state.permits.remove(&keys.lock);
+            }
+            drop(state);
+            if !given_back {
+                return ReleaseReply::Expired;
+            }
+            let woke = self.store.inner.slots.wake(&keys.channel);
+            return ReleaseReply::Released {
+                woke: u32::try_from(woke).unwrap_or(u32::MAX),
+            };
+        }
         if keys.fair.is_some() {
             Self::leave(&mut state, &keys.lock, owner);
         }
@@ -444,19 +498,37 @@ impl MemoryBackend {
         let mut state = self.store.state();
         items
             .iter()
-            .map(|item| match Self::live(&mut state, &item.key, now) {
-                Some(held) if held.owner == item.owner => {
-                    if item.seq > held.seq {
-                        held.seq = item.seq;
-                        held.expires = clock::after(now, Duration::from_millis(item.lease_ms));
-                        RenewReply::Applied
-                    } else {
-                        RenewReply::Stale
-                    }
+            .map(|item| {
+                if item.permit {
+                    let permit = (state.permits.get_mut(&item.key))
+                        .and_then(|p| p.get_mut(&item.owner))
+                        .filter(|expiry| **expiry > now);
+                    return match permit {
+                        Some(expiry) => {
+                            *expiry = clock::after(now, Duration::from_millis(item.lease_ms));
+                            RenewReply::Applied
+                        }
+                        None => RenewReply::Gone,
+                    };
                 }
-                _ => RenewReply::Gone,
+                Self::renew_lock(&mut state, item, now)
             })
             .collect()
+    }
+
+    fn renew_lock(state: &mut State, item: &RenewItem, now: Instant) -> RenewReply {
+        match Self::live(state, &item.key, now) {
+            Some(held) if held.owner == item.owner => {
+                if item.seq > held.seq {
+                    held.seq = item.seq;
+                    held.expires = clock::after(now, Duration::from_millis(item.lease_ms));
+                    RenewReply::Applied
+                } else {
+                    RenewReply::Stale
+                }
+            }
+            _ => RenewReply::Gone,
+        }
     }
 
     pub(crate) fn watch(&self, channel: &str) -> Watch {

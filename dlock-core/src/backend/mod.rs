@@ -106,6 +106,9 @@ pub(crate) struct RenewItem {
     pub(crate) lease_ms: u64,
     /// The hold's sequence number for this change: applied only above the last one applied.
     pub(crate) seq: u64,
+    /// A semaphore's permit (`key` its permits, `owner` the permit id): the lease moves
+    /// whenever the permit has not expired.
+    pub(crate) permit: bool,
 }
 
 /// What became of one lease change.
@@ -196,6 +199,32 @@ impl Session {
         match self {
             Self::Redis(r, c) => r.acquire(c, keys, owner, lease, fence_ttl).await,
             Self::Memory(m) => Ok(m.acquire(keys, owner, lease)),
+        }
+    }
+
+    /// Sets the permit count of the semaphore `keys` (`None`: removes it) and wakes waiters.
+    pub(crate) async fn set_permits(
+        &self,
+        keys: &LockKeys,
+        permits: Option<u32>,
+    ) -> Result<(), BackendError> {
+        match self {
+            Self::Redis(r, c) => r.set_permits(c, keys, permits).await,
+            Self::Memory(m) => {
+                m.set_permits(keys, permits);
+                Ok(())
+            }
+        }
+    }
+
+    /// The semaphore's unexpired permits, and the count set at run time (if any).
+    pub(crate) async fn permits(
+        &self,
+        keys: &LockKeys,
+    ) -> Result<(u32, Option<u32>), BackendError> {
+        match self {
+            Self::Redis(r, c) => r.permits(c, keys).await,
+            Self::Memory(m) => Ok(m.permits(keys)),
         }
     }
 

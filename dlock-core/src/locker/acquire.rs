@@ -102,14 +102,26 @@ impl Locker {
         wait: Duration,
         lease: Lease,
     ) -> Result<Attempted, LockError> {
+        let keys = Arc::new(LockKeys::new(&self.inner.config.prefix, &name));
+        self.acquire_keys(name, keys, wait, lease).await
+    }
+
+    /// Acquires what `keys` hold for `name`: its lock, or one of its semaphore's permits.
+    pub(super) async fn acquire_keys(
+        self,
+        name: LockName,
+        keys: Arc<LockKeys>,
+        wait: Duration,
+        lease: Lease,
+    ) -> Result<Attempted, LockError> {
         let started = Instant::now();
         let deadline = clock::after(started, wait);
-        let keys = Arc::new(LockKeys::new(&self.inner.config.prefix, &name));
         let labelled = self.inner.config.metrics_name_label;
 
         // Re-entry inside a lock scope: a hold this task has (even a lost one, whose loss is
         // reported rather than papered over with a new lock).
-        if let Some(hold) = scope::find(self.inner.id, &keys.lock)
+        if keys.semaphore.is_none()
+            && let Some(hold) = scope::find(self.inner.id, &keys.lock)
             && let Some(guard) = self.reenter(hold).await?
         {
             return Ok(Attempted::Held(guard));
@@ -341,7 +353,10 @@ impl Locker {
         if watchdog {
             self.inner.watchdog.register(&self.inner, state.clone());
         }
-        scope::record(self.inner.id, &state);
+        // A permit is one of several: nothing to re-enter.
+        if keys_are_lock(&state) {
+            scope::record(self.inner.id, &state);
+        }
         LockGuard {
             state,
             locker: self.clone(),
@@ -349,6 +364,11 @@ impl Locker {
             done: false,
         }
     }
+}
+
+/// Whether a hold is a lock's (not a semaphore's permit).
+fn keys_are_lock(hold: &HoldState) -> bool {
+    hold.keys.semaphore.is_none()
 }
 
 /// What one all-or-none attempt at several locks did.

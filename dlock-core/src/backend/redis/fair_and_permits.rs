@@ -1,0 +1,124 @@
+//! The scripts of fair locks and semaphores, over any Redis connection.
+
+use std::time::Duration;
+
+use super::{OpConn, RedisBackend, ScriptCall, millis};
+use crate::backend::{AcquireReply, FairReply};
+use crate::error::BackendError;
+use crate::name::LockKeys;
+use crate::script;
+
+impl RedisBackend {
+    /// A semaphore's attempt: a permit `owner` (its id) if fewer than the count are held.
+    pub(super) async fn acquire_permit(
+        &self,
+        conn: &OpConn,
+        keys: &LockKeys,
+        limit: &str,
+        permits: u32,
+        owner: &str,
+        lease: Duration,
+    ) -> Result<AcquireReply, BackendError> {
+        let call = ScriptCall::new(&script::ACQUIRE_PERMIT, &[&keys.lock, limit])
+            .arg(owner)
+            .arg(millis(lease))
+            .arg(permits);
+        let ((code, ms), acknowledged): ((i64, i64), _) =
+            self.invoke(conn, &call, true, self.ack).await?;
+        if code == 1 {
+            // Not acknowledged in time: the caller's clean-up gives the permit back.
+            self.acknowledged(acknowledged)?;
+            return Ok(AcquireReply::Acquired { fence: 0 });
+        }
+        Ok(AcquireReply::Busy {
+            pttl: u64::try_from(ms).ok().map(Duration::from_millis),
+        })
+    }
+
+    pub(crate) async fn set_permits(
+        &self,
+        conn: &OpConn,
+        keys: &LockKeys,
+        permits: Option<u32>,
+    ) -> Result<(), BackendError> {
+        let limit = semaphore_limit(keys)?;
+        let call = ScriptCall::new(&script::SET_PERMITS, &[limit, &keys.channel])
+            .arg(permits.map_or(String::new(), |n| n.to_string()))
+            .arg(self.publish());
+        let (_, acknowledged): (i64, _) = self.invoke(conn, &call, true, self.ack).await?;
+        self.acknowledged(acknowledged)
+    }
+
+    pub(crate) async fn permits(
+        &self,
+        conn: &OpConn,
+        keys: &LockKeys,
+    ) -> Result<(u32, Option<u32>), BackendError> {
+        let limit = semaphore_limit(keys)?;
+        let call = ScriptCall::new(&script::PERMITS, &[&keys.lock, limit]);
+        let ((held, set), _): ((i64, i64), _) = self.invoke(conn, &call, true, None).await?;
+        Ok((
+            u32::try_from(held).unwrap_or(u32::MAX),
+            u32::try_from(set).ok(),
+        ))
+    }
+
+    /// A fair lock's attempt: the lock, or (with `alive`) a place in line kept for `alive`.
+    pub(crate) async fn acquire_fair(
+        &self,
+        conn: &OpConn,
+        keys: &LockKeys,
+        owner: &str,
+        lease: Duration,
+        fence_ttl: Option<Duration>,
+        alive: Option<Duration>,
+    ) -> Result<FairReply, BackendError> {
+        let fair = (keys.fair.as_ref())
+            .ok_or_else(|| BackendError::protocol("a fair attempt on a plain lock"))?;
+        let call = ScriptCall::new(
+            &script::ACQUIRE_FAIR,
+            &[
+                &keys.lock,
+                &keys.fence,
+                &keys.channel,
+                &fair.queue,
+                &fair.alive,
+            ],
+        )
+        .arg(owner)
+        .arg(millis(lease))
+        .arg(fence_ttl.map_or(0, millis))
+        .arg(alive.map_or(0, millis))
+        .arg(self.publish());
+        let (reply, acknowledged): (Vec<i64>, _) = self.invoke(conn, &call, true, self.ack).await?;
+        let reply = match reply.as_slice() {
+            [1, fence] => FairReply {
+                reply: AcquireReply::Acquired {
+                    fence: u64::try_from(*fence)
+                        .map_err(|_| BackendError::protocol("negative fencing token"))?,
+                },
+                place: None,
+            },
+            [0, pttl, place] => FairReply {
+                reply: AcquireReply::Busy {
+                    pttl: u64::try_from(*pttl).ok().map(Duration::from_millis),
+                },
+                place: u64::try_from(*place).ok(),
+            },
+            _ => return Err(BackendError::protocol("fair acquire script answered badly")),
+        };
+        if matches!(reply.reply, AcquireReply::Acquired { .. }) {
+            // Not acknowledged in time: the caller's clean-up releases the grant.
+            self.acknowledged(acknowledged)?;
+        }
+        Ok(reply)
+    }
+}
+
+/// A semaphore's count key (an error for a lock's keys).
+fn semaphore_limit(keys: &LockKeys) -> Result<&str, BackendError> {
+    match &keys.semaphore {
+        Some(sem) => Ok(&sem.limit),
+        None => Err(BackendError::protocol("a semaphore command on a lock")),
+    }
+}

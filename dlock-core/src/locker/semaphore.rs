@@ -1,0 +1,264 @@
+//! Semaphores with expiring permits: at most N holders of one name at once, across processes.
+
+use std::future::{Future, IntoFuture};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tracing::Instrument as _;
+
+use super::*;
+use crate::error::{LockError, ReleaseOutcome};
+use crate::guard::{LockGuard, Lost};
+use crate::name::{LockKeys, LockName};
+
+/// A counting semaphore in Redis: at most [`permits`](Self::permits) holders of one name at a
+/// time, across tasks and processes. Made by [`Locker::semaphore`]; cheap to clone.
+///
+/// Each [`Permit`] has an id and a lease of its own, renewed by the watchdog while the permit
+/// lives (or fixed), so a holder that crashed gives its permit back when its lease ends. Waiters
+/// are woken by every release. The count can be changed while the semaphore is in use
+/// ([`set_permits`](Self::set_permits)): every handle on the name then uses the new count.
+///
+/// ```no_run
+/// use std::time::Duration;
+///
+/// # async fn demo(locker: dlock_core::Locker) -> Result<(), dlock_core::LockError> {
+/// // At most 3 checkouts of one SKU at a time, across every instance of the service.
+/// let checkouts = locker.semaphore("checkout:sku-42", 3);
+/// let permit = checkouts.acquire().wait(Duration::from_secs(2)).await?;
+/// // ... the checkout ...
+/// assert!(permit.release().await.is_released());
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Semaphore {
+    locker: Locker,
+    /// The name, or why it is not one (kept to be returned by every call).
+    name: Result<LockName, Arc<LockError>>,
+    permits: u32,
+}
+
+/// What a semaphore holds, read from Redis.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SemaphoreStatus {
+    /// Permits held now (unexpired).
+    pub held: u32,
+    /// The count in force: the one set with [`Semaphore::set_permits`], or this handle's own.
+    pub permits: u32,
+    /// Whether a count was set at run time.
+    pub set: bool,
+}
+
+impl Locker {
+    /// A semaphore named `name` with `permits` permits (unless a count was set for the name at
+    /// run time, see [`Semaphore::set_permits`]). A semaphore's keys never collide with a lock's
+    /// of the same name.
+    pub fn semaphore(&self, name: impl IntoLockName, permits: u32) -> Semaphore {
+        Semaphore {
+            locker: self.clone(),
+            name: self.name(name).map_err(Arc::new),
+            permits,
+        }
+    }
+}
+
+impl Semaphore {
+    /// The count this handle uses when none was set at run time.
+    pub fn permits(&self) -> u32 {
+        self.permits
+    }
+
+    fn keys(&self) -> Result<(LockName, Arc<LockKeys>), LockError> {
+        let name = self.name.clone().map_err(|err| match &*err {
+            LockError::InvalidName(invalid) => LockError::InvalidName(invalid.clone()),
+            other => LockError::Config(other.to_string()),
+        })?;
+        let prefix = &self.locker.inner.config.prefix;
+        let keys = Arc::new(LockKeys::semaphore(prefix, &name, self.permits));
+        Ok((name, keys))
+    }
+
+    /// Starts a request for one permit: set how long to wait and how to lease, then `.await`.
+    pub fn acquire(&self) -> PermitRequest {
+        PermitRequest {
+            semaphore: self.clone(),
+            wait: self.locker.inner.config.default_wait,
+            lease: self.locker.inner.config.default_lease,
+        }
+    }
+
+    /// Sets the permit count for every handle on this name, from now on, and wakes waiters (a
+    /// higher count lets them in at once). Permits already held stay valid when the count goes
+    /// down; new ones are granted once fewer than the new count are held. The count stays in
+    /// Redis until changed or [reset](Self::reset_permits).
+    pub async fn set_permits(&self, permits: u32) -> Result<(), LockError> {
+        self.store_permits(Some(permits)).await
+    }
+
+    /// Removes a count set with [`set_permits`](Self::set_permits): each handle's own count
+    /// applies again.
+    pub async fn reset_permits(&self) -> Result<(), LockError> {
+        self.store_permits(None).await
+    }
+
+    async fn store_permits(&self, permits: Option<u32>) -> Result<(), LockError> {
+        let (_, keys) = self.keys()?;
+        let session = (self.locker.inner.backend.session().await).map_err(LockError::Backend)?;
+        (session.set_permits(&keys, permits).await).map_err(LockError::Backend)
+    }
+
+    /// How many permits are held now and the count in force, read from Redis in one script.
+    pub async fn status(&self) -> Result<SemaphoreStatus, LockError> {
+        let (_, keys) = self.keys()?;
+        let session = (self.locker.inner.backend.session().await).map_err(LockError::Backend)?;
+        let (held, set) = (session.permits(&keys).await).map_err(LockError::Backend)?;
+        Ok(SemaphoreStatus {
+            held,
+            permits: set.unwrap_or(self.permits),
+            set: set.is_some(),
+        })
+    }
+}
+
+/// A request for one permit of a [`Semaphore`]: set how long to wait and how to lease, then
+/// `.await` it.
+#[must_use = "a permit request does nothing until awaited"]
+#[derive(Debug)]
+pub struct PermitRequest {
+    semaphore: Semaphore,
+    wait: Duration,
+    lease: Lease,
+}
+
+impl PermitRequest {
+    /// Waits up to `wait` for a permit (default: the `Locker`'s default wait). Returns within
+    /// `wait` plus one command timeout; [`LockError::Timeout`] if every permit stayed taken.
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// A fixed lease: the permit is not renewed and expires `lease` after it was granted unless
+    /// given back first.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = Lease::Fixed(lease);
+        self
+    }
+
+    /// Watchdog mode with this lease (renewed every third of it while the permit lives).
+    pub fn watchdog_lease(mut self, lease: Duration) -> Self {
+        self.lease = Lease::Watchdog(lease);
+        self
+    }
+
+    /// One attempt (ignoring any wait): `Ok(None)` when every permit is taken.
+    pub async fn try_acquire(mut self) -> Result<Option<Permit>, LockError> {
+        self.wait = Duration::ZERO;
+        match self.run().await? {
+            (Attempted::Held(guard), _) => Ok(Some(Permit { guard })),
+            (Attempted::Busy(_), _) => Ok(None),
+        }
+    }
+
+    async fn run(self) -> Result<(Attempted, LockName), LockError> {
+        let (name, keys) = self.semaphore.keys()?;
+        if self.semaphore.permits == 0 {
+            return Err(LockError::Config(format!(
+                "semaphore {name} has no permits: give it at least one"
+            )));
+        }
+        super::lease::check_lease(self.lease.duration())?;
+        let span = tracing::debug_span!("dlock.acquire_permit", name = name.for_logs());
+        let locker = self.semaphore.locker.clone();
+        let attempted = (locker.acquire_keys(name.clone(), keys, self.wait, self.lease))
+            .instrument(span)
+            .await?;
+        Ok((attempted, name))
+    }
+
+    async fn acquire_or_timeout(self) -> Result<Permit, LockError> {
+        let started = Instant::now();
+        let labelled = self.semaphore.locker.inner.config.metrics_name_label;
+        match self.run().await? {
+            (Attempted::Held(guard), _) => Ok(Permit { guard }),
+            (Attempted::Busy(retry_after), name) => Err(super::acquire::timed_out(
+                labelled,
+                &name,
+                started,
+                retry_after,
+            )),
+        }
+    }
+}
+
+impl IntoFuture for PermitRequest {
+    type Output = Result<Permit, LockError>;
+    type IntoFuture = Pin<Box<dyn Future<Output = Self::Output> + Send>>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(self.acquire_or_timeout())
+    }
+}
+
+/// A held permit of a [`Semaphore`].
+///
+/// Dropping it gives the permit back in the background (a runtime must be running); prefer
+/// [`release`](Self::release) to learn the outcome.
+#[must_use = "the permit is given back as soon as it is dropped"]
+#[derive(Debug)]
+pub struct Permit {
+    guard: LockGuard,
+}
+
+impl Permit {
+    /// The semaphore's name.
+    pub fn name(&self) -> &LockName {
+        self.guard.name()
+    }
+
+    /// This permit's id, unique among the semaphore's permits.
+    pub fn id(&self) -> &str {
+        &self.guard.state.owner
+    }
+
+    /// Whether the watchdog renews the permit (otherwise it has a fixed lease).
+    pub fn is_watchdog(&self) -> bool {
+        self.guard.is_watchdog()
+    }
+
+    /// The validity deadline on tokio's clock (grant or last renewal plus the lease, minus a
+    /// drift margin).
+    pub fn valid_until(&self) -> Instant {
+        self.guard.valid_until()
+    }
+
+    /// How long the permit is certainly still held for; zero once lost.
+    pub fn remaining(&self) -> Duration {
+        self.guard.remaining()
+    }
+
+    /// Whether the permit was lost (expired before a renewal, or removed).
+    pub fn is_lost(&self) -> bool {
+        self.guard.is_lost()
+    }
+
+    /// Resolves when the permit is lost; never for a permit given back normally.
+    pub fn lost(&self) -> Lost {
+        self.guard.lost()
+    }
+
+    /// Runs `fut` while the permit is held and cancels it as soon as the permit is lost,
+    /// returning [`LockError::Lost`].
+    pub async fn run<F: Future>(&self, fut: F) -> Result<F::Output, LockError> {
+        self.guard.run(fut).await
+    }
+
+    /// Gives the permit back and wakes waiters: `Released`, or `Expired` if it was gone already.
+    pub async fn release(self) -> ReleaseOutcome {
+        self.guard.release().await
+    }
+}
