@@ -26,6 +26,19 @@ pub struct Counters {
     instance: String,
     pending: [AtomicU64; 5],
     flushing: tokio::sync::Mutex<()>,
+    /// Buyers in the order path now, and the most there were at once (this instance).
+    buying: AtomicU64,
+    most_buying: AtomicU64,
+}
+
+/// One buyer in the order path; counted out when dropped.
+#[derive(Debug)]
+pub struct Buying<'a>(&'a Counters);
+
+impl Drop for Buying<'_> {
+    fn drop(&mut self) {
+        self.0.buying.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// One of the counters.
@@ -51,7 +64,21 @@ impl Counters {
             instance,
             pending: Default::default(),
             flushing: tokio::sync::Mutex::new(()),
+            buying: AtomicU64::new(0),
+            most_buying: AtomicU64::new(0),
         }
+    }
+
+    /// Counts a buyer into the order path until the returned value is dropped.
+    pub fn buying(&self) -> Buying<'_> {
+        let now = self.buying.fetch_add(1, Ordering::Relaxed) + 1;
+        self.most_buying.fetch_max(now, Ordering::Relaxed);
+        Buying(self)
+    }
+
+    /// The most buyers this instance had in the order path at once.
+    pub fn most_buying(&self) -> u64 {
+        self.most_buying.load(Ordering::Relaxed)
     }
 
     /// This instance's name in the `counters` table.

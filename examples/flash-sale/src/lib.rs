@@ -5,6 +5,11 @@
 //!   exactly the race a per-user lock exists for. The service function is guarded with
 //!   `#[distributed_lock(key = "order:<user_id>:<voucher_id>")]` ([`App::buy`]). The voucher is
 //!   looked up first: a request for one that doesn't exist never reaches Redis.
+//! - A hot voucher must not take every database connection from the rest of the shop: at most
+//!   [`App::buyers_per_voucher`] buyers of one voucher are in the order path at once, on every
+//!   instance together — a semaphore `sale:<voucher_id>` with expiring permits
+//!   (`Locker::semaphore`); the others wait for a permit, and a permit whose instance crashed
+//!   comes back when its lease ends.
 //! - Checking out a cart locks the cart and every SKU in it, all-or-none, with a `LockLayer`
 //!   ([`routes`]). A key function can't see the future: the SKUs it names were read before the
 //!   locks were taken, and the cart may have changed meanwhile. So it locks what decides the
@@ -69,6 +74,9 @@ pub struct App {
     pub locker: Locker,
     /// Whether the locks are on (`--no-locks` turns them off).
     pub locks: bool,
+    /// How many buyers of one voucher may be in the order path at once, across every instance
+    /// (a semaphore `sale:<voucher>` in Redis; [`BUYERS_PER_VOUCHER`] unless set).
+    pub buyers_per_voucher: u32,
     /// This instance's request counters.
     pub counters: Arc<Counters>,
     /// Changes of the catalog and of users' carts and orders, for the event stream.
@@ -102,10 +110,16 @@ pub async fn app(database_url: &str, locker: Locker, locks: bool) -> Result<App,
         db,
         locker,
         locks,
+        buyers_per_voucher: BUYERS_PER_VOUCHER,
         counters,
         events,
     })
 }
+
+/// How many buyers of one voucher are let into the order path at once, across instances, by
+/// default: enough to keep the database busy, few enough that a hot voucher can't take every
+/// database connection from the rest of the shop.
+pub const BUYERS_PER_VOUCHER: u32 = 16;
 
 /// The shop's router: the JSON API under `/api`, the pages, the health checks.
 pub fn router(app: App) -> Router {

@@ -115,10 +115,12 @@ pub struct ServerConfig {
     pub redis: RedisTarget,
     /// The database.
     pub database_url: String,
+    /// Buyers of one voucher let into the order path at once, across instances.
+    pub buyers_per_voucher: u32,
 }
 
 /// The instance's command line.
-pub const USAGE: &str = "[--port N] [--no-locks]   (env: REDIS_URL, or REDIS_CLUSTER_URLS=\
+pub const USAGE: &str = "[--port N] [--no-locks] [--buyers-per-voucher N]   (env: REDIS_URL, or REDIS_CLUSTER_URLS=\
 redis://127.0.0.1:7000/,redis://127.0.0.1:7001/ for a Redis Cluster; DATABASE_URL, RUST_LOG, \
 LOG_FORMAT=json)";
 
@@ -134,6 +136,7 @@ impl ServerConfig {
             redis: RedisTarget::from_env()?,
             database_url: std::env::var("DATABASE_URL")
                 .unwrap_or_else(|_| "sqlite://flash-sale.db?mode=rwc".to_owned()),
+            buyers_per_voucher: crate::BUYERS_PER_VOUCHER,
         };
         let mut args = args.into_iter();
         while let Some(arg) = args.next() {
@@ -145,6 +148,13 @@ impl ServerConfig {
                         .ok_or("--port needs a number")?;
                 }
                 "--no-locks" => config.locks = false,
+                "--buyers-per-voucher" => {
+                    config.buyers_per_voucher = args
+                        .next()
+                        .and_then(|n| n.parse().ok())
+                        .filter(|n| *n > 0)
+                        .ok_or("--buyers-per-voucher needs a number from 1")?;
+                }
                 "--help" | "-h" => return Ok(None),
                 other => return Err(format!("unknown argument `{other}`; usage: {USAGE}")),
             }
@@ -197,9 +207,10 @@ pub async fn locker_for(redis: &RedisTarget) -> Result<Locker, String> {
 pub async fn serve(config: ServerConfig) -> Result<(), String> {
     crate::telemetry::init();
     let locker = locker_for(&config.redis).await?;
-    let app = crate::app(&config.database_url, locker, config.locks)
+    let mut app = crate::app(&config.database_url, locker, config.locks)
         .await
         .map_err(|e| format!("database: {e}"))?;
+    app.buyers_per_voucher = config.buyers_per_voucher;
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", config.port))
         .await
         .map_err(|e| format!("cannot listen on port {}: {e}", config.port))?;

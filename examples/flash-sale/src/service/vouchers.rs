@@ -2,13 +2,16 @@
 
 use std::time::Instant;
 
-use dlock_core::{LockError, distributed_lock};
+use dlock_core::{LockError, LockName, distributed_lock};
 use sqlx::Row as _;
 use sqlx::any::AnyRow;
 
 use super::db_token;
 use crate::model::{CURRENCY, NewVoucher, Order, Voucher};
 use crate::{App, AppError, now_ms, validate};
+
+/// How long a buyer waits to be let into a voucher's order path.
+const SALE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 const VOUCHER_COLUMNS: &str = "id, title, price, stock, begin_at, end_at";
 
@@ -54,7 +57,9 @@ fn already_ordered() -> AppError {
 
 impl App {
     /// Buys voucher `voucher_id` for `user_id`: at most one order per user and voucher, under
-    /// the lock `order:<user_id>:<voucher_id>` (unless the shop runs with `--no-locks`).
+    /// the lock `order:<user_id>:<voucher_id>`, with at most
+    /// [`buyers_per_voucher`](App::buyers_per_voucher) buyers of the voucher in the order path
+    /// at once across instances (unless the shop runs with `--no-locks`).
     ///
     /// The user and the voucher are looked up before any lock: a request for something that
     /// doesn't exist (or isn't on sale) is answered without touching Redis, and leaves no key
@@ -71,11 +76,31 @@ impl App {
                 AppError::Conflict("sold out".to_owned())
             });
         }
-        if self.locks {
-            self.buy_locked(user_id, voucher_id, Instant::now()).await
-        } else {
-            self.place_order(user_id, voucher_id, None).await
+        if !self.locks {
+            return self.place_order(user_id, voucher_id, None).await;
         }
+        // At most `buyers_per_voucher` buyers of this voucher in the order path at once, on
+        // every instance together; the others wait for a permit (409 busy after the wait).
+        let asked = Instant::now();
+        let sale = LockName::builder()
+            .literal("sale:")
+            .value(voucher_id)
+            .build()?;
+        let permit = (self
+            .locker
+            .semaphore(sale, self.buyers_per_voucher)
+            .acquire())
+        .wait(SALE_WAIT)
+        .await?;
+        let order = permit
+            .run(async {
+                let _buying = self.counters.buying();
+                self.buy_locked(user_id, voucher_id, asked).await
+            })
+            .await;
+        // Given back either way; a permit that could not be given back expires with its lease.
+        let _ = permit.release().await;
+        order?
     }
 
     /// The order under the user's lock, which every instance of the shop takes through the
