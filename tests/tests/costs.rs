@@ -59,6 +59,10 @@ async fn warm_locker(server: &RedisServer) -> Locker {
         .await
         .expect("fair");
     assert!(fair.release().await.is_released());
+    let permit = (locker.semaphore(format!("{warm}-sem"), 2).acquire())
+        .await
+        .expect("permit");
+    assert!(permit.release().await.is_released());
     let names = [format!("{warm}-a"), format!("{warm}-b")];
     let multi = locker.lock_all(names).await.expect("multi");
     assert!(multi.release().await.iter().all(|o| o.is_released()));
@@ -152,4 +156,19 @@ async fn an_at_least_release_keeps_the_key_in_the_same_round_trip() {
     let (_, released) = measure(&server, guard.release()).await;
     // The plain release's, and HSET + PEXPIRE to keep the name taken.
     assert_eq!(released, cost_of(1, 8));
+}
+
+#[tokio::test]
+async fn a_semaphore_permit_costs_one_round_trip_each_way() {
+    let server = RedisServer::start();
+    let locker = warm_locker(&server).await;
+    let semaphore = locker.semaphore(unique_name("cost-semaphore"), 3);
+    let (permit, taken) = measure(&server, semaphore.acquire().into_future()).await;
+    let permit = permit.expect("permit");
+    // EVALSHA; TIME, ZREMRANGEBYSCORE (expired permits), ZSCORE (a retry?), GET (the count set
+    // at run time), ZCARD, ZADD, PTTL + PEXPIRE (the set's TTL).
+    assert_eq!(taken, cost_of(1, 9));
+    let (_, released) = measure(&server, permit.release()).await;
+    // EVALSHA; ZREM, PUBLISH.
+    assert_eq!(released, cost_of(1, 3));
 }
