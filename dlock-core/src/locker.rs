@@ -21,9 +21,11 @@ mod default;
 mod fair;
 mod inspect;
 mod lease;
+mod leave;
 mod queue;
 mod release;
 mod request;
+mod rw;
 mod semaphore;
 #[cfg(feature = "sentinel")]
 mod sentinel;
@@ -39,6 +41,8 @@ pub(crate) use lease::check_at_least;
 use queue::{HeadWait, QueueEntry, handed};
 use release::release_outcome;
 pub use request::LockRequest;
+use request::RequestKind;
+pub use rw::{ReadGuard, ReadRequest, ReadWriteLock};
 pub use semaphore::{Permit, PermitRequest, Semaphore, SemaphoreStatus};
 
 /// The default lease of a watchdog-mode lock; it is renewed every third of it.
@@ -226,7 +230,7 @@ impl Locker {
             wait: self.inner.config.default_wait,
             lease: self.inner.config.default_lease,
             at_least: None,
-            fair: false,
+            kind: RequestKind::Plain,
         }
     }
 
@@ -251,7 +255,7 @@ impl Locker {
     /// Use a name either fairly or plainly, not both: a plain request ignores the line.
     pub fn fair_lock(&self, name: impl IntoLockName) -> LockRequest {
         LockRequest {
-            fair: true,
+            kind: RequestKind::Fair,
             ..self.lock(name)
         }
     }

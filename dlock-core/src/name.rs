@@ -25,6 +25,10 @@ use std::sync::Arc;
 
 use crate::error::{InvalidName, LockError};
 
+mod keys;
+
+pub(crate) use keys::{KeyKind, LockKeys, RwKeys, SemaphoreKeys};
+
 /// The longest lock name accepted, in bytes, after escaping.
 pub const MAX_NAME_LEN: usize = 512;
 
@@ -323,92 +327,6 @@ impl IntoLockName for &String {
 impl IntoLockName for Result<LockName, LockError> {
     fn into_lock_name(self) -> Result<LockName, LockError> {
         self
-    }
-}
-
-/// The Redis keys of one lock, all sharing one hash tag.
-#[derive(Debug, Clone)]
-pub(crate) struct LockKeys {
-    /// The owner hash: `owner token -> 1`, plus the fencing token and the lease sequence number
-    /// of the current hold.
-    pub(crate) lock: String,
-    /// The fencing counter (and the last released owner, for idempotent release retries).
-    pub(crate) fence: String,
-    /// The wake-up channel (for a fair lock, each waiter's channel is this one, `:`, and the
-    /// waiter's owner token).
-    pub(crate) channel: String,
-    /// A fair lock's queue keys (`None` for a plain lock).
-    pub(crate) fair: Option<FairKeys>,
-    /// A semaphore's (then `lock` is its set of permits).
-    pub(crate) semaphore: Option<SemaphoreKeys>,
-}
-
-/// What a semaphore's permits need besides their set.
-#[derive(Debug, Clone)]
-pub(crate) struct SemaphoreKeys {
-    /// The permit count set at run time (a string), if any.
-    pub(crate) limit: String,
-    /// The count to use when none was set.
-    pub(crate) permits: u32,
-}
-
-/// The keys of a fair lock's waiting line.
-#[derive(Debug, Clone)]
-pub(crate) struct FairKeys {
-    /// `waiter -> place in line` (a sorted set).
-    pub(crate) queue: String,
-    /// `waiter -> until when it counts as alive`, in server milliseconds (a sorted set).
-    pub(crate) alive: String,
-}
-
-impl LockKeys {
-    pub(crate) fn new(prefix: &str, name: &LockName) -> Self {
-        let mut lock = String::with_capacity(prefix.len() + name.as_str().len() + 2);
-        lock.push_str(prefix);
-        lock.push('{');
-        lock.push_str(name.as_str());
-        lock.push('}');
-        let fence = format!("{lock}:fence");
-        let channel = format!("{lock}:wake");
-        Self {
-            lock,
-            fence,
-            channel,
-            fair: None,
-            semaphore: None,
-        }
-    }
-
-    /// The keys of the semaphore `name` with `permits` permits unless a count was set: its
-    /// permits (a sorted set of permit ids by expiry, in `lock`), its set count and its wake-up
-    /// channel. They share the name's hash tag, but not a lock's keys.
-    pub(crate) fn semaphore(prefix: &str, name: &LockName, permits: u32) -> Self {
-        let base = Self::new(prefix, name).lock;
-        Self {
-            lock: format!("{base}:permits"),
-            fence: format!("{base}:permits:fence"),
-            channel: format!("{base}:permits:wake"),
-            fair: None,
-            semaphore: Some(SemaphoreKeys {
-                limit: format!("{base}:permits:limit"),
-                permits,
-            }),
-        }
-    }
-
-    /// The keys of the fair lock `name`: the plain lock's, and its waiting line.
-    pub(crate) fn fair(prefix: &str, name: &LockName) -> Self {
-        let mut keys = Self::new(prefix, name);
-        keys.fair = Some(FairKeys {
-            queue: format!("{}:queue", keys.lock),
-            alive: format!("{}:alive", keys.lock),
-        });
-        keys
-    }
-
-    /// The channel that wakes the fair waiter `owner`.
-    pub(crate) fn waiter_channel(&self, owner: &str) -> String {
-        format!("{}:{owner}", self.channel)
     }
 }
 

@@ -13,6 +13,11 @@
 //! | `<prefix>{<name>}:permits` | sorted set | semaphores: `permit id -> expiry` (server ms) |
 //! | `<prefix>{<name>}:permits:limit` | string | semaphores: the permit count set at run time |
 //! | `<prefix>{<name>}:permits:wake` | channel | semaphores: a message on every release |
+//! | `<prefix>{<name>}:write` | hash | read-write locks: the writer, as a lock's owner hash |
+//! | `<prefix>{<name>}:write:fence` | hash | read-write locks: the writers' fencing counter |
+//! | `<prefix>{<name>}:write:waiting` | sorted set | read-write locks: `writer -> until when its wait counts` (server ms) |
+//! | `<prefix>{<name>}:read` | sorted set | read-write locks: `reader id -> expiry` (server ms) |
+//! | `<prefix>{<name>}:rw:wake` | channel | read-write locks: a message when the writer or the last reader leaves |
 //!
 //! Fencing tokens: every fresh acquisition takes the server's clock in microseconds (`TIME`), or
 //! the last token + 1 when that is not below it, and stores it as the last token. So tokens
@@ -295,6 +300,118 @@ return {held, tonumber(redis.call('GET', KEYS[2]) or '-1') or -1}
 "#
 );
 
+/// A read-write lock's writer: the write lock when no writer holds it and no reader is in;
+/// otherwise (when asked) the writer's wait is recorded, so new readers stay out.
+///
+/// `KEYS[1]` write lock, `KEYS[2]` its fence, `KEYS[3]` readers, `KEYS[4]` writers waiting;
+/// `ARGV[1]` owner, `ARGV[2]` lease ms, `ARGV[3]` fence TTL ms (0 = none), `ARGV[4]` how long the
+/// wait counts without another attempt, ms (`0`: not recorded). Returns `{1, token}` acquired
+/// (also a retry), `{0, ms}` busy: the writer's PTTL, or when the first reader's lease ends.
+pub(crate) static ACQUIRE_WRITE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(ACQUIRE_WRITE_LUA));
+
+pub(crate) const ACQUIRE_WRITE_LUA: &str = concat!(
+    next_fence_lua!(),
+    fair_lua!(),
+    r#"
+local now = now_ms()
+redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
+redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
+local function waits()
+  if ARGV[4] ~= '0' then
+    local counts = tonumber(ARGV[4])
+    redis.call('ZADD', KEYS[4], now + counts, ARGV[1])
+    if redis.call('PTTL', KEYS[4]) < counts then
+      redis.call('PEXPIRE', KEYS[4], counts)
+    end
+  end
+end
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
+    return {1, tonumber(redis.call('HGET', KEYS[1], '#f'))}
+  end
+  waits()
+  return {0, redis.call('PTTL', KEYS[1])}
+end
+local first = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
+if first[2] then
+  waits()
+  return {0, tonumber(first[2]) - now}
+end
+redis.call('ZREM', KEYS[4], ARGV[1])
+local f = next_fence(KEYS[2], ARGV[3])
+redis.call('HSET', KEYS[1], ARGV[1], 1, '#f', string.format('%d', f))
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return {1, f}
+"#
+);
+
+/// A read-write lock's reader: in when no writer holds the lock and (when writers are
+/// preferred) none waits.
+///
+/// `KEYS[1]` readers, `KEYS[2]` write lock, `KEYS[3]` writers waiting; `ARGV[1]` reader id
+/// (fresh), `ARGV[2]` lease ms, `ARGV[3]` `1` when writers are preferred. Returns `{1, 0}` in
+/// (also a retry), `{0, ms}` busy: the writer's PTTL, or `-1` (a writer waits).
+pub(crate) static ACQUIRE_READ: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_READ_LUA));
+
+pub(crate) const ACQUIRE_READ_LUA: &str = concat!(
+    fair_lua!(),
+    r#"
+local now = now_ms()
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if redis.call('ZSCORE', KEYS[1], ARGV[1]) then
+  return {1, 0}
+end
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  return {0, redis.call('PTTL', KEYS[2])}
+end
+if ARGV[3] == '1' then
+  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
+  if redis.call('ZCARD', KEYS[3]) > 0 then
+    return {0, -1}
+  end
+end
+local lease = tonumber(ARGV[2])
+redis.call('ZADD', KEYS[1], now + lease, ARGV[1])
+if redis.call('PTTL', KEYS[1]) < lease then
+  redis.call('PEXPIRE', KEYS[1], lease)
+end
+return {1, 0}
+"#
+);
+
+/// A reader leaves; the last one wakes the waiters (writers).
+///
+/// `KEYS[1]` readers, `KEYS[2]` wake channel; `ARGV[1]` reader id, `ARGV[2]` the command that
+/// wakes waiters. Returns `{0, woken}` left, `{-1, 0}` it was gone (expired, or an earlier try of
+/// the same release).
+pub(crate) static RELEASE_READ: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_READ_LUA));
+
+pub(crate) const RELEASE_READ_LUA: &str = r#"
+if redis.call('ZREM', KEYS[1], ARGV[1]) == 1 then
+  if redis.call('EXISTS', KEYS[1]) == 0 then
+    return {0, redis.call(ARGV[2], KEYS[2], '1')}
+  end
+  return {0, 0}
+end
+return {-1, 0}
+"#;
+
+/// Whether the member `ARGV[1]` (a permit, a reader) of `KEYS[1]` is still in (read-only):
+/// `{1, 0}` in, `{0, -2}` gone.
+pub(crate) static HOLDS_MEMBER: LazyLock<Script> = LazyLock::new(|| Script::new(HOLDS_MEMBER_LUA));
+
+pub(crate) const HOLDS_MEMBER_LUA: &str = concat!(
+    fair_lua!(),
+    r#"
+local expiry = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if expiry and tonumber(expiry) > now_ms() then
+  return {1, 0}
+end
+return {0, -2}
+"#
+);
+
 /// Re-entry check, read-only: does `ARGV[1]` still hold `KEYS[1]`?
 ///
 /// Returns `{1, token}` held, `{0, pttl}` not held by this owner (`pttl` -2 when nobody holds it).
@@ -321,13 +438,16 @@ return {0, redis.call('PTTL', KEYS[1])}
 ///
 /// For a fair lock, `ARGV[6]` is `1`, `KEYS[4]` the queue and `KEYS[5]` alive: `ARGV[1]` also
 /// leaves the line (a waiter giving up sends this too), and whenever the lock is left free only
-/// the head of the line is woken, on its own channel.
+/// the head of the line is woken, on its own channel. For a read-write lock's writer, `ARGV[6]`
+/// is `2` and `KEYS[4]` the writers waiting: `ARGV[1]` stops waiting too (a writer giving up
+/// sends this), and readers held back by its wait are woken when the lock is free.
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_LUA));
 
 pub(crate) const RELEASE_LUA: &str = concat!(
     fair_lua!(),
     r#"
 local fair = ARGV[6] == '1'
+local writer = ARGV[6] == '2'
 local function wake()
   if not fair then
     return redis.call(ARGV[4], KEYS[3], '1')
@@ -338,9 +458,12 @@ local function wake()
   end
   return 0
 end
+local left = 0
 if fair then
   redis.call('ZREM', KEYS[4], ARGV[1])
   redis.call('ZREM', KEYS[5], ARGV[1])
+elseif writer then
+  left = redis.call('ZREM', KEYS[4], ARGV[1])
 end
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1
   or (ARGV[2] ~= '' and redis.call('HEXISTS', KEYS[1], ARGV[2]) == 1) then
@@ -361,7 +484,7 @@ if redis.call('HGET', KEYS[2], 'r') == ARGV[1] then
 elseif redis.call('EXISTS', KEYS[1]) == 1 then
   code = -2
 end
-if fair and redis.call('EXISTS', KEYS[1]) == 0 then
+if (fair or left == 1) and redis.call('EXISTS', KEYS[1]) == 0 then
   wake()
 end
 return {code, 0}

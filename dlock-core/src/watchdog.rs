@@ -99,7 +99,7 @@ impl Watchdog {
                     owner: h.owner.to_string(),
                     lease_ms: u64::try_from(lease.as_millis()).unwrap_or(u64::MAX),
                     seq: h.begin_change(lease, sent_at),
-                    permit: h.keys.semaphore.is_some(),
+                    permit: h.keys.is_member(),
                 }
             })
             .collect();

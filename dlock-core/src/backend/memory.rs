@@ -15,7 +15,7 @@ use super::{
     RenewReply,
 };
 use crate::clock;
-use crate::name::LockKeys;
+use crate::name::{KeyKind, LockKeys, RwKeys, SemaphoreKeys};
 use crate::wait::{Slots, Watch};
 
 /// A store of locks living in this process. Several `Locker`s built on clones of one store see
@@ -51,6 +51,8 @@ struct State {
     permits: HashMap<String, HashMap<String, Instant>>,
     /// Semaphores' counts set at run time, per count key.
     limits: HashMap<String, u32>,
+    /// Read-write locks' waiting writers (`writer -> until when its wait counts`).
+    waiting: HashMap<String, HashMap<String, Instant>>,
 }
 
 /// A fair lock's waiters in order: each with until when it counts as alive.
@@ -133,18 +135,11 @@ impl MemoryBackend {
     }
 
     pub(crate) fn acquire(&self, keys: &LockKeys, owner: &str, lease: Duration) -> AcquireReply {
-        if let Some(sem) = &keys.semaphore {
-            let now = Instant::now();
-            let mut state = self.store.state();
-            let limit = state.limits.get(&sem.limit).copied().unwrap_or(sem.permits);
-            let permits = state.permits.entry(keys.lock.clone()).or_default();
-            permits.retain(|_, expiry| *expiry > now);
-            if permits.contains_key(owner) || permits.len() < limit as usize {
-                permits.insert(owner.to_owned(), clock::after(now, lease));
-                return AcquireReply::Acquired { fence: 0 };
-            }
-            let first = permits.values().min().map(|e| *e - now);
-            return AcquireReply::Busy { pttl: first };
+        match &keys.kind {
+            KeyKind::Semaphore(sem) => return self.acquire_permit(keys, sem, owner, lease),
+            KeyKind::Write(rw) => return self.acquire_write(keys, rw, owner, lease),
+            KeyKind::Read(rw) => return self.acquire_read(rw, owner, lease),
+            KeyKind::Lock | KeyKind::Fair(_) => {}
         }
         match self.acquire_all(&[(keys, owner)], lease) {
             AcquireAllReply::Acquired { fences } => AcquireReply::Acquired {
@@ -335,6 +330,16 @@ impl MemoryBackend {
     pub(crate) fn holds(&self, keys: &LockKeys, owner: &str) -> AcquireReply {
         let now = Instant::now();
         let mut state = self.store.state();
+        if keys.is_member() {
+            let held = (state.permits.get(&keys.lock))
+                .and_then(|p| p.get(owner))
+                .is_some_and(|expiry| *expiry > now);
+            return if held {
+                AcquireReply::Acquired { fence: 0 }
+            } else {
+                AcquireReply::Busy { pttl: None }
+            };
+        }
         match Self::live(&mut state, &keys.lock, now) {
             Some(held) if held.owner == owner => AcquireReply::Acquired { fence: held.fence },
             Some(held) => AcquireReply::Busy {
@@ -376,9 +381,99 @@ impl MemoryBackend {
         }
     }
 
+    fn acquire_permit(
+        &self,
+        keys: &LockKeys,
+        sem: &SemaphoreKeys,
+        owner: &str,
+        lease: Duration,
+    ) -> AcquireReply {
+        let now = Instant::now();
+        let mut state = self.store.state();
+        let limit = state.limits.get(&sem.limit).copied().unwrap_or(sem.permits);
+        let permits = state.permits.entry(keys.lock.clone()).or_default();
+        permits.retain(|_, expiry| *expiry > now);
+        if permits.contains_key(owner) || permits.len() < limit as usize {
+            permits.insert(owner.to_owned(), clock::after(now, lease));
+            return AcquireReply::Acquired { fence: 0 };
+        }
+        let first = permits.values().min().map(|e| *e - now);
+        AcquireReply::Busy { pttl: first }
+    }
+
+    /// A writer's attempt, as the write script: its wait recorded while it is kept out.
+    fn acquire_write(
+        &self,
+        keys: &LockKeys,
+        rw: &RwKeys,
+        owner: &str,
+        lease: Duration,
+    ) -> AcquireReply {
+        let now = Instant::now();
+        let mut state = self.store.state();
+        let readers = state.permits.entry(rw.readers.clone()).or_default();
+        readers.retain(|_, expiry| *expiry > now);
+        let first_reader = readers.values().min().map(|e| *e - now);
+        let waiting = state.waiting.entry(rw.waiting.clone()).or_default();
+        waiting.retain(|_, until| *until > now);
+        let busy = |state: &mut State, pttl| {
+            if let Some(counts) = rw.wait_counts {
+                let waiting = state.waiting.entry(rw.waiting.clone()).or_default();
+                waiting.insert(owner.to_owned(), clock::after(now, counts));
+            }
+            AcquireReply::Busy { pttl }
+        };
+        if let Some(held) = Self::live(&mut state, &keys.lock, now) {
+            if held.owner == owner {
+                return AcquireReply::Acquired { fence: held.fence };
+            }
+            let pttl = Some(held.expires - now);
+            return busy(&mut state, pttl);
+        }
+        if first_reader.is_some() {
+            return busy(&mut state, first_reader);
+        }
+        if let Some(waiting) = state.waiting.get_mut(&rw.waiting) {
+            waiting.remove(owner);
+        }
+        let fence = Self::next_fence(&mut state, &keys.lock);
+        let held = Held {
+            owner: owner.to_owned(),
+            fence,
+            expires: clock::after(now, lease),
+            seq: 0,
+        };
+        state.locks.insert(keys.lock.clone(), held);
+        AcquireReply::Acquired { fence }
+    }
+
+    /// A reader's attempt, as the read script.
+    fn acquire_read(&self, rw: &RwKeys, owner: &str, lease: Duration) -> AcquireReply {
+        let now = Instant::now();
+        let mut state = self.store.state();
+        let readers = state.permits.entry(rw.readers.clone()).or_default();
+        readers.retain(|_, expiry| *expiry > now);
+        if readers.contains_key(owner) {
+            return AcquireReply::Acquired { fence: 0 };
+        }
+        if let Some(held) = Self::live(&mut state, &rw.write, now) {
+            return AcquireReply::Busy {
+                pttl: Some(held.expires - now),
+            };
+        }
+        let waiting = state.waiting.entry(rw.waiting.clone()).or_default();
+        waiting.retain(|_, until| *until > now);
+        if rw.prefer_writers && !waiting.is_empty() {
+            return AcquireReply::Busy { pttl: None };
+        }
+        let readers = state.permits.entry(rw.readers.clone()).or_default();
+        readers.insert(owner.to_owned(), clock::after(now, lease));
+        AcquireReply::Acquired { fence: 0 }
+    }
+
     /// Sets (or, with `None`, removes) a semaphore's count and wakes its waiters.
     pub(crate) fn set_permits(&self, keys: &LockKeys, permits: Option<u32>) {
-        if let Some(sem) = &keys.semaphore {
+        if let Some(sem) = keys.semaphore_keys() {
             let mut state = self.store.state();
             match permits {
                 Some(n) => state.limits.insert(sem.limit.clone(), n),
@@ -394,7 +489,9 @@ impl MemoryBackend {
         let state = self.store.state();
         let held =
             (state.permits.get(&keys.lock)).map_or(0, |p| p.values().filter(|e| **e > now).count());
-        let set = (keys.semaphore.as_ref()).and_then(|sem| state.limits.get(&sem.limit).copied());
+        let set = keys
+            .semaphore_keys()
+            .and_then(|sem| state.limits.get(&sem.limit).copied());
         (u32::try_from(held).unwrap_or(u32::MAX), set)
     }
 
@@ -407,22 +504,36 @@ impl MemoryBackend {
     ) -> ReleaseReply {
         let mut state = self.store.state();
         let now = Instant::now();
-        if keys.semaphore.is_some() {
+        if keys.is_member() {
             let permits = state.permits.entry(keys.lock.clone()).or_default();
             let given_back = permits.remove(owner).is_some_and(|expiry| expiry > now);
-            if permits.is_empty() {
+            let last = permits.is_empty();
+            if last {
                 state.permits.remove(&keys.lock);
             }
             drop(state);
             if !given_back {
                 return ReleaseReply::Expired;
             }
-            let woke = self.store.inner.slots.wake(&keys.channel);
+            // The last reader wakes the writers; every permit given back wakes its waiters.
+            let wake = keys.semaphore_keys().is_some() || last;
+            let woke = if wake {
+                self.store.inner.slots.wake(&keys.channel)
+            } else {
+                0
+            };
             return ReleaseReply::Released {
                 woke: u32::try_from(woke).unwrap_or(u32::MAX),
             };
         }
-        if keys.fair.is_some() {
+        // A writer that stops waiting lets the readers it held back in.
+        let mut left = false;
+        if let KeyKind::Write(rw) = &keys.kind
+            && let Some(waiting) = state.waiting.get_mut(&rw.waiting)
+        {
+            left = waiting.remove(owner).is_some();
+        }
+        if keys.fair_keys().is_some() {
             Self::leave(&mut state, &keys.lock, owner);
         }
         let releasing = Self::live(&mut state, &keys.lock, now)
@@ -439,7 +550,7 @@ impl MemoryBackend {
             };
             state.locks.insert(keys.lock.clone(), held);
         }
-        if keys.fair.is_some() {
+        if keys.fair_keys().is_some() {
             // Only the head of the line is woken, whenever the lock is left free.
             let free = Self::live(&mut state, &keys.lock, now).is_none();
             let head = free.then(|| Self::fair_head(&mut state, &keys.lock, now));
@@ -455,7 +566,11 @@ impl MemoryBackend {
                 reply => reply,
             };
         }
+        let free = Self::live(&mut state, &keys.lock, now).is_none();
         drop(state);
+        if left && free && !releasing {
+            self.store.inner.slots.wake(&keys.channel);
+        }
         if let ReleaseReply::Released { .. } = reply {
             let woke = self.store.inner.slots.wake(&keys.channel);
             return ReleaseReply::Released {

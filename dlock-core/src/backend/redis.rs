@@ -8,8 +8,8 @@ use std::time::Duration;
 use redis::aio::{ConnectionLike, ConnectionManager, MultiplexedConnection};
 use redis::{FromRedisValue, Pipeline, RedisResult, Script, ToRedisArgs, Value};
 
-mod fair_and_permits;
 mod locks;
+mod sorted_sets;
 
 #[cfg(feature = "sentinel")]
 use super::sentinel::SentinelConnection;

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::leave::Leave;
 use super::*;
 use crate::backend::{AcquireAllReply, AcquireReply, Backend, Session};
 use crate::clock;
@@ -120,7 +121,7 @@ impl Locker {
 
         // Re-entry inside a lock scope: a hold this task has (even a lost one, whose loss is
         // reported rather than papered over with a new lock).
-        if keys.semaphore.is_none()
+        if keys.reenters()
             && let Some(hold) = scope::find(self.inner.id, &keys.lock)
             && let Some(guard) = self.reenter(hold).await?
         {
@@ -128,6 +129,12 @@ impl Locker {
         }
 
         let mut owner = new_owner(self.inner.config.holder_label.as_deref());
+        // A writer's recorded wait (it keeps new readers out) goes when it stops waiting.
+        let wait_counts = keys.rw_keys().and_then(|rw| rw.wait_counts);
+        let mut leave = Leave::new(&self, &keys, &owner);
+        if wait_counts.is_none() {
+            leave.disarm();
+        }
         // The last backend error, while no attempt has answered since: what the call returns
         // if the deadline comes first.
         let mut failed: Option<LockError> = None;
@@ -147,6 +154,7 @@ impl Locker {
             came_back = Some(Instant::now());
             match reply {
                 Ok(AcquireReply::Acquired { fence }) => {
+                    leave.disarm();
                     return Ok(Attempted::Held(
                         self.acquired(name, keys, owner, fence, lease, sent_at, started),
                     ));
@@ -156,6 +164,7 @@ impl Locker {
                 Err(err) => {
                     // The clean-up of that attempt releases `owner`: never reuse it.
                     owner = new_owner(self.inner.config.holder_label.as_deref());
+                    leave.set_owner(&owner);
                     failed = Some(err);
                 }
             }
@@ -187,6 +196,7 @@ impl Locker {
             came_back = Some(Instant::now());
             match reply {
                 Ok(AcquireReply::Acquired { fence }) => {
+                    leave.disarm();
                     return Ok(Attempted::Held(
                         self.acquired(name, keys, owner, fence, lease, sent_at, started),
                     ));
@@ -198,6 +208,7 @@ impl Locker {
                 Err(err) if is_permanent(&err) => return Err(err),
                 Err(err) => {
                     owner = new_owner(self.inner.config.holder_label.as_deref());
+                    leave.set_owner(&owner);
                     failed = Some(err);
                 }
             }
@@ -208,17 +219,30 @@ impl Locker {
             // The fallback timer: the holder's remaining lease (a lock nobody releases expires
             // then), or a short poll when wake-ups can't be delivered or Redis just failed.
             let poll = self.inner.config.poll_interval;
-            let fallback = match (failed.is_none() && watch.is_reliable(), pttl) {
+            // Held back with nothing expiring (a reader behind a waiting writer, a semaphore
+            // with no permits): a release or a new count wakes the waiter; it checks now and
+            // then that the writer it waits behind is alive.
+            let behind = if keys.is_member() {
+                self.inner.config.dead_waiter_timeout / 3
+            } else {
+                poll
+            };
+            let mut fallback = match (failed.is_none() && watch.is_reliable(), pttl) {
                 (true, Some(pttl)) => pttl + Duration::from_millis(1),
-                (true, None) => poll,
+                (true, None) => behind,
                 (false, Some(pttl)) => pttl.min(poll),
                 (false, None) => poll,
             };
+            // A waiting writer's wait counts for a while only: it says so again in time.
+            if let Some(counts) = wait_counts {
+                fallback = fallback.min(counts / 3);
+            }
             let until = deadline.min(now + fallback);
             tokio::select! {
                 () = &mut notified => {}
                 () = tokio::time::sleep_until(until) => {}
                 Some((fence, sent_at)) = handed(rx) => {
+                    leave.disarm();
                     return Ok(Attempted::Held(
                         self.acquired(name, keys, handoff_owner, fence, lease, sent_at, started),
                     ));
@@ -353,8 +377,7 @@ impl Locker {
         if watchdog {
             self.inner.watchdog.register(&self.inner, state.clone());
         }
-        // A permit is one of several: nothing to re-enter.
-        if keys_are_lock(&state) {
+        if state.keys.reenters() {
             scope::record(self.inner.id, &state);
         }
         LockGuard {
@@ -364,11 +387,6 @@ impl Locker {
             done: false,
         }
     }
-}
-
-/// Whether a hold is a lock's (not a semaphore's permit).
-fn keys_are_lock(hold: &HoldState) -> bool {
-    hold.keys.semaphore.is_none()
 }
 
 /// What one all-or-none attempt at several locks did.

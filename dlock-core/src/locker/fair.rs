@@ -7,6 +7,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::acquire::{busy, gave_up};
+use super::leave::Leave;
 use super::*;
 use crate::backend::{AcquireReply, FairReply};
 use crate::clock;
@@ -158,10 +159,7 @@ impl Locker {
 /// (its deadline, an error, or its future dropped).
 struct Place {
     watch: Arc<crate::wait::Watch>,
-    locker: Locker,
-    keys: Arc<LockKeys>,
-    owner: Arc<str>,
-    standing: bool,
+    leave: Leave,
 }
 
 impl Place {
@@ -173,35 +171,14 @@ impl Place {
         owner: &Arc<str>,
         deadline: Instant,
     ) -> Self {
+        let leave = Leave::new(locker, keys, owner);
         let channel = keys.waiter_channel(owner);
         let watch = Arc::new(locker.inner.backend.watch(&channel, deadline).await);
-        Self {
-            watch,
-            locker: locker.clone(),
-            keys: keys.clone(),
-            owner: owner.clone(),
-            standing: true,
-        }
+        Self { watch, leave }
     }
 
     /// The waiter got the lock, which took it out of the line.
     fn left(&mut self) {
-        self.standing = false;
-    }
-}
-
-impl Drop for Place {
-    fn drop(&mut self) {
-        if !self.standing {
-            return;
-        }
-        match &self.locker.inner.backend {
-            Backend::Memory(m) => {
-                let _ = m.release(&self.keys, &self.owner, None, None);
-            }
-            // A release for the token, in the background (it also wakes the next head if the
-            // lock is free).
-            Backend::Redis(_) => drop(InFlight::new(&self.locker, &self.keys, &self.owner)),
-        }
+        self.leave.disarm();
     }
 }

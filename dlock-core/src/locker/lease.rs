@@ -118,7 +118,7 @@ impl Locker {
             owner: hold.owner.to_string(),
             lease_ms,
             seq: hold.begin_change(lease, sent_at),
-            permit: hold.keys.semaphore.is_some(),
+            permit: hold.keys.is_member(),
         };
         let replies = self
             .inner

@@ -128,13 +128,11 @@ impl Locker {
     /// is to be released normally.
     pub(super) async fn try_handoff(&self, hold: &HoldState) -> Option<ReleaseOutcome> {
         // A name kept taken after the release (`at_least`) is handed to nobody.
-        // A fair lock goes to the head of its line in Redis, never to a local waiter; a permit
-        // is given back (the waiter takes one of its own).
+        // Only a plain lock is handed over (see `LockKeys::hands_over`).
         if !self.inner.config.handoff
             || hold.is_lost()
             || hold.keep_for().is_some()
-            || hold.keys.fair.is_some()
-            || hold.keys.semaphore.is_some()
+            || !hold.keys.hands_over()
         {
             return None;
         }

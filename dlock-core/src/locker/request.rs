@@ -21,8 +21,22 @@ pub struct LockRequest {
     pub(super) wait: Duration,
     pub(super) lease: Lease,
     pub(super) at_least: Option<Duration>,
-    /// A fair lock's request ([`Locker::fair_lock`]).
-    pub(super) fair: bool,
+    /// What kind of lock.
+    pub(super) kind: RequestKind,
+}
+
+/// What kind of lock a [`LockRequest`] takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum RequestKind {
+    /// A plain lock ([`Locker::lock`]).
+    Plain,
+    /// A fair lock ([`Locker::fair_lock`]).
+    Fair,
+    /// A read-write lock's writer ([`ReadWriteLock::write`](crate::ReadWriteLock::write)).
+    Write {
+        /// New readers stay out while a writer waits.
+        prefer_writers: bool,
+    },
 }
 
 impl LockRequest {
@@ -95,14 +109,23 @@ impl LockRequest {
         }
         let span = tracing::debug_span!("dlock.acquire", name = name.for_logs());
         let locker = self.locker.clone();
-        let attempted = if self.fair {
-            (locker.acquire_fair(name.clone(), self.wait, self.lease))
-                .instrument(span)
-                .await?
-        } else {
-            (locker.acquire(name.clone(), self.wait, self.lease))
-                .instrument(span)
-                .await?
+        let attempted = match self.kind {
+            RequestKind::Plain => {
+                (locker.acquire(name.clone(), self.wait, self.lease))
+                    .instrument(span)
+                    .await?
+            }
+            RequestKind::Fair => {
+                (locker.acquire_fair(name.clone(), self.wait, self.lease))
+                    .instrument(span)
+                    .await?
+            }
+            RequestKind::Write { prefer_writers } => {
+                let keys = locker.write_keys(&name, prefer_writers, self.wait)?;
+                (locker.acquire_keys(name.clone(), keys, self.wait, self.lease))
+                    .instrument(span)
+                    .await?
+            }
         };
         if let (Attempted::Held(guard), Some(at_least)) = (&attempted, self.at_least)
             && !guard.is_reentrant()

@@ -8,7 +8,7 @@ use redis::RedisResult;
 use super::{OpConn, RedisBackend, ScriptCall, millis, millis_up};
 use crate::backend::{AcquireAllReply, AcquireReply, HandoffReply, RawInfo, ReleaseReply};
 use crate::error::BackendError;
-use crate::name::LockKeys;
+use crate::name::{KeyKind, LockKeys};
 use crate::script;
 
 impl RedisBackend {
@@ -20,10 +20,16 @@ impl RedisBackend {
         lease: Duration,
         fence_ttl: Option<Duration>,
     ) -> Result<AcquireReply, BackendError> {
-        if let Some(sem) = &keys.semaphore {
-            return self
-                .acquire_permit(conn, keys, &sem.limit, sem.permits, owner, lease)
-                .await;
+        match &keys.kind {
+            KeyKind::Semaphore(sem) => {
+                return (self.acquire_permit(conn, keys, &sem.limit, sem.permits, owner, lease))
+                    .await;
+            }
+            KeyKind::Write(rw) => {
+                return (self.acquire_write(conn, keys, rw, owner, lease, fence_ttl)).await;
+            }
+            KeyKind::Read(rw) => return self.acquire_read(conn, rw, owner, lease).await,
+            KeyKind::Lock | KeyKind::Fair(_) => {}
         }
         let call = ScriptCall::new(&script::ACQUIRE, &[&keys.lock, &keys.fence])
             .arg(owner)
@@ -126,7 +132,12 @@ impl RedisBackend {
         owner: &str,
     ) -> Result<AcquireReply, BackendError> {
         // Read-only: nothing to acknowledge.
-        let call = ScriptCall::new(&script::HOLDS, &[&keys.lock]).arg(owner);
+        let check = if keys.is_member() {
+            &script::HOLDS_MEMBER
+        } else {
+            &script::HOLDS
+        };
+        let call = ScriptCall::new(check, &[&keys.lock]).arg(owner);
         let (reply, _) = self.invoke(conn, &call, true, None).await?;
         acquire_reply(reply)
     }
@@ -140,24 +151,11 @@ impl RedisBackend {
         fence_ttl: Option<Duration>,
         keep: Option<Duration>,
     ) -> Result<ReleaseReply, BackendError> {
-        if keys.semaphore.is_some() {
-            let call = ScriptCall::new(&script::RELEASE_PERMIT, &[&keys.lock, &keys.channel])
-                .arg(owner)
-                .arg(self.publish());
-            let ((code, woke), acknowledged): ((i64, i64), _) =
-                self.invoke(conn, &call, true, self.ack).await?;
-            if let Err(err) = self.acknowledged(acknowledged) {
-                tracing::debug!(error = %err, "dlock: release not acknowledged by replicas");
-            }
-            return Ok(ReleaseReply::from_code(code, woke));
+        let release = self.release_of(keys, owner, handed_to, fence_ttl, keep);
+        let mut call = ScriptCall::new(release.script, &release.keys);
+        for arg in release.args {
+            call = call.arg(arg);
         }
-        let call = ScriptCall::new(&script::RELEASE, &release_keys(keys))
-            .arg(owner)
-            .arg(handed_to.unwrap_or(""))
-            .arg(fence_ttl.map_or(0, millis))
-            .arg(self.publish())
-            .arg(keep.map_or(0, millis_up))
-            .arg(u8::from(keys.fair.is_some()));
         let ((code, woke), acknowledged): ((i64, i64), _) =
             self.invoke(conn, &call, true, self.ack).await?;
         if let Err(err) = self.acknowledged(acknowledged) {
@@ -179,25 +177,13 @@ impl RedisBackend {
         fence_ttl: Option<Duration>,
         keep: Option<Duration>,
     ) -> Result<ReleaseReply, BackendError> {
+        let release = self.release_of(keys, owner, None, fence_ttl, keep);
         let mut cmd = redis::cmd("EVAL");
-        let release_keys = release_keys(keys);
-        if keys.semaphore.is_some() {
-            cmd.arg(script::RELEASE_PERMIT_LUA)
-                .arg(2)
-                .arg(&keys.lock)
-                .arg(&keys.channel)
-                .arg(owner)
-                .arg(self.publish());
-        } else {
-            cmd.arg(script::RELEASE_LUA)
-                .arg(release_keys.len())
-                .arg(&release_keys)
-                .arg(owner)
-                .arg("")
-                .arg(fence_ttl.map_or(0, millis))
-                .arg(self.publish())
-                .arg(keep.map_or(0, millis_up))
-                .arg(u8::from(keys.fair.is_some()));
+        cmd.arg(release.lua)
+            .arg(release.keys.len())
+            .arg(&release.keys);
+        for arg in release.args {
+            cmd.arg(arg);
         }
         let (code, woke): (i64, i64) = self
             .bounded(async {
@@ -215,6 +201,58 @@ impl RedisBackend {
             })
             .await?;
         Ok(ReleaseReply::from_code(code, woke))
+    }
+
+    /// The release of `owner`'s hold, for its kind: a lock's (plain, fair, a writer's), a
+    /// permit's or a reader's.
+    fn release_of<'k>(
+        &self,
+        keys: &'k LockKeys,
+        owner: &str,
+        handed_to: Option<&str>,
+        fence_ttl: Option<Duration>,
+        keep: Option<Duration>,
+    ) -> Release<'k> {
+        let member = |script, lua| Release {
+            script,
+            lua,
+            keys: vec![keys.lock.as_str(), keys.channel.as_str()],
+            args: vec![owner.to_owned(), self.publish().to_owned()],
+        };
+        let mut lock_keys = vec![
+            keys.lock.as_str(),
+            keys.fence.as_str(),
+            keys.channel.as_str(),
+        ];
+        let mode = match &keys.kind {
+            KeyKind::Semaphore(_) => {
+                return member(&script::RELEASE_PERMIT, script::RELEASE_PERMIT_LUA);
+            }
+            KeyKind::Read(_) => return member(&script::RELEASE_READ, script::RELEASE_READ_LUA),
+            KeyKind::Lock => "0",
+            KeyKind::Fair(fair) => {
+                lock_keys.push(&fair.queue);
+                lock_keys.push(&fair.alive);
+                "1"
+            }
+            KeyKind::Write(rw) => {
+                lock_keys.push(&rw.waiting);
+                "2"
+            }
+        };
+        Release {
+            script: &script::RELEASE,
+            lua: script::RELEASE_LUA,
+            keys: lock_keys,
+            args: vec![
+                owner.to_owned(),
+                handed_to.unwrap_or("").to_owned(),
+                fence_ttl.map_or(0, millis).to_string(),
+                self.publish().to_owned(),
+                keep.map_or(0, millis_up).to_string(),
+                mode.to_owned(),
+            ],
+        }
     }
 
     pub(crate) async fn handoff(
@@ -246,18 +284,13 @@ impl RedisBackend {
     }
 }
 
-/// The keys the release script takes: the lock's, and a fair lock's line.
-fn release_keys(keys: &LockKeys) -> Vec<&str> {
-    let mut out = vec![
-        keys.lock.as_str(),
-        keys.fence.as_str(),
-        keys.channel.as_str(),
-    ];
-    if let Some(fair) = &keys.fair {
-        out.push(&fair.queue);
-        out.push(&fair.alive);
-    }
-    out
+/// A release's script, as `EVALSHA` ([`script`](Release::script)) or `EVAL` (its `lua`), with
+/// its keys and arguments.
+struct Release<'k> {
+    script: &'static redis::Script,
+    lua: &'static str,
+    keys: Vec<&'k str>,
+    args: Vec<String>,
 }
 
 fn acquire_all_reply(reply: &[i64], n: usize) -> Result<AcquireAllReply, BackendError> {

@@ -1,11 +1,12 @@
-//! The scripts of fair locks and semaphores, over any Redis connection.
+//! The kinds of hold kept in sorted sets — fair locks' lines, semaphores' permits, read-write
+//! locks' readers and waiting writers — over any Redis connection.
 
 use std::time::Duration;
 
 use super::{OpConn, RedisBackend, ScriptCall, millis};
 use crate::backend::{AcquireReply, FairReply};
 use crate::error::BackendError;
-use crate::name::LockKeys;
+use crate::name::{LockKeys, RwKeys};
 use crate::script;
 
 impl RedisBackend {
@@ -32,6 +33,63 @@ impl RedisBackend {
         }
         Ok(AcquireReply::Busy {
             pttl: u64::try_from(ms).ok().map(Duration::from_millis),
+        })
+    }
+
+    /// A read-write lock's writer's attempt (its wait recorded, if `rw` says so).
+    pub(super) async fn acquire_write(
+        &self,
+        conn: &OpConn,
+        keys: &LockKeys,
+        rw: &RwKeys,
+        owner: &str,
+        lease: Duration,
+        fence_ttl: Option<Duration>,
+    ) -> Result<AcquireReply, BackendError> {
+        let call = ScriptCall::new(
+            &script::ACQUIRE_WRITE,
+            &[&rw.write, &keys.fence, &rw.readers, &rw.waiting],
+        )
+        .arg(owner)
+        .arg(millis(lease))
+        .arg(fence_ttl.map_or(0, millis))
+        .arg(rw.wait_counts.map_or(0, millis));
+        let ((code, value), acknowledged): ((i64, i64), _) =
+            self.invoke(conn, &call, true, self.ack).await?;
+        if code == 1 {
+            self.acknowledged(acknowledged)?;
+            let fence = u64::try_from(value)
+                .map_err(|_| BackendError::protocol("negative fencing token"))?;
+            return Ok(AcquireReply::Acquired { fence });
+        }
+        Ok(AcquireReply::Busy {
+            pttl: u64::try_from(value).ok().map(Duration::from_millis),
+        })
+    }
+
+    /// A read-write lock's reader's attempt.
+    pub(super) async fn acquire_read(
+        &self,
+        conn: &OpConn,
+        rw: &RwKeys,
+        owner: &str,
+        lease: Duration,
+    ) -> Result<AcquireReply, BackendError> {
+        let call = ScriptCall::new(
+            &script::ACQUIRE_READ,
+            &[&rw.readers, &rw.write, &rw.waiting],
+        )
+        .arg(owner)
+        .arg(millis(lease))
+        .arg(u8::from(rw.prefer_writers));
+        let ((code, value), acknowledged): ((i64, i64), _) =
+            self.invoke(conn, &call, true, self.ack).await?;
+        if code == 1 {
+            self.acknowledged(acknowledged)?;
+            return Ok(AcquireReply::Acquired { fence: 0 });
+        }
+        Ok(AcquireReply::Busy {
+            pttl: u64::try_from(value).ok().map(Duration::from_millis),
         })
     }
 
@@ -73,7 +131,8 @@ impl RedisBackend {
         fence_ttl: Option<Duration>,
         alive: Option<Duration>,
     ) -> Result<FairReply, BackendError> {
-        let fair = (keys.fair.as_ref())
+        let fair = keys
+            .fair_keys()
             .ok_or_else(|| BackendError::protocol("a fair attempt on a plain lock"))?;
         let call = ScriptCall::new(
             &script::ACQUIRE_FAIR,
@@ -117,7 +176,7 @@ impl RedisBackend {
 
 /// A semaphore's count key (an error for a lock's keys).
 fn semaphore_limit(keys: &LockKeys) -> Result<&str, BackendError> {
-    match &keys.semaphore {
+    match keys.semaphore_keys() {
         Some(sem) => Ok(&sem.limit),
         None => Err(BackendError::protocol("a semaphore command on a lock")),
     }

@@ -1,0 +1,197 @@
+//! The Redis keys of each kind of lock: all the keys of one name share its hash tag, so one
+//! script may touch them all, on one server or in one cluster slot.
+
+use super::LockName;
+
+/// The Redis keys of one hold's name.
+#[derive(Debug, Clone)]
+pub(crate) struct LockKeys {
+    /// What is held: the owner hash of a lock (`owner token -> 1`, plus the fencing token and
+    /// the lease sequence number of the current hold), or the sorted set of a semaphore's
+    /// permits or a read-write lock's readers (`id -> expiry`).
+    pub(crate) lock: String,
+    /// The fencing counter (and the last released owner, for idempotent release retries).
+    pub(crate) fence: String,
+    /// The wake-up channel (for a fair lock, each waiter's channel is this one, `:`, and the
+    /// waiter's owner token).
+    pub(crate) channel: String,
+    /// What kind of hold, with the keys that kind needs besides.
+    pub(crate) kind: KeyKind,
+}
+
+/// The kinds of hold.
+#[derive(Debug, Clone)]
+pub(crate) enum KeyKind {
+    /// A plain lock.
+    Lock,
+    /// A fair lock: a plain lock and a line of waiters.
+    Fair(FairKeys),
+    /// A semaphore's permit.
+    Semaphore(SemaphoreKeys),
+    /// A read-write lock's writer: a lock on its own key.
+    Write(RwKeys),
+    /// A read-write lock's reader: a member of its readers.
+    Read(RwKeys),
+}
+
+/// The keys of a fair lock's waiting line.
+#[derive(Debug, Clone)]
+pub(crate) struct FairKeys {
+    /// `waiter -> place in line` (a sorted set).
+    pub(crate) queue: String,
+    /// `waiter -> until when it counts as alive`, in server milliseconds (a sorted set).
+    pub(crate) alive: String,
+}
+
+/// What a semaphore's permits need besides their set.
+#[derive(Debug, Clone)]
+pub(crate) struct SemaphoreKeys {
+    /// The permit count set at run time (a string), if any.
+    pub(crate) limit: String,
+    /// The count to use when none was set.
+    pub(crate) permits: u32,
+}
+
+/// The keys of a read-write lock, and how it treats waiting writers.
+#[derive(Debug, Clone)]
+pub(crate) struct RwKeys {
+    /// The writer's lock (a hash, as a plain lock's).
+    pub(crate) write: String,
+    /// The readers: `reader id -> expiry` (server ms).
+    pub(crate) readers: String,
+    /// Writers waiting: `writer -> until when its wait counts` (server ms); while one does,
+    /// new readers stay out (when writers are preferred).
+    pub(crate) waiting: String,
+    /// New readers stay out while a writer waits.
+    pub(crate) prefer_writers: bool,
+    /// How long a waiting writer's wait counts without another attempt (`None`: the attempt
+    /// does not wait: a `try_lock`, or writers are not preferred).
+    pub(crate) wait_counts: Option<std::time::Duration>,
+}
+
+impl LockKeys {
+    pub(crate) fn new(prefix: &str, name: &LockName) -> Self {
+        let mut lock = String::with_capacity(prefix.len() + name.as_str().len() + 2);
+        lock.push_str(prefix);
+        lock.push('{');
+        lock.push_str(name.as_str());
+        lock.push('}');
+        let fence = format!("{lock}:fence");
+        let channel = format!("{lock}:wake");
+        Self {
+            lock,
+            fence,
+            channel,
+            kind: KeyKind::Lock,
+        }
+    }
+
+    /// The keys of the semaphore `name` with `permits` permits unless a count was set: its
+    /// permits (a sorted set of permit ids by expiry, in `lock`), its set count and its wake-up
+    /// channel. They share the name's hash tag, but not a lock's keys.
+    pub(crate) fn semaphore(prefix: &str, name: &LockName, permits: u32) -> Self {
+        let base = Self::new(prefix, name).lock;
+        Self {
+            lock: format!("{base}:permits"),
+            fence: format!("{base}:permits:fence"),
+            channel: format!("{base}:permits:wake"),
+            kind: KeyKind::Semaphore(SemaphoreKeys {
+                limit: format!("{base}:permits:limit"),
+                permits,
+            }),
+        }
+    }
+
+    /// The keys of the fair lock `name`: the plain lock's, and its waiting line.
+    pub(crate) fn fair(prefix: &str, name: &LockName) -> Self {
+        let mut keys = Self::new(prefix, name);
+        keys.kind = KeyKind::Fair(FairKeys {
+            queue: format!("{}:queue", keys.lock),
+            alive: format!("{}:alive", keys.lock),
+        });
+        keys
+    }
+
+    /// The keys of the read-write lock `name`, for a writer (`write`) or a reader. Apart from a
+    /// plain lock's of the same name.
+    pub(crate) fn read_write(
+        prefix: &str,
+        name: &LockName,
+        write: bool,
+        prefer_writers: bool,
+        wait_counts: Option<std::time::Duration>,
+    ) -> Self {
+        let base = Self::new(prefix, name).lock;
+        let rw = RwKeys {
+            write: format!("{base}:write"),
+            readers: format!("{base}:read"),
+            waiting: format!("{base}:write:waiting"),
+            prefer_writers,
+            wait_counts: wait_counts.filter(|_| prefer_writers && write),
+        };
+        let channel = format!("{base}:rw:wake");
+        if write {
+            Self {
+                lock: rw.write.clone(),
+                fence: format!("{base}:write:fence"),
+                channel,
+                kind: KeyKind::Write(rw),
+            }
+        } else {
+            Self {
+                lock: rw.readers.clone(),
+                fence: format!("{base}:read:fence"),
+                channel,
+                kind: KeyKind::Read(rw),
+            }
+        }
+    }
+
+    /// The channel that wakes the fair waiter `owner`.
+    pub(crate) fn waiter_channel(&self, owner: &str) -> String {
+        format!("{}:{owner}", self.channel)
+    }
+
+    /// A fair lock's line.
+    pub(crate) fn fair_keys(&self) -> Option<&FairKeys> {
+        match &self.kind {
+            KeyKind::Fair(fair) => Some(fair),
+            _ => None,
+        }
+    }
+
+    /// A semaphore's.
+    pub(crate) fn semaphore_keys(&self) -> Option<&SemaphoreKeys> {
+        match &self.kind {
+            KeyKind::Semaphore(sem) => Some(sem),
+            _ => None,
+        }
+    }
+
+    /// Whether the hold is a member of a sorted set with its own expiry (a permit, a reader),
+    /// not a lock's owner hash.
+    pub(crate) fn is_member(&self) -> bool {
+        matches!(self.kind, KeyKind::Semaphore(_) | KeyKind::Read(_))
+    }
+
+    /// Whether a hold of this kind is re-entered inside a scope: every kind but a permit (one of
+    /// several, to be counted).
+    pub(crate) fn reenters(&self) -> bool {
+        !matches!(self.kind, KeyKind::Semaphore(_))
+    }
+
+    /// A read-write lock's.
+    pub(crate) fn rw_keys(&self) -> Option<&RwKeys> {
+        match &self.kind {
+            KeyKind::Write(rw) | KeyKind::Read(rw) => Some(rw),
+            _ => None,
+        }
+    }
+
+    /// Whether a release may hand the hold straight to a local waiter: plain locks only (a fair
+    /// lock goes to the head of its line, a permit or a reader is not handed on, a writer's
+    /// successor must leave the writers' waiting set).
+    pub(crate) fn hands_over(&self) -> bool {
+        matches!(self.kind, KeyKind::Lock)
+    }
+}
