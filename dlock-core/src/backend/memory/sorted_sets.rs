@@ -1,0 +1,218 @@
+//! The memory store's kinds of hold that Redis keeps in sorted sets: fair locks' lines,
+//! semaphores' permits, read-write locks' readers and waiting writers.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{Held, MemoryBackend, State};
+use crate::backend::{AcquireReply, FairReply};
+use crate::clock;
+use crate::name::{LockKeys, RwKeys, SemaphoreKeys};
+
+impl MemoryBackend {
+    /// The first waiter in `lock_key`'s line still alive (those ahead of it whose time is up
+    /// leave the line), as the fair scripts find it.
+    pub(super) fn fair_head(state: &mut State, lock_key: &str, now: Instant) -> Option<String> {
+        let line = state.lines.get_mut(lock_key)?;
+        let dead = line.waiters.iter().take_while(|(_, alive)| *alive <= now);
+        let dead = dead.count();
+        line.waiters.drain(..dead);
+        let head = line.waiters.first().map(|(owner, _)| owner.clone());
+        if head.is_none() {
+            state.lines.remove(lock_key);
+        }
+        head
+    }
+
+    /// `owner` leaves `lock_key`'s line (if it is in it).
+    pub(super) fn leave(state: &mut State, lock_key: &str, owner: &str) {
+        if let Some(line) = state.lines.get_mut(lock_key) {
+            line.waiters.retain(|(o, _)| o != owner);
+            if line.waiters.is_empty() {
+                state.lines.remove(lock_key);
+            }
+        }
+    }
+
+    /// A fair lock's attempt, as the fair acquire script.
+    pub(crate) fn acquire_fair(
+        &self,
+        keys: &LockKeys,
+        owner: &str,
+        lease: Duration,
+        alive: Option<Duration>,
+    ) -> FairReply {
+        let now = Instant::now();
+        let mut state = self.store.state();
+        let join = |state: &mut State| {
+            let alive = alive?;
+            let line = state.lines.entry(keys.lock.clone()).or_default();
+            let until = clock::after(now, alive);
+            match line.waiters.iter().position(|(o, _)| o == owner) {
+                Some(place) => {
+                    line.waiters[place].1 = until;
+                    u64::try_from(place).ok()
+                }
+                None => {
+                    line.waiters.push((owner.to_owned(), until));
+                    u64::try_from(line.waiters.len() - 1).ok()
+                }
+            }
+        };
+        if let Some(held) = Self::live(&mut state, &keys.lock, now) {
+            if held.owner == owner {
+                return FairReply {
+                    reply: AcquireReply::Acquired { fence: held.fence },
+                    place: None,
+                };
+            }
+            let pttl = Some(held.expires - now);
+            let place = join(&mut state);
+            return FairReply {
+                reply: AcquireReply::Busy { pttl },
+                place,
+            };
+        }
+        match Self::fair_head(&mut state, &keys.lock, now) {
+            Some(head) if head != owner => {
+                let place = join(&mut state);
+                drop(state);
+                self.store.inner.slots.wake(&keys.waiter_channel(&head));
+                FairReply {
+                    reply: AcquireReply::Busy { pttl: None },
+                    place,
+                }
+            }
+            _ => {
+                Self::leave(&mut state, &keys.lock, owner);
+                let fence = Self::next_fence(&mut state, &keys.lock);
+                let held = Held {
+                    owner: owner.to_owned(),
+                    fence,
+                    expires: clock::after(now, lease),
+                    seq: 0,
+                };
+                state.locks.insert(keys.lock.clone(), held);
+                FairReply {
+                    reply: AcquireReply::Acquired { fence },
+                    place: None,
+                }
+            }
+        }
+    }
+
+    pub(super) fn acquire_permit(
+        &self,
+        keys: &LockKeys,
+        sem: &SemaphoreKeys,
+        owner: &str,
+        lease: Duration,
+    ) -> AcquireReply {
+        let now = Instant::now();
+        let mut state = self.store.state();
+        let limit = state.limits.get(&sem.limit).copied().unwrap_or(sem.permits);
+        let permits = state.permits.entry(keys.lock.clone()).or_default();
+        permits.retain(|_, expiry| *expiry > now);
+        if permits.contains_key(owner) || permits.len() < limit as usize {
+            permits.insert(owner.to_owned(), clock::after(now, lease));
+            return AcquireReply::Acquired { fence: 0 };
+        }
+        let first = permits.values().min().map(|e| *e - now);
+        AcquireReply::Busy { pttl: first }
+    }
+
+    /// A writer's attempt, as the write script: its wait recorded while it is kept out.
+    pub(super) fn acquire_write(
+        &self,
+        keys: &LockKeys,
+        rw: &RwKeys,
+        owner: &str,
+        lease: Duration,
+    ) -> AcquireReply {
+        let now = Instant::now();
+        let mut state = self.store.state();
+        let readers = state.permits.entry(rw.readers.clone()).or_default();
+        readers.retain(|_, expiry| *expiry > now);
+        let first_reader = readers.values().min().map(|e| *e - now);
+        let waiting = state.waiting.entry(rw.waiting.clone()).or_default();
+        waiting.retain(|_, until| *until > now);
+        let busy = |state: &mut State, pttl| {
+            if let Some(counts) = rw.wait_counts {
+                let waiting = state.waiting.entry(rw.waiting.clone()).or_default();
+                waiting.insert(owner.to_owned(), clock::after(now, counts));
+            }
+            AcquireReply::Busy { pttl }
+        };
+        if let Some(held) = Self::live(&mut state, &keys.lock, now) {
+            if held.owner == owner {
+                return AcquireReply::Acquired { fence: held.fence };
+            }
+            let pttl = Some(held.expires - now);
+            return busy(&mut state, pttl);
+        }
+        if first_reader.is_some() {
+            return busy(&mut state, first_reader);
+        }
+        if let Some(waiting) = state.waiting.get_mut(&rw.waiting) {
+            waiting.remove(owner);
+        }
+        let fence = Self::next_fence(&mut state, &keys.lock);
+        let held = Held {
+            owner: owner.to_owned(),
+            fence,
+            expires: clock::after(now, lease),
+            seq: 0,
+        };
+        state.locks.insert(keys.lock.clone(), held);
+        AcquireReply::Acquired { fence }
+    }
+
+    /// A reader's attempt, as the read script.
+    pub(super) fn acquire_read(&self, rw: &RwKeys, owner: &str, lease: Duration) -> AcquireReply {
+        let now = Instant::now();
+        let mut state = self.store.state();
+        let readers = state.permits.entry(rw.readers.clone()).or_default();
+        readers.retain(|_, expiry| *expiry > now);
+        if readers.contains_key(owner) {
+            return AcquireReply::Acquired { fence: 0 };
+        }
+        if let Some(held) = Self::live(&mut state, &rw.write, now) {
+            return AcquireReply::Busy {
+                pttl: Some(held.expires - now),
+            };
+        }
+        let waiting = state.waiting.entry(rw.waiting.clone()).or_default();
+        waiting.retain(|_, until| *until > now);
+        if rw.prefer_writers && !waiting.is_empty() {
+            return AcquireReply::Busy { pttl: None };
+        }
+        let readers = state.permits.entry(rw.readers.clone()).or_default();
+        readers.insert(owner.to_owned(), clock::after(now, lease));
+        AcquireReply::Acquired { fence: 0 }
+    }
+
+    /// Sets (or, with `None`, removes) a semaphore's count and wakes its waiters.
+    pub(crate) fn set_permits(&self, keys: &LockKeys, permits: Option<u32>) {
+        if let Some(sem) = keys.semaphore_keys() {
+            let mut state = self.store.state();
+            match permits {
+                Some(n) => state.limits.insert(sem.limit.clone(), n),
+                None => state.limits.remove(&sem.limit),
+            };
+        }
+        self.store.inner.slots.wake(&keys.channel);
+    }
+
+    /// A semaphore's unexpired permits, and the count set at run time.
+    pub(crate) fn permits(&self, keys: &LockKeys) -> (u32, Option<u32>) {
+        let now = Instant::now();
+        let state = self.store.state();
+        let held =
+            (state.permits.get(&keys.lock)).map_or(0, |p| p.values().filter(|e| **e > now).count());
+        let set = keys
+            .semaphore_keys()
+            .and_then(|sem| state.limits.get(&sem.limit).copied());
+        (u32::try_from(held).unwrap_or(u32::MAX), set)
+    }
+}
