@@ -63,6 +63,16 @@ async fn warm_locker(server: &RedisServer) -> Locker {
         .await
         .expect("permit");
     assert!(permit.release().await.is_released());
+    let rw = locker.read_write_lock(format!("{warm}-rw"));
+    assert!(rw.read().await.expect("read").release().await.is_released());
+    assert!(
+        rw.write()
+            .await
+            .expect("write")
+            .release()
+            .await
+            .is_released()
+    );
     let names = [format!("{warm}-a"), format!("{warm}-b")];
     let multi = locker.lock_all(names).await.expect("multi");
     assert!(multi.release().await.iter().all(|o| o.is_released()));
@@ -171,4 +181,28 @@ async fn a_semaphore_permit_costs_one_round_trip_each_way() {
     let (_, released) = measure(&server, permit.release()).await;
     // EVALSHA; ZREM, PUBLISH.
     assert_eq!(released, cost_of(1, 3));
+}
+
+#[tokio::test]
+async fn a_read_write_lock_costs_one_round_trip_each_way() {
+    let server = RedisServer::start();
+    let locker = warm_locker(&server).await;
+    let lock = locker.read_write_lock(unique_name("cost-rw"));
+    let (read, taken) = measure(&server, lock.read().into_future()).await;
+    let read = read.expect("read");
+    // EVALSHA; TIME, ZREMRANGEBYSCORE (expired readers), ZSCORE (a retry?), EXISTS (a
+    // writer?), ZREMRANGEBYSCORE + ZCARD (writers waiting?), ZADD, PTTL + PEXPIRE.
+    assert_eq!(taken, cost_of(1, 10));
+    let (_, released) = measure(&server, read.release()).await;
+    // EVALSHA; ZREM, EXISTS (the last reader?), PUBLISH.
+    assert_eq!(released, cost_of(1, 4));
+    let (write, taken) = measure(&server, lock.write().into_future()).await;
+    let write = write.expect("write");
+    // EVALSHA; TIME, two ZREMRANGEBYSCOREs, EXISTS, ZRANGE (a reader?), ZREM (its wait), and
+    // the plain acquisition's fencing (TIME, HGET, HSET, PTTL, PEXPIRE) and writes (HSET,
+    // PEXPIRE).
+    assert_eq!(taken, cost_of(1, 14));
+    let (_, released) = measure(&server, write.release()).await;
+    // The plain release's, and a ZREM (its wait, if any).
+    assert_eq!(released, cost_of(1, 7));
 }
