@@ -51,6 +51,12 @@
 //!   bounded by the holder's remaining lease. Local waiters for one name queue in-process, so only
 //!   one of them waits in Redis, and a release hands the lock straight to the next local waiter
 //!   in the same round trip.
+//! - **Fair locks**: [`Locker::fair_lock`] gives the lock to waiters in the order they came,
+//!   across processes, from a line kept in Redis; a release wakes only the head of the line.
+//! - **Semaphores**: [`Locker::semaphore`] lets at most N holders in at once; each [`Permit`]
+//!   has its own lease, so a crashed holder's permit comes back.
+//! - **Read-write locks**: [`Locker::read_write_lock`] lets many readers or one writer in;
+//!   waiting writers keep new readers out unless configured.
 //! - **Cancellation**: dropping an acquisition future at any point never leaks a lock.
 //! - **Reentrancy** is scoped to a logical task, never a thread: see [`scope`].
 //!
