@@ -9,9 +9,17 @@ use dlock_core::Locker;
 use dlock_tests::{RedisServer, unique_name};
 
 /// Commands a client sends itself; everything else in `commandstats` ran inside a script.
-const SENT: &[&str] = &["evalsha", "eval", "subscribe", "unsubscribe", "ping"];
+const SENT: &[&str] = &[
+    "evalsha",
+    "eval",
+    "subscribe",
+    "unsubscribe",
+    "ping",
+    "wait",
+];
 
-/// What one operation cost: round trips, and every command Redis ran (those sent included).
+/// What one operation cost: commands sent (one round trip each, unless pipelined), and every
+/// command Redis ran (those sent included).
 #[derive(Debug, PartialEq, Eq)]
 struct Cost {
     round_trips: u64,
@@ -22,8 +30,11 @@ struct Cost {
 fn cost(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>) -> Cost {
     let delta =
         |name: &str| after.get(name).copied().unwrap_or(0) - before.get(name).copied().unwrap_or(0);
-    // The readings' own connections (`INFO`, and `CLIENT SETINFO` where the server knows it).
-    let reading = |k: &str| k == "info" || k == "script|load" || k.starts_with("client|");
+    // The readings' own connections (`INFO`, and `CLIENT SETINFO` where the server knows it),
+    // and a replica's acknowledgements of what it received (`REPLCONF ACK`, every second).
+    let reading = |k: &str| {
+        k == "info" || k == "script|load" || k.starts_with("client|") || k.starts_with("replconf")
+    };
     let names = after.keys().filter(|k| !reading(k));
     let commands = names.map(|k| delta(k)).sum();
     let round_trips = SENT.iter().map(|k| delta(k)).sum();
@@ -205,4 +216,42 @@ async fn a_read_write_lock_costs_one_round_trip_each_way() {
     let (_, released) = measure(&server, write.release()).await;
     // The plain release's, and a ZREM (its wait, if any).
     assert_eq!(released, cost_of(1, 7));
+}
+
+#[tokio::test]
+async fn replica_acknowledgement_adds_a_wait_in_the_same_round_trip() {
+    let master = RedisServer::start_with_args(&["--repl-diskless-sync-delay", "0"]);
+    let replica = RedisServer::start();
+    let mut con = replica.connection().await;
+    let () = dlock_core::redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(master.port())
+        .query_async(&mut con)
+        .await
+        .expect("REPLICAOF");
+    let locker = Locker::builder()
+        .url(master.url())
+        .replica_ack(dlock_core::ReplicaAck::new(1, Duration::from_millis(1_000)))
+        .build()
+        .await
+        .expect("connect");
+    // Until the replica is in sync, a grant is not acknowledged (and rolled back).
+    let warm = unique_name("cost-ack-warm-up");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let guard = loop {
+        match locker.lock(warm.as_str()).await {
+            Ok(guard) => break guard,
+            Err(err) => assert!(std::time::Instant::now() < deadline, "{err}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(guard.release().await.is_released());
+
+    let name = unique_name("cost-ack");
+    let (guard, taken) = measure(&master, locker.lock(name.as_str()).into_future()).await;
+    let guard = guard.expect("lock");
+    // The plain acquisition, and a WAIT pipelined behind it: one round trip.
+    assert_eq!(taken, cost_of(2, 9 + 1));
+    let (_, released) = measure(&master, guard.release()).await;
+    assert_eq!(released, cost_of(2, 6 + 1));
 }
