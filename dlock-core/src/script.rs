@@ -78,14 +78,22 @@ end
     };
 }
 
-/// The helpers of a fair lock's line: `now_ms()`, the server clock in ms; `fair_head(queue, alive,
-/// now)`, the first waiter still alive (those ahead of it whose time is up leave the line).
+/// The helpers of the sorted-set kinds: `now_ms()`, the server clock in ms; `add_until(key,
+/// member, now, ms)`, the member in `key` until `ms` from `now`, the key kept at least that long;
+/// `fair_head(queue, alive, now)`, the first waiter of a fair lock's line still alive (those
+/// ahead of it whose time is up leave the line).
 macro_rules! fair_lua {
     () => {
         r#"
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function add_until(key, member, now, ms)
+  redis.call('ZADD', key, now + ms, member)
+  if redis.call('PTTL', key) < ms then
+    redis.call('PEXPIRE', key, ms)
+  end
 end
 local function fair_head(queue, alive, now)
   for _ = 1, 100 do
@@ -266,10 +274,7 @@ for i = 1, #KEYS do
     local lease = tonumber(ARGV[3 * i - 1])
     local expiry = redis.pcall('ZSCORE', KEYS[i], ARGV[3 * i - 2])
     if type(expiry) == 'string' and tonumber(expiry) > now then
-      redis.call('ZADD', KEYS[i], now + lease, ARGV[3 * i - 2])
-      if redis.call('PTTL', KEYS[i]) < lease then
-        redis.call('PEXPIRE', KEYS[i], lease)
-      end
+      add_until(KEYS[i], ARGV[3 * i - 2], now, lease)
       out[i] = 1
     else
       out[i] = 0

@@ -439,6 +439,19 @@ pub(crate) fn timed_out(
     }
 }
 
+/// A request's guard, or its [`LockError::Timeout`] when it was still busy at its deadline
+/// (`started` when it was called).
+pub(super) fn held_or_timed_out(
+    (attempted, name): (Attempted, LockName),
+    labelled: bool,
+    started: Instant,
+) -> Result<LockGuard, LockError> {
+    match attempted {
+        Attempted::Held(guard) => Ok(guard),
+        Attempted::Busy(retry_after) => Err(timed_out(labelled, &name, started, retry_after)),
+    }
+}
+
 /// Whether retrying can't cure `err` (see [`crate::BackendError::is_permanent`]).
 pub(crate) fn is_permanent(err: &LockError) -> bool {
     matches!(err, LockError::Backend(e) if e.is_permanent())

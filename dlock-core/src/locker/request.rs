@@ -137,16 +137,8 @@ impl LockRequest {
 
     async fn acquire_or_timeout(self) -> Result<LockGuard, LockError> {
         let started = Instant::now();
-        let self_labelled = self.locker.inner.config.metrics_name_label;
-        match self.run().await? {
-            (Attempted::Held(guard), _) => Ok(guard),
-            (Attempted::Busy(retry_after), name) => Err(super::acquire::timed_out(
-                self_labelled,
-                &name,
-                started,
-                retry_after,
-            )),
-        }
+        let labelled = self.locker.inner.config.metrics_name_label;
+        super::acquire::held_or_timed_out(self.run().await?, labelled, started)
     }
 }
 

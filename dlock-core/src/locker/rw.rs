@@ -189,15 +189,9 @@ impl ReadRequest {
     async fn acquire_or_timeout(self) -> Result<ReadGuard, LockError> {
         let started = Instant::now();
         let labelled = self.lock.locker.inner.config.metrics_name_label;
-        match self.run().await? {
-            (Attempted::Held(guard), _) => Ok(ReadGuard { guard }),
-            (Attempted::Busy(retry_after), name) => Err(super::acquire::timed_out(
-                labelled,
-                &name,
-                started,
-                retry_after,
-            )),
-        }
+        let attempted = self.run().await?;
+        super::acquire::held_or_timed_out(attempted, labelled, started)
+            .map(|guard| ReadGuard { guard })
     }
 }
 

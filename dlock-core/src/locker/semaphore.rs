@@ -183,15 +183,9 @@ impl PermitRequest {
     async fn acquire_or_timeout(self) -> Result<Permit, LockError> {
         let started = Instant::now();
         let labelled = self.semaphore.locker.inner.config.metrics_name_label;
-        match self.run().await? {
-            (Attempted::Held(guard), _) => Ok(Permit { guard }),
-            (Attempted::Busy(retry_after), name) => Err(super::acquire::timed_out(
-                labelled,
-                &name,
-                started,
-                retry_after,
-            )),
-        }
+        let attempted = self.run().await?;
+        super::acquire::held_or_timed_out(attempted, labelled, started)
+            .map(|guard| Permit { guard })
     }
 }
 

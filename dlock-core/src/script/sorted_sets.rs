@@ -35,11 +35,9 @@ local function join()
     redis.call('ZADD', KEYS[4], place, ARGV[1])
   end
   local alive_ms = tonumber(ARGV[4])
-  redis.call('ZADD', KEYS[5], now + alive_ms, ARGV[1])
-  for i = 4, 5 do
-    if redis.call('PTTL', KEYS[i]) < alive_ms then
-      redis.call('PEXPIRE', KEYS[i], alive_ms)
-    end
+  add_until(KEYS[5], ARGV[1], now, alive_ms)
+  if redis.call('PTTL', KEYS[4]) < alive_ms then
+    redis.call('PEXPIRE', KEYS[4], alive_ms)
   end
   return redis.call('ZRANK', KEYS[4], ARGV[1])
 end
@@ -85,11 +83,7 @@ if redis.call('ZSCORE', KEYS[1], ARGV[1]) then
 end
 local limit = tonumber(redis.call('GET', KEYS[2]) or ARGV[3]) or 0
 if redis.call('ZCARD', KEYS[1]) < limit then
-  local lease = tonumber(ARGV[2])
-  redis.call('ZADD', KEYS[1], now + lease, ARGV[1])
-  if redis.call('PTTL', KEYS[1]) < lease then
-    redis.call('PEXPIRE', KEYS[1], lease)
-  end
+  add_until(KEYS[1], ARGV[1], now, tonumber(ARGV[2]))
   return {1, 0}
 end
 local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
@@ -161,11 +155,7 @@ redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
 redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
 local function waits()
   if ARGV[4] ~= '0' then
-    local counts = tonumber(ARGV[4])
-    redis.call('ZADD', KEYS[4], now + counts, ARGV[1])
-    if redis.call('PTTL', KEYS[4]) < counts then
-      redis.call('PEXPIRE', KEYS[4], counts)
-    end
+    add_until(KEYS[4], ARGV[1], now, tonumber(ARGV[4]))
   end
 end
 if redis.call('EXISTS', KEYS[1]) == 1 then
@@ -213,11 +203,7 @@ if ARGV[3] == '1' then
     return {0, -1}
   end
 end
-local lease = tonumber(ARGV[2])
-redis.call('ZADD', KEYS[1], now + lease, ARGV[1])
-if redis.call('PTTL', KEYS[1]) < lease then
-  redis.call('PEXPIRE', KEYS[1], lease)
-end
+add_until(KEYS[1], ARGV[1], now, tonumber(ARGV[2]))
 return {1, 0}
 "#
 );
