@@ -173,6 +173,18 @@ pub async fn unpause(con: &mut redis::aio::MultiplexedConnection) {
         .expect("CLIENT UNPAUSE");
 }
 
+/// Exits the process as soon as its standard input closes: for helper binaries that tests
+/// start, so that none outlives the test that started it.
+pub fn exit_when_stdin_closes() {
+    std::thread::spawn(|| {
+        use std::io::Read as _;
+        let mut sink = [0u8; 64];
+        let mut stdin = std::io::stdin();
+        while matches!(stdin.read(&mut sink), Ok(n) if n > 0) {}
+        std::process::exit(3);
+    });
+}
+
 /// Waits (up to 3 s) until `inspect` counts `n` `Locker`s waiting for `name`; returns the last
 /// reading, whether or not it got there.
 pub async fn until_waiting(

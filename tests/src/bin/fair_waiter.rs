@@ -5,7 +5,6 @@
 //! Prints `acquired token=<fencing token>`, then `released outcome=<outcome>`, or
 //! `error <message>`. Exits as soon as its standard input closes.
 
-use std::io::Read as _;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -22,12 +21,7 @@ async fn main() -> ExitCode {
         println!("error HOLD_MS and DEAD_WAITER_MS are milliseconds");
         return ExitCode::from(2);
     };
-    std::thread::spawn(|| {
-        let mut sink = [0u8; 64];
-        let mut stdin = std::io::stdin();
-        while matches!(stdin.read(&mut sink), Ok(n) if n > 0) {}
-        std::process::exit(3);
-    });
+    dlock_tests::exit_when_stdin_closes();
     let locker = Locker::builder()
         .url(url)
         .dead_waiter_timeout(Duration::from_millis(dead_ms))

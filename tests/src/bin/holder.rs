@@ -1,7 +1,6 @@
 //! `holder URL NAME LEASE_MS [RESOURCE]`: holds one lock in a process of its own, for the fault
 //! tests to kill and stop. What it does and prints is described in `dlock_tests::holder`.
 
-use std::io::Read as _;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -20,16 +19,6 @@ const RELEASE_WITHIN: Duration = Duration::from_secs(5);
 fn usage() -> ExitCode {
     println!("error usage: holder URL NAME LEASE_MS [RESOURCE]");
     ExitCode::from(2)
-}
-
-/// Exits as soon as standard input closes: the test that started this process is gone.
-fn exit_when_stdin_closes() {
-    std::thread::spawn(|| {
-        let mut sink = [0u8; 64];
-        let mut stdin = std::io::stdin();
-        while matches!(stdin.read(&mut sink), Ok(n) if n > 0) {}
-        std::process::exit(3);
-    });
 }
 
 /// Prints what dlock logs at `WARN` and above (a failed renewal, a lost lock) as `note` lines,
@@ -69,7 +58,7 @@ async fn main() -> ExitCode {
     let Ok(lease_ms) = lease_ms.parse::<u64>() else {
         return usage();
     };
-    exit_when_stdin_closes();
+    dlock_tests::exit_when_stdin_closes();
     print_dlock_warnings();
 
     let locker = match Locker::builder()

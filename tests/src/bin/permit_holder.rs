@@ -4,7 +4,6 @@
 //!
 //! Prints `acquired id=<permit id>` or `error <message>`. Exits when its standard input closes.
 
-use std::io::Read as _;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -21,12 +20,7 @@ async fn main() -> ExitCode {
         println!("error PERMITS is a count and LEASE_MS milliseconds");
         return ExitCode::from(2);
     };
-    std::thread::spawn(|| {
-        let mut sink = [0u8; 64];
-        let mut stdin = std::io::stdin();
-        while matches!(stdin.read(&mut sink), Ok(n) if n > 0) {}
-        std::process::exit(3);
-    });
+    dlock_tests::exit_when_stdin_closes();
     let locker = match Locker::connect(url).await {
         Ok(locker) => locker,
         Err(err) => {
