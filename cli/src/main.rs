@@ -5,20 +5,27 @@
 //! dlock show NAME              holder, TTL, fencing tokens, waiting lockers
 //! dlock release NAME --force   free a name whoever holds it
 //! dlock watch NAME             print the name's state each time it changes
+//! dlock bench                  acquire and release latencies, uncontended and contended
 //! dlock completions SHELL      shell completions
 //! ```
 //!
-//! `--url` (or `REDIS_URL`) names the server, `--prefix` the key prefix the applications use,
-//! `--json` prints JSON instead of text. Exit codes: 0 done, 1 Redis could not be reached or
-//! failed, 2 a bad argument or URL.
+//! `--url` (or `REDIS_URL`) names the server, `--cluster` (or `DLOCK_CLUSTER_URLS`) a Redis
+//! Cluster's seed nodes instead, `--prefix` the key prefix the applications use, `--json` prints
+//! JSON instead of text. Exit codes: 0 done, 1 Redis could not be reached or failed, 2 a bad
+//! argument or URL, 130 `bench` interrupted by Ctrl-C (after its clean-up).
 
+mod bench;
+mod progress;
 mod render;
 
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use clap::{CommandFactory as _, Parser, Subcommand};
-use dlock_core::{LockError, Locker};
+use clap::parser::ValueSource;
+use clap::{CommandFactory as _, FromArgMatches as _, Parser, Subcommand};
+use dlock_core::{LockError, Locker, LockerBuilder};
 
 /// Look at and free dlock's distributed locks in Redis.
 #[derive(Debug, Parser)]
@@ -32,6 +39,17 @@ struct Cli {
         global = true
     )]
     url: String,
+    /// A Redis Cluster instead, through these seed nodes, comma-separated (one is enough; the
+    /// others are discovered). On the command line, not with --url; from the environment, it
+    /// wins over REDIS_URL unless --url is given.
+    #[arg(
+        long,
+        env = "DLOCK_CLUSTER_URLS",
+        value_delimiter = ',',
+        value_name = "URL,...",
+        global = true
+    )]
+    cluster: Vec<String>,
     /// The key prefix of the applications' `Locker`s.
     #[arg(long, default_value = dlock_core::DEFAULT_PREFIX, global = true)]
     prefix: String,
@@ -74,6 +92,25 @@ enum Command {
         #[arg(long)]
         changes: Option<u64>,
     },
+    /// Measure lock latencies (writes, then deletes, lock keys of its own under the prefix).
+    ///
+    /// Two runs of acquire-and-release cycles: each task on a name of its own (uncontended),
+    /// then every task on one name (contended); for each, the cycles, cycles per second and the
+    /// p50/p90/p99/max latencies of the acquisition (waiting included) and of the whole cycle.
+    /// It writes lock keys under the prefix, on names of its own (`--name` and a random suffix),
+    /// and deletes them at the end; killed before that, they expire within a minute. Ctrl-C
+    /// stops it early (exit code 130, after the clean-up).
+    Bench {
+        /// How long each of the two runs lasts (`500ms`, `5s`).
+        #[arg(long, default_value = "5s", value_parser = parse_positive_duration)]
+        duration: Duration,
+        /// How many tasks cycle at once, in each run.
+        #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+        tasks: u32,
+        /// What the bench's lock names start with; a random suffix follows.
+        #[arg(long, default_value = "bench:", value_name = "PREFIX")]
+        name: String,
+    },
     /// Print completions for a shell.
     Completions {
         /// bash, zsh, fish, elvish or powershell.
@@ -95,8 +132,22 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
     }
 }
 
+/// [`parse_duration`], and more than zero.
+fn parse_positive_duration(text: &str) -> Result<Duration, String> {
+    match parse_duration(text)? {
+        Duration::ZERO => Err(format!("bad duration {text:?}: must be more than zero")),
+        d => Ok(d),
+    }
+}
+
 /// A failure and its exit code.
 struct Failure(ExitCode, String);
+
+impl Failure {
+    fn new(code: u8, message: impl Into<String>) -> Self {
+        Self(ExitCode::from(code), message.into())
+    }
+}
 
 impl From<LockError> for Failure {
     fn from(err: LockError) -> Self {
@@ -105,10 +156,74 @@ impl From<LockError> for Failure {
     }
 }
 
+/// Where the locks are.
+#[derive(Debug)]
+enum Target {
+    /// One server (or a master that replicas follow).
+    Url(String),
+    /// A Redis Cluster, through its seed nodes.
+    Cluster(Vec<String>),
+}
+
+impl Target {
+    /// `--url` or `--cluster`, whichever was given; from the environment, the cluster wins.
+    fn of(cli: &Cli, matches: &clap::ArgMatches) -> Result<Self, Failure> {
+        let on_command_line = |id| matches.value_source(id) == Some(ValueSource::CommandLine);
+        let seeds: Vec<String> = (cli.cluster.iter())
+            .map(|u| u.trim())
+            .filter(|u| !u.is_empty())
+            .map(str::to_owned)
+            .collect();
+        if on_command_line("url") && on_command_line("cluster") {
+            return Err(Failure::new(
+                2,
+                "--url and --cluster name different servers: give one of them",
+            ));
+        }
+        if !seeds.is_empty() && !on_command_line("url") {
+            return Ok(Self::Cluster(seeds));
+        }
+        if on_command_line("cluster") {
+            return Err(Failure::new(2, "--cluster names no seed node"));
+        }
+        Ok(Self::Url(cli.url.clone()))
+    }
+
+    /// Where the user told us to look, for a message (no URL: it may carry a password).
+    fn describe(&self) -> &'static str {
+        match self {
+            Self::Url(_) => "Redis (--url, REDIS_URL)",
+            Self::Cluster(_) => "the cluster (--cluster, DLOCK_CLUSTER_URLS)",
+        }
+    }
+}
+
+/// A `Locker` builder for `target` under `prefix`, with the command's timeouts.
+fn builder(target: &Target, prefix: &str) -> LockerBuilder {
+    let builder = match target {
+        Target::Url(url) => Locker::builder().url(url),
+        Target::Cluster(seeds) => Locker::builder().cluster(seeds.iter().cloned()),
+    };
+    builder
+        .prefix(prefix)
+        .connect_timeout(Duration::from_secs(2))
+        .command_timeout(Duration::from_secs(2))
+}
+
+/// A `Locker` that could not be built: Redis out of reach (1) or a bad URL or prefix (2).
+fn connect_failure(target: &Target, err: LockError) -> Failure {
+    if err.is_backend() {
+        Failure::new(1, format!("cannot reach {}: {err}", target.describe()))
+    } else {
+        Failure::from(err)
+    }
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
-    let cli = Cli::parse();
-    match run(cli).await {
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|err| err.exit());
+    match run(cli, &matches).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(Failure(code, message)) => {
             eprintln!("dlock: {message}");
@@ -117,18 +232,34 @@ async fn main() -> ExitCode {
     }
 }
 
-async fn run(cli: Cli) -> Result<(), Failure> {
+async fn run(cli: Cli, matches: &clap::ArgMatches) -> Result<(), Failure> {
     if let Command::Completions { shell } = cli.command {
         clap_complete::generate(shell, &mut Cli::command(), "dlock", &mut std::io::stdout());
         return Ok(());
     }
-    let locker = Locker::builder()
-        .url(&cli.url)
-        .prefix(&cli.prefix)
-        .connect_timeout(Duration::from_secs(2))
-        .command_timeout(Duration::from_secs(2))
-        .build()
-        .await?;
+    let target = Target::of(&cli, matches)?;
+    if let Command::Bench {
+        duration,
+        tasks,
+        name,
+    } = cli.command
+    {
+        let options = bench::Options {
+            duration,
+            tasks: usize::try_from(tasks).unwrap_or(usize::MAX),
+            name,
+            progress: progress::wanted(cli.json),
+            notice: !cli.json,
+        };
+        let report = bench::bench(&target, &cli.prefix, &options).await?;
+        println!("{}", render::bench(&report, cli.json));
+        if report.interrupted {
+            return Err(Failure::new(130, "interrupted"));
+        }
+        return Ok(());
+    }
+    let locker = (builder(&target, &cli.prefix).build().await)
+        .map_err(|err| connect_failure(&target, err))?;
     match cli.command {
         Command::List { pattern } => {
             let names = locker.list(&pattern).await?;
@@ -157,7 +288,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             interval,
             changes,
         } => watch(&locker, &name, interval, changes, cli.json).await?,
-        Command::Completions { .. } => {}
+        Command::Bench { .. } | Command::Completions { .. } => {}
     }
     Ok(())
 }
@@ -171,16 +302,28 @@ async fn watch(
     json: bool,
 ) -> Result<(), Failure> {
     let mut last = None;
-    let mut seen = 0;
+    let seen = Arc::new(AtomicU64::new(0));
+    let started = tokio::time::Instant::now();
+    let ticker = progress::Ticker::start(progress::wanted(json), {
+        let (name, seen) = (name.to_owned(), seen.clone());
+        move || {
+            let seen = seen.load(Ordering::Relaxed);
+            let of = changes.map_or_else(String::new, |n| format!("/{n}"));
+            format!(
+                "watching {name}  {}  {seen}{of} changes  (Ctrl-C stops)",
+                progress::seconds(started.elapsed())
+            )
+        }
+    });
     loop {
         let info = locker.inspect(name).await?;
         let line = render::watch_line(&info, json);
         // The TTL moves on every read; a change is anything else.
         let state = render::watch_key(&info);
         if last.as_ref() != Some(&state) {
-            println!("{line}");
+            ticker.suspend(|| println!("{line}"));
             last = Some(state);
-            seen += 1;
+            let seen = seen.fetch_add(1, Ordering::Relaxed) + 1;
             if changes.is_some_and(|n| seen >= n) {
                 return Ok(());
             }

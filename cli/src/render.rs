@@ -137,3 +137,106 @@ pub(crate) fn watch_key(info: &LockInfo) -> String {
         info.waiting_lockers
     )
 }
+
+/// `1.234` (milliseconds, for a table).
+fn ms(d: Duration) -> String {
+    format!("{:.3}", d.as_secs_f64() * 1000.0)
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+fn latencies_json(l: &crate::bench::Latencies) -> Value {
+    json!({
+        "p50": micros(l.p50),
+        "p90": micros(l.p90),
+        "p99": micros(l.p99),
+        "max": micros(l.max),
+    })
+}
+
+/// `dlock bench`: a table per run, or one JSON object (latencies in microseconds).
+pub(crate) fn bench(report: &crate::bench::Report, json: bool) -> String {
+    if json {
+        let runs = report.runs.iter().map(|run| {
+            json!({
+                "run": run.label,
+                "tasks": run.tasks,
+                "names": run.names,
+                "cycles": run.cycles,
+                "elapsed_ms": u64::try_from(run.elapsed.as_millis()).unwrap_or(u64::MAX),
+                "cycles_per_sec": (run.rate() * 10.0).round() / 10.0,
+                "acquire_us": latencies_json(&run.acquire),
+                "cycle_us": latencies_json(&run.cycle),
+            })
+        });
+        return json!({
+            "keys": report.keys,
+            "duration_ms": u64::try_from(report.duration.as_millis()).unwrap_or(u64::MAX),
+            "runs": runs.collect::<Vec<_>>(),
+            "interrupted": report.interrupted,
+            "keys_removed": report.keys_removed,
+        })
+        .to_string();
+    }
+    let quartet = |l: &crate::bench::Latencies| {
+        format!(
+            "{} / {} / {} / {}",
+            ms(l.p50),
+            ms(l.p90),
+            ms(l.p99),
+            ms(l.max)
+        )
+    };
+    let rows: Vec<[String; 7]> = (report.runs.iter())
+        .map(|run| {
+            [
+                run.label.to_owned(),
+                run.tasks.to_string(),
+                run.names.to_string(),
+                run.cycles.to_string(),
+                format!("{:.1}", run.rate()),
+                quartet(&run.acquire),
+                quartet(&run.cycle),
+            ]
+        })
+        .collect();
+    let header = [
+        "run",
+        "tasks",
+        "names",
+        "cycles",
+        "cycles/s",
+        "acquire ms p50 / p90 / p99 / max",
+        "cycle ms p50 / p90 / p99 / max",
+    ];
+    let width = |i: usize| {
+        (rows.iter().map(|r| r[i].len()))
+            .chain([header[i].len()])
+            .max()
+            .unwrap_or(0)
+    };
+    let line = |cells: [&str; 7]| {
+        let mut out = format!("{:<w$}", cells[0], w = width(0));
+        for (i, cell) in cells.iter().enumerate().skip(1).take(4) {
+            out.push_str(&format!("  {cell:>w$}", w = width(i)));
+        }
+        for (i, cell) in cells.iter().enumerate().skip(5) {
+            out.push_str(&format!("  {cell:<w$}", w = width(i)));
+        }
+        out.trim_end().to_owned()
+    };
+    let mut out = vec![line(header)];
+    for row in &rows {
+        out.push(line(row.each_ref().map(String::as_str)));
+    }
+    if report.interrupted {
+        out.push("interrupted: the runs stopped early".to_owned());
+    }
+    out.push(format!(
+        "deleted {} keys under {}",
+        report.keys_removed, report.keys
+    ));
+    out.join("\n")
+}

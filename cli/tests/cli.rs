@@ -1,16 +1,20 @@
-//! The `dlock` binary end to end, as a spawned process against a real `redis-server`: output
-//! and exit codes.
+//! The `dlock` binary end to end, as a spawned process against a real `redis-server` (and a
+//! real cluster): output and exit codes.
 
 use std::process::{Command, Output};
 use std::time::Duration;
 
 use dlock_core::Locker;
-use dlock_tests::{RedisServer, free_port, unique_name};
+use dlock_core::redis;
+use dlock_tests::cluster::key_slot;
+use dlock_tests::{RedisCluster, RedisServer, free_port, unique_name};
+use serde_json::Value;
 
 fn dlock(url: &str, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_dlock"))
         .args(args)
         .env("REDIS_URL", url)
+        .env_remove("DLOCK_CLUSTER_URLS")
         .output()
         .expect("run dlock")
 }
@@ -146,4 +150,266 @@ fn completions_are_printed_for_each_shell() {
         assert!(out.status.success(), "{shell}: {}", errors(&out));
         assert!(text(&out).contains("dlock"), "{shell}");
     }
+}
+
+/// Every key of the server matching `pattern`, read with `SCAN`.
+async fn scan(server: &RedisServer, pattern: &str) -> Vec<String> {
+    let mut con = server.connection().await;
+    let (mut cursor, mut keys) = (0u64, Vec::new());
+    loop {
+        let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(&mut con)
+            .await
+            .expect("SCAN");
+        keys.extend(batch);
+        cursor = next;
+        if cursor == 0 {
+            return keys;
+        }
+    }
+}
+
+/// Checks one run of `dlock bench --json`.
+fn check_run(run: &Value, label: &str, tasks: u64, names: u64) {
+    assert_eq!(run["run"], label, "{run}");
+    assert_eq!(run["tasks"], tasks, "{run}");
+    assert_eq!(run["names"], names, "{run}");
+    let cycles = run["cycles"].as_u64().expect("cycles");
+    assert!(cycles > 0, "{run}");
+    assert!(
+        run["cycles_per_sec"].as_f64().expect("cycles/s") > 0.0,
+        "{run}"
+    );
+    assert!(run["elapsed_ms"].as_u64().expect("elapsed") >= 900, "{run}");
+    for latency in ["acquire_us", "cycle_us"] {
+        let at = |p: &str| {
+            run[latency][p]
+                .as_u64()
+                .unwrap_or_else(|| panic!("{latency}.{p}"))
+        };
+        assert!(at("p50") <= at("p90"), "{run}");
+        assert!(at("p90") <= at("p99"), "{run}");
+        assert!(at("p99") <= at("max"), "{run}");
+    }
+    let (acquire, cycle) = (&run["acquire_us"]["p50"], &run["cycle_us"]["p50"]);
+    assert!(acquire.as_u64() <= cycle.as_u64(), "{run}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_measures_both_runs_and_leaves_no_key() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let out = run(
+        &url,
+        &["bench", "--duration", "1s", "--tasks", "3", "--json"],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(0), "{}", errors(&out));
+    // No live line and no notice: stderr is not a terminal, and the output is JSON.
+    assert_eq!(errors(&out), "");
+    let json: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(json["duration_ms"], 1000);
+    assert_eq!(json["interrupted"], false);
+    let keys = json["keys"].as_str().expect("keys");
+    assert!(
+        keys.starts_with("dlock:{bench:") && keys.ends_with(":*}"),
+        "{keys}"
+    );
+    // One fencing counter per name (4); the locks themselves were released.
+    assert!(
+        json["keys_removed"].as_u64().expect("keys_removed") >= 4,
+        "{json}"
+    );
+    let runs = json["runs"].as_array().expect("runs");
+    assert_eq!(runs.len(), 2, "{json}");
+    check_run(&runs[0], "uncontended", 3, 3);
+    check_run(&runs[1], "contended", 3, 1);
+    assert_eq!(scan(&server, "*").await, Vec::<String>::new());
+
+    // In text, a table and, on stderr, what it writes; a prefix and a name prefix of one's own.
+    let out = run(
+        &url,
+        &[
+            "--prefix",
+            "app:",
+            "bench",
+            "--duration",
+            "300ms",
+            "--name",
+            "lt-",
+        ],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(0), "{}", errors(&out));
+    let notice = errors(&out);
+    assert!(
+        notice.starts_with("dlock bench: writes lock keys under app:{lt-")
+            && !notice.contains('\r'),
+        "{notice}"
+    );
+    let table = text(&out);
+    let lines: Vec<&str> = table.lines().collect();
+    assert_eq!(lines.len(), 4, "{table}");
+    assert!(
+        lines[0].starts_with("run ") && lines[0].contains("acquire ms p50"),
+        "{table}"
+    );
+    assert!(lines[1].starts_with("uncontended "), "{table}");
+    assert!(lines[2].starts_with("contended "), "{table}");
+    assert!(
+        lines[3].starts_with("deleted ") && lines[3].contains("app:{lt-"),
+        "{table}"
+    );
+    assert_eq!(scan(&server, "*").await, Vec::<String>::new());
+}
+
+#[test]
+fn bench_errors_are_clear() {
+    let nobody = format!("redis://127.0.0.1:{}/", free_port());
+    let out = dlock(&nobody, &["bench", "--duration", "1s"]);
+    assert_eq!(out.status.code(), Some(1), "{}", errors(&out));
+    assert!(
+        errors(&out).starts_with("dlock: cannot reach Redis (--url, REDIS_URL): "),
+        "{}",
+        errors(&out)
+    );
+    assert_eq!(text(&out), "");
+
+    for bad in [["--duration", "5x"], ["--duration", "0s"], ["--tasks", "0"]] {
+        let out = dlock(&nobody, &["bench", bad[0], bad[1]]);
+        assert_eq!(out.status.code(), Some(2), "{bad:?}: {}", errors(&out));
+        assert!(errors(&out).contains(bad[0]), "{}", errors(&out));
+    }
+    let out = dlock(&nobody, &["bench", "--name", "bad{name}"]);
+    assert_eq!(out.status.code(), Some(2), "{}", errors(&out));
+    assert!(
+        errors(&out).contains("invalid lock name"),
+        "{}",
+        errors(&out)
+    );
+
+    let out = dlock(&nobody, &["--cluster", &nobody, "--url", &nobody, "list"]);
+    assert_eq!(out.status.code(), Some(2), "{}", errors(&out));
+    assert!(
+        errors(&out).contains("give one of them"),
+        "{}",
+        errors(&out)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_show_release_and_bench_on_a_cluster() {
+    let cluster = tokio::task::block_in_place(RedisCluster::start);
+    let seeds = cluster.seed_urls().join(",");
+    let masters = tokio::task::block_in_place(|| cluster.masters());
+    let locker = Locker::builder()
+        .cluster(cluster.seed_urls())
+        .build()
+        .await
+        .expect("a locker on the cluster");
+    // Names until every master serves one.
+    let base = unique_name("cli-cluster");
+    let mut by_master = std::collections::BTreeMap::new();
+    for i in 0..1000 {
+        let name = format!("{base}:order:{i}");
+        let slot = key_slot(locker.key_of(name.as_str()).expect("name").as_bytes());
+        let master = masters
+            .iter()
+            .position(|m| m.serves(slot))
+            .expect("a master");
+        by_master.entry(master).or_insert(name);
+        if by_master.len() == masters.len() {
+            break;
+        }
+    }
+    assert_eq!(by_master.len(), 3, "{by_master:?}");
+    let names: Vec<String> = by_master.into_values().collect();
+    let mut guards = Vec::new();
+    for name in &names {
+        guards.push(locker.lock(name.as_str()).await.expect("lock"));
+    }
+    let other = locker
+        .lock(format!("{base}:cart:1").as_str())
+        .await
+        .expect("lock");
+
+    // The URL points nowhere: --cluster is what counts.
+    let nobody = format!("redis://127.0.0.1:{}/", free_port());
+    let pattern = format!("{base}:order:*");
+    let out = run(&nobody, &["--cluster", &seeds, "list", &pattern, "--json"]).await;
+    assert!(out.status.success(), "{}", errors(&out));
+    let listed: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let listed: Vec<&str> = (listed.as_array().expect("an array").iter())
+        .map(|info| {
+            assert_eq!(info["state"], "held", "{info}");
+            info["name"].as_str().expect("a name")
+        })
+        .collect();
+    let mut sorted = names.clone();
+    sorted.sort();
+    assert_eq!(listed, sorted);
+
+    // DLOCK_CLUSTER_URLS does the same.
+    let out = tokio::task::spawn_blocking({
+        let (seeds, name) = (seeds.clone(), names[0].clone());
+        move || {
+            Command::new(env!("CARGO_BIN_EXE_dlock"))
+                .args(["show", &name])
+                .env_remove("REDIS_URL")
+                .env("DLOCK_CLUSTER_URLS", seeds)
+                .output()
+                .expect("run dlock")
+        }
+    })
+    .await
+    .expect("the dlock process");
+    assert!(out.status.success(), "{}", errors(&out));
+    assert!(
+        text(&out).contains("state            held"),
+        "{}",
+        text(&out)
+    );
+
+    let out = run(
+        &nobody,
+        &["--cluster", &seeds, "release", &names[1], "--force"],
+    )
+    .await;
+    assert!(out.status.success(), "{}", errors(&out));
+    assert!(
+        !locker
+            .inspect(names[1].as_str())
+            .await
+            .expect("inspect")
+            .is_taken()
+    );
+
+    let out = run(
+        &nobody,
+        &[
+            "--cluster",
+            &seeds,
+            "bench",
+            "--duration",
+            "300ms",
+            "--json",
+        ],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(0), "{}", errors(&out));
+    let json: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    for run in json["runs"].as_array().expect("runs") {
+        assert!(run["cycles"].as_u64().expect("cycles") > 0, "{run}");
+    }
+    for master in &masters {
+        let left = scan(cluster.node(master.port), "*{bench:*").await;
+        assert_eq!(left, Vec::<String>::new(), "on {}", master.port);
+    }
+
+    drop((guards, other));
 }

@@ -637,3 +637,51 @@ async fn a_fair_lock_on_a_cluster_goes_in_order_and_wakes_each_head_by_sharded_p
         0
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_on_a_cluster_scans_every_master() {
+    let cluster = block_in_place(RedisCluster::start);
+    let locker = locker(&cluster, Duration::from_secs(30)).await;
+    let masters = block_in_place(|| cluster.masters());
+    let master_of = |name: &str| {
+        let slot = key_slot(locker.key_of(name).expect("a name").as_bytes());
+        (masters.iter().find(|m| m.serves(slot)))
+            .unwrap_or_else(|| panic!("no master serves slot {slot}"))
+            .port
+    };
+    // Order names until every master has one, so each lives in a slot of its own master; and a
+    // cart name, which the pattern leaves out.
+    let base = unique_name("cluster-list");
+    let mut by_master = std::collections::BTreeMap::new();
+    for i in 0..1000 {
+        let name = format!("{base}:order:{i}");
+        by_master.entry(master_of(&name)).or_insert(name);
+        if by_master.len() == masters.len() {
+            break;
+        }
+    }
+    assert_eq!(by_master.len(), 3, "names on every master: {by_master:?}");
+    let orders: BTreeSet<String> = by_master.into_values().collect();
+    let cart = format!("{base}:cart:1");
+    let mut guards = Vec::new();
+    for name in orders.iter().chain([&cart]) {
+        guards.push(locker.lock(name.as_str()).await.expect("lock"));
+    }
+
+    let all = locker.list(&format!("{base}:*")).await.expect("list");
+    let mut expected: Vec<String> = orders.iter().cloned().chain([cart.clone()]).collect();
+    expected.sort();
+    assert_eq!(all, expected);
+    // The cluster is this test's own: `*` is these names and nothing else.
+    assert_eq!(locker.list("*").await.expect("list"), expected);
+    let listed = locker.list(&format!("{base}:order:*")).await.expect("list");
+    assert_eq!(listed, orders.iter().cloned().collect::<Vec<_>>());
+
+    for guard in guards {
+        assert!(guard.release().await.is_released());
+    }
+    assert_eq!(
+        locker.list(&format!("{base}:*")).await.expect("list"),
+        Vec::<String>::new()
+    );
+}

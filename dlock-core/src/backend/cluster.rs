@@ -6,7 +6,10 @@ use std::time::Duration;
 use redis::aio::ConnectionLike;
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
+use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo, SingleNodeRoutingInfo};
+use redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, RedisResult, Value};
+
+use crate::error::BackendError;
 
 /// The number of hash slots of a Redis Cluster.
 pub(crate) const SLOTS: u16 = 16384;
@@ -129,6 +132,105 @@ impl LazyCluster {
         *self.open_conn() = Some(conn.clone());
         Ok(conn)
     }
+}
+
+/// A master of the cluster, as the client's slot map names it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct Master {
+    host: String,
+    port: u16,
+}
+
+impl LazyCluster {
+    /// Every master that serves slots, as the client's slot map has them: a `PING` to all
+    /// masters, whose answers come back by address.
+    async fn masters(&self) -> RedisResult<Vec<Master>> {
+        let mut conn = self.connection().await?;
+        let all = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
+        let reply = conn.route_command(redis::cmd("PING"), all).await?;
+        let Value::Map(answers) = reply else {
+            return Err(protocol("PING to every master: not one answer per master"));
+        };
+        let mut masters = Vec::with_capacity(answers.len());
+        for (address, answer) in answers {
+            if let Value::ServerError(err) = answer {
+                return Err(err.into());
+            }
+            let address: String = redis::from_redis_value(address)?;
+            let master = (address.rsplit_once(':'))
+                .and_then(|(host, port)| Some((host, port.parse().ok()?)))
+                .map(|(host, port)| Master {
+                    host: host.to_owned(),
+                    port,
+                })
+                .ok_or_else(|| protocol("PING to every master: an address without a port"))?;
+            masters.push(master);
+        }
+        masters.sort();
+        masters.dedup();
+        Ok(masters)
+    }
+
+    /// Every key matching `pattern` on every master, `SCAN` by `SCAN` (`count` keys a batch),
+    /// each call bounded by `timeout`. Unsorted; a key may come twice if its slot moves meanwhile.
+    pub(crate) async fn scan(
+        &self,
+        pattern: &str,
+        count: usize,
+        timeout: Duration,
+    ) -> Result<Vec<String>, BackendError> {
+        async fn bounded<T>(
+            timeout: Duration,
+            call: impl Future<Output = RedisResult<T>>,
+        ) -> Result<T, BackendError> {
+            match tokio::time::timeout(timeout, call).await {
+                Ok(res) => res.map_err(BackendError::redis),
+                Err(_) => Err(BackendError::timeout(timeout)),
+            }
+        }
+        let mut keys = Vec::new();
+        for master in bounded(timeout, self.masters()).await? {
+            let mut cursor = 0u64;
+            loop {
+                let batch = self.scan_batch(&master, cursor, pattern, count);
+                let (next, batch) = bounded(timeout, batch).await?;
+                keys.extend(batch);
+                cursor = next;
+                if cursor == 0 {
+                    break;
+                }
+            }
+        }
+        Ok(keys)
+    }
+
+    /// One `SCAN` batch on `master`: the next cursor (0 at the end) and the keys it returned.
+    async fn scan_batch(
+        &self,
+        master: &Master,
+        cursor: u64,
+        pattern: &str,
+        count: usize,
+    ) -> RedisResult<(u64, Vec<String>)> {
+        let mut conn = self.connection().await?;
+        let mut scan = redis::cmd("SCAN");
+        scan.arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(count);
+        let at = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+            host: master.host.clone(),
+            port: master.port,
+        });
+        Ok(redis::from_redis_value(
+            conn.route_command(scan, at).await?,
+        )?)
+    }
+}
+
+fn protocol(message: &'static str) -> RedisError {
+    RedisError::from((ErrorKind::Client, "unexpected reply", message.to_owned()))
 }
 
 impl ConnectionLike for LazyCluster {

@@ -355,11 +355,13 @@ impl RedisBackend {
     }
 
     /// Every key matching `pattern` (`SCAN`, never `KEYS`), each batch bounded by the command
-    /// timeout; `None` on a cluster, whose keys are spread over its masters.
-    pub(crate) async fn scan(&self, pattern: &str) -> Result<Option<Vec<String>>, BackendError> {
+    /// timeout; on a cluster, every master's keys in turn (a key may come twice if a slot moves
+    /// meanwhile, and one moved during the scan may be missed).
+    pub(crate) async fn scan(&self, pattern: &str) -> Result<Vec<String>, BackendError> {
+        const COUNT: usize = 1000;
         #[cfg(feature = "cluster")]
-        if matches!(self.conn, RedisConn::Cluster(_)) {
-            return Ok(None);
+        if let RedisConn::Cluster(cluster) = &self.conn {
+            return cluster.scan(pattern, COUNT, self.timeout).await;
         }
         let mut keys = Vec::new();
         let mut cursor = 0u64;
@@ -370,7 +372,7 @@ impl RedisBackend {
                 .arg("MATCH")
                 .arg(pattern)
                 .arg("COUNT")
-                .arg(1000);
+                .arg(COUNT);
             let reply = self.pipeline(&pipe, &[]).await?;
             let (next, batch): (u64, Vec<String>) = match reply.into_iter().next() {
                 Some(value) => redis::from_redis_value(value)
@@ -380,7 +382,7 @@ impl RedisBackend {
             keys.extend(batch);
             cursor = next;
             if cursor == 0 {
-                return Ok(Some(keys));
+                return Ok(keys);
             }
         }
     }

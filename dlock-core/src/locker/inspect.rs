@@ -62,19 +62,15 @@ impl LockInfo {
 impl Locker {
     /// The names of this `Locker`'s prefix with a lock key in Redis now — held, or kept after a
     /// release — whose name matches `pattern` (a Redis glob: `*`, `?`, `[...]`; `"*"` for all),
-    /// sorted. Reads with `SCAN` in batches, never `KEYS`, so a large database is not blocked.
-    /// On a cluster it is a [`LockError::Config`]: its keys are spread over its masters; inspect
-    /// names one by one there.
+    /// sorted. Reads with `SCAN` in batches, never `KEYS`, so a large database is not blocked;
+    /// each batch is bounded by the command timeout. On a cluster it scans every master in turn
+    /// and merges their names; a name whose slot moves during the scan may be missed.
     pub async fn list(&self, pattern: &str) -> Result<Vec<String>, LockError> {
         let prefix = &self.inner.config.prefix;
         let keys = match &self.inner.backend {
             Backend::Redis(r) => {
                 let glob = format!("{}{{{pattern}}}", escape_glob(prefix));
-                (r.scan(&glob).await)
-                    .map_err(LockError::Backend)?
-                    .ok_or_else(|| {
-                        LockError::Config("listing locks needs one server, not a cluster".into())
-                    })?
+                (r.scan(&glob).await).map_err(LockError::Backend)?
             }
             Backend::Memory(m) => m.keys(),
         };
