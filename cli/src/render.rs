@@ -42,6 +42,7 @@ fn to_json(info: &LockInfo) -> Value {
         "fencing_token": info.fencing_token.map(|t| t.get()),
         "last_fencing_token": info.last_fencing_token.map(|t| t.get()),
         "waiting_lockers": info.waiting_lockers,
+        "queued_waiters": info.queued_waiters,
     })
 }
 
@@ -93,6 +94,7 @@ pub(crate) fn show(info: &LockInfo, json: bool) -> String {
         format!("fencing token    {}", token(info.fencing_token)),
         format!("last token       {}", token(info.last_fencing_token)),
         format!("waiting lockers  {}", info.waiting_lockers),
+        format!("in line (fair)   {}", info.queued_waiters),
     ]
     .join("\n")
 }

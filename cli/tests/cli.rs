@@ -79,6 +79,39 @@ async fn list_show_and_release_a_held_lock() {
     assert_eq!(json["state"], "held");
     assert_eq!(json["holders"][0]["label"], "web-3:4711");
     assert_eq!(json["fencing_token"], guard.fencing_token().get());
+    assert_eq!(json["queued_waiters"], 0);
+
+    // A fair lock's line is shown.
+    let fair = format!("{base}:fair");
+    let holder = locker.fair_lock(fair.as_str()).await.expect("fair");
+    let waiter = tokio::spawn({
+        let (locker, fair) = (locker.clone(), fair.clone());
+        async move {
+            locker
+                .fair_lock(fair.as_str())
+                .wait(Duration::from_secs(10))
+                .await
+        }
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while locker
+        .inspect(fair.as_str())
+        .await
+        .expect("inspect")
+        .queued_waiters
+        != 1
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the waiter never stood in line"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let out = run(&url, &["show", &fair]).await;
+    assert!(text(&out).contains("in line (fair)   1"), "{}", text(&out));
+    assert!(holder.release().await.is_released());
+    let next = waiter.await.expect("task").expect("the waiter's turn");
+    assert!(next.release().await.is_released());
 
     // Without --force, nothing happens.
     let out = run(&url, &["release", &a]).await;
