@@ -72,6 +72,8 @@ pub(crate) struct RedisSetup {
     pub(crate) command_timeout: Duration,
     pub(crate) tiny_timeout: Duration,
     pub(crate) fence_ttl: Option<Duration>,
+    /// How long a fair lock's waiter keeps its place without an attempt.
+    pub(crate) dead_waiter_timeout: Duration,
 }
 
 impl RedisSetup {
@@ -79,6 +81,7 @@ impl RedisSetup {
         Locker::builder()
             .prefix(self.prefix.clone())
             .watchdog_lease(self.watchdog_lease)
+            .dead_waiter_timeout(self.dead_waiter_timeout)
             .fence_ttl(self.fence_ttl)
             .command_timeout(command_timeout)
             .connect_timeout(self.command_timeout.max(Duration::from_millis(200)))
@@ -237,11 +240,12 @@ impl RedisSetup {
 /// The index of the multiplexed actor in [`RedisSetup::actors`].
 pub(crate) const MULTIPLEXED: usize = 3;
 
-/// `count` lockers over clones of one memory store.
+/// `count` lockers over clones of one memory store, with this watchdog lease and dead-waiter
+/// timeout.
 pub(crate) async fn memory_actors(
     store: &MemoryStore,
     prefix: &str,
-    watchdog_lease: Duration,
+    (watchdog_lease, dead_waiter_timeout): (Duration, Duration),
     count: u8,
 ) -> Vec<Actor> {
     let mut actors = Vec::new();
@@ -250,6 +254,7 @@ pub(crate) async fn memory_actors(
             .memory(store.clone())
             .prefix(prefix)
             .watchdog_lease(watchdog_lease)
+            .dead_waiter_timeout(dead_waiter_timeout)
             .build()
             .await
             .expect("a memory locker");

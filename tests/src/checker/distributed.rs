@@ -28,9 +28,8 @@ use super::actors::Actor;
 use super::faults::FaultSpec;
 use super::history::{FaultKind, History, locked};
 use super::invariants::{Invariant, Violation};
-use super::run::{
-    self, Params, Report, ctx, drive, finish, locker_leftovers, names, watchdog_probe,
-};
+use super::leftovers::{is_fair_line, locker_leftovers};
+use super::run::{self, Params, Report, ctx, drive, finish, settle, watchdog_probe};
 use super::{Config, FaultFamily};
 use crate::{Proxy, RedisCluster, RedisSentinel, unique_name};
 
@@ -324,8 +323,9 @@ fn figures(history: &History, finish: Instant) -> Figures {
     }
 }
 
-/// Lock keys (not fencing counters) left on the masters after every lease ran out.
-async fn leftovers(targets: &DistributedTargets, prefix: &str) -> Vec<Violation> {
+/// Lock keys and fair line keys (not fencing counters) left on the masters after every lease
+/// and every waiter's place in line ran out.
+async fn leftovers(targets: &DistributedTargets, prefix: &str, p: Params) -> Vec<Violation> {
     let mut out = Vec::new();
     for port in targets.masters().await {
         let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).expect("a node url");
@@ -345,12 +345,23 @@ async fn leftovers(targets: &DistributedTargets, prefix: &str) -> Vec<Violation>
         for key in keys.into_iter().filter(|k| !k.ends_with(":fence")) {
             let mut con = con.clone();
             let pttl: i64 = con.pttl(&key).await.unwrap_or(-3);
-            out.push(Violation {
-                invariant: Invariant::LeftBehind,
-                summary: format!(
+            let summary = if is_fair_line(&key) {
+                format!(
+                    "fair line key {key} remains on master {port} {} after the last session \
+                     ended, past the dead-waiter timeout ({:?}) of its last waiter (PTTL {pttl} \
+                     ms)",
+                    super::history::ms(settle(p)),
+                    p.dead_waiter_timeout
+                )
+            } else {
+                format!(
                     "lock key {key} remains on master {port} after every guard is gone and \
                      every lease ran out (PTTL {pttl} ms)"
-                ),
+                )
+            };
+            out.push(Violation {
+                invariant: Invariant::LeftBehind,
+                summary,
                 window: None,
                 hint: "",
             });
@@ -369,6 +380,7 @@ fn builder(prefix: &str, p: Params, acked: bool) -> LockerBuilder {
     let b = Locker::builder()
         .prefix(prefix)
         .watchdog_lease(p.watchdog_lease)
+        .dead_waiter_timeout(p.dead_waiter_timeout)
         .fence_ttl(p.fence_ttl)
         .command_timeout(COMMAND_TIMEOUT)
         .connect_timeout(Duration::from_secs(1));
@@ -397,7 +409,7 @@ async fn run(
             }
         })
         .collect();
-    let ctx = ctx(actors, names(p), None);
+    let ctx = ctx(actors, p, None);
     let targets = DistributedTargets {
         deployment,
         keys: ctx.keys.clone(),
@@ -409,7 +421,7 @@ async fn run(
     let super::faults::Targets::Distributed(targets) = &targets else {
         unreachable!("a distributed run");
     };
-    let mut found = leftovers(targets, &prefix).await;
+    let mut found = leftovers(targets, &prefix, p).await;
     locker_leftovers(&ctx.actors, &mut found);
     watchdog_probe(&ctx.actors, None, &mut found).await;
     let figures = figures(&ctx.history, Instant::now());

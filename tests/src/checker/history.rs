@@ -35,7 +35,7 @@ impl fmt::Display for LeaseSpec {
     }
 }
 
-/// Which acquisition call.
+/// Which acquisition call (on the run's fair name, `fair_lock` stands for `lock`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AcquireKind {
     /// `lock(name).wait(..)`.
@@ -261,6 +261,8 @@ pub struct GuardRec {
     pub call: Instant,
     /// When its acquisition returned: its belief starts.
     pub start: Instant,
+    /// `valid_until()` when it was handed out.
+    pub granted_until: Instant,
     /// When its `lost()` future was seen resolved.
     pub lost_at: OnceLock<Instant>,
     /// Its lease when acquired.
@@ -426,6 +428,11 @@ pub struct History {
     pub names: Vec<String>,
     /// The lockers' labels.
     pub lockers: Vec<String>,
+    /// The name taken with `fair_lock` (every other name with `lock`), if any.
+    pub fair: Option<u8>,
+    /// The lockers' dead-waiter timeout (how long a fair lock's waiter keeps its place in line
+    /// without an attempt).
+    pub dead_waiter_timeout: Duration,
     events: Mutex<Vec<Event>>,
     guards: Mutex<Vec<Arc<GuardRec>>>,
     faults: Mutex<Vec<FaultRec>>,
@@ -445,12 +452,20 @@ pub(crate) fn ms(d: Duration) -> String {
 }
 
 impl History {
-    /// A new, empty history starting now.
-    pub fn new(names: Vec<String>, lockers: Vec<String>) -> Self {
+    /// A new, empty history starting now; `fair` names the name taken with `fair_lock` by
+    /// lockers with this dead-waiter timeout.
+    pub fn new(
+        names: Vec<String>,
+        lockers: Vec<String>,
+        fair: Option<u8>,
+        dead_waiter_timeout: Duration,
+    ) -> Self {
         Self {
             origin: Instant::now(),
             names,
             lockers,
+            fair,
+            dead_waiter_timeout,
             events: Mutex::default(),
             guards: Mutex::default(),
             faults: Mutex::default(),
@@ -473,6 +488,11 @@ impl History {
             name,
             kind,
         });
+    }
+
+    /// Whether `name` is taken with `fair_lock`.
+    pub fn is_fair(&self, name: u8) -> bool {
+        self.fair == Some(name)
     }
 
     /// A fresh guard id.

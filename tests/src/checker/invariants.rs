@@ -1,6 +1,7 @@
-//! The checks run over a finished history: mutual exclusion (a), fencing order (b), truthful
-//! release and run outcomes (c), bounded calls and no panics (e). What is left behind (d) is
-//! checked by the run driver, which can see the backend.
+//! The checks run over a finished history: mutual exclusion (a), fair order (a, in
+//! [`super::fair`]), fencing order (b), truthful release and run outcomes (c), bounded calls and
+//! no panics (e). What is left behind (d) is checked by the run driver, which can see the
+//! backend.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -28,6 +29,8 @@ pub enum Invariant {
     BeliefWithinLease,
     /// (a) A name released within its `at_least` period is granted to nobody before it ends.
     AtLeast,
+    /// (a) A fair lock goes to waiters in the order they came (see [`super::fair`]).
+    FairOrder,
     /// (b) Tokens rise with acquisition order; no token is handed out twice.
     FencingOrder,
     /// (c) A release outcome tells the truth.
@@ -51,6 +54,7 @@ impl fmt::Display for Invariant {
             Self::Reentry => "(a) re-entry inside a live hold",
             Self::BeliefWithinLease => "(a) a guard believes no longer than Redis keeps its lock",
             Self::AtLeast => "(a) a name stays taken for its at-least period",
+            Self::FairOrder => "(a) a fair lock goes to waiters in the order they came",
             Self::FencingOrder => "(b) fencing order",
             Self::ReleaseTruth => "(c) release outcomes tell the truth",
             Self::RunTruth => "(c) run() is cancelled when the hold ends",
@@ -455,67 +459,6 @@ fn release_truth(
     }
 }
 
-/// How much of `[from, to]` virtual-time jumps took.
-fn jumped(faults: &[FaultRec], from: Instant, to: Instant) -> Duration {
-    faults
-        .iter()
-        .filter(|f| f.kind == FaultKind::Jump)
-        .map(|f| {
-            let (a, b) = (f.from.max(from), f.to.min(to));
-            b.saturating_duration_since(a)
-        })
-        .sum()
-}
-
-fn bounded(history: &History, faults: &[FaultRec], out: &mut Vec<Violation>) {
-    for c in history.calls() {
-        let took = (c.ret - c.call).saturating_sub(jumped(faults, c.call, c.ret));
-        // What the scheduler took is not dlock's.
-        let lag = history.lags.max_within(c.call, c.ret);
-        if took > c.bound.saturating_add(lag) {
-            out.push(Violation {
-                invariant: Invariant::Bounded,
-                summary: format!(
-                    "{} on {} (w{}) took {}, over its bound of {} (slack included) and the \
-                     {} the scheduler was late meanwhile",
-                    c.what,
-                    history.lockers[usize::from(c.locker)],
-                    c.worker,
-                    ms(took),
-                    ms(c.bound),
-                    ms(lag)
-                ),
-                window: Some((c.name, c.call, c.ret)),
-                hint: "",
-            });
-        }
-    }
-    for h in history.hangs() {
-        out.push(Violation {
-            invariant: Invariant::Bounded,
-            summary: format!(
-                "worker w{} never finished its session (given up after {}): {}",
-                h.worker,
-                ms(h.to - h.from),
-                h.session
-            ),
-            // Where it got stuck: the first seconds of the session.
-            window: h
-                .name
-                .map(|n| (n, h.from, (h.from + Duration::from_secs(5)).min(h.to))),
-            hint: "a call never returned",
-        });
-    }
-    for p in history.panics() {
-        out.push(Violation {
-            invariant: Invariant::Panic,
-            summary: format!("a task panicked: {p}"),
-            window: None,
-            hint: "",
-        });
-    }
-}
-
 /// (f): a watchdog hold that was lost while its guard lived, with no fault of any kind anywhere
 /// near it (from a lease before its acquisition to its loss) and no `extend`, was let go by the
 /// watchdog itself. `unreliable` lockers (a command timeout meant to expire) are left out.
@@ -560,7 +503,7 @@ fn watchdog_keeps(
 }
 
 /// Every invariant over the history, up to `finish` (guards never ended count as held until
-/// then). `unreliable` lockers are left out of (f).
+/// then). `unreliable` lockers are left out of (f) and never count as overtaken fair waiters.
 pub fn check(history: &History, finish: Instant, unreliable: &[u8]) -> Vec<Violation> {
     let guards = history.guards();
     let faults = history.faults();
@@ -595,6 +538,7 @@ pub fn check(history: &History, finish: Instant, unreliable: &[u8]) -> Vec<Viola
     let events = history.events();
     release_truth(history, &events, &guards, &faults, finish, &mut out);
     watchdog_keeps(history, &guards, &faults, unreliable, finish, &mut out);
-    bounded(history, &faults, &mut out);
+    out.extend(super::fair::check(history, &faults, unreliable).1);
+    super::bounded::check(history, &faults, &mut out);
     out
 }

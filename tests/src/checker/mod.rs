@@ -4,8 +4,10 @@
 //! sessions over a few hot names (acquire with random waits and leases, `try_lock`, re-entry in a
 //! `scope`, `lock_all`, `extend`, `run`, release, drop, and futures dropped half-way) while a
 //! fault task injects random faults, records everything on one monotonic clock, and then checks
-//! the history: (a) mutual exclusion, (b) fencing order, (c) truthful release outcomes, (d)
-//! nothing left behind, (e) bounded calls and no panics. See [`invariants`] for the details.
+//! the history: (a) mutual exclusion and, on the run's one fair name (taken with `fair_lock`,
+//! never in a `lock_all`), fair order, (b) fencing order, (c) truthful release outcomes, (d)
+//! nothing left behind (fair lines included), (e) bounded calls and no panics. See
+//! [`invariants`] for the details.
 //!
 //! # Seeds and replay
 //!
@@ -19,18 +21,23 @@
 //! number of sessions (operations) per run, for a long soak.
 
 mod actors;
+mod bounded;
 mod distributed;
+pub mod fair;
 mod faults;
 mod history;
 pub mod invariants;
 mod lag;
+mod leftovers;
 mod ops;
 mod plan;
 mod render;
 mod run;
 mod sample;
+mod tracked;
 
 pub use distributed::{Figures, run_cluster, run_sentinel};
+pub use fair::FairFigures;
 pub use faults::FaultFamily;
 pub use history::History;
 pub use invariants::{Invariant, Violation};

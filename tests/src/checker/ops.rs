@@ -6,24 +6,17 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use dlock_core::redis::AsyncCommands as _;
 use dlock_core::{LockError, LockGuard, LockRequest, Locker};
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::actors::Actor;
-use super::history::{
-    AcquireKind, CallRec, EndHow, ErrKind, EventKind, GuardEnd, GuardRec, History, LeaseSpec,
-    Outcome, RunRec, locked,
-};
-use super::plan::{Acquire, End, Session, Step, lease_of};
+use super::history::{AcquireKind, CallRec, ErrKind, EventKind, History, LeaseSpec, Outcome};
+use super::plan::{Acquire, Session, Step, lease_of};
+use super::tracked::Tracked;
 
 /// How much longer than its bound a call may take on a noisy machine before it counts as
 /// unbounded (invariant e).
 pub const SLACK: Duration = Duration::from_millis(250);
-
-/// How long an admin command (`HGET`) may take before its check is skipped.
-const ADMIN_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Counters of what the run did.
 #[derive(Debug, Default)]
@@ -44,7 +37,8 @@ pub struct Stats {
     pub runs_cancelled: AtomicU64,
 }
 
-fn bump(counter: &AtomicU64) {
+/// Adds one to a counter.
+pub(super) fn bump(counter: &AtomicU64) {
     counter.fetch_add(1, Ordering::Relaxed);
 }
 
@@ -65,7 +59,8 @@ impl Ctx {
         &self.history.names[usize::from(name)]
     }
 
-    fn name_index(&self, name: &str) -> u8 {
+    /// The index of one of the run's names.
+    pub(super) fn name_index(&self, name: &str) -> u8 {
         let index = self
             .history
             .names
@@ -73,250 +68,6 @@ impl Ctx {
             .position(|n| n == name)
             .expect("a guard names one of the run's names");
         u8::try_from(index).expect("fewer than 256 names")
-    }
-}
-
-/// A guard and its record; its `lost()` future is watched by a side task while it lives.
-#[derive(Debug)]
-pub(crate) struct Tracked {
-    guard: Option<LockGuard>,
-    rec: Arc<GuardRec>,
-    watcher: JoinHandle<()>,
-    ctx: Arc<Ctx>,
-}
-
-impl Tracked {
-    fn new(
-        ctx: &Arc<Ctx>,
-        worker: u16,
-        locker: u8,
-        call: Instant,
-        (lease, at_least): (Duration, Option<Duration>),
-        guard: LockGuard,
-    ) -> Self {
-        let start = Instant::now();
-        let name = ctx.name_index(guard.name().as_str());
-        let rec = Arc::new(GuardRec {
-            id: ctx.history.next_guard_id(),
-            worker,
-            locker,
-            name,
-            token: guard.fencing_token().get(),
-            reentrant: guard.is_reentrant(),
-            watchdog: guard.is_watchdog(),
-            call,
-            start,
-            lost_at: Default::default(),
-            lease,
-            at_least,
-            extends: Default::default(),
-            end: Default::default(),
-        });
-        ctx.history.guard(rec.clone());
-        ctx.history.event(
-            start,
-            worker,
-            locker,
-            name,
-            EventKind::Acquired {
-                guard: rec.id,
-                token: rec.token,
-                reentrant: rec.reentrant,
-            },
-        );
-        bump(&ctx.stats.acquired);
-        let lost = guard.lost();
-        let watcher = tokio::spawn({
-            let (rec, history) = (rec.clone(), ctx.history.clone());
-            async move {
-                lost.await;
-                let at = Instant::now();
-                let _ = rec.lost_at.set(at);
-                history.event(at, worker, locker, name, EventKind::Lost { guard: rec.id });
-            }
-        });
-        Self {
-            guard: Some(guard),
-            rec,
-            watcher,
-            ctx: ctx.clone(),
-        }
-    }
-
-    fn guard(&self) -> &LockGuard {
-        self.guard
-            .as_ref()
-            .expect("a tracked guard is used only before it ends")
-    }
-
-    fn event(&self, at: Instant, kind: EventKind) {
-        let r = &self.rec;
-        self.ctx.history.event(at, r.worker, r.locker, r.name, kind);
-    }
-
-    fn bounded(&self, what: &'static str, call: Instant, ret: Instant, bound: Duration) {
-        let r = &self.rec;
-        self.ctx.history.call(CallRec {
-            worker: r.worker,
-            locker: r.locker,
-            name: r.name,
-            what,
-            call,
-            ret,
-            bound,
-        });
-    }
-
-    fn command_timeout(&self) -> Duration {
-        self.ctx.actors[usize::from(self.rec.locker)].command_timeout
-    }
-
-    async fn extend(&self, lease: Duration) {
-        bump(&self.ctx.stats.calls);
-        let guard = self.guard.as_ref().expect("extend before the end");
-        let call = Instant::now();
-        self.event(
-            call,
-            EventKind::ExtendCall {
-                guard: self.rec.id,
-                lease,
-            },
-        );
-        let result = guard.extend(lease).await;
-        let ret = Instant::now();
-        if result.is_ok() {
-            locked(&self.rec.extends).push((call, lease));
-            super::sample::sample(&self.ctx, &self.rec, guard, "extend").await;
-        }
-        if result.as_ref().is_err_and(LockError::is_backend) {
-            bump(&self.ctx.stats.backend_errors);
-        }
-        self.event(
-            ret,
-            EventKind::ExtendDone {
-                guard: self.rec.id,
-                result: result.map_err(|e| ErrKind::of(&e)),
-            },
-        );
-        self.bounded("extend", call, ret, self.command_timeout() + SLACK);
-    }
-
-    async fn run(&self, work: Duration) {
-        bump(&self.ctx.stats.calls);
-        let started = Instant::now();
-        let result = self.guard().run(tokio::time::sleep(work)).await;
-        let ret = Instant::now();
-        let cancelled = result.as_ref().is_err_and(LockError::is_lost);
-        if cancelled {
-            bump(&self.ctx.stats.runs_cancelled);
-        }
-        self.event(
-            ret,
-            EventKind::RunDone {
-                guard: self.rec.id,
-                work,
-                cancelled,
-            },
-        );
-        self.ctx.history.run(RunRec {
-            guard: self.rec.clone(),
-            started,
-            work,
-            ok: result.is_ok(),
-            valid_until_after: self.guard().valid_until(),
-        });
-    }
-
-    /// Ends the guard; returns the release outcome if a release ran to its end.
-    async fn end(mut self, end: End, final_of_hold: bool) -> Option<Outcome> {
-        let within = match end {
-            End::Drop => {
-                drop(self);
-                return None;
-            }
-            End::Release => None,
-            End::ReleaseWithin(d) => Some(d),
-        };
-        bump(&self.ctx.stats.calls);
-        if let Some(guard) = &self.guard {
-            super::sample::sample(&self.ctx, &self.rec, guard, "release").await;
-        }
-        let guard = self.guard.take().expect("a tracked guard ends once");
-        let (valid_until, lost_before) = (guard.valid_until(), guard.is_lost());
-        let at = Instant::now();
-        *locked(&self.rec.end) = Some(GuardEnd {
-            at,
-            how: EndHow::Released,
-            valid_until,
-            lost_before,
-            returned: None,
-            final_of_hold,
-            hget: None,
-        });
-        self.event(at, EventKind::ReleaseCall { guard: self.rec.id });
-        let release = guard.release();
-        let outcome = match within {
-            None => Some(release.await),
-            Some(d) => tokio::time::timeout(d, release).await.ok(),
-        };
-        let ret = Instant::now();
-        let id = self.rec.id;
-        let Some(outcome) = outcome else {
-            bump(&self.ctx.stats.dropped_futures);
-            if let Some(e) = locked(&self.rec.end).as_mut() {
-                e.how = EndHow::ReleaseDropped;
-            }
-            self.event(ret, EventKind::ReleaseDropped { guard: id });
-            return None;
-        };
-        let outcome = Outcome::of(&outcome);
-        if outcome == Outcome::Unreachable {
-            bump(&self.ctx.stats.backend_errors);
-        }
-        self.event(ret, EventKind::ReleaseDone { guard: id, outcome });
-        self.bounded("release", at, ret, 2 * self.command_timeout() + SLACK);
-        let hget = match (&self.ctx.admin, final_of_hold, outcome) {
-            (Some(admin), true, Outcome::Released) => {
-                let key = &self.ctx.keys[usize::from(self.rec.name)];
-                let mut con = admin.clone();
-                let read = con.hget::<_, _, Option<u64>>(key, "#f");
-                match tokio::time::timeout(ADMIN_TIMEOUT, read).await {
-                    Ok(Ok(found)) => {
-                        let at = Instant::now();
-                        self.event(at, EventKind::Hget { guard: id, found });
-                        Some((at, found))
-                    }
-                    _ => None,
-                }
-            }
-            _ => None,
-        };
-        if let Some(e) = locked(&self.rec.end).as_mut() {
-            e.returned = Some((ret, outcome));
-            e.hget = hget;
-        }
-        Some(outcome)
-    }
-}
-
-impl Drop for Tracked {
-    fn drop(&mut self) {
-        if let Some(guard) = self.guard.take() {
-            bump(&self.ctx.stats.calls);
-            let at = Instant::now();
-            *locked(&self.rec.end) = Some(GuardEnd {
-                at,
-                how: EndHow::Dropped,
-                valid_until: guard.valid_until(),
-                lost_before: guard.is_lost(),
-                returned: None,
-                final_of_hold: false,
-                hget: None,
-            });
-            self.event(at, EventKind::Dropped { guard: self.rec.id });
-            drop(guard);
-        }
-        self.watcher.abort();
     }
 }
 
@@ -421,7 +172,13 @@ async fn acquire_one(
         lease: acq.lease,
     };
     ctx.history.event(call, worker, locker, name, event);
-    let mut request = with_lease(l.lock(ctx.name(name)).wait(acq.wait), acq.lease);
+    // The fair name goes through `fair_lock`, a re-entry into its hold too.
+    let request = if ctx.history.is_fair(name) {
+        l.fair_lock(ctx.name(name))
+    } else {
+        l.lock(ctx.name(name))
+    };
+    let mut request = with_lease(request.wait(acq.wait), acq.lease);
     if let Some(period) = acq.period() {
         request = request.at_least(period);
     }

@@ -113,6 +113,8 @@ pub(crate) struct Shape {
     pub(crate) lockers: u8,
     /// How many names.
     pub(crate) names: u8,
+    /// The name taken with `fair_lock` (never part of a `lock_all`).
+    pub(crate) fair: Option<u8>,
 }
 
 /// The longest lease (or extension) the generator ever asks for, `Duration::MAX` aside.
@@ -188,11 +190,20 @@ fn extension(rng: &mut StdRng, lease: Duration) -> Duration {
     }
 }
 
+/// A wait on the fair name: now and then long enough for later waiters to line up behind it
+/// (the fair-order check compares waiters that came more than `SLACK` apart).
+fn fair_wait(rng: &mut StdRng, shape: Shape, name: u8, acquire: &mut Acquire) {
+    if shape.fair == Some(name) && !acquire.try_lock && rng.random_bool(0.3) {
+        acquire.wait = between(rng, 300, 1_000);
+    }
+}
+
 fn single(rng: &mut StdRng, shape: Shape, default_lease: Duration) -> Session {
     let locker = rng.random_range(0..shape.lockers);
     let name = rng.random_range(0..shape.names);
     let roll = rng.random_range(0..1_000);
     let mut acquire = acquire(rng, roll < 200);
+    fair_wait(rng, shape, name, &mut acquire);
     let lease = lease_of(acquire.lease, default_lease);
     let mut steps = vec![Step::Hold(hold(rng, lease))];
     match roll {
@@ -262,10 +273,13 @@ fn reenter(rng: &mut StdRng, shape: Shape) -> Session {
             }
         }
     }
+    let name = rng.random_range(0..shape.names);
+    let mut outer = acquire(rng, false);
+    fair_wait(rng, shape, name, &mut outer);
     Session::Reenter {
         locker: rng.random_range(0..shape.lockers),
-        name: rng.random_range(0..shape.names),
-        outer: acquire(rng, false),
+        name,
+        outer,
         gap: if rng.random_bool(0.5) {
             Duration::ZERO
         } else {
@@ -279,14 +293,17 @@ fn reenter(rng: &mut StdRng, shape: Shape) -> Session {
 }
 
 fn multi(rng: &mut StdRng, shape: Shape) -> Session {
-    let count = rng.random_range(2..=3u8).min(shape.names);
-    let mut names: Vec<u8> = (0..shape.names).collect();
+    // A multi-lock is never fair: it picks among the plain names.
+    let mut names: Vec<u8> = (0..shape.names)
+        .filter(|&n| shape.fair != Some(n))
+        .collect();
+    let count = rng.random_range(2..=3usize).min(names.len());
     // A partial Fisher–Yates shuffle picks `count` distinct names.
-    for i in 0..usize::from(count) {
+    for i in 0..count {
         let j = rng.random_range(i..names.len());
         names.swap(i, j);
     }
-    names.truncate(usize::from(count));
+    names.truncate(count);
     let try_lock = rng.random_bool(0.2);
     let mut acquire = acquire(rng, try_lock);
     if rng.random_bool(0.1) {
@@ -329,11 +346,35 @@ mod tests {
         let shape = Shape {
             lockers: 4,
             names: 3,
+            fair: Some(2),
         };
         let a = sessions(7, 2, 200, shape, Duration::from_millis(500));
         let b = sessions(7, 2, 200, shape, Duration::from_millis(500));
         assert_eq!(format!("{a:?}"), format!("{b:?}"));
         let c = sessions(8, 2, 200, shape, Duration::from_millis(500));
         assert_ne!(format!("{a:?}"), format!("{c:?}"));
+    }
+
+    #[test]
+    fn multi_locks_never_take_the_fair_name() {
+        let shape = Shape {
+            lockers: 4,
+            names: 3,
+            fair: Some(2),
+        };
+        let mut multis = 0;
+        for worker in 0..8 {
+            for session in sessions(11, worker, 300, shape, Duration::from_millis(500)) {
+                if let Session::Multi { names, .. } = session {
+                    assert_eq!(names.len(), 2, "two plain names: {names:?}");
+                    assert!(
+                        !names.contains(&2),
+                        "the fair name in a multi-lock: {names:?}"
+                    );
+                    multis += 1;
+                }
+            }
+        }
+        assert!(multis > 0, "the plan has multi-locks");
     }
 }

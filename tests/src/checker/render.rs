@@ -82,7 +82,10 @@ impl History {
         let mut lines: Vec<(Instant, String)> = Vec::new();
         for (e, _) in window.iter().zip(&hidden).filter(|(_, h)| !**h) {
             let locker = &self.lockers[usize::from(e.locker)];
-            let what = describe(&e.kind, tokens);
+            let mut what = describe(&e.kind, tokens);
+            if self.is_fair(name) && matches!(e.kind, EventKind::AcquireCall { .. }) {
+                what = format!("fair {what}");
+            }
             lines.push((
                 e.at,
                 format!(

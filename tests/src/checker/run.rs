@@ -9,16 +9,18 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use dlock_core::MemoryStore;
-use dlock_core::redis::{self, AsyncCommands as _};
+use dlock_core::redis;
 use rand::rngs::StdRng;
 use rand::{RngExt as _, SeedableRng as _};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::actors::{self, Actor, RedisSetup};
+use super::fair::FairFigures;
 use super::faults::{FaultPlan, MemoryTargets, RedisTargets, Targets, inject};
 use super::history::{History, ms};
 use super::invariants::{self, Invariant, Violation};
+use super::leftovers::{fair_line_leftovers, locker_leftovers, redis_leftovers};
 use super::ops::{Ctx, Stats, run_worker};
 use super::plan::{self, MAX_PLANNED_LEASE, Shape};
 use super::{Config, FaultFamily};
@@ -39,6 +41,16 @@ pub(super) struct Params {
     pub(super) command_timeout: Duration,
     pub(super) tiny_timeout: Duration,
     pub(super) fence_ttl: Option<Duration>,
+    /// How long a fair lock's waiter keeps its place without an attempt: short, so that dead
+    /// waiters are dropped, and the line's keys expire, within the run.
+    pub(super) dead_waiter_timeout: Duration,
+}
+
+impl Params {
+    /// The name taken with `fair_lock`: the last one.
+    pub(super) fn fair_name(&self) -> u8 {
+        self.names - 1
+    }
 }
 
 pub(super) fn params(seed: u64) -> Params {
@@ -56,6 +68,7 @@ pub(super) fn params(seed: u64) -> Params {
         } else {
             Some(dlock_core::DEFAULT_FENCE_TTL)
         },
+        dead_waiter_timeout: ms(&mut rng, 300, 600),
     }
 }
 
@@ -70,6 +83,8 @@ pub struct Report {
     pub stats: Stats,
     /// Guards handed out.
     pub guards: usize,
+    /// What the fair-order check looked at.
+    pub fair: FairFigures,
     /// Faults injected, by kind.
     pub faults: BTreeMap<String, u64>,
     /// Every violation found.
@@ -105,6 +120,7 @@ fn summarize(
     ctx: &Ctx,
     faults: &BTreeMap<String, u64>,
     violations: &[Violation],
+    fair: FairFigures,
 ) -> String {
     let s = &ctx.stats;
     let get = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
@@ -116,7 +132,7 @@ fn summarize(
     let mut out = format!(
         "checker {:?} seed {}: {} sessions, {} calls, {} guards, {} busy, {} backend errors, \
          {} dropped futures, {} runs cancelled; faults {:?}; {:.1} s wall, {:.0} sessions/s, \
-         {:.0} calls/s; lockers: {}",
+         {:.0} calls/s; {fair}; lockers: {}",
         config.family,
         config.seed,
         get(&s.sessions),
@@ -150,6 +166,7 @@ pub(super) async fn drive(
     let shape = Shape {
         lockers: u8::try_from(ctx.actors.len()).expect("a few lockers"),
         names: p.names,
+        fair: Some(p.fair_name()),
     };
     let (stop_tx, stop_rx) = watch::channel(false);
     let plan = FaultPlan::new(config.seed, config.family, p.names, MAX_PLANNED_LEASE);
@@ -177,10 +194,16 @@ pub(super) async fn drive(
         let _ = stop_tx.send(true);
     };
     let (counts, (), ()) = tokio::join!(faults, work, lags);
-    // Every guard is gone: let every lease and one more watchdog tick run out.
-    let longest = MAX_PLANNED_LEASE.max(p.watchdog_lease);
-    tokio::time::sleep(longest + p.watchdog_lease / 3 + SETTLE_MARGIN).await;
+    tokio::time::sleep(settle(p)).await;
     counts
+}
+
+/// How long the run waits, once every guard is gone, before it looks at what is left: every
+/// lease and one more watchdog tick run out, and so does every fair waiter's place in line (the
+/// line's keys expire no later than a dead-waiter timeout after the last waiter's last attempt).
+pub(super) fn settle(p: Params) -> Duration {
+    let longest = MAX_PLANNED_LEASE.max(p.watchdog_lease);
+    (longest + p.watchdog_lease / 3).max(p.dead_waiter_timeout) + SETTLE_MARGIN
 }
 
 /// How long the final liveness probe holds its watchdog lock, in leases.
@@ -301,93 +324,6 @@ pub(super) async fn watchdog_probe(
     }
 }
 
-pub(super) fn locker_leftovers(actors: &[Actor], out: &mut Vec<Violation>) {
-    for actor in actors {
-        for (generation, l) in actor.generations().iter().enumerate() {
-            let (renewed, watched) = (l.renewed_holds(), l.watched_names());
-            if renewed != 0 || watched != 0 {
-                out.push(Violation {
-                    invariant: Invariant::LeftBehind,
-                    summary: format!(
-                        "locker {} (generation {generation}) still renews {renewed} hold(s) and \
-                         watches {watched} name(s) after every guard is gone",
-                        actor.label
-                    ),
-                    window: None,
-                    hint: "",
-                });
-            }
-        }
-    }
-}
-
-async fn redis_leftovers(
-    ctx: &Ctx,
-    admin: &redis::aio::ConnectionManager,
-    prefix: &str,
-) -> Vec<Violation> {
-    let mut out = Vec::new();
-    let mut con = admin.clone();
-    let keys: Vec<String> = {
-        let mut iter = con
-            .scan_match::<_, String>(format!("{prefix}*"))
-            .await
-            .expect("SCAN the run's prefix");
-        let mut keys = Vec::new();
-        while let Some(key) = futures_util::StreamExt::next(&mut iter).await {
-            keys.push(key.expect("a SCAN reply"));
-        }
-        keys
-    };
-    let guards = ctx.history.guards();
-    for key in keys {
-        let mut con = admin.clone();
-        let pttl: i64 = con.pttl(&key).await.expect("PTTL");
-        if key.ends_with(":fence") {
-            if pttl == -1 {
-                out.push(Violation {
-                    invariant: Invariant::LeftBehind,
-                    summary: format!("fencing counter {key} has no TTL"),
-                    window: None,
-                    hint: "",
-                });
-            }
-            continue;
-        }
-        let fields: BTreeMap<String, String> = con.hgetall(&key).await.unwrap_or_default();
-        let name = ctx.keys.iter().position(|k| *k == key);
-        let token: Option<u64> = fields.get("#f").and_then(|f| f.parse().ok());
-        let holder = guards
-            .iter()
-            .filter(|g| Some(usize::from(g.name)) == name && Some(g.token) == token)
-            .min_by_key(|g| g.call);
-        let window = holder.map(|g| {
-            let end = g.end();
-            let last = end.map_or(g.start, |e| {
-                e.hget.map_or(e.returned.map_or(e.at, |r| r.0), |h| h.0)
-            });
-            (g.name, g.call, last.max(g.start))
-        });
-        out.push(Violation {
-            invariant: Invariant::LeftBehind,
-            summary: format!(
-                "lock key {key} remains after every guard is gone and every lease ran out: \
-                 {fields:?}, PTTL {pttl} ms{}",
-                holder.map_or(String::new(), |g| format!(
-                    ", hold of g{} ({} w{})",
-                    g.id,
-                    ctx.history.lockers[usize::from(g.locker)],
-                    g.worker
-                ))
-            ),
-            window,
-            hint: "",
-        });
-    }
-    locker_leftovers(&ctx.actors, &mut out);
-    out
-}
-
 pub(super) fn finish(
     config: Config,
     wall: std::time::Instant,
@@ -400,8 +336,9 @@ pub(super) fn finish(
         .map(|i| u8::try_from(i).expect("a few lockers"))
         .collect();
     violations.extend(invariants::check(&ctx.history, Instant::now(), &unreliable));
+    let fair = super::fair::check(&ctx.history, &ctx.history.faults(), &unreliable).0;
     let wall = wall.elapsed();
-    let summary = summarize(config, wall, ctx, &faults, &violations);
+    let summary = summarize(config, wall, ctx, &faults, &violations, fair);
     let rendered = super::render::render(&ctx.history, &violations, PRINTED_PER_INVARIANT);
     let stats = Stats::default();
     for (to, from) in [
@@ -421,6 +358,7 @@ pub(super) fn finish(
         wall,
         stats,
         guards: ctx.history.guards().len(),
+        fair,
         faults,
         violations,
         summary,
@@ -428,15 +366,25 @@ pub(super) fn finish(
     }
 }
 
-pub(super) fn names(p: Params) -> Vec<String> {
-    (0..p.names).map(|i| format!("hot{i}")).collect()
+fn names(p: Params) -> Vec<String> {
+    (0..p.names)
+        .map(|i| {
+            if i == p.fair_name() {
+                format!("fair{i}")
+            } else {
+                format!("hot{i}")
+            }
+        })
+        .collect()
 }
 
+/// The run's context: its lockers, its names (the fair one among them) and its history.
 pub(super) fn ctx(
     actors: Vec<Actor>,
-    names: Vec<String>,
+    p: Params,
     admin: Option<redis::aio::ConnectionManager>,
 ) -> Arc<Ctx> {
+    let names = names(p);
     let labels = actors.iter().map(|a| a.label.clone()).collect();
     let first = actors[0].locker();
     let keys = names
@@ -444,7 +392,12 @@ pub(super) fn ctx(
         .map(|n| first.key_of(n.as_str()).expect("a valid name"))
         .collect();
     Arc::new(Ctx {
-        history: Arc::new(History::new(names, labels)),
+        history: Arc::new(History::new(
+            names,
+            labels,
+            Some(p.fair_name()),
+            p.dead_waiter_timeout,
+        )),
         actors: Arc::new(actors),
         admin,
         keys,
@@ -472,12 +425,13 @@ pub async fn run_redis(config: Config) -> Report {
         command_timeout: p.command_timeout,
         tiny_timeout: p.tiny_timeout,
         fence_ttl: p.fence_ttl,
+        dead_waiter_timeout: p.dead_waiter_timeout,
     };
     let actors = setup.actors("warm-up").await;
     let admin = redis::aio::ConnectionManager::new(server.client())
         .await
         .expect("an admin connection");
-    let ctx = ctx(actors, names(p), Some(admin.clone()));
+    let ctx = ctx(actors, p, Some(admin.clone()));
     let targets = Targets::Redis(RedisTargets {
         server: Arc::new(Mutex::new(server)),
         proxy,
@@ -487,7 +441,7 @@ pub async fn run_redis(config: Config) -> Report {
         actors: ctx.actors.clone(),
     });
     let faults = drive(&ctx, &targets, config, p).await;
-    let mut leftovers = redis_leftovers(&ctx, &admin, &prefix).await;
+    let mut leftovers = redis_leftovers(&ctx, &admin, &prefix, settle(p)).await;
     watchdog_probe(&ctx.actors, Some(&admin), &mut leftovers).await;
     finish(config, wall, &ctx, faults, leftovers)
 }
@@ -504,8 +458,9 @@ pub async fn run_memory(config: Config) -> Report {
     let p = params(config.seed);
     let store = MemoryStore::new();
     let prefix = format!("chk-{}:", config.seed);
-    let actors = actors::memory_actors(&store, &prefix, p.watchdog_lease, 4).await;
-    let ctx = ctx(actors, names(p), None);
+    let timeouts = (p.watchdog_lease, p.dead_waiter_timeout);
+    let actors = actors::memory_actors(&store, &prefix, timeouts, 4).await;
+    let ctx = ctx(actors, p, None);
     let targets = Targets::Memory(MemoryTargets {
         store: store.clone(),
         keys: ctx.keys.clone(),
@@ -524,6 +479,7 @@ pub async fn run_memory(config: Config) -> Report {
             hint: "",
         });
     }
+    fair_line_leftovers(&ctx, p, &mut leftovers).await;
     locker_leftovers(&ctx.actors, &mut leftovers);
     watchdog_probe(&ctx.actors, None, &mut leftovers).await;
     finish(config, wall, &ctx, faults, leftovers)
