@@ -426,6 +426,7 @@ async fn run(
     watchdog_probe(&ctx.actors, None, &mut found).await;
     let figures = figures(&ctx.history, Instant::now());
     let report = finish(config, wall, &ctx, faults, found);
+    eprintln!("{}", report.summary());
     eprintln!(
         "checker {:?}{}: {figures}",
         config.family,

@@ -36,6 +36,12 @@ pub enum FaultFamily {
     /// Redis Sentinel: `SENTINEL FAILOVER`, the master killed (and restarted), the replica
     /// paused, one client partitioned from the master, external `DEL`s.
     Sentinel,
+    /// A server the run does not own (`dlock check --faults`): only what touches the run's own
+    /// keys and connections — the proxy cutting or stalling its connections, `DEL`s of its lock
+    /// keys and foreign values written over them. Never a pause or a restart.
+    Remote,
+    /// No faults at all (`dlock check` without `--faults`).
+    Quiet,
 }
 
 /// One planned fault.
@@ -114,6 +120,11 @@ impl FaultPlan {
                 between(rng, 200, 800),
                 [0, 25, 0, 0, 0, 0, 0, 30, 12, 15, 18],
             ),
+            FaultFamily::Remote => (
+                between(rng, 100, 500),
+                [0, 30, 0, 30, 0, 15, 25, 0, 0, 0, 0],
+            ),
+            FaultFamily::Quiet => unreachable!("a quiet run plans no fault"),
         };
         self.since_restart += gap;
         let mut roll = rng.random_range(0..weights.iter().sum::<u32>());
@@ -163,7 +174,8 @@ impl FaultPlan {
 /// What the Redis injector acts on.
 #[derive(Debug)]
 pub(crate) struct RedisTargets {
-    pub(crate) server: Arc<Mutex<RedisServer>>,
+    /// The server, when the run started it (`None`: someone else's, never paused or restarted).
+    pub(crate) server: Option<Arc<Mutex<RedisServer>>>,
     pub(crate) proxy: Arc<Proxy>,
     pub(crate) admin: redis::aio::ConnectionManager,
     pub(crate) keys: Vec<String>,
@@ -234,7 +246,7 @@ impl Targets {
                 (FaultKind::Clobber, Some(n), ok)
             }
             (Self::Redis(t), FaultSpec::Restart { down }) => {
-                let server = t.server.clone();
+                let server = (t.server.clone()).expect("restarts are planned for owned servers");
                 tokio::task::spawn_blocking(move || {
                     let mut server = locked(&server);
                     server.kill();
@@ -291,9 +303,12 @@ impl Targets {
         if let Self::Redis(t) = self {
             t.proxy.restore();
             t.proxy.unstall();
-            let mut cmd = redis::cmd("CLIENT");
-            cmd.arg("UNPAUSE");
-            admin_cmd(&t.admin, &cmd).await;
+            // Someone else's server may be paused by someone else.
+            if t.server.is_some() {
+                let mut cmd = redis::cmd("CLIENT");
+                cmd.arg("UNPAUSE");
+                admin_cmd(&t.admin, &cmd).await;
+            }
         }
     }
 }
@@ -306,6 +321,10 @@ pub(crate) async fn inject(
     mut stop: watch::Receiver<bool>,
 ) -> BTreeMap<String, u64> {
     let mut counts = BTreeMap::new();
+    if plan.family == FaultFamily::Quiet {
+        let _ = stop.wait_for(|s| *s).await;
+        return counts;
+    }
     loop {
         let (gap, fault) = plan.next_fault();
         tokio::select! {

@@ -13,6 +13,18 @@ use super::invariants::{Invariant, Violation};
 use super::ops::Ctx;
 use super::run::{Params, settle};
 
+/// `text` with the characters a `SCAN MATCH` pattern treats specially escaped.
+pub(super) fn glob_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
 /// Whether `key` is one of a fair lock's line keys (`:queue`, `:alive`).
 pub(super) fn is_fair_line(key: &str) -> bool {
     key.ends_with(":queue") || key.ends_with(":alive")
@@ -51,7 +63,7 @@ pub(super) async fn redis_leftovers(
     let mut con = admin.clone();
     let keys: Vec<String> = {
         let mut iter = con
-            .scan_match::<_, String>(format!("{prefix}*"))
+            .scan_match::<_, String>(format!("{}*", glob_escape(prefix)))
             .await
             .expect("SCAN the run's prefix");
         let mut keys = Vec::new();

@@ -9,6 +9,11 @@
 //! nothing left behind (fair lines included), (e) bounded calls and no panics. See
 //! [`invariants`] for the details.
 //!
+//! [`run_remote`] runs it against a server it does not own (`dlock check`): for a given time
+//! ([`Config::duration`]), on keys of its own that it deletes at the end, with no fault
+//! ([`FaultFamily::Quiet`]) or only faults that touch its own keys and connections
+//! ([`FaultFamily::Remote`]); the [`Report`] adds latencies and losses ([`Latencies`]).
+//!
 //! # Seeds and replay
 //!
 //! `DLOCK_CHECKER_SEED=<n>` replays a seed: the sessions every worker runs and the sequence of
@@ -28,9 +33,11 @@ mod faults;
 mod history;
 pub mod invariants;
 mod lag;
+pub mod latency;
 mod leftovers;
 mod ops;
 mod plan;
+mod remote;
 mod render;
 mod run;
 mod sample;
@@ -41,7 +48,9 @@ pub use fair::FairFigures;
 pub use faults::FaultFamily;
 pub use history::History;
 pub use invariants::{Invariant, Violation};
+pub use latency::{Latencies, Spread};
 pub use ops::SLACK;
+pub use remote::{Remote, RemoteError, run_remote};
 pub use run::{Report, run_memory, run_redis};
 
 /// The environment variable that replays a seed.
@@ -58,6 +67,9 @@ pub struct Config {
     pub ops: usize,
     /// Which faults.
     pub family: FaultFamily,
+    /// Run for this long instead: the workers start sessions until it has passed (`ops` is
+    /// then ignored; sessions are drawn from the seed in batches as they are needed).
+    pub duration: Option<std::time::Duration>,
 }
 
 impl Config {
@@ -79,6 +91,11 @@ impl Config {
             Err(_) => default_ops,
         };
         eprintln!("checker {family:?}: seed {seed} ({SEED_ENV}={seed} replays it), {ops} ops");
-        Self { seed, ops, family }
+        Self {
+            seed,
+            ops,
+            family,
+            duration: None,
+        }
     }
 }

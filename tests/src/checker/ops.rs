@@ -52,6 +52,8 @@ pub(crate) struct Ctx {
     /// The lock key of every name.
     pub(crate) keys: Vec<String>,
     pub(crate) stats: Stats,
+    /// Set when the run is to wind down: workers start no new session.
+    pub(crate) halt: std::sync::atomic::AtomicBool,
 }
 
 impl Ctx {
@@ -351,6 +353,9 @@ const HUNG_AFTER: Duration = Duration::from_secs(90);
 
 pub(crate) async fn run_worker(ctx: Arc<Ctx>, worker: u16, sessions: Vec<Session>) {
     for (i, session) in sessions.into_iter().enumerate() {
+        if ctx.halt.load(Ordering::Relaxed) {
+            return;
+        }
         let described = format!("{session:?}");
         let from = Instant::now();
         let mut task = tokio::spawn(run_session(ctx.clone(), worker, session));

@@ -20,6 +20,7 @@ use super::fair::FairFigures;
 use super::faults::{FaultPlan, MemoryTargets, RedisTargets, Targets, inject};
 use super::history::{History, ms};
 use super::invariants::{self, Invariant, Violation};
+use super::latency::Latencies;
 use super::leftovers::{fair_line_leftovers, locker_leftovers, redis_leftovers};
 use super::ops::{Ctx, Stats, run_worker};
 use super::plan::{self, MAX_PLANNED_LEASE, Shape};
@@ -28,6 +29,9 @@ use crate::{Proxy, RedisServer, unique_name};
 
 /// How many violations of each invariant are printed with their history.
 const PRINTED_PER_INVARIANT: usize = 3;
+
+/// How many sessions a worker of a timed run draws at a time.
+const TIMED_BATCH: usize = 64;
 
 /// Added to the longest lease and a watchdog tick before the final look at the backend.
 const SETTLE_MARGIN: Duration = Duration::from_millis(500);
@@ -85,6 +89,8 @@ pub struct Report {
     pub guards: usize,
     /// What the fair-order check looked at.
     pub fair: FairFigures,
+    /// What the calls took, and how many holds were lost.
+    pub latency: Latencies,
     /// Faults injected, by kind.
     pub faults: BTreeMap<String, u64>,
     /// Every violation found.
@@ -97,6 +103,11 @@ impl Report {
     /// One paragraph: what ran, how fast, what it found.
     pub fn summary(&self) -> &str {
         &self.summary
+    }
+
+    /// The violations with their minimal histories (a few per invariant), for people.
+    pub fn details(&self) -> &str {
+        &self.rendered
     }
 
     /// Panics with the seed, the violated invariants and their minimal histories, if any.
@@ -182,9 +193,35 @@ pub(super) async fn drive(
         let workers = usize::from(p.workers);
         let mut handles = Vec::new();
         for w in 0..p.workers {
-            let count = config.ops / workers + usize::from(usize::from(w) < config.ops % workers);
-            let sessions = plan::sessions(config.seed, w, count, shape, p.watchdog_lease);
-            handles.push(tokio::spawn(run_worker(ctx.clone(), w, sessions)));
+            let ctx = ctx.clone();
+            let lease = p.watchdog_lease;
+            let Some(duration) = config.duration else {
+                let count =
+                    config.ops / workers + usize::from(usize::from(w) < config.ops % workers);
+                let sessions = plan::sessions(config.seed, w, count, shape, lease);
+                handles.push(tokio::spawn(run_worker(ctx, w, sessions)));
+                continue;
+            };
+            handles.push(tokio::spawn(async move {
+                // Batches of sessions, each drawn from its own seed, until the time is up.
+                let end = Instant::now() + duration;
+                for batch in 0u64.. {
+                    if Instant::now() >= end || ctx.halt.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    let seed = config.seed ^ batch.wrapping_mul(0x2545_f491_4f6c_dd1d);
+                    let sessions = plan::sessions(seed, w, TIMED_BATCH, shape, lease);
+                    run_worker(ctx.clone(), w, sessions).await;
+                }
+            }));
+        }
+        if let Some(duration) = config.duration {
+            // A session started just before the end stops the next one from starting.
+            let ctx = ctx.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(duration).await;
+                ctx.halt.store(true, Ordering::Relaxed);
+            });
         }
         for (w, h) in handles.into_iter().enumerate() {
             if let Err(err) = h.await {
@@ -352,13 +389,13 @@ pub(super) fn finish(
     ] {
         to.store(from.load(Ordering::Relaxed), Ordering::Relaxed);
     }
-    eprintln!("{summary}");
     Report {
         config,
         wall,
         stats,
         guards: ctx.history.guards().len(),
         fair,
+        latency: Latencies::of(&ctx.history),
         faults,
         violations,
         summary,
@@ -402,6 +439,7 @@ pub(super) fn ctx(
         admin,
         keys,
         stats: Stats::default(),
+        halt: std::sync::atomic::AtomicBool::new(false),
     })
 }
 
@@ -433,7 +471,7 @@ pub async fn run_redis(config: Config) -> Report {
         .expect("an admin connection");
     let ctx = ctx(actors, p, Some(admin.clone()));
     let targets = Targets::Redis(RedisTargets {
-        server: Arc::new(Mutex::new(server)),
+        server: Some(Arc::new(Mutex::new(server))),
         proxy,
         admin: admin.clone(),
         keys: ctx.keys.clone(),
@@ -443,7 +481,9 @@ pub async fn run_redis(config: Config) -> Report {
     let faults = drive(&ctx, &targets, config, p).await;
     let mut leftovers = redis_leftovers(&ctx, &admin, &prefix, settle(p)).await;
     watchdog_probe(&ctx.actors, Some(&admin), &mut leftovers).await;
-    finish(config, wall, &ctx, faults, leftovers)
+    let report = finish(config, wall, &ctx, faults, leftovers);
+    eprintln!("{}", report.summary());
+    report
 }
 
 /// One run against lockers over one memory store. Meant for a paused clock
@@ -482,5 +522,7 @@ pub async fn run_memory(config: Config) -> Report {
     fair_line_leftovers(&ctx, p, &mut leftovers).await;
     locker_leftovers(&ctx.actors, &mut leftovers);
     watchdog_probe(&ctx.actors, None, &mut leftovers).await;
-    finish(config, wall, &ctx, faults, leftovers)
+    let report = finish(config, wall, &ctx, faults, leftovers);
+    eprintln!("{}", report.summary());
+    report
 }
