@@ -6,15 +6,18 @@
 //! dlock release NAME --force   free a name whoever holds it
 //! dlock watch NAME             print the name's state each time it changes
 //! dlock bench                  acquire and release latencies, uncontended and contended
+//! dlock check                  run the randomized checker against this Redis for a while
 //! dlock completions SHELL      shell completions
 //! ```
 //!
 //! `--url` (or `REDIS_URL`) names the server, `--cluster` (or `DLOCK_CLUSTER_URLS`) a Redis
 //! Cluster's seed nodes instead, `--prefix` the key prefix the applications use, `--json` prints
 //! JSON instead of text. Exit codes: 0 done, 1 Redis could not be reached or failed, 2 a bad
-//! argument or URL, 130 `bench` interrupted by Ctrl-C (after its clean-up).
+//! argument or URL, 3 `check` found violations, 130 `bench` or `check` interrupted by Ctrl-C
+//! (after its clean-up).
 
 mod bench;
+mod check;
 mod progress;
 mod render;
 
@@ -111,6 +114,31 @@ enum Command {
         #[arg(long, default_value = "bench:", value_name = "PREFIX")]
         name: String,
     },
+    /// Validate this Redis for dlock: run the randomized checker against it for a while.
+    ///
+    /// Lockers of every kind dlock offers (over a URL, bb8 and deadpool pools, a multiplexed
+    /// connection, a connection manager, a second runtime, a loopback proxy, a tiny command
+    /// timeout) run random sessions — waits, try-locks, re-entry, multi-locks, a fair lock,
+    /// extend, guarded runs, releases, drops, futures dropped half-way — on a few names of the
+    /// check's own. Then the history is checked: overlapping holds, untruthful outcomes, keys or
+    /// renewals left behind, losses no fault explains, calls that took too long; and latencies
+    /// are reported. Non-destructive: it writes only keys under `PREFIX` + `check-<random>:`
+    /// and deletes them at the end. With `--faults` it also deletes and overwrites its own lock
+    /// keys and cuts and stalls its own connections (through a loopback proxy); it never pauses
+    /// or restarts the server. Exit code 3 if it found a violation; Ctrl-C stops it early
+    /// (exit code 130, after the check and the clean-up).
+    Check {
+        /// How long the sessions go on (`500ms`, `30s`); the check then takes a few seconds more.
+        #[arg(long, default_value = "30s", value_parser = parse_positive_duration)]
+        duration: Duration,
+        /// Also inject faults that touch only the check's own keys and connections.
+        #[arg(long)]
+        faults: bool,
+        /// Draw the sessions and faults from this seed (printed by every run) instead of a
+        /// random one.
+        #[arg(long)]
+        seed: Option<u64>,
+    },
     /// Print completions for a shell.
     Completions {
         /// bash, zsh, fish, elvish or powershell.
@@ -138,6 +166,14 @@ fn parse_positive_duration(text: &str) -> Result<Duration, String> {
         Duration::ZERO => Err(format!("bad duration {text:?}: must be more than zero")),
         d => Ok(d),
     }
+}
+
+/// A seed for `check` when none was given: the clock's nanoseconds and the process id, mixed.
+fn rand_seed() -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    (nanos ^ u64::from(std::process::id()).rotate_left(32)).wrapping_mul(0x9e37_79b9_7f4a_7c15)
 }
 
 /// A failure and its exit code.
@@ -258,6 +294,37 @@ async fn run(cli: Cli, matches: &clap::ArgMatches) -> Result<(), Failure> {
         }
         return Ok(());
     }
+    if let Command::Check {
+        duration,
+        faults,
+        seed,
+    } = cli.command
+    {
+        let Target::Url(url) = target else {
+            return Err(Failure::new(
+                2,
+                "dlock check runs against one server (--url); on a cluster, point it at one \
+                 master's URL",
+            ));
+        };
+        let options = check::Options {
+            url,
+            prefix: cli.prefix.clone(),
+            duration,
+            faults,
+            seed: seed.unwrap_or_else(rand_seed),
+            progress: progress::wanted(cli.json),
+        };
+        let checked = check::check(options.clone()).await?;
+        println!("{}", check::render(&checked, &options, cli.json));
+        if checked.interrupted {
+            return Err(Failure::new(130, "interrupted"));
+        }
+        if !checked.report.violations.is_empty() {
+            return Err(Failure::new(3, "the check found violations"));
+        }
+        return Ok(());
+    }
     let locker = (builder(&target, &cli.prefix).build().await)
         .map_err(|err| connect_failure(&target, err))?;
     match cli.command {
@@ -288,7 +355,7 @@ async fn run(cli: Cli, matches: &clap::ArgMatches) -> Result<(), Failure> {
             interval,
             changes,
         } => watch(&locker, &name, interval, changes, cli.json).await?,
-        Command::Bench { .. } | Command::Completions { .. } => {}
+        Command::Bench { .. } | Command::Check { .. } | Command::Completions { .. } => {}
     }
     Ok(())
 }

@@ -1,7 +1,6 @@
 //! The `dlock` binary end to end, as a spawned process against a real `redis-server` (and a
 //! real cluster): output and exit codes.
 
-use std::process::{Command, Output};
 use std::time::Duration;
 
 use dlock_core::Locker;
@@ -9,37 +8,10 @@ use dlock_core::redis;
 use dlock_tests::cluster::key_slot;
 use dlock_tests::{RedisCluster, RedisServer, free_port, unique_name};
 use serde_json::Value;
+use std::process::Command;
 
-fn dlock(url: &str, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_dlock"))
-        .args(args)
-        .env("REDIS_URL", url)
-        .env_remove("DLOCK_CLUSTER_URLS")
-        .output()
-        .expect("run dlock")
-}
-
-fn text(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn errors(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-/// Runs a blocking child process without stalling the test's runtime.
-async fn run(url: &str, args: &[&str]) -> Output {
-    let (url, args) = (
-        url.to_owned(),
-        args.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
-    );
-    tokio::task::spawn_blocking(move || {
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        dlock(&url, &args)
-    })
-    .await
-    .expect("the dlock process")
-}
+mod common;
+use common::{dlock, errors, run, text};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn list_show_and_release_a_held_lock() {
