@@ -36,6 +36,7 @@ pub mod handover;
 pub mod holder;
 mod proxy;
 pub mod sentinel;
+pub mod tls;
 
 pub use cluster::RedisCluster;
 pub use proxy::Proxy;
