@@ -103,7 +103,7 @@ pub(crate) async fn bench(
     for name in uncontended.iter().chain([&contended]) {
         dlock_core::LockName::new(name).map_err(failure)?;
     }
-    let locker = crate::builder(target, prefix)
+    let locker = crate::builder(target, prefix)?
         .fence_ttl(Some(FENCE_TTL))
         .watchdog_lease(LEASE)
         .holder_label(format!("dlock-bench:{}", std::process::id()))
@@ -377,8 +377,8 @@ impl Cleanup {
     async fn open(target: &Target) -> Result<Self, Failure> {
         let opened = tokio::time::timeout(CLEANUP_TIMEOUT, async {
             match target {
-                Target::Url(url) => {
-                    let client = redis::Client::open(url.as_str())?;
+                Target::Url(server) => {
+                    let client = server.client()?;
                     Ok::<_, redis::RedisError>(Self::Server(
                         client.get_multiplexed_async_connection().await?,
                     ))

@@ -10,7 +10,8 @@
 //! dlock completions SHELL      shell completions
 //! ```
 //!
-//! `--url` (or `REDIS_URL`) names the server, `--cluster` (or `DLOCK_CLUSTER_URLS`) a Redis
+//! `--url` (or `REDIS_URL`) names the server (`rediss://` for TLS, `--tls-ca FILE` to trust a
+//! private certificate authority), `--cluster` (or `DLOCK_CLUSTER_URLS`) a Redis
 //! Cluster's seed nodes instead, `--prefix` the key prefix the applications use, `--json` prints
 //! JSON instead of text. Exit codes: 0 done, 1 Redis could not be reached or failed, 2 a bad
 //! argument or URL, 3 `check` found violations, 130 `bench` or `check` interrupted by Ctrl-C
@@ -28,7 +29,7 @@ use std::time::Duration;
 
 use clap::parser::ValueSource;
 use clap::{CommandFactory as _, FromArgMatches as _, Parser, Subcommand};
-use dlock_core::{LockError, Locker, LockerBuilder};
+use dlock_core::{LockError, Locker, LockerBuilder, redis};
 
 /// Look at and free dlock's distributed locks in Redis.
 #[derive(Debug, Parser)]
@@ -53,6 +54,10 @@ struct Cli {
         global = true
     )]
     cluster: Vec<String>,
+    /// Trust this certificate authority (a PEM file) for a `rediss://` --url, beside the
+    /// well-known roots.
+    #[arg(long, value_name = "FILE", global = true)]
+    tls_ca: Option<std::path::PathBuf>,
     /// The key prefix of the applications' `Locker`s.
     #[arg(long, default_value = dlock_core::DEFAULT_PREFIX, global = true)]
     prefix: String,
@@ -192,11 +197,35 @@ impl From<LockError> for Failure {
     }
 }
 
+/// One server, and the certificate authority to trust for it.
+#[derive(Debug)]
+struct Server {
+    url: String,
+    /// A PEM certificate authority (`--tls-ca`).
+    ca: Option<Vec<u8>>,
+}
+
+impl Server {
+    /// A client for it: over TLS trusting the CA, if one was given.
+    fn client(&self) -> Result<redis::Client, redis::RedisError> {
+        match &self.ca {
+            None => redis::Client::open(self.url.as_str()),
+            Some(ca) => redis::Client::build_with_tls(
+                self.url.as_str(),
+                redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(ca.clone()),
+                },
+            ),
+        }
+    }
+}
+
 /// Where the locks are.
 #[derive(Debug)]
 enum Target {
     /// One server (or a master that replicas follow).
-    Url(String),
+    Url(Server),
     /// A Redis Cluster, through its seed nodes.
     Cluster(Vec<String>),
 }
@@ -217,12 +246,27 @@ impl Target {
             ));
         }
         if !seeds.is_empty() && !on_command_line("url") {
+            if cli.tls_ca.is_some() {
+                return Err(Failure::new(
+                    2,
+                    "--tls-ca works with --url, not with --cluster",
+                ));
+            }
             return Ok(Self::Cluster(seeds));
         }
         if on_command_line("cluster") {
             return Err(Failure::new(2, "--cluster names no seed node"));
         }
-        Ok(Self::Url(cli.url.clone()))
+        let ca = match &cli.tls_ca {
+            None => None,
+            Some(path) => Some(std::fs::read(path).map_err(|e| {
+                Failure::new(2, format!("cannot read --tls-ca {}: {e}", path.display()))
+            })?),
+        };
+        Ok(Self::Url(Server {
+            url: cli.url.clone(),
+            ca,
+        }))
     }
 
     /// Where the user told us to look, for a message (no URL: it may carry a password).
@@ -234,16 +278,23 @@ impl Target {
     }
 }
 
-/// A `Locker` builder for `target` under `prefix`, with the command's timeouts.
-fn builder(target: &Target, prefix: &str) -> LockerBuilder {
+/// A `Locker` builder for `target` under `prefix`, with the command's timeouts; a URL or a
+/// certificate authority that does not parse is a bad argument (2).
+fn builder(target: &Target, prefix: &str) -> Result<LockerBuilder, Failure> {
     let builder = match target {
-        Target::Url(url) => Locker::builder().url(url),
+        Target::Url(server) if server.ca.is_none() => Locker::builder().url(&server.url),
+        Target::Url(server) => {
+            let client = server
+                .client()
+                .map_err(|e| Failure::new(2, format!("bad URL or --tls-ca: {e}")))?;
+            Locker::builder().client(client)
+        }
         Target::Cluster(seeds) => Locker::builder().cluster(seeds.iter().cloned()),
     };
-    builder
+    Ok(builder
         .prefix(prefix)
         .connect_timeout(Duration::from_secs(2))
-        .command_timeout(Duration::from_secs(2))
+        .command_timeout(Duration::from_secs(2)))
 }
 
 /// A `Locker` that could not be built: Redis out of reach (1) or a bad URL or prefix (2).
@@ -257,6 +308,8 @@ fn connect_failure(target: &Target, err: LockError) -> Failure {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
+    // `rediss://` needs a crypto provider; one may be in place already, which is as good.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let matches = Cli::command().get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|err| err.exit());
     match run(cli, &matches).await {
@@ -300,7 +353,7 @@ async fn run(cli: Cli, matches: &clap::ArgMatches) -> Result<(), Failure> {
         seed,
     } = cli.command
     {
-        let Target::Url(url) = target else {
+        let Target::Url(Server { url, .. }) = target else {
             return Err(Failure::new(
                 2,
                 "dlock check runs against one server (--url); on a cluster, point it at one \
@@ -325,7 +378,7 @@ async fn run(cli: Cli, matches: &clap::ArgMatches) -> Result<(), Failure> {
         }
         return Ok(());
     }
-    let locker = (builder(&target, &cli.prefix).build().await)
+    let locker = (builder(&target, &cli.prefix)?.build().await)
         .map_err(|err| connect_failure(&target, err))?;
     match cli.command {
         Command::List { pattern } => {
