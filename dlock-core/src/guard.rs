@@ -448,7 +448,9 @@ impl LockGuard {
     /// A re-entered guard counts its hold down; the lock stays held by the enclosing guard.
     pub async fn release(mut self) -> ReleaseOutcome {
         self.done = true;
-        self.locker.release_hold(self.state.clone()).await
+        // Boxed: a task that holds a release future for later (say, after a long wait for the
+        // lock) keeps only a pointer until it releases.
+        Box::pin(self.locker.release_hold(self.state.clone())).await
     }
 }
 

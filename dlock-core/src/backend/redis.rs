@@ -262,7 +262,10 @@ impl RedisBackend {
             OpConn::Pooled(_, until) => (*until).min(started + self.timeout),
             _ => started + self.timeout,
         };
-        let run = async {
+        // Boxed: the call's future is the largest part of every acquisition and release
+        // future, and it is needed only while the command is in flight, not while a waiter
+        // sleeps (10,000 waiters each keep their futures for as long as they wait).
+        let run = Box::pin(async {
             let res: RedisResult<(T, Option<u32>)> = match conn {
                 OpConn::Manager(c) => {
                     let first = call.run(&mut c.clone(), ack).await;
@@ -299,7 +302,7 @@ impl RedisBackend {
                 }
             };
             res.map_err(BackendError::redis)
-        };
+        });
         match tokio::time::timeout_at(until, run).await {
             Ok(res) => res,
             Err(_) => Err(BackendError::timeout(until - started)),

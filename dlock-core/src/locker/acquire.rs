@@ -123,7 +123,7 @@ impl Locker {
         // reported rather than papered over with a new lock).
         if keys.reenters()
             && let Some(hold) = scope::find(self.inner.id, &keys.lock)
-            && let Some(guard) = self.reenter(hold).await?
+            && let Some(guard) = Box::pin(self.reenter(hold)).await?
         {
             return Ok(Attempted::Held(guard));
         }
@@ -150,7 +150,7 @@ impl Locker {
                 .is_some_and(|q| q.deferred().is_some());
         if !holding_back {
             let sent_at = Instant::now();
-            let reply = self.attempt(&keys, &owner, lease.duration()).await;
+            let reply = Box::pin(self.attempt(&keys, &owner, lease.duration())).await;
             came_back = Some(Instant::now());
             match reply {
                 Ok(AcquireReply::Acquired { fence }) => {
@@ -178,7 +178,14 @@ impl Locker {
         let Ok(_turn) = tokio::time::timeout_at(deadline, ticket.queue.turn.lock()).await else {
             return gave_up(&name, labelled, started, pttl, failed);
         };
-        let mut head = HeadWait::new(&self, &ticket, &keys, lease.duration(), deadline).await;
+        let mut head = Box::pin(HeadWait::new(
+            &self,
+            &ticket,
+            &keys,
+            lease.duration(),
+            deadline,
+        ))
+        .await;
         let handoff_owner = head.handoff_owner.clone();
         loop {
             let (watch, rx) = head.parts();
@@ -192,7 +199,7 @@ impl Locker {
                 return gave_up(&name, labelled, started, pttl, failed);
             }
             let sent_at = Instant::now();
-            let reply = self.attempt(&keys, &owner, lease.duration()).await;
+            let reply = Box::pin(self.attempt(&keys, &owner, lease.duration())).await;
             came_back = Some(Instant::now());
             match reply {
                 Ok(AcquireReply::Acquired { fence }) => {

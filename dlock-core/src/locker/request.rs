@@ -115,14 +115,16 @@ impl LockRequest {
                     .instrument(span)
                     .await?
             }
+            // Boxed: the fair and write paths have larger futures than the plain one, which
+            // would otherwise size every plain request's future too.
             RequestKind::Fair => {
-                (locker.acquire_fair(name.clone(), self.wait, self.lease))
+                Box::pin(locker.acquire_fair(name.clone(), self.wait, self.lease))
                     .instrument(span)
                     .await?
             }
             RequestKind::Write { prefer_writers } => {
                 let keys = locker.write_keys(&name, prefer_writers, self.wait)?;
-                (locker.acquire_keys(name.clone(), keys, self.wait, self.lease))
+                Box::pin(locker.acquire_keys(name.clone(), keys, self.wait, self.lease))
                     .instrument(span)
                     .await?
             }
