@@ -129,7 +129,9 @@ pub(crate) async fn check(options: Options) -> Result<Checked, Failure> {
     drop(ticker);
     let report = match joined {
         Ok(Ok(Ok(report))) => report,
-        Ok(Ok(Err(RemoteError::Url(message)))) => return Err(Failure::new(2, message)),
+        Ok(Ok(Err(RemoteError::Url(message) | RemoteError::Config(message)))) => {
+            return Err(Failure::new(2, message));
+        }
         Ok(Ok(Err(RemoteError::Unreachable(message)))) => return Err(Failure::new(1, message)),
         Ok(Err(panic)) => {
             let message = (panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))

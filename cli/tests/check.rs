@@ -200,6 +200,16 @@ fn bad_targets_are_clear_errors() {
     );
     assert_eq!(out.status.code(), Some(2), "{}", errors(&out));
 
+    // A prefix dlock refuses, on a server that answers.
+    let server = RedisServer::start();
+    let out = dlock(
+        &server.url(),
+        &["--prefix", "a{b", "check", "--duration", "1s"],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", errors(&out));
+    assert!(errors(&out).contains("prefix"), "{}", errors(&out));
+    assert!(!errors(&out).contains("panicked"), "{}", errors(&out));
+
     let out = dlock("redis://127.0.0.1:1/", &["check", "--duration", "0s"]);
     assert_eq!(out.status.code(), Some(2), "{}", errors(&out));
 }

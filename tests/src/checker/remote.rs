@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use dlock_core::redis::{self, AsyncCommands as _, ConnectionAddr};
+use dlock_core::{Locker, MemoryStore};
 use tokio::time::Instant;
 
 use super::actors::RedisSetup;
@@ -47,12 +48,14 @@ pub enum RemoteError {
     Url(String),
     /// The server could not be reached, or did not answer.
     Unreachable(String),
+    /// A setting dlock refuses, such as a key prefix with braces.
+    Config(String),
 }
 
 impl std::fmt::Display for RemoteError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Self::Url(m) | Self::Unreachable(m) => f.write_str(m),
+            Self::Url(m) | Self::Unreachable(m) | Self::Config(m) => f.write_str(m),
         }
     }
 }
@@ -151,6 +154,13 @@ pub async fn run_remote(config: Config, remote: &Remote) -> Result<Report, Remot
     let proxy_url = through(&remote.url, proxy.port())
         .ok_or_else(|| RemoteError::Url("bad URL: no scheme".to_owned()))?;
     let prefix = format!("{}check-{:016x}:", remote.prefix, rand::random::<u64>());
+    // A prefix dlock refuses is the user's mistake: say so before any locker is built.
+    let probe = Locker::builder()
+        .memory(MemoryStore::new())
+        .prefix(prefix.clone());
+    if let Err(e) = probe.build().await {
+        return Err(RemoteError::Config(e.to_string()));
+    }
     let setup = RedisSetup {
         url: remote.url.clone(),
         proxy_url,
