@@ -40,6 +40,8 @@ pub(crate) fn category(invariant: Invariant) -> &'static str {
         | Invariant::BeliefWithinLease
         | Invariant::AtLeast
         | Invariant::FairOrder
+        | Invariant::PermitBound
+        | Invariant::ReadWrite
         | Invariant::FencingOrder => "overlaps",
         Invariant::ReleaseTruth | Invariant::RunTruth => "untruthful outcomes",
         Invariant::LeftBehind => "leaks",

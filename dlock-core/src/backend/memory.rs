@@ -89,22 +89,30 @@ impl MemoryStore {
     }
 
     /// Removes a lock as an outside actor would (`DEL` on Redis): for tests of loss handling.
-    /// `name` is the full key, as the `Locker` derives it (`<prefix>{<name>}`).
+    /// `key` is the full key, as the `Locker` derives it (`<prefix>{<name>}`). Whatever else
+    /// Redis keeps under that one key goes too: a semaphore's permits, a read-write lock's
+    /// readers or waiting writers, a count set at run time (a fair lock's line has keys of its
+    /// own and stays).
     pub fn delete(&self, key: &str) -> bool {
-        self.state().locks.remove(key).is_some()
+        let mut state = self.state();
+        let lock = state.locks.remove(key).is_some();
+        let permits = state.permits.remove(key).is_some();
+        let waiting = state.waiting.remove(key).is_some();
+        let limit = state.limits.remove(key).is_some();
+        lock || permits || waiting || limit
     }
 
-    /// How many unexpired locks the store holds.
+    /// How many unexpired holds the store holds: locks (write locks included), and permits and
+    /// read locks, each counted once.
     pub fn len(&self) -> usize {
         let now = Instant::now();
-        self.state()
-            .locks
-            .values()
-            .filter(|h| h.expires > now)
-            .count()
+        let state = self.state();
+        let locks = state.locks.values().filter(|h| h.expires > now).count();
+        let shared = state.permits.values().flat_map(|p| p.values());
+        locks + shared.filter(|expiry| **expiry > now).count()
     }
 
-    /// Whether the store holds no unexpired lock.
+    /// Whether the store holds no unexpired lock, permit or read lock.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

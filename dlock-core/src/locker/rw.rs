@@ -225,6 +225,11 @@ impl ReadGuard {
         self.guard.is_reentrant()
     }
 
+    /// Whether the watchdog renews the read lock (otherwise it has a fixed lease).
+    pub fn is_watchdog(&self) -> bool {
+        self.guard.is_watchdog()
+    }
+
     /// The validity deadline on tokio's clock.
     pub fn valid_until(&self) -> Instant {
         self.guard.valid_until()

@@ -54,7 +54,8 @@ enum Deployment {
 #[derive(Debug)]
 pub(crate) struct DistributedTargets {
     deployment: Deployment,
-    keys: Vec<String>,
+    /// Every name's keys, its lock's first (one slot: a `DEL` takes them all).
+    keys: Vec<Vec<String>>,
     acked: bool,
     /// The proxies between the partitioned client and the servers.
     partition: Vec<Proxy>,
@@ -79,8 +80,7 @@ impl DistributedTargets {
         };
         match (&self.deployment, fault) {
             (_, FaultSpec::Del(n)) => {
-                let key = self.keys[usize::from(n)].clone();
-                let ok = self.del(key).await;
+                let ok = self.del(self.keys[usize::from(n)].clone()).await;
                 (FaultKind::Del, Some(n), ok)
             }
             (_, FaultSpec::Partition { span, cut }) => {
@@ -92,7 +92,7 @@ impl DistributedTargets {
                 (FaultKind::Partition, None, true)
             }
             (Deployment::Cluster(c), FaultSpec::Failover(n)) => {
-                let (c, key) = (c.clone(), self.keys[usize::from(n)].clone());
+                let (c, key) = (c.clone(), self.keys[usize::from(n)][0].clone());
                 blocking(move || {
                     let cluster = locked(&c);
                     let replica = cluster.replica_of(&cluster.node_for_key(&key));
@@ -102,7 +102,7 @@ impl DistributedTargets {
                 (FaultKind::Failover, None, true)
             }
             (Deployment::Cluster(c), FaultSpec::KillMaster(n, down)) => {
-                let (c, key) = (c.clone(), self.keys[usize::from(n)].clone());
+                let (c, key) = (c.clone(), self.keys[usize::from(n)][0].clone());
                 blocking(move || {
                     let mut cluster = locked(&c);
                     let master = cluster.node_for_key(&key).port;
@@ -116,7 +116,7 @@ impl DistributedTargets {
                 (lost_kind(FaultKind::MasterKilled), None, true)
             }
             (Deployment::Cluster(c), FaultSpec::PauseReplica(n, pause)) => {
-                let (c, key) = (c.clone(), self.keys[usize::from(n)].clone());
+                let (c, key) = (c.clone(), self.keys[usize::from(n)][0].clone());
                 blocking(move || {
                     let mut cluster = locked(&c);
                     let replica = cluster.replica_of(&cluster.node_for_key(&key)).port;
@@ -190,11 +190,11 @@ impl DistributedTargets {
         }
     }
 
-    /// `DEL key` on the node that has it now.
-    async fn del(&self, key: String) -> bool {
+    /// `DEL` of keys that share a slot, on the node that has them now.
+    async fn del(&self, keys: Vec<String>) -> bool {
         let port = match &self.deployment {
             Deployment::Cluster(c) => {
-                let (c, key) = (c.clone(), key.clone());
+                let (c, key) = (c.clone(), keys[0].clone());
                 blocking(move || locked(&c).node_for_key(&key).port).await
             }
             Deployment::Sentinel(s) => {
@@ -208,7 +208,7 @@ impl DistributedTargets {
         };
         let done = tokio::time::timeout(Duration::from_secs(2), async {
             let mut con = client.get_multiplexed_async_connection().await?;
-            con.del::<_, i64>(&key).await
+            con.del::<_, i64>(&keys).await
         })
         .await;
         matches!(done, Ok(Ok(_)))
@@ -412,7 +412,7 @@ async fn run(
     let ctx = ctx(actors, p, None);
     let targets = DistributedTargets {
         deployment,
-        keys: ctx.keys.clone(),
+        keys: ctx.name_keys.clone(),
         acked,
         partition: partitioned.proxies,
     };

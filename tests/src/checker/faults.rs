@@ -178,7 +178,8 @@ pub(crate) struct RedisTargets {
     pub(crate) server: Option<Arc<Mutex<RedisServer>>>,
     pub(crate) proxy: Arc<Proxy>,
     pub(crate) admin: redis::aio::ConnectionManager,
-    pub(crate) keys: Vec<String>,
+    /// Every name's keys, its lock's (written over by a clobber) first; a `DEL` takes them all.
+    pub(crate) keys: Vec<Vec<String>>,
     pub(crate) setup: RedisSetup,
     pub(crate) actors: Arc<Vec<Actor>>,
 }
@@ -187,7 +188,8 @@ pub(crate) struct RedisTargets {
 #[derive(Debug)]
 pub(crate) struct MemoryTargets {
     pub(crate) store: MemoryStore,
-    pub(crate) keys: Vec<String>,
+    /// Every name's keys (see [`RedisTargets::keys`]).
+    pub(crate) keys: Vec<Vec<String>>,
 }
 
 /// What a run injects faults into.
@@ -227,14 +229,14 @@ impl Targets {
                 (FaultKind::Pause, None, ok)
             }
             (Self::Redis(t), FaultSpec::Del(n)) => {
-                let key = &t.keys[usize::from(n)];
+                let keys = &t.keys[usize::from(n)];
                 let mut con = t.admin.clone();
-                let done = tokio::time::timeout(ADMIN_TIMEOUT, con.del::<_, i64>(key)).await;
+                let done = tokio::time::timeout(ADMIN_TIMEOUT, con.del::<_, i64>(keys)).await;
                 (FaultKind::Del, Some(n), matches!(done, Ok(Ok(_))))
             }
             (Self::Redis(t), FaultSpec::Clobber(n, ttl)) => {
                 let mut cmd = redis::cmd("SET");
-                cmd.arg(&t.keys[usize::from(n)])
+                cmd.arg(&t.keys[usize::from(n)][0])
                     .arg("not a lock")
                     .arg("PX")
                     .arg(ttl.as_millis() as u64);
@@ -274,7 +276,9 @@ impl Targets {
                 (FaultKind::Cut, None, true)
             }
             (Self::Memory(t), FaultSpec::Del(n)) => {
-                t.store.delete(&t.keys[usize::from(n)]);
+                for key in &t.keys[usize::from(n)] {
+                    t.store.delete(key);
+                }
                 (FaultKind::Del, Some(n), true)
             }
             (Self::Memory(_), FaultSpec::Jump(d)) => {

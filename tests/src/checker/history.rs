@@ -35,17 +35,35 @@ impl fmt::Display for LeaseSpec {
     }
 }
 
-/// Which acquisition call (on the run's fair name, `fair_lock` stands for `lock`).
+/// Which acquisition call (on the run's fair name, `fair_lock` stands for `lock`; on its
+/// read-write name, `write()`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AcquireKind {
     /// `lock(name).wait(..)`.
     Lock,
-    /// `lock(name).try_lock()`.
+    /// `lock(name).try_lock()` (`try_lock` or `try_acquire` of the other kinds too).
     TryLock,
     /// `lock(name)` again inside a `scope` that holds the name.
     Reenter,
     /// `lock_all([..])`.
     LockAll,
+    /// `read().wait(..)` on the read-write name (inside a scope that holds it, a re-entry).
+    Read,
+    /// `acquire().wait(..)` on the semaphore.
+    Permit,
+}
+
+/// What a guard holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Share {
+    /// A lock, alone: a plain or fair lock, or the read-write name's write lock.
+    Exclusive,
+    /// A read lock, beside other readers.
+    Read,
+    /// A read inside a scope that holds the write lock: a re-entry into the write hold.
+    ReadInWrite,
+    /// One of the semaphore's permits.
+    Permit,
 }
 
 /// A release outcome, reduced to its kind.
@@ -185,6 +203,13 @@ pub enum EventKind {
         /// The guard.
         guard: u32,
     },
+    /// `set_permits(n)` (`None`: `reset_permits()`) returned.
+    PermitsSet {
+        /// The count asked for.
+        to: Option<u32>,
+        /// Whether it returned `Ok`.
+        ok: bool,
+    },
     /// `HGET <lock key> '#f'` right after a final release.
     Hget {
         /// The guard.
@@ -255,6 +280,8 @@ pub struct GuardRec {
     pub token: u64,
     /// Whether it re-entered a hold.
     pub reentrant: bool,
+    /// What it holds.
+    pub share: Share,
     /// Whether the watchdog renews it.
     pub watchdog: bool,
     /// When its acquisition was called.
@@ -370,6 +397,30 @@ impl FaultRec {
     }
 }
 
+/// A `set_permits` or `reset_permits` call on the semaphore.
+#[derive(Debug, Clone, Copy)]
+pub struct PermitsSetRec {
+    /// When it was called.
+    pub call: Instant,
+    /// When it returned.
+    pub ret: Instant,
+    /// The count asked for (`None`: reset to the handles' own).
+    pub to: Option<u32>,
+    /// Whether it returned `Ok` (otherwise it may or may not have taken effect).
+    pub ok: bool,
+}
+
+/// The names of a run that are not plain locks.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Special {
+    /// The name taken with `fair_lock`.
+    pub fair: Option<u8>,
+    /// The semaphore's name and the permit count every handle on it is made with.
+    pub semaphore: Option<(u8, u32)>,
+    /// The read-write lock's name, and whether its handles prefer writers.
+    pub rw: Option<(u8, bool)>,
+}
+
 /// A finished call with a bound on its duration (invariant e).
 #[derive(Debug, Clone, Copy)]
 pub struct CallRec {
@@ -430,6 +481,10 @@ pub struct History {
     pub lockers: Vec<String>,
     /// The name taken with `fair_lock` (every other name with `lock`), if any.
     pub fair: Option<u8>,
+    /// The semaphore's name and its handles' permit count, if any.
+    pub semaphore: Option<(u8, u32)>,
+    /// The read-write lock's name and whether its handles prefer writers, if any.
+    pub rw: Option<(u8, bool)>,
     /// The lockers' dead-waiter timeout (how long a fair lock's waiter keeps its place in line
     /// without an attempt).
     pub dead_waiter_timeout: Duration,
@@ -438,6 +493,7 @@ pub struct History {
     faults: Mutex<Vec<FaultRec>>,
     calls: Mutex<Vec<CallRec>>,
     runs: Mutex<Vec<RunRec>>,
+    permit_sets: Mutex<Vec<PermitsSetRec>>,
     samples: Mutex<Vec<super::sample::SampleRec>>,
     hung: Mutex<Vec<HungRec>>,
     /// How late the machine woke tasks during the run (Redis runs only).
@@ -452,20 +508,23 @@ pub(crate) fn ms(d: Duration) -> String {
 }
 
 impl History {
-    /// A new, empty history starting now; `fair` names the name taken with `fair_lock` by
-    /// lockers with this dead-waiter timeout.
+    /// A new, empty history starting now; `special` names the names that are not plain locks,
+    /// taken by lockers with this dead-waiter timeout.
     pub fn new(
         names: Vec<String>,
         lockers: Vec<String>,
-        fair: Option<u8>,
+        special: Special,
         dead_waiter_timeout: Duration,
     ) -> Self {
         Self {
             origin: Instant::now(),
             names,
             lockers,
-            fair,
+            fair: special.fair,
+            semaphore: special.semaphore,
+            rw: special.rw,
             dead_waiter_timeout,
+            permit_sets: Mutex::default(),
             events: Mutex::default(),
             guards: Mutex::default(),
             faults: Mutex::default(),
@@ -493,6 +552,26 @@ impl History {
     /// Whether `name` is taken with `fair_lock`.
     pub fn is_fair(&self, name: u8) -> bool {
         self.fair == Some(name)
+    }
+
+    /// Whether `name` is the semaphore's.
+    pub fn is_semaphore(&self, name: u8) -> bool {
+        self.semaphore.is_some_and(|(n, _)| n == name)
+    }
+
+    /// Whether `name` is the read-write lock's.
+    pub fn is_rw(&self, name: u8) -> bool {
+        self.rw.is_some_and(|(n, _)| n == name)
+    }
+
+    /// Records a `set_permits` or `reset_permits` call.
+    pub fn permits_set(&self, rec: PermitsSetRec) {
+        locked(&self.permit_sets).push(rec);
+    }
+
+    /// Every `set_permits` and `reset_permits` call so far.
+    pub fn permit_sets(&self) -> Vec<PermitsSetRec> {
+        locked(&self.permit_sets).clone()
     }
 
     /// A fresh guard id.

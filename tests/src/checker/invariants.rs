@@ -11,7 +11,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::history::{
-    ErrKind, Event, EventKind, FaultKind, FaultRec, GuardRec, History, Outcome, locked, ms,
+    ErrKind, Event, EventKind, FaultKind, FaultRec, GuardRec, History, Outcome, Share, locked, ms,
 };
 
 /// A `run(work)` that returned `Ok` may have finished this long after its hold's validity
@@ -31,6 +31,10 @@ pub enum Invariant {
     AtLeast,
     /// (a) A fair lock goes to waiters in the order they came (see [`super::fair`]).
     FairOrder,
+    /// (a) A semaphore never has more permits held than its count (see [`super::shares`]).
+    PermitBound,
+    /// (a) A read-write lock never has a writer beside a reader (see [`super::shares`]).
+    ReadWrite,
     /// (b) Tokens rise with acquisition order; no token is handed out twice.
     FencingOrder,
     /// (c) A release outcome tells the truth.
@@ -55,6 +59,8 @@ impl fmt::Display for Invariant {
             Self::BeliefWithinLease => "(a) a guard believes no longer than Redis keeps its lock",
             Self::AtLeast => "(a) a name stays taken for its at-least period",
             Self::FairOrder => "(a) a fair lock goes to waiters in the order they came",
+            Self::PermitBound => "(a) never more permits held than the semaphore's count",
+            Self::ReadWrite => "(a) no writer beside a reader",
             Self::FencingOrder => "(b) fencing order",
             Self::ReleaseTruth => "(c) release outcomes tell the truth",
             Self::RunTruth => "(c) run() is cancelled when the hold ends",
@@ -144,7 +150,9 @@ fn destroyed_within(faults: &[FaultRec], name: u8, from: Instant, to: Instant) -
         .any(|f| f.kind.destructive() && f.hits(name) && f.to >= from && f.from <= to)
 }
 
-/// Groups each name's guards into holds; reports re-entered guards outside any live hold.
+/// Groups each name's exclusive guards into holds (a read inside the writer's scope belongs to
+/// the write hold); reports re-entered guards outside any live hold. Read locks and permits are
+/// checked in [`super::shares`].
 fn holds(
     history: &History,
     guards: &[Arc<GuardRec>],
@@ -154,6 +162,8 @@ fn holds(
 ) -> HashMap<u8, Vec<Hold>> {
     let mut by_name: HashMap<u8, Vec<Hold>> = HashMap::new();
     let mut fresh: HashMap<(u8, u64, u8), Vec<usize>> = HashMap::new();
+    let exclusive = |g: &&Arc<GuardRec>| matches!(g.share, Share::Exclusive | Share::ReadInWrite);
+    let guards: Vec<&Arc<GuardRec>> = guards.iter().filter(exclusive).collect();
     for g in guards.iter().filter(|g| !g.reentrant) {
         let holds = by_name.entry(g.name).or_default();
         fresh
@@ -161,7 +171,7 @@ fn holds(
             .or_default()
             .push(holds.len());
         holds.push(Hold {
-            guard: g.clone(),
+            guard: (*g).clone(),
             start: g.start,
             end: g.belief_end(finish),
             last: last_of(g, finish),
@@ -539,6 +549,7 @@ pub fn check(history: &History, finish: Instant, unreliable: &[u8]) -> Vec<Viola
     release_truth(history, &events, &guards, &faults, finish, &mut out);
     watchdog_keeps(history, &guards, &faults, unreliable, finish, &mut out);
     out.extend(super::fair::check(history, &faults, unreliable).1);
+    out.extend(super::shares::check(history, finish).1);
     super::bounded::check(history, &faults, &mut out);
     out
 }

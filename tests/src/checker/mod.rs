@@ -5,7 +5,9 @@
 //! `scope`, `lock_all`, `extend`, `run`, release, drop, and futures dropped half-way) while a
 //! fault task injects random faults, records everything on one monotonic clock, and then checks
 //! the history: (a) mutual exclusion and, on the run's one fair name (taken with `fair_lock`,
-//! never in a `lock_all`), fair order, (b) fencing order, (c) truthful release outcomes, (d)
+//! never in a `lock_all`), fair order, on its semaphore (permits, `set_permits`) the permit
+//! bound, on its read-write lock (reads, writes, reads inside a writer's or a reader's scope)
+//! no writer beside a reader, (b) fencing order (writers included), (c) truthful release outcomes, (d)
 //! nothing left behind (fair lines included), (e) bounded calls and no panics. See
 //! [`invariants`] for the details.
 //!
@@ -41,6 +43,7 @@ mod remote;
 mod render;
 mod run;
 mod sample;
+pub mod shares;
 mod tracked;
 
 pub use distributed::{Figures, run_cluster, run_sentinel};
@@ -52,6 +55,7 @@ pub use latency::{Latencies, Spread};
 pub use ops::SLACK;
 pub use remote::{Remote, RemoteError, run_remote};
 pub use run::{Report, run_memory, run_redis};
+pub use shares::ShareFigures;
 
 /// The environment variable that replays a seed.
 pub const SEED_ENV: &str = "DLOCK_CHECKER_SEED";

@@ -6,13 +6,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use dlock_core::{LockError, LockGuard, LockRequest, Locker};
+use dlock_core::{LockError, LockRequest, Locker};
 use tokio::time::Instant;
 
 use super::actors::Actor;
-use super::history::{AcquireKind, CallRec, ErrKind, EventKind, History, LeaseSpec, Outcome};
-use super::plan::{Acquire, Session, Step, lease_of};
-use super::tracked::Tracked;
+use super::history::{
+    AcquireKind, CallRec, ErrKind, EventKind, History, LeaseSpec, Outcome, PermitsSetRec, Share,
+};
+use super::plan::{Acquire, Nested, Session, Step, lease_of};
+use super::tracked::{Held, Tracked};
 
 /// How much longer than its bound a call may take on a noisy machine before it counts as
 /// unbounded (invariant e).
@@ -49,8 +51,10 @@ pub(crate) struct Ctx {
     pub(crate) actors: Arc<Vec<Actor>>,
     /// An admin connection to read Redis with (`None`: memory backend).
     pub(crate) admin: Option<dlock_core::redis::aio::ConnectionManager>,
-    /// The lock key of every name.
+    /// The lock key of every name (a semaphore's permits, a read-write lock's write lock).
     pub(crate) keys: Vec<String>,
+    /// Every key of every name, its lock key first.
+    pub(crate) name_keys: Vec<Vec<String>>,
     pub(crate) stats: Stats,
     /// Set when the run is to wind down: workers start no new session.
     pub(crate) halt: std::sync::atomic::AtomicBool,
@@ -73,12 +77,28 @@ impl Ctx {
     }
 }
 
+/// `$request` with the lease `$lease` asks for (any request type with `lease` and
+/// `watchdog_lease`).
+macro_rules! leased {
+    ($request:expr, $lease:expr) => {
+        match $lease {
+            LeaseSpec::LockerDefault => $request,
+            LeaseSpec::Watchdog(d) => $request.watchdog_lease(d),
+            LeaseSpec::Fixed(d) => $request.lease(d),
+        }
+    };
+}
+
 fn with_lease(request: LockRequest, lease: LeaseSpec) -> LockRequest {
-    match lease {
-        LeaseSpec::LockerDefault => request,
-        LeaseSpec::Watchdog(d) => request.watchdog_lease(d),
-        LeaseSpec::Fixed(d) => request.lease(d),
-    }
+    leased!(request, lease)
+}
+
+/// What a guard handed out holds, and the token to record it with (`None`: its own).
+type ShareOf<'a> = &'a dyn Fn(&Held) -> (Share, Option<u64>);
+
+/// A lock's guard: exclusive, with its own token.
+fn exclusive(_: &Held) -> (Share, Option<u64>) {
+    (Share::Exclusive, None)
 }
 
 /// Runs `fut`, dropping it after `cancel_after` if that is set and it has not finished.
@@ -98,8 +118,9 @@ fn record_acquired(
     worker: u16,
     locker: u8,
     names: &[u8],
-    result: Option<Result<Option<Vec<LockGuard>>, LockError>>,
+    result: Option<Result<Option<Vec<Held>>, LockError>>,
     (call, lease, at_least, bound): (Instant, Duration, Option<Duration>, Duration),
+    share: ShareOf<'_>,
 ) -> Vec<Tracked> {
     let ret = Instant::now();
     let history = &ctx.history;
@@ -119,6 +140,8 @@ fn record_acquired(
         name: names[0],
         what: if names.len() > 1 {
             "lock_all"
+        } else if history.is_semaphore(names[0]) {
+            "acquire permit"
         } else {
             "acquire"
         },
@@ -129,7 +152,11 @@ fn record_acquired(
     match result {
         Ok(Some(guards)) => guards
             .into_iter()
-            .map(|g| Tracked::new(ctx, worker, locker, call, (lease, at_least), g))
+            .map(|g| {
+                let (share, token) = share(&g);
+                let held = (g, share, token);
+                Tracked::new(ctx, worker, locker, call, (lease, at_least), held)
+            })
             .collect(),
         Ok(None) => {
             bump(&ctx.stats.busy);
@@ -174,11 +201,15 @@ async fn acquire_one(
         lease: acq.lease,
     };
     ctx.history.event(call, worker, locker, name, event);
-    // The fair name goes through `fair_lock`, a re-entry into its hold too.
-    let request = if ctx.history.is_fair(name) {
-        l.fair_lock(ctx.name(name))
-    } else {
-        l.lock(ctx.name(name))
+    // The fair name goes through `fair_lock`, a re-entry into its hold too; the read-write
+    // name's lock is its write lock.
+    let request = match ctx.history.rw {
+        _ if ctx.history.is_fair(name) => l.fair_lock(ctx.name(name)),
+        Some((rw, prefer)) if rw == name => l
+            .read_write_lock(ctx.name(name))
+            .prefer_writers(prefer)
+            .write(),
+        _ => l.lock(ctx.name(name)),
     };
     let mut request = with_lease(request.wait(acq.wait), acq.lease);
     if let Some(period) = acq.period() {
@@ -186,9 +217,12 @@ async fn acquire_one(
     }
     let fut = async {
         if acq.try_lock {
-            request.try_lock().await.map(|g| g.map(|g| vec![g]))
+            request
+                .try_lock()
+                .await
+                .map(|g| g.map(|g| vec![Held::Lock(g)]))
         } else {
-            request.await.map(|g| Some(vec![g]))
+            request.await.map(|g| Some(vec![Held::Lock(g)]))
         }
     };
     let result = maybe_cancelled(fut, acq.cancel_after).await;
@@ -198,7 +232,122 @@ async fn acquire_one(
         .saturating_add(SLACK);
     let lease = lease_of(acq.lease, actor.watchdog_lease);
     let recorded = (call, lease, acq.period(), bound);
-    record_acquired(ctx, worker, locker, &[name], result, recorded).pop()
+    record_acquired(ctx, worker, locker, &[name], result, recorded, &exclusive).pop()
+}
+
+/// What a shared acquisition asks for.
+#[derive(Debug, Clone, Copy)]
+enum Shared {
+    /// A permit of the semaphore.
+    Permit,
+    /// A read lock of the read-write name; inside a scope that holds its write lock with this
+    /// token, a re-entry into it.
+    Read { in_write: Option<u64> },
+}
+
+/// A permit or a read lock, recorded as `acquire_one` records a lock.
+async fn acquire_shared(
+    ctx: &Arc<Ctx>,
+    worker: u16,
+    locker: u8,
+    acq: &Acquire,
+    what: Shared,
+) -> Option<Tracked> {
+    bump(&ctx.stats.calls);
+    let actor = &ctx.actors[usize::from(locker)];
+    let l: Locker = actor.locker();
+    let history = &ctx.history;
+    let (name, kind) = match what {
+        Shared::Permit => (history.semaphore.map(|s| s.0), AcquireKind::Permit),
+        Shared::Read { .. } => (history.rw.map(|rw| rw.0), AcquireKind::Read),
+    };
+    let name = name.expect("a shared session on a run with its name");
+    let kind = if acq.try_lock {
+        AcquireKind::TryLock
+    } else {
+        kind
+    };
+    let call = Instant::now();
+    let event = EventKind::AcquireCall {
+        kind,
+        wait: acq.wait,
+        lease: acq.lease,
+    };
+    history.event(call, worker, locker, name, event);
+    let fut = async {
+        match what {
+            Shared::Permit => {
+                let permits = history.semaphore.map_or(1, |s| s.1);
+                let request = l.semaphore(ctx.name(name), permits).acquire();
+                let request = leased!(request.wait(acq.wait), acq.lease);
+                let held = |p| vec![Held::Permit(p)];
+                if acq.try_lock {
+                    request.try_acquire().await.map(|p| p.map(held))
+                } else {
+                    request.await.map(|p| Some(held(p)))
+                }
+            }
+            Shared::Read { .. } => {
+                let prefer = history.rw.is_none_or(|rw| rw.1);
+                let lock = l.read_write_lock(ctx.name(name)).prefer_writers(prefer);
+                let request = leased!(lock.read().wait(acq.wait), acq.lease);
+                let held = |g| vec![Held::Read(g)];
+                if acq.try_lock {
+                    request.try_lock().await.map(|g| g.map(held))
+                } else {
+                    request.await.map(|g| Some(held(g)))
+                }
+            }
+        }
+    };
+    let result = maybe_cancelled(fut, acq.cancel_after).await;
+    let bound = acq
+        .wait
+        .saturating_add(actor.command_timeout)
+        .saturating_add(SLACK);
+    let lease = lease_of(acq.lease, actor.watchdog_lease);
+    let share = |held: &Held| match what {
+        Shared::Permit => (Share::Permit, None),
+        // A read in the writer's scope re-enters the write hold, and lives as long as it.
+        Shared::Read {
+            in_write: Some(token),
+        } if held.is_reentrant() => (Share::ReadInWrite, Some(token)),
+        Shared::Read { .. } => (Share::Read, None),
+    };
+    let recorded = (call, lease, None, bound);
+    record_acquired(ctx, worker, locker, &[name], result, recorded, &share).pop()
+}
+
+/// `set_permits(to)` (or `reset_permits()`), recorded.
+async fn set_permits(ctx: &Arc<Ctx>, worker: u16, locker: u8, to: Option<u32>) {
+    bump(&ctx.stats.calls);
+    let actor = &ctx.actors[usize::from(locker)];
+    let history = &ctx.history;
+    let Some((name, permits)) = history.semaphore else {
+        return;
+    };
+    let semaphore = actor.locker().semaphore(ctx.name(name), permits);
+    let call = Instant::now();
+    let result = match to {
+        Some(n) => semaphore.set_permits(n).await,
+        None => semaphore.reset_permits().await,
+    };
+    let ret = Instant::now();
+    if result.as_ref().is_err_and(LockError::is_backend) {
+        bump(&ctx.stats.backend_errors);
+    }
+    let ok = result.is_ok();
+    history.permits_set(PermitsSetRec { call, ret, to, ok });
+    history.event(ret, worker, locker, name, EventKind::PermitsSet { to, ok });
+    history.call(CallRec {
+        worker,
+        locker,
+        name,
+        what: "set_permits",
+        call,
+        ret,
+        bound: actor.command_timeout + SLACK,
+    });
 }
 
 async fn acquire_all(
@@ -220,14 +369,10 @@ async fn acquire_all(
         };
         ctx.history.event(call, worker, locker, name, event);
     }
-    let mut request = l
+    let request = l
         .lock_all(names.iter().map(|&n| ctx.name(n)))
         .wait(acq.wait);
-    request = match acq.lease {
-        LeaseSpec::LockerDefault => request,
-        LeaseSpec::Watchdog(d) => request.watchdog_lease(d),
-        LeaseSpec::Fixed(d) => request.lease(d),
-    };
+    let mut request = leased!(request, acq.lease);
     if let Some(period) = acq.period() {
         request = request.at_least(period);
     }
@@ -240,6 +385,7 @@ async fn acquire_all(
         } else {
             request.await.map(|g| Some(g.into_guards()))
         }
+        .map(|g| g.map(|guards| guards.into_iter().map(Held::Lock).collect()))
     };
     let result = maybe_cancelled(fut, acq.cancel_after).await;
     let count = u32::try_from(names.len()).expect("a few names");
@@ -253,7 +399,7 @@ async fn acquire_all(
         .saturating_add(SLACK);
     let lease = lease_of(acq.lease, actor.watchdog_lease);
     let recorded = (call, lease, acq.period(), bound);
-    record_acquired(ctx, worker, locker, names, result, recorded)
+    record_acquired(ctx, worker, locker, names, result, recorded, &exclusive)
 }
 
 async fn steps(guard: &Tracked, steps: &[Step]) {
@@ -269,6 +415,7 @@ async fn steps(guard: &Tracked, steps: &[Step]) {
 /// Runs one session.
 pub(crate) async fn run_session(ctx: Arc<Ctx>, worker: u16, session: Session) {
     bump(&ctx.stats.sessions);
+    let permit = matches!(session, Session::Permit { .. });
     match session {
         Session::Single {
             locker,
@@ -287,6 +434,7 @@ pub(crate) async fn run_session(ctx: Arc<Ctx>, worker: u16, session: Session) {
         Session::Reenter {
             locker,
             name,
+            nested,
             outer,
             gap,
             inner,
@@ -295,14 +443,23 @@ pub(crate) async fn run_session(ctx: Arc<Ctx>, worker: u16, session: Session) {
             ends,
         } => {
             dlock_core::scope(async {
-                let kind = AcquireKind::Lock;
-                let Some(outer) = acquire_one(&ctx, worker, locker, name, &outer, kind).await
-                else {
+                let outer = if nested == Nested::ReadInRead {
+                    let read = Shared::Read { in_write: None };
+                    acquire_shared(&ctx, worker, locker, &outer, read).await
+                } else {
+                    acquire_one(&ctx, worker, locker, name, &outer, AcquireKind::Lock).await
+                };
+                let Some(outer) = outer else {
                     return;
                 };
                 tokio::time::sleep(gap).await;
-                let kind = AcquireKind::Reenter;
-                let inner = acquire_one(&ctx, worker, locker, name, &inner, kind).await;
+                let inner = if nested == Nested::Same {
+                    let kind = AcquireKind::Reenter;
+                    acquire_one(&ctx, worker, locker, name, &inner, kind).await
+                } else {
+                    let in_write = (nested == Nested::ReadInWrite).then_some(outer.rec.token);
+                    acquire_shared(&ctx, worker, locker, &inner, Shared::Read { in_write }).await
+                };
                 tokio::time::sleep(hold).await;
                 let Some(inner) = inner else {
                     outer.end(ends[0], true).await;
@@ -341,6 +498,30 @@ pub(crate) async fn run_session(ctx: Arc<Ctx>, worker: u16, session: Session) {
                 guard.end(end, true).await;
             }
         }
+        Session::Permit {
+            locker,
+            acquire,
+            steps: planned,
+            end,
+        }
+        | Session::Read {
+            locker,
+            acquire,
+            steps: planned,
+            end,
+        } => {
+            let what = if permit {
+                Shared::Permit
+            } else {
+                Shared::Read { in_write: None }
+            };
+            let Some(guard) = acquire_shared(&ctx, worker, locker, &acquire, what).await else {
+                return;
+            };
+            steps(&guard, &planned).await;
+            guard.end(end, true).await;
+        }
+        Session::SetPermits { locker, to } => set_permits(&ctx, worker, locker, to).await,
     }
 }
 

@@ -78,6 +78,9 @@ pub(crate) enum Session {
         locker: u8,
         /// The name.
         name: u8,
+        /// What is taken twice (on the read-write name: a read or the write lock, then a read
+        /// or the write lock again).
+        nested: Nested,
         /// The first acquisition.
         outer: Acquire,
         /// How long the outer guard is held before the nested acquisition.
@@ -104,6 +107,46 @@ pub(crate) enum Session {
         /// How each guard ends.
         end: End,
     },
+    /// A permit of the semaphore: acquire, steps (holds and runs), end.
+    Permit {
+        /// The locker.
+        locker: u8,
+        /// The acquisition (its `at_least` unused).
+        acquire: Acquire,
+        /// What to do while held.
+        steps: Vec<Step>,
+        /// How it ends.
+        end: End,
+    },
+    /// `set_permits(n)` on the semaphore, or `reset_permits()` (`None`).
+    SetPermits {
+        /// The locker.
+        locker: u8,
+        /// The count.
+        to: Option<u32>,
+    },
+    /// A read lock of the read-write name: acquire, steps (holds and runs), end.
+    Read {
+        /// The locker.
+        locker: u8,
+        /// The acquisition (its `at_least` unused).
+        acquire: Acquire,
+        /// What to do while held.
+        steps: Vec<Step>,
+        /// How it ends.
+        end: End,
+    },
+}
+
+/// What a [`Session::Reenter`] takes, outside and inside.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Nested {
+    /// The name's own lock, twice (on the read-write name, the write lock).
+    Same,
+    /// The read-write name's write lock, then a read.
+    ReadInWrite,
+    /// The read-write name's read lock, twice.
+    ReadInRead,
 }
 
 /// What the generator needs to know about the run.
@@ -115,6 +158,10 @@ pub(crate) struct Shape {
     pub(crate) names: u8,
     /// The name taken with `fair_lock` (never part of a `lock_all`).
     pub(crate) fair: Option<u8>,
+    /// The semaphore's name (not one of the `names`).
+    pub(crate) semaphore: Option<u8>,
+    /// The read-write lock's name (not one of the `names`).
+    pub(crate) rw: Option<u8>,
 }
 
 /// The longest lease (or extension) the generator ever asks for, `Duration::MAX` aside.
@@ -258,6 +305,94 @@ fn single(rng: &mut StdRng, shape: Shape, default_lease: Duration) -> Session {
     }
 }
 
+/// Holds and guarded runs (a permit or a read lock has no `extend`).
+fn shared_steps(rng: &mut StdRng, acquire: &mut Acquire, default_lease: Duration) -> Vec<Step> {
+    let lease = lease_of(acquire.lease, default_lease);
+    if rng.random_bool(0.15) {
+        let fixed = between(rng, 100, 600);
+        acquire.lease = LeaseSpec::Fixed(fixed);
+        let work = fixed.mul_f64(rng.random_range(0.0..1.5));
+        return vec![Step::Run(work)];
+    }
+    vec![Step::Hold(hold(rng, lease))]
+}
+
+fn permit(rng: &mut StdRng, shape: Shape, default_lease: Duration) -> Session {
+    let locker = rng.random_range(0..shape.lockers);
+    if rng.random_bool(0.05) {
+        return Session::SetPermits {
+            locker,
+            to: rng.random_bool(0.7).then(|| rng.random_range(1..=4)),
+        };
+    }
+    let try_lock = rng.random_bool(0.2);
+    let mut acquire = acquire(rng, try_lock);
+    acquire.at_least = None;
+    if rng.random_bool(0.1) {
+        acquire.cancel_after = Some(between(rng, 0, 5));
+    }
+    let steps = shared_steps(rng, &mut acquire, default_lease);
+    Session::Permit {
+        locker,
+        acquire,
+        steps,
+        end: end(rng),
+    }
+}
+
+/// A session on the read-write name: mostly reads, some writes (a plain session on it), some
+/// re-entries.
+fn read_write(rng: &mut StdRng, shape: Shape, rw: u8, default_lease: Duration) -> Session {
+    let roll = rng.random_range(0..100);
+    if roll < 25 {
+        let mut session = single(rng, shape, default_lease);
+        if let Session::Single { name, .. } = &mut session {
+            *name = rw;
+        }
+        return session;
+    }
+    if roll < 40 {
+        let nested = match roll {
+            25..30 => Nested::Same,
+            30..35 => Nested::ReadInWrite,
+            _ => Nested::ReadInRead,
+        };
+        let mut session = reenter(rng, shape);
+        if let Session::Reenter {
+            name,
+            nested: n,
+            inner,
+            outer,
+            ..
+        } = &mut session
+        {
+            *name = rw;
+            *n = nested;
+            if nested != Nested::Same {
+                inner.at_least = None;
+            }
+            if nested == Nested::ReadInRead {
+                outer.at_least = None;
+            }
+        }
+        return session;
+    }
+    let locker = rng.random_range(0..shape.lockers);
+    let try_lock = rng.random_bool(0.2);
+    let mut acquire = acquire(rng, try_lock);
+    acquire.at_least = None;
+    if rng.random_bool(0.1) {
+        acquire.cancel_after = Some(between(rng, 0, 5));
+    }
+    let steps = shared_steps(rng, &mut acquire, default_lease);
+    Session::Read {
+        locker,
+        acquire,
+        steps,
+        end: end(rng),
+    }
+}
+
 fn reenter(rng: &mut StdRng, shape: Shape) -> Session {
     let mut inner = acquire(rng, false);
     inner.wait = between(rng, 0, 50);
@@ -279,6 +414,7 @@ fn reenter(rng: &mut StdRng, shape: Shape) -> Session {
     Session::Reenter {
         locker: rng.random_range(0..shape.lockers),
         name,
+        nested: Nested::Same,
         outer,
         gap: if rng.random_bool(0.5) {
             Duration::ZERO
@@ -329,11 +465,15 @@ pub(crate) fn sessions(
     let mut rng =
         StdRng::seed_from_u64(seed ^ (u64::from(worker) + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
     (0..count)
-        .map(|_| match rng.random_range(0..100) {
-            0..74 => single(&mut rng, shape, default_lease),
-            74..88 => reenter(&mut rng, shape),
-            _ => multi(&mut rng, shape),
-        })
+        .map(
+            |_| match (rng.random_range(0..100), shape.semaphore, shape.rw) {
+                (76..88, Some(_), _) => permit(&mut rng, shape, default_lease),
+                (88.., _, Some(rw)) => read_write(&mut rng, shape, rw, default_lease),
+                (0..56, ..) | (76.., ..) => single(&mut rng, shape, default_lease),
+                (56..67, ..) => reenter(&mut rng, shape),
+                _ => multi(&mut rng, shape),
+            },
+        )
         .collect()
 }
 
@@ -347,6 +487,8 @@ mod tests {
             lockers: 4,
             names: 3,
             fair: Some(2),
+            semaphore: Some(3),
+            rw: Some(4),
         };
         let a = sessions(7, 2, 200, shape, Duration::from_millis(500));
         let b = sessions(7, 2, 200, shape, Duration::from_millis(500));
@@ -361,6 +503,8 @@ mod tests {
             lockers: 4,
             names: 3,
             fair: Some(2),
+            semaphore: Some(3),
+            rw: Some(4),
         };
         let mut multis = 0;
         for worker in 0..8 {

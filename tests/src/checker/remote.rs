@@ -191,7 +191,7 @@ pub async fn run_remote(config: Config, remote: &Remote) -> Result<Report, Remot
         server: None,
         proxy,
         admin: admin.clone(),
-        keys: ctx.keys.clone(),
+        keys: ctx.name_keys.clone(),
         setup,
         actors: ctx.actors.clone(),
     });

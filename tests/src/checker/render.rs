@@ -157,6 +157,13 @@ fn describe(kind: &EventKind, tokens: &dyn Fn(u32) -> u64) -> String {
         }
         EventKind::ReleaseDropped { guard } => format!("  -> release g{guard} future dropped"),
         EventKind::Dropped { guard } => format!("drop g{guard} token={}", tokens(guard)),
+        EventKind::PermitsSet { to, ok } => format!(
+            "  -> {} {}",
+            to.map_or("reset_permits()".to_owned(), |n| format!(
+                "set_permits({n})"
+            )),
+            if ok { "Ok" } else { "failed" }
+        ),
         EventKind::Hget { guard, found } => {
             format!("  HGET #f after release of g{guard}: {found:?}")
         }

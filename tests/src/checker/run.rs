@@ -18,12 +18,13 @@ use tokio::time::Instant;
 use super::actors::{self, Actor, RedisSetup};
 use super::fair::FairFigures;
 use super::faults::{FaultPlan, MemoryTargets, RedisTargets, Targets, inject};
-use super::history::{History, ms};
+use super::history::{History, Special, ms};
 use super::invariants::{self, Invariant, Violation};
 use super::latency::Latencies;
 use super::leftovers::{fair_line_leftovers, locker_leftovers, redis_leftovers};
 use super::ops::{Ctx, Stats, run_worker};
 use super::plan::{self, MAX_PLANNED_LEASE, Shape};
+use super::shares::ShareFigures;
 use super::{Config, FaultFamily};
 use crate::{Proxy, RedisServer, unique_name};
 
@@ -48,12 +49,40 @@ pub(super) struct Params {
     /// How long a fair lock's waiter keeps its place without an attempt: short, so that dead
     /// waiters are dropped, and the line's keys expire, within the run.
     pub(super) dead_waiter_timeout: Duration,
+    /// The permit count every handle on the semaphore is made with.
+    pub(super) permits: u32,
+    /// Whether the read-write lock's handles prefer writers.
+    pub(super) prefer_writers: bool,
 }
 
 impl Params {
-    /// The name taken with `fair_lock`: the last one.
+    /// The name taken with `fair_lock`: the last of the lock names.
     pub(super) fn fair_name(&self) -> u8 {
         self.names - 1
+    }
+
+    /// The semaphore's name, after the lock names.
+    pub(super) fn semaphore_name(&self) -> u8 {
+        self.names
+    }
+
+    /// The read-write lock's name, after the semaphore's.
+    pub(super) fn rw_name(&self) -> u8 {
+        self.names + 1
+    }
+
+    /// How many names in all.
+    pub(super) fn all_names(&self) -> u8 {
+        self.names + 2
+    }
+
+    /// The names that are not plain locks.
+    pub(super) fn special(&self) -> Special {
+        Special {
+            fair: Some(self.fair_name()),
+            semaphore: Some((self.semaphore_name(), self.permits)),
+            rw: Some((self.rw_name(), self.prefer_writers)),
+        }
     }
 }
 
@@ -73,6 +102,9 @@ pub(super) fn params(seed: u64) -> Params {
             Some(dlock_core::DEFAULT_FENCE_TTL)
         },
         dead_waiter_timeout: ms(&mut rng, 300, 600),
+        permits: rng.random_range(2..=3),
+        // Mostly the default; now and then readers may pass a waiting writer.
+        prefer_writers: rng.random_bool(0.8),
     }
 }
 
@@ -89,6 +121,8 @@ pub struct Report {
     pub guards: usize,
     /// What the fair-order check looked at.
     pub fair: FairFigures,
+    /// What the permit and reader-writer checks looked at.
+    pub shares: ShareFigures,
     /// What the calls took, and how many holds were lost.
     pub latency: Latencies,
     /// Faults injected, by kind.
@@ -131,7 +165,7 @@ fn summarize(
     ctx: &Ctx,
     faults: &BTreeMap<String, u64>,
     violations: &[Violation],
-    fair: FairFigures,
+    (fair, shares): (FairFigures, ShareFigures),
 ) -> String {
     let s = &ctx.stats;
     let get = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
@@ -143,7 +177,7 @@ fn summarize(
     let mut out = format!(
         "checker {:?} seed {}: {} sessions, {} calls, {} guards, {} busy, {} backend errors, \
          {} dropped futures, {} runs cancelled; faults {:?}; {:.1} s wall, {:.0} sessions/s, \
-         {:.0} calls/s; {fair}; lockers: {}",
+         {:.0} calls/s; {fair}; {shares}; lockers: {}",
         config.family,
         config.seed,
         get(&s.sessions),
@@ -178,9 +212,11 @@ pub(super) async fn drive(
         lockers: u8::try_from(ctx.actors.len()).expect("a few lockers"),
         names: p.names,
         fair: Some(p.fair_name()),
+        semaphore: Some(p.semaphore_name()),
+        rw: Some(p.rw_name()),
     };
     let (stop_tx, stop_rx) = watch::channel(false);
-    let plan = FaultPlan::new(config.seed, config.family, p.names, MAX_PLANNED_LEASE);
+    let plan = FaultPlan::new(config.seed, config.family, p.all_names(), MAX_PLANNED_LEASE);
     let lag_stop = stop_rx.clone();
     let lags = async move {
         // Virtual time has no scheduler lag, and a sleeper would keep it moving.
@@ -231,8 +267,22 @@ pub(super) async fn drive(
         let _ = stop_tx.send(true);
     };
     let (counts, (), ()) = tokio::join!(faults, work, lags);
+    reset_permits(ctx, p).await;
     tokio::time::sleep(settle(p)).await;
     counts
+}
+
+/// Takes back a count the sessions set on the semaphore, so that its key is not left behind; a
+/// connection a fault broke comes back within a few tries.
+async fn reset_permits(ctx: &Ctx, p: Params) {
+    let name = ctx.history.names[usize::from(p.semaphore_name())].as_str();
+    for _ in 0..20 {
+        let semaphore = ctx.actors[0].locker().semaphore(name, p.permits);
+        if semaphore.reset_permits().await.is_ok() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// How long the run waits, once every guard is gone, before it looks at what is left: every
@@ -374,8 +424,9 @@ pub(super) fn finish(
         .collect();
     violations.extend(invariants::check(&ctx.history, Instant::now(), &unreliable));
     let fair = super::fair::check(&ctx.history, &ctx.history.faults(), &unreliable).0;
+    let shares = super::shares::check(&ctx.history, Instant::now()).0;
     let wall = wall.elapsed();
-    let summary = summarize(config, wall, ctx, &faults, &violations, fair);
+    let summary = summarize(config, wall, ctx, &faults, &violations, (fair, shares));
     let rendered = super::render::render(&ctx.history, &violations, PRINTED_PER_INVARIANT);
     let stats = Stats::default();
     for (to, from) in [
@@ -395,6 +446,7 @@ pub(super) fn finish(
         stats,
         guards: ctx.history.guards().len(),
         fair,
+        shares,
         latency: Latencies::of(&ctx.history),
         faults,
         violations,
@@ -404,12 +456,29 @@ pub(super) fn finish(
 }
 
 fn names(p: Params) -> Vec<String> {
-    (0..p.names)
-        .map(|i| {
-            if i == p.fair_name() {
-                format!("fair{i}")
-            } else {
-                format!("hot{i}")
+    (0..p.all_names())
+        .map(|i| match i {
+            _ if i == p.fair_name() => format!("fair{i}"),
+            _ if i == p.semaphore_name() => format!("sem{i}"),
+            _ if i == p.rw_name() => format!("rw{i}"),
+            _ => format!("hot{i}"),
+        })
+        .collect()
+}
+
+/// Every key of each name (as `DEL` in a fault removes them), its lock key first: a lock's key,
+/// a semaphore's permits, a read-write lock's write lock and its readers.
+fn name_keys(first: &dlock_core::Locker, names: &[String], p: Params) -> Vec<Vec<String>> {
+    let index = |i: usize| u8::try_from(i).expect("a few names");
+    names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            let base = first.key_of(n.as_str()).expect("a valid name");
+            match index(i) {
+                i if i == p.semaphore_name() => vec![format!("{base}:permits")],
+                i if i == p.rw_name() => vec![format!("{base}:write"), format!("{base}:read")],
+                _ => vec![base],
             }
         })
         .collect()
@@ -423,21 +492,19 @@ pub(super) fn ctx(
 ) -> Arc<Ctx> {
     let names = names(p);
     let labels = actors.iter().map(|a| a.label.clone()).collect();
-    let first = actors[0].locker();
-    let keys = names
-        .iter()
-        .map(|n| first.key_of(n.as_str()).expect("a valid name"))
-        .collect();
+    let name_keys = name_keys(&actors[0].locker(), &names, p);
+    let keys = name_keys.iter().map(|k| k[0].clone()).collect();
     Arc::new(Ctx {
         history: Arc::new(History::new(
             names,
             labels,
-            Some(p.fair_name()),
+            p.special(),
             p.dead_waiter_timeout,
         )),
         actors: Arc::new(actors),
         admin,
         keys,
+        name_keys,
         stats: Stats::default(),
         halt: std::sync::atomic::AtomicBool::new(false),
     })
@@ -474,7 +541,7 @@ pub async fn run_redis(config: Config) -> Report {
         server: Some(Arc::new(Mutex::new(server))),
         proxy,
         admin: admin.clone(),
-        keys: ctx.keys.clone(),
+        keys: ctx.name_keys.clone(),
         setup,
         actors: ctx.actors.clone(),
     });
@@ -503,7 +570,7 @@ pub async fn run_memory(config: Config) -> Report {
     let ctx = ctx(actors, p, None);
     let targets = Targets::Memory(MemoryTargets {
         store: store.clone(),
-        keys: ctx.keys.clone(),
+        keys: ctx.name_keys.clone(),
     });
     let faults = drive(&ctx, &targets, config, p).await;
     let mut leftovers = Vec::new();

@@ -5,12 +5,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dlock_core::redis::AsyncCommands as _;
-use dlock_core::{LockError, LockGuard};
+use dlock_core::{LockError, LockGuard, Lost, Permit, ReadGuard, ReleaseOutcome};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::history::{
-    CallRec, EndHow, ErrKind, EventKind, GuardEnd, GuardRec, Outcome, RunRec, locked,
+    CallRec, EndHow, ErrKind, EventKind, GuardEnd, GuardRec, Outcome, RunRec, Share, locked,
 };
 use super::ops::{Ctx, SLACK, bump};
 use super::plan::End;
@@ -18,34 +18,120 @@ use super::plan::End;
 /// How long an admin command (`HGET`) may take before its check is skipped.
 const ADMIN_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// Whatever an acquisition handed out: a lock's guard, a read lock's, a permit.
+#[derive(Debug)]
+pub(crate) enum Held {
+    Lock(LockGuard),
+    Read(ReadGuard),
+    Permit(Permit),
+}
+
+impl Held {
+    fn name(&self) -> &str {
+        match self {
+            Self::Lock(g) => g.name().as_str(),
+            Self::Read(g) => g.name().as_str(),
+            Self::Permit(p) => p.name().as_str(),
+        }
+    }
+
+    fn lock(&self) -> Option<&LockGuard> {
+        match self {
+            Self::Lock(g) => Some(g),
+            _ => None,
+        }
+    }
+
+    /// Whether it re-entered a hold of its task.
+    pub(super) fn is_reentrant(&self) -> bool {
+        match self {
+            Self::Lock(g) => g.is_reentrant(),
+            Self::Read(g) => g.is_reentrant(),
+            Self::Permit(_) => false,
+        }
+    }
+
+    fn is_watchdog(&self) -> bool {
+        match self {
+            Self::Lock(g) => g.is_watchdog(),
+            Self::Read(g) => g.is_watchdog(),
+            Self::Permit(p) => p.is_watchdog(),
+        }
+    }
+
+    fn valid_until(&self) -> Instant {
+        match self {
+            Self::Lock(g) => g.valid_until(),
+            Self::Read(g) => g.valid_until(),
+            Self::Permit(p) => p.valid_until(),
+        }
+    }
+
+    fn is_lost(&self) -> bool {
+        match self {
+            Self::Lock(g) => g.is_lost(),
+            Self::Read(g) => g.is_lost(),
+            Self::Permit(p) => p.is_lost(),
+        }
+    }
+
+    fn lost(&self) -> Lost {
+        match self {
+            Self::Lock(g) => g.lost(),
+            Self::Read(g) => g.lost(),
+            Self::Permit(p) => p.lost(),
+        }
+    }
+
+    async fn run(&self, work: Duration) -> Result<(), LockError> {
+        let work = tokio::time::sleep(work);
+        match self {
+            Self::Lock(g) => g.run(work).await,
+            Self::Read(g) => g.run(work).await,
+            Self::Permit(p) => p.run(work).await,
+        }
+    }
+
+    async fn release(self) -> ReleaseOutcome {
+        match self {
+            Self::Lock(g) => g.release().await,
+            Self::Read(g) => g.release().await,
+            Self::Permit(p) => p.release().await,
+        }
+    }
+}
+
 /// A guard and its record; its `lost()` future is watched by a side task while it lives.
 #[derive(Debug)]
 pub(crate) struct Tracked {
-    guard: Option<LockGuard>,
+    guard: Option<Held>,
     pub(super) rec: Arc<GuardRec>,
     watcher: JoinHandle<()>,
     ctx: Arc<Ctx>,
 }
 
 impl Tracked {
-    /// Records a guard just handed out and starts watching its `lost()` future.
+    /// Records a guard just handed out and starts watching its `lost()` future. `share` says
+    /// what it holds; a read that re-entered a write hold is recorded with the write's `token`.
     pub(super) fn new(
         ctx: &Arc<Ctx>,
         worker: u16,
         locker: u8,
         call: Instant,
         (lease, at_least): (Duration, Option<Duration>),
-        guard: LockGuard,
+        (guard, share, token): (Held, Share, Option<u64>),
     ) -> Self {
         let start = Instant::now();
-        let name = ctx.name_index(guard.name().as_str());
+        let name = ctx.name_index(guard.name());
+        let token = token.or_else(|| guard.lock().map(|g| g.fencing_token().get()));
         let rec = Arc::new(GuardRec {
             id: ctx.history.next_guard_id(),
             worker,
             locker,
             name,
-            token: guard.fencing_token().get(),
+            token: token.unwrap_or(0),
             reentrant: guard.is_reentrant(),
+            share,
             watchdog: guard.is_watchdog(),
             call,
             start,
@@ -87,7 +173,7 @@ impl Tracked {
         }
     }
 
-    fn guard(&self) -> &LockGuard {
+    fn guard(&self) -> &Held {
         self.guard
             .as_ref()
             .expect("a tracked guard is used only before it ends")
@@ -118,7 +204,7 @@ impl Tracked {
     /// `extend(lease)`, recorded.
     pub(super) async fn extend(&self, lease: Duration) {
         bump(&self.ctx.stats.calls);
-        let guard = self.guard.as_ref().expect("extend before the end");
+        let guard = (self.guard().lock()).expect("only a lock's guard is extended");
         let call = Instant::now();
         self.event(
             call,
@@ -150,7 +236,7 @@ impl Tracked {
     pub(super) async fn run(&self, work: Duration) {
         bump(&self.ctx.stats.calls);
         let started = Instant::now();
-        let result = self.guard().run(tokio::time::sleep(work)).await;
+        let result = self.guard().run(work).await;
         let ret = Instant::now();
         let cancelled = result.as_ref().is_err_and(LockError::is_lost);
         if cancelled {
@@ -184,7 +270,7 @@ impl Tracked {
             End::ReleaseWithin(d) => Some(d),
         };
         bump(&self.ctx.stats.calls);
-        if let Some(guard) = &self.guard {
+        if let Some(guard) = self.guard.as_ref().and_then(Held::lock) {
             super::sample::sample(&self.ctx, &self.rec, guard, "release").await;
         }
         let guard = self.guard.take().expect("a tracked guard ends once");
@@ -221,7 +307,9 @@ impl Tracked {
         }
         self.event(ret, EventKind::ReleaseDone { guard: id, outcome });
         self.bounded("release", at, ret, 2 * self.command_timeout() + SLACK);
-        let hget = match (&self.ctx.admin, final_of_hold, outcome) {
+        // A read lock or a permit has no token to look for.
+        let exclusive = matches!(self.rec.share, Share::Exclusive | Share::ReadInWrite);
+        let hget = match (&self.ctx.admin, final_of_hold && exclusive, outcome) {
             (Some(admin), true, Outcome::Released) => {
                 let key = &self.ctx.keys[usize::from(self.rec.name)];
                 let mut con = admin.clone();

@@ -1,0 +1,327 @@
+//! (a) for the primitives whose holders share a name: the semaphore never has more permits
+//! believed held than its count allows, and the read-write lock never has a writer beside a
+//! reader.
+//!
+//! # Permits
+//!
+//! Take any moment a permit was handed out, and every permit whose belief covers it (the
+//! *active* ones, the new one included). Of those, the one Redis granted last found all the
+//! others in its set: each was granted before it and is still believed held, so its lease has
+//! not run out (a belief never outlives the lease, [`Invariant::BeliefWithinLease`]) and its
+//! release has not been called. So that grant saw at least as many permits as are active, and
+//! the count in force when it ran allowed them all. It ran somewhere between the earliest call
+//! among the active permits and the moment looked at; the count in force then is one of those
+//! the run's `set_permits` and `reset_permits` calls may have left (see [`counts_between`]). More
+//! active permits than the largest of those is a violation, unless a fault that destroys keys
+//! hit the semaphore in that span (its set gone, the old holders still believe).
+//!
+//! # Readers and writers
+//!
+//! Writers are plain exclusive holds (checked with every other lock for mutual exclusion,
+//! fencing order and re-entry). A read inside the writer's scope re-enters the write hold and is
+//! part of it. Every other read lock's belief must not overlap a write hold, unless a fault that
+//! destroys keys hit the name between the earlier of the two calls and the later grant.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+
+use tokio::time::Instant;
+
+use super::history::{FaultRec, GuardRec, History, PermitsSetRec, Share, ms};
+use super::invariants::{Invariant, Violation};
+
+/// What the shared-name checks looked at in one run.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ShareFigures {
+    /// Permits handed out.
+    pub permits: usize,
+    /// The most permits believed held at once.
+    pub most_permits_at_once: usize,
+    /// `set_permits` and `reset_permits` calls.
+    pub permit_sets: usize,
+    /// Read locks handed out (re-entries included, reads inside the writer's scope not).
+    pub reads: usize,
+    /// The most read locks believed held at once.
+    pub most_reads_at_once: usize,
+    /// Write locks handed out (re-entries included).
+    pub writes: usize,
+    /// Reads inside the writer's scope that re-entered its hold.
+    pub reads_in_write: usize,
+}
+
+impl fmt::Display for ShareFigures {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "semaphore: {} permits, at most {} at once, {} count changes; read-write: {} reads \
+             (at most {} at once), {} writes, {} reads re-entering a write",
+            self.permits,
+            self.most_permits_at_once,
+            self.permit_sets,
+            self.reads,
+            self.most_reads_at_once,
+            self.writes,
+            self.reads_in_write
+        )
+    }
+}
+
+/// One belief interval.
+#[derive(Debug, Clone)]
+struct Span {
+    guard: Arc<GuardRec>,
+    start: Instant,
+    end: Instant,
+}
+
+fn spans(guards: &[Arc<GuardRec>], name: u8, share: Share, finish: Instant) -> Vec<Span> {
+    let mut spans: Vec<Span> = guards
+        .iter()
+        .filter(|g| g.name == name && g.share == share)
+        .map(|g| Span {
+            guard: g.clone(),
+            start: g.start,
+            end: g.belief_end(finish),
+        })
+        .filter(|s| s.start < s.end)
+        .collect();
+    spans.sort_by_key(|s| s.start);
+    spans
+}
+
+/// At every grant, in order, the spans believed then (the new one included; of grants seen at
+/// one instant, the last one's list has them all).
+fn at_each_grant(spans: &[Span], mut each: impl FnMut(&[&Span])) {
+    let mut active: Vec<&Span> = Vec::new();
+    for b in spans {
+        active.retain(|a| a.end > b.start);
+        active.push(b);
+        each(&active);
+    }
+}
+
+/// The largest count that may have been in force at some moment of `[from, to]`: the handles'
+/// own `default` unless a set certainly ran before `from`; every set that may have been the last
+/// to run before `from` (called by then, and not certainly followed by another that ran before
+/// `from`); every set that may have run within the span (called by `to`). A call that failed
+/// may have run or not; a reset stands for `default`.
+pub(crate) fn counts_between(
+    sets: &[PermitsSetRec],
+    default: u32,
+    from: Instant,
+    to: Instant,
+) -> u32 {
+    // Certainly ran before `from`: returned Ok before it (at the same instant, on a paused
+    // clock, it may have run after).
+    let certainly_before = |s: &PermitsSetRec| s.ok && s.ret < from;
+    let mut max = if sets.iter().any(certainly_before) {
+        0
+    } else {
+        default
+    };
+    for s in sets.iter().filter(|s| s.call <= to) {
+        let superseded = s.call <= from
+            && sets
+                .iter()
+                .any(|later| certainly_before(later) && later.call > s.ret);
+        if !superseded {
+            max = max.max(s.to.unwrap_or(default));
+        }
+    }
+    max
+}
+
+fn destroyed(faults: &[FaultRec], name: u8, from: Instant, to: Instant) -> bool {
+    faults
+        .iter()
+        .any(|f| f.kind.destructive() && f.hits(name) && f.to >= from && f.from <= to)
+}
+
+fn describe(history: &History, g: &GuardRec, finish: Instant) -> String {
+    format!(
+        "g{} ({} w{}{}, called {}) believed held {} .. {}{}",
+        g.id,
+        history.lockers[usize::from(g.locker)],
+        g.worker,
+        if g.reentrant { ", re-entered" } else { "" },
+        history.rel(g.call),
+        history.rel(g.start),
+        history.rel(g.belief_end(finish)),
+        if g.token != 0 {
+            format!(", token {}", g.token)
+        } else {
+            String::new()
+        }
+    )
+}
+
+fn permits(
+    history: &History,
+    guards: &[Arc<GuardRec>],
+    faults: &[FaultRec],
+    finish: Instant,
+    figures: &mut ShareFigures,
+    out: &mut Vec<Violation>,
+) {
+    let Some((name, default)) = history.semaphore else {
+        return;
+    };
+    let sets = history.permit_sets();
+    figures.permit_sets = sets.len();
+    let spans = spans(guards, name, Share::Permit, finish);
+    figures.permits = spans.len();
+    at_each_grant(&spans, |active| {
+        figures.most_permits_at_once = figures.most_permits_at_once.max(active.len());
+        let Some(last) = active.last() else { return };
+        let at = last.start;
+        let from = active.iter().map(|s| s.guard.call).min().unwrap_or(at);
+        // Within the count it was made with, nothing to look up.
+        if active.len() <= default as usize {
+            return;
+        }
+        let allowed = counts_between(&sets, default, from, at);
+        if active.len() <= allowed as usize || destroyed(faults, name, from, at) {
+            return;
+        }
+        let held: Vec<String> = active
+            .iter()
+            .map(|s| describe(history, &s.guard, finish))
+            .collect();
+        out.push(Violation {
+            invariant: Invariant::PermitBound,
+            summary: format!(
+                "{} permits of `{}` believed held at {}, where the count in force since {} \
+                 was at most {allowed}, with no destructive fault:\n      {}",
+                active.len(),
+                history.names[usize::from(name)],
+                history.rel(at),
+                history.rel(from),
+                held.join("\n      ")
+            ),
+            window: Some((name, from, active.iter().map(|s| s.end).max().unwrap_or(at))),
+            hint: "",
+        });
+    });
+}
+
+fn read_write(
+    history: &History,
+    guards: &[Arc<GuardRec>],
+    faults: &[FaultRec],
+    finish: Instant,
+    figures: &mut ShareFigures,
+    out: &mut Vec<Violation>,
+) {
+    let Some((name, _)) = history.rw else {
+        return;
+    };
+    let reads = spans(guards, name, Share::Read, finish);
+    figures.reads = reads.len();
+    at_each_grant(&reads, |active| {
+        figures.most_reads_at_once = figures.most_reads_at_once.max(active.len());
+    });
+    // A write hold runs from its fresh guard's grant to the last belief of any guard in it.
+    let mut writes: Vec<Span> = Vec::new();
+    let mut inside: HashMap<(u64, u8), Instant> = HashMap::new();
+    for g in guards.iter().filter(|g| g.name == name) {
+        match g.share {
+            Share::Exclusive => figures.writes += 1,
+            Share::ReadInWrite => figures.reads_in_write += 1,
+            _ => continue,
+        }
+        if g.reentrant {
+            let end = inside.entry((g.token, g.locker)).or_insert(g.start);
+            *end = (*end).max(g.belief_end(finish));
+        } else {
+            writes.push(Span {
+                guard: g.clone(),
+                start: g.start,
+                end: g.belief_end(finish),
+            });
+        }
+    }
+    for w in &mut writes {
+        if let Some(end) = inside.get(&(w.guard.token, w.guard.locker)) {
+            w.end = w.end.max(*end);
+        }
+    }
+    writes.retain(|w| w.start < w.end);
+    writes.sort_by_key(|w| w.start);
+    for r in &reads {
+        // The writes granted before the read's belief ended and still believed when it began.
+        let before = writes.partition_point(|w| w.start < r.end);
+        let overlapping = writes[..before].iter().rev().filter(|w| r.start < w.end);
+        for w in overlapping {
+            let from = r.guard.call.min(w.guard.call);
+            if destroyed(faults, name, from, r.start.max(w.start)) {
+                continue;
+            }
+            out.push(Violation {
+                invariant: Invariant::ReadWrite,
+                summary: format!(
+                    "a read lock and a write lock of `{}` overlap by {} with no destructive \
+                     fault that could have removed the first before the other was granted:\n      \
+                     read: {}\n      write: {}",
+                    history.names[usize::from(name)],
+                    ms(r.end.min(w.end) - r.start.max(w.start)),
+                    describe(history, &r.guard, finish),
+                    describe(history, &w.guard, finish)
+                ),
+                window: Some((name, from, r.end.max(w.end))),
+                hint: "",
+            });
+        }
+    }
+}
+
+/// The permit bound and reader-writer exclusion over the history, up to `finish`.
+pub(crate) fn check(history: &History, finish: Instant) -> (ShareFigures, Vec<Violation>) {
+    let guards = history.guards();
+    let faults = history.faults();
+    let mut figures = ShareFigures::default();
+    let mut out = Vec::new();
+    permits(history, &guards, &faults, finish, &mut figures, &mut out);
+    read_write(history, &guards, &faults, finish, &mut figures, &mut out);
+    (figures, out)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn set(origin: Instant, call: u64, ret: u64, to: Option<u32>, ok: bool) -> PermitsSetRec {
+        PermitsSetRec {
+            call: origin + Duration::from_millis(call),
+            ret: origin + Duration::from_millis(ret),
+            to,
+            ok,
+        }
+    }
+
+    #[test]
+    fn counts_in_force_are_read_conservatively() {
+        let o = Instant::now();
+        let at = |ms| o + Duration::from_millis(ms);
+        // Nothing set: the handles' own count.
+        assert_eq!(counts_between(&[], 2, at(0), at(100)), 2);
+        // A set to 1 that returned before the span: only 1.
+        let lowered = [set(o, 10, 20, Some(1), true)];
+        assert_eq!(counts_between(&lowered, 2, at(30), at(100)), 1);
+        // ... while it is in flight, either.
+        assert_eq!(counts_between(&lowered, 2, at(15), at(100)), 2);
+        // A failed set may have run: its count counts too, and the old one.
+        let failed = [set(o, 10, 20, Some(4), false)];
+        assert_eq!(counts_between(&failed, 2, at(30), at(100)), 4);
+        // A raise to 4 superseded by a reset before the span: the default again.
+        let reset = [set(o, 10, 20, Some(4), true), set(o, 30, 40, None, true)];
+        assert_eq!(counts_between(&reset, 2, at(50), at(100)), 2);
+        // A raise called within the span counts.
+        let raise = [set(o, 60, 70, Some(3), true)];
+        assert_eq!(counts_between(&raise, 2, at(50), at(100)), 3);
+        // ... but not one called after it.
+        assert_eq!(counts_between(&raise, 2, at(0), at(50)), 2);
+    }
+}
