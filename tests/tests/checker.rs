@@ -11,7 +11,10 @@
 //! renewal of its locker (f, end-of-run probe); a subscription outliving its last waiter (d).
 //!
 //! One name of every run is a fair lock (`fair_lock`, with a short dead-waiter timeout): every
-//! invariant covers it, and (a) also checks that it goes to waiters in the order they came.
+//! invariant covers it, and (a) also checks that it goes to waiters in the order they came. One
+//! is a semaphore whose count the run changes as it goes (never more permits believed held than
+//! a count in force allowed), and one a read-write lock whose writers re-enter as readers (never
+//! a writer beside a reader).
 //!
 //! Each test prints its seed; `DLOCK_CHECKER_SEED=<n>` replays one (see `dlock_tests::checker`
 //! for what replays and what does not), `DLOCK_CHECKER_OPS=<n>` sets the number of operations.
@@ -24,8 +27,20 @@ const REDIS_OPS: usize = 5_000;
 const MEMORY_OPS: usize = 200_000;
 
 async fn redis(family: FaultFamily) {
-    let report = run_redis(Config::from_env(family, REDIS_OPS)).await;
+    let config = Config::from_env(family, REDIS_OPS);
+    let report = run_redis(config).await;
     report.assert_clean();
+    // Every primitive of the run was held, so every check had something to look at.
+    if config.ops >= REDIS_OPS {
+        let shares = &report.shares;
+        assert!(report.fair.guards > 0, "{}", report.summary());
+        assert!(
+            shares.permits > 0 && shares.reads > 0,
+            "{}",
+            report.summary()
+        );
+        assert!(shares.writes > 0, "{}", report.summary());
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -56,5 +71,12 @@ async fn checker_memory_paused_clock() {
     // The fair-order check had waiters to compare (a much shorter run may have none).
     if config.ops >= MEMORY_OPS {
         assert!(report.fair.contested > 0, "{}", report.summary());
+        // The share checks had shared holds to look at.
+        let shares = &report.shares;
+        assert!(shares.most_permits_at_once >= 2, "{}", report.summary());
+        assert!(shares.permit_sets > 0, "{}", report.summary());
+        assert!(shares.most_reads_at_once >= 2, "{}", report.summary());
+        assert!(shares.writes > 0, "{}", report.summary());
+        assert!(shares.reads_in_write > 0, "{}", report.summary());
     }
 }

@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::history::{FaultKind, FaultRec, History, ms};
+use super::faults::{FaultKind, FaultRec};
+use super::history::{History, ms};
 use super::invariants::{Invariant, Violation};
 
 /// How much of `[from, to]` virtual-time jumps took.

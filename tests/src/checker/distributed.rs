@@ -25,8 +25,9 @@ use dlock_core::{Locker, LockerBuilder, ReplicaAck};
 use tokio::time::Instant;
 
 use super::actors::Actor;
+use super::faults::FaultKind;
 use super::faults::FaultSpec;
-use super::history::{FaultKind, History, locked};
+use super::history::{History, locked};
 use super::invariants::{Invariant, Violation};
 use super::leftovers::{is_fair_line, locker_leftovers};
 use super::run::{self, Params, Report, ctx, drive, finish, settle, watchdog_probe};

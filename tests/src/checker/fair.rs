@@ -46,7 +46,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::history::{AcquireKind, ErrKind, Event, EventKind, FaultRec, GuardRec, History, ms};
+use super::faults::FaultRec;
+use super::history::{AcquireKind, ErrKind, Event, EventKind, GuardRec, History, ms};
 use super::invariants::{Invariant, Violation};
 use super::ops::SLACK;
 

@@ -1,5 +1,6 @@
 //! The fault injector: a plan drawn from the seed (pauses, deletes, restarts, cuts, time jumps)
-//! and the task that carries it out while the workers run, recording each fault with its span.
+//! and the task that carries it out while the workers run, recording each fault (its kind, the
+//! name it hits) with the span it may have acted in.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -13,8 +14,73 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::actors::{Actor, MULTIPLEXED, RedisSetup};
-use super::history::{FaultKind, FaultRec, History, locked};
+use super::history::{History, locked};
 use crate::{Proxy, RedisServer};
+
+/// What kind of fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultKind {
+    /// `CLIENT PAUSE <ms> WRITE`.
+    Pause,
+    /// `DEL` of a lock key (or `MemoryStore::delete`).
+    Del,
+    /// The server killed, down for a while, and restarted (its data gone).
+    Restart,
+    /// The proxy cut every connection and refused new ones for a while.
+    Cut,
+    /// Virtual time jumped forward (memory backend).
+    Jump,
+    /// A foreign value written over a lock key (`SET ... PX`), until it expires.
+    Clobber,
+    /// The proxy forwarded nothing for a while (its lockers' commands went unanswered).
+    Stall,
+    /// A coordinated failover (`CLUSTER FAILOVER`): the replica caught up before it took over.
+    Failover,
+    /// `SENTINEL FAILOVER` with writes counted once the master has them: the old master stays
+    /// writable for a while, and what is written there is lost.
+    Switch,
+    /// A master killed, its replica promoted, the old one restarted as a replica; writes the
+    /// replica had not received are lost.
+    MasterKilled,
+    /// As [`Switch`](Self::Switch) or [`MasterKilled`](Self::MasterKilled), for lockers whose
+    /// writes count only once a replica acknowledged them: nothing that counted is lost.
+    AckedFailover,
+    /// A replica paused (`SIGSTOP`) for a while: it lags.
+    ReplicaPaused,
+    /// One client cut off from the servers for a while (the others not): nothing is lost, so
+    /// it excuses nothing.
+    Partition,
+}
+
+impl FaultKind {
+    /// Whether it destroys holds (and so excuses an overlap).
+    pub fn destructive(self) -> bool {
+        matches!(
+            self,
+            Self::Del | Self::Restart | Self::Clobber | Self::Switch | Self::MasterKilled
+        )
+    }
+}
+
+/// One fault, over the span it may have acted in.
+#[derive(Debug, Clone, Copy)]
+pub struct FaultRec {
+    /// What.
+    pub kind: FaultKind,
+    /// The name it hits (`None`: every name).
+    pub name: Option<u8>,
+    /// From when.
+    pub from: Instant,
+    /// Until when.
+    pub to: Instant,
+}
+
+impl FaultRec {
+    /// Whether it hits `name`.
+    pub fn hits(&self, name: u8) -> bool {
+        self.name.is_none_or(|n| n == name)
+    }
+}
 
 /// Which faults a run injects.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

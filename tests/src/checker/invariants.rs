@@ -10,9 +10,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::history::{
-    ErrKind, Event, EventKind, FaultKind, FaultRec, GuardRec, History, Outcome, Share, locked, ms,
-};
+use super::faults::{FaultKind, FaultRec};
+use super::history::{ErrKind, Event, EventKind, GuardRec, History, Outcome, Share, locked, ms};
 
 /// A `run(work)` that returned `Ok` may have finished this long after its hold's validity
 /// ended (the two timers share a millisecond wheel).

@@ -178,17 +178,16 @@ fn record_acquired(
     }
 }
 
-async fn acquire_one(
-    ctx: &Arc<Ctx>,
+/// Counts an acquisition call and records it (a `try_lock` as such), returning when it was made.
+fn record_call(
+    ctx: &Ctx,
     worker: u16,
     locker: u8,
     name: u8,
     acq: &Acquire,
     kind: AcquireKind,
-) -> Option<Tracked> {
+) -> Instant {
     bump(&ctx.stats.calls);
-    let actor = &ctx.actors[usize::from(locker)];
-    let l: Locker = actor.locker();
     let kind = if acq.try_lock {
         AcquireKind::TryLock
     } else {
@@ -201,6 +200,20 @@ async fn acquire_one(
         lease: acq.lease,
     };
     ctx.history.event(call, worker, locker, name, event);
+    call
+}
+
+async fn acquire_one(
+    ctx: &Arc<Ctx>,
+    worker: u16,
+    locker: u8,
+    name: u8,
+    acq: &Acquire,
+    kind: AcquireKind,
+) -> Option<Tracked> {
+    let call = record_call(ctx, worker, locker, name, acq, kind);
+    let actor = &ctx.actors[usize::from(locker)];
+    let l: Locker = actor.locker();
     // The fair name goes through `fair_lock`, a re-entry into its hold too; the read-write
     // name's lock is its write lock.
     let request = match ctx.history.rw {
@@ -253,27 +266,15 @@ async fn acquire_shared(
     acq: &Acquire,
     what: Shared,
 ) -> Option<Tracked> {
-    bump(&ctx.stats.calls);
-    let actor = &ctx.actors[usize::from(locker)];
-    let l: Locker = actor.locker();
     let history = &ctx.history;
     let (name, kind) = match what {
         Shared::Permit => (history.semaphore.map(|s| s.0), AcquireKind::Permit),
         Shared::Read { .. } => (history.rw.map(|rw| rw.0), AcquireKind::Read),
     };
     let name = name.expect("a shared session on a run with its name");
-    let kind = if acq.try_lock {
-        AcquireKind::TryLock
-    } else {
-        kind
-    };
-    let call = Instant::now();
-    let event = EventKind::AcquireCall {
-        kind,
-        wait: acq.wait,
-        lease: acq.lease,
-    };
-    history.event(call, worker, locker, name, event);
+    let call = record_call(ctx, worker, locker, name, acq, kind);
+    let actor = &ctx.actors[usize::from(locker)];
+    let l: Locker = actor.locker();
     let fut = async {
         match what {
             Shared::Permit => {

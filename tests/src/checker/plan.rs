@@ -325,6 +325,17 @@ fn permit(rng: &mut StdRng, shape: Shape, default_lease: Duration) -> Session {
             to: rng.random_bool(0.7).then(|| rng.random_range(1..=4)),
         };
     }
+    let (acquire, steps) = shared(rng, default_lease);
+    Session::Permit {
+        locker,
+        acquire,
+        steps,
+        end: end(rng),
+    }
+}
+
+/// The acquisition and steps of a permit or read session (neither has `at_least`).
+fn shared(rng: &mut StdRng, default_lease: Duration) -> (Acquire, Vec<Step>) {
     let try_lock = rng.random_bool(0.2);
     let mut acquire = acquire(rng, try_lock);
     acquire.at_least = None;
@@ -332,12 +343,7 @@ fn permit(rng: &mut StdRng, shape: Shape, default_lease: Duration) -> Session {
         acquire.cancel_after = Some(between(rng, 0, 5));
     }
     let steps = shared_steps(rng, &mut acquire, default_lease);
-    Session::Permit {
-        locker,
-        acquire,
-        steps,
-        end: end(rng),
-    }
+    (acquire, steps)
 }
 
 /// A session on the read-write name: mostly reads, some writes (a plain session on it), some
@@ -378,13 +384,7 @@ fn read_write(rng: &mut StdRng, shape: Shape, rw: u8, default_lease: Duration) -
         return session;
     }
     let locker = rng.random_range(0..shape.lockers);
-    let try_lock = rng.random_bool(0.2);
-    let mut acquire = acquire(rng, try_lock);
-    acquire.at_least = None;
-    if rng.random_bool(0.1) {
-        acquire.cancel_after = Some(between(rng, 0, 5));
-    }
-    let steps = shared_steps(rng, &mut acquire, default_lease);
+    let (acquire, steps) = shared(rng, default_lease);
     Session::Read {
         locker,
         acquire,

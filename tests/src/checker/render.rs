@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::history::{ErrKind, Event, EventKind, FaultRec, History, ms};
+use super::faults::FaultRec;
+use super::history::{ErrKind, Event, EventKind, History, ms};
 use super::invariants::{Invariant, Violation};
 
 impl History {

@@ -11,7 +11,7 @@
 //! release has not been called. So that grant saw at least as many permits as are active, and
 //! the count in force when it ran allowed them all. It ran somewhere between the earliest call
 //! among the active permits and the moment looked at; the count in force then is one of those
-//! the run's `set_permits` and `reset_permits` calls may have left (see [`counts_between`]). More
+//! the run's `set_permits` and `reset_permits` calls may have left (see `counts_between`). More
 //! active permits than the largest of those is a violation, unless a fault that destroys keys
 //! hit the semaphore in that span (its set gone, the old holders still believe).
 //!
@@ -28,7 +28,8 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
-use super::history::{FaultRec, GuardRec, History, PermitsSetRec, Share, ms};
+use super::faults::FaultRec;
+use super::history::{GuardRec, History, PermitsSetRec, Share, ms};
 use super::invariants::{Invariant, Violation};
 
 /// What the shared-name checks looked at in one run.
