@@ -1,9 +1,11 @@
-//! [`Proxy`]: a TCP proxy on loopback that can cut or stall every connection through it, or
-//! move to another server as a floating address would.
+//! [`Proxy`]: a TCP proxy on loopback that can cut or stall every connection through it, move to
+//! another server as a floating address would, or hold what clients send for a while (a client
+//! farther from the server than the others).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use tokio::sync::watch;
 
@@ -22,6 +24,13 @@ pub struct Proxy {
 impl Proxy {
     /// Starts forwarding a free loopback port to `target`.
     pub async fn start(target: SocketAddr) -> Self {
+        Self::start_delayed(target, Duration::ZERO).await
+    }
+
+    /// As [`start`](Proxy::start), and what a client sends reaches the server `delay` later
+    /// (on tokio's timer, so in whole milliseconds, rounded up); the order of bytes is kept and
+    /// a connection can have many commands on their way at once. Replies are not delayed.
+    pub async fn start_delayed(target: SocketAddr, delay: Duration) -> Self {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind the proxy");
@@ -55,10 +64,14 @@ impl Proxy {
                             let Ok(outbound) = tokio::net::TcpStream::connect(target).await else {
                                 return;
                             };
+                            // As Redis clients do: small commands go out at once, not after
+                            // the peer's delayed acknowledgement.
+                            let _ = inbound.set_nodelay(true);
+                            let _ = outbound.set_nodelay(true);
                             let (from_client, to_client) = inbound.into_split();
                             let (from_server, to_server) = outbound.into_split();
                             tokio::join!(
-                                pump(from_client, to_server, stall.clone()),
+                                pump_delayed(from_client, to_server, stall.clone(), delay),
                                 pump(from_server, to_client, stall),
                             );
                         };
@@ -150,6 +163,45 @@ async fn pump(
         }
     }
     let _ = to.shutdown().await;
+}
+
+/// As [`pump`], each chunk written `delay` after it was read.
+async fn pump_delayed(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    stall: watch::Receiver<bool>,
+    delay: Duration,
+) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    if delay.is_zero() {
+        return pump(from, to, stall).await;
+    }
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(tokio::time::Instant, Vec<u8>)>();
+    let read = async move {
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            match from.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    let due = tokio::time::Instant::now() + delay;
+                    if tx.send((due, buf[..n].to_vec())).is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+    };
+    let write = async move {
+        while let Some((due, chunk)) = rx.recv().await {
+            tokio::time::sleep_until(due).await;
+            unstalled(stall.clone()).await;
+            if to.write_all(&chunk).await.is_err() {
+                break;
+            }
+        }
+        let _ = to.shutdown().await;
+    };
+    tokio::join!(read, write);
 }
 
 impl Drop for Proxy {

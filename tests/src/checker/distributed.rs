@@ -27,7 +27,7 @@ use tokio::time::Instant;
 use super::actors::Actor;
 use super::faults::FaultKind;
 use super::faults::FaultSpec;
-use super::history::{History, locked};
+use super::history::{History, Share, locked};
 use super::invariants::{Invariant, Violation};
 use super::leftovers::{is_fair_line, locker_leftovers};
 use super::run::{self, Params, Report, ctx, drive, finish, settle, watchdog_probe};
@@ -279,22 +279,24 @@ fn figures(history: &History, finish: Instant) -> Figures {
     let mut overlaps = 0;
     let names = u8::try_from(history.names.len()).unwrap_or(u8::MAX);
     for name in 0..names {
-        // (start of belief, end of belief, token, acquisition called)
-        let mut holds: Vec<(Instant, Instant, u64, Instant)> = (guards.iter())
-            .filter(|g| g.name == name && !g.reentrant)
-            .map(|g| (g.start, g.belief_end(finish), g.token, g.call))
+        // (start of belief, end of belief, token, acquisition called, exclusive). Permits share
+        // their name by design (their bound is checked on its own), and so do readers: a pair
+        // overlaps when one of the two excludes the other.
+        let mut holds: Vec<(Instant, Instant, u64, Instant, bool)> = (guards.iter())
+            .filter(|g| g.name == name && !g.reentrant && g.share != Share::Permit)
+            .map(|g| {
+                let exclusive = g.share != Share::Read;
+                (g.start, g.belief_end(finish), g.token, g.call, exclusive)
+            })
             .filter(|h| h.0 < h.1)
             .collect();
         holds.sort_by_key(|h| h.0);
         for (i, a) in holds.iter().enumerate() {
+            // `a` was granted first: a `DEL` between the earlier call and `b`'s grant explains it.
             overlaps += (holds[i + 1..].iter())
                 .take_while(|b| b.0 < a.1)
-                .filter(|b| b.2 != a.2)
-                .filter(|b| {
-                    let first = if a.2 < b.2 { a } else { *b };
-                    let second = if a.2 < b.2 { *b } else { a };
-                    !deleted(name, first.3, second.0)
-                })
+                .filter(|b| (a.4 || b.4) && b.2 != a.2)
+                .filter(|b| !deleted(name, a.3.min(b.3), b.0))
                 .count();
         }
     }
