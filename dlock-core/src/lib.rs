@@ -50,7 +50,11 @@
 //!   wake-up (one subscriber connection per `Locker` for every waited name), with a fallback timer
 //!   bounded by the holder's remaining lease. Local waiters for one name queue in-process, so only
 //!   one of them waits in Redis, and a release hands the lock straight to the next local waiter
-//!   in the same round trip.
+//!   in the same round trip — while no other `Locker` waits for it. Across processes, a waiter
+//!   that finds the lock taken claims the next turn for its `Locker` (the one waiting longest
+//!   wins, by wall clock); the release keeps the lock for that `Locker` for a few of its round
+//!   trips, so a process farther from Redis gets its turn against nearer ones. A waiter that
+//!   gives up takes its claim back; one that dies delays the lock by that short turn only.
 //! - **Fair locks**: [`Locker::fair_lock`] gives the lock to waiters in the order they came,
 //!   across processes, from a line kept in Redis; a release wakes only the head of the line.
 //! - **Semaphores**: [`Locker::semaphore`] lets at most N holders in at once; each [`Permit`]

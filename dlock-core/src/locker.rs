@@ -120,6 +120,12 @@ pub(crate) struct LockerInner {
     config: Config,
     pub(crate) watchdog: Watchdog,
     queues: Mutex<HashMap<String, QueueEntry>>,
+    /// The last acquisition attempt's round trip, in µs (0: none yet): how long a turn kept for
+    /// one of this `Locker`'s waiters must last.
+    round_trip_us: std::sync::atomic::AtomicU64,
+    /// A random id, named in the turns this `Locker`'s waiters claim: its hand-overs may serve
+    /// its own waiters, never pass over another `Locker`'s.
+    turn_id: Arc<str>,
     /// Where the locker points, with any password removed.
     display: String,
 }
@@ -212,6 +218,8 @@ impl Locker {
                 config,
                 watchdog: Watchdog::default(),
                 queues: Mutex::new(HashMap::new()),
+                round_trip_us: std::sync::atomic::AtomicU64::new(0),
+                turn_id: new_owner(None),
                 display,
             }),
         }

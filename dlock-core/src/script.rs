@@ -4,7 +4,7 @@
 //!
 //! | key | type | holds |
 //! | --- | --- | --- |
-//! | `<prefix>{<name>}` | hash | `<owner token> -> 1`, `#f -> fencing token`, `#s -> sequence number of the last lease change`; lease = PTTL; after a release that keeps the name taken (`at_least`): only `#k -> released owner`, until it expires |
+//! | `<prefix>{<name>}` | hash | `<owner token> -> 1`, `#f -> fencing token`, `#s -> sequence number of the last lease change`, `#w -> "<waiting since> <ms> <locker id>"`, the `Locker` next in turn (plain locks); lease = PTTL; after a release that keeps the name taken (`at_least`): only `#k -> released owner`, until it expires; after a release with a `Locker` next in turn: only `#r -> its id` (and a `#w` claimed since), for its `<ms>` |
 //! | `<prefix>{<name>}:fence` | hash | `n -> last fencing token`, `r -> last released owner` |
 //! | `<prefix>{<name>}:wake` | channel | a message on every final release (sharded on a cluster) |
 //! | `<prefix>{<name>}:queue` | sorted set | fair locks: `waiter -> place in line` |
@@ -42,6 +42,17 @@
 //! own wake-up channel, and a release wakes only the head. Both sorted sets expire no earlier
 //! than their last waiter's deadline, and Redis deletes a sorted set when its last member goes,
 //! so no key outlives the line.
+//!
+//! Turns across processes (plain locks): a waiter that finds the lock taken claims the next turn
+//! for its `Locker` (`#w` on the hold), unless a claim from a waiter that has waited as long or
+//! longer is there (by wall clock: hosts whose clocks are apart favour one by that much). So a
+//! process farther from Redis, which loses every race to a nearer one, still gets its turn. A
+//! `Locker` hands the lock from task to task only while no other `Locker`
+//! listens for its release and no other `Locker` claimed the turn; otherwise it releases. A
+//! release with a claim on the hold keeps the key for the claimant's `Locker` (`#r`) for the time
+//! it asked for (a few of its round trips), and wakes the waiters as usual: a waiter of that
+//! `Locker` takes it, the others find it taken and claim the next turn. A claimant that never
+//! comes delays the lock by that time only; the kept key's PTTL is what the others wait for.
 //!
 //! Lease changes (watchdog renewals, `extend`) carry a per-hold sequence number and apply only
 //! if it is higher than the last one applied: a renewal that arrives late (a slow server, a
@@ -114,6 +125,31 @@ end
     };
 }
 
+/// `let_go(lock, fence, owner, fence_ttl, claim)`: deletes the hold `lock`, remembers `owner` as
+/// the last released one in `fence` (a new counter key gets the TTL in `fence_ttl`), and keeps
+/// the lock for the `Locker` that claimed the next turn, if `claim` (the hold's `#w`) names one,
+/// for the time it asked for.
+macro_rules! let_go_lua {
+    () => {
+        r#"
+local function let_go(lock, fence, owner, fence_ttl, claim)
+  redis.call('DEL', lock)
+  if redis.call('HSET', fence, 'r', owner) == 1 and fence_ttl ~= '0'
+    and redis.call('PTTL', fence) == -1 then
+    redis.call('PEXPIRE', fence, fence_ttl)
+  end
+  if claim then
+    local ms, locker = string.match(claim, '^%d+ (%d+) (%x+)$')
+    if locker then
+      redis.call('HSET', lock, '#r', locker)
+      redis.call('PEXPIRE', lock, ms)
+    end
+  end
+end
+"#
+    };
+}
+
 mod sorted_sets;
 
 pub(crate) use sorted_sets::*;
@@ -121,21 +157,46 @@ pub(crate) use sorted_sets::*;
 /// Acquire.
 ///
 /// `KEYS[1]` lock, `KEYS[2]` fence; `ARGV[1]` owner (a fresh token), `ARGV[2]` lease ms,
-/// `ARGV[3]` fence TTL ms (0 = none). Returns `{1, token}` acquired (also when `ARGV[1]` holds it
-/// already: it was handed the lock, or this is a retry), `{0, pttl}` busy.
+/// `ARGV[3]` fence TTL ms (0 = none), `ARGV[4]` (plain locks) `0`, or the ms a release should
+/// keep the lock for the attempt's `Locker` if it finds it taken: it claims the next turn for
+/// it, unless a claim as old as this one or older is there (`ARGV[5]`: since when its waiter
+/// waits, wall-clock ms);
+/// `ARGV[6]` the id of that `Locker`, `ARGV[7]` `1` if the attempt comes from the waiter at the
+/// head of its local queue (which alone takes a lock kept for its `Locker`). Returns `{1, token}` acquired (also when `ARGV[1]` holds it
+/// already: it was handed the lock, or this is a retry; also when the lock was kept for
+/// `ARGV[6]`, another `Locker`'s claim made since kept on the new hold), `{0, pttl}` busy.
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_LUA));
 
 pub(crate) const ACQUIRE_LUA: &str = concat!(
     next_fence_lua!(),
     r#"
+local next_up
 if redis.call('EXISTS', KEYS[1]) == 1 then
-  if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
+  local fields = redis.call('HMGET', KEYS[1], ARGV[1], '#r', '#w')
+  if fields[1] then
     return {1, tonumber(redis.call('HGET', KEYS[1], '#f'))}
   end
-  return {0, redis.call('PTTL', KEYS[1])}
+  if ARGV[7] ~= '1' or fields[2] ~= ARGV[6] then
+    if ARGV[4] and ARGV[4] ~= '0' then
+      local marked = fields[3] and tonumber(string.match(fields[3], '^(%d+)'))
+      if not marked or marked > tonumber(ARGV[5]) then
+        redis.call('HSET', KEYS[1], '#w', ARGV[5] .. ' ' .. ARGV[4] .. ' ' .. ARGV[6])
+      end
+    end
+    return {0, redis.call('PTTL', KEYS[1])}
+  end
+  -- Kept for this Locker: its waiter takes the lock, and another Locker that claimed a turn
+  -- since stays next.
+  if fields[3] and string.match(fields[3], '^%d+ %d+ (%x+)$') ~= ARGV[6] then
+    next_up = fields[3]
+  end
+  redis.call('DEL', KEYS[1])
 end
 local f = next_fence(KEYS[2], ARGV[3])
 redis.call('HSET', KEYS[1], ARGV[1], 1, '#f', string.format('%d', f))
+if next_up then
+  redis.call('HSET', KEYS[1], '#w', next_up)
+end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return {1, f}
 "#
@@ -205,10 +266,14 @@ return {0, redis.call('PTTL', KEYS[1])}
 /// the head of the line is woken, on its own channel. For a read-write lock's writer, `ARGV[6]`
 /// is `2` and `KEYS[4]` the writers waiting: `ARGV[1]` stops waiting too (a writer giving up
 /// sends this), and readers held back by its wait are woken when the lock is free.
+///
+/// A plain lock whose hold a waiter marked as next in turn (`#w`, see [`ACQUIRE`]) and that is not
+/// kept (`ARGV[5]` is `0`) stays reserved for that waiter (`#r`) for the time it asked for.
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_LUA));
 
 pub(crate) const RELEASE_LUA: &str = concat!(
     fair_lua!(),
+    let_go_lua!(),
     r#"
 local fair = ARGV[6] == '1'
 local writer = ARGV[6] == '2'
@@ -229,14 +294,11 @@ if fair then
 elseif writer then
   left = redis.call('ZREM', KEYS[4], ARGV[1])
 end
-if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1
-  or (ARGV[2] ~= '' and redis.call('HEXISTS', KEYS[1], ARGV[2]) == 1) then
-  redis.call('DEL', KEYS[1])
-  if redis.call('HSET', KEYS[2], 'r', ARGV[1]) == 1 and ARGV[3] ~= '0'
-    and redis.call('PTTL', KEYS[2]) == -1 then
-    redis.call('PEXPIRE', KEYS[2], ARGV[3])
-  end
-  if ARGV[5] ~= '0' then
+local fields = redis.call('HMGET', KEYS[1], ARGV[1], ARGV[2], '#w')
+if fields[1] or (ARGV[2] ~= '' and fields[2]) then
+  local keep = ARGV[5] ~= '0'
+  let_go(KEYS[1], KEYS[2], ARGV[1], ARGV[3], not keep and fields[3])
+  if keep then
     redis.call('HSET', KEYS[1], '#k', ARGV[1])
     redis.call('PEXPIRE', KEYS[1], ARGV[5])
   end
@@ -301,18 +363,30 @@ return out
 /// `ARGV[2]` with a fresh fencing token, so a local waiter takes over without a wake-up round trip.
 ///
 /// `KEYS` as for [`RELEASE`]; `ARGV[1]` old owner, `ARGV[2]` new owner, `ARGV[3]` lease ms,
-/// `ARGV[4]` fence TTL ms. Returns `{1, token}` handed over, `{0, code}` not handed over (`code`
-/// as [`RELEASE`]'s: `-1` expired, `-2` taken over).
+/// `ARGV[4]` fence TTL ms, `ARGV[5]` the `PUBSUB` subcommand that counts a channel's subscribers
+/// (`NUMSUB`, or `SHARDNUMSUB` on a cluster), `ARGV[6]` the id of the `Locker` handing over,
+/// `ARGV[7]` the command that wakes waiters (`PUBLISH`, or `SPUBLISH` on a cluster).
+/// Returns `{1, token}` handed over, `{0, code}` not handed over (`code` as [`RELEASE`]'s: `-1`
+/// expired, `-2` taken over), or `{2, woken}`: waiters elsewhere want it — another `Locker`
+/// listens for its release, or a waiter of another `Locker` is next in turn —, so it was
+/// released instead, as [`RELEASE`] does (`woken` subscribers got the wake-up).
 pub(crate) static HANDOFF: LazyLock<Script> = LazyLock::new(|| Script::new(HANDOFF_LUA));
 
 pub(crate) const HANDOFF_LUA: &str = concat!(
     next_fence_lua!(),
+    let_go_lua!(),
     r#"
-if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then
+local fields = redis.call('HMGET', KEYS[1], ARGV[1], '#w')
+if not fields[1] then
   if redis.call('EXISTS', KEYS[1]) == 1 then
     return {0, -2}
   end
   return {0, -1}
+end
+local next_in = fields[2] and string.match(fields[2], '^%d+ %d+ (%x+)$')
+if (next_in and next_in ~= ARGV[6]) or redis.call('PUBSUB', ARGV[5], KEYS[3])[2] > 1 then
+  let_go(KEYS[1], KEYS[2], ARGV[1], ARGV[4], fields[2])
+  return {2, redis.call(ARGV[7], KEYS[3], '1')}
 end
 local f = next_fence(KEYS[2], ARGV[4])
 redis.call('HSET', KEYS[2], 'r', ARGV[1])
@@ -322,6 +396,46 @@ redis.call('PEXPIRE', KEYS[1], ARGV[3])
 return {1, f}
 "#
 );
+
+/// A waiter that claimed the next turn (see [`ACQUIRE`]) stops waiting without the lock: its
+/// claim goes (any claim of its `Locker`'s, if it was the last waiter there), and so does a lock kept for its `Locker` if no other waiter of it is left, so
+/// nobody waits for a turn that will not be taken.
+///
+/// `KEYS[1]` lock, `KEYS[2]` wake channel; `ARGV[1]` since when the waiter waited (as in its
+/// claim), `ARGV[2]` the id of its `Locker`, `ARGV[3]` `1` if it was that `Locker`'s last
+/// waiter for the name, `ARGV[4]` the command that wakes waiters. A lock kept for the `Locker`
+/// passes to the claim of another one on it (kept for that one, for the time it asked for), or
+/// is freed; waiters are woken. Returns 1 if it removed anything, else 0.
+pub(crate) static LEAVE_TURN: LazyLock<Script> = LazyLock::new(|| Script::new(LEAVE_TURN_LUA));
+
+pub(crate) const LEAVE_TURN_LUA: &str = r#"
+local fields = redis.call('HMGET', KEYS[1], '#w', '#r')
+local left = 0
+if fields[1] then
+  local since, locker = string.match(fields[1], '^(%d+) %d+ (%x+)$')
+  if locker == ARGV[2] and (since == ARGV[1] or ARGV[3] == '1') then
+    redis.call('HDEL', KEYS[1], '#w')
+    fields[1] = false
+    left = 1
+  end
+end
+if fields[2] == ARGV[2] and ARGV[3] == '1' then
+  local ms, locker = nil, nil
+  if fields[1] then
+    ms, locker = string.match(fields[1], '^%d+ (%d+) (%x+)$')
+  end
+  if locker then
+    redis.call('HDEL', KEYS[1], '#w')
+    redis.call('HSET', KEYS[1], '#r', locker)
+    redis.call('PEXPIRE', KEYS[1], ms)
+  else
+    redis.call('DEL', KEYS[1])
+  end
+  redis.call(ARGV[4], KEYS[2], '1')
+  left = 1
+end
+return left
+"#;
 
 /// What a name holds, for operators (read-only).
 ///

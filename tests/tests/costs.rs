@@ -107,9 +107,91 @@ async fn a_plain_lock_costs_one_round_trip_to_take_and_one_to_give_back() {
     // TTL), HSET (owner and token), PEXPIRE (lease).
     assert_eq!(taken, cost_of(1, 9));
     let (_, released) = measure(&server, guard.release()).await;
-    // EVALSHA; HEXISTS, DEL, HSET (released owner) and PTTL (the counter has its TTL: no
+    // EVALSHA; HMGET (the owner, and a claim to the next turn), DEL, HSET (released owner) and PTTL (the counter has its TTL: no
     // PEXPIRE; a later release of the name finds the field there and skips the PTTL), PUBLISH.
     assert_eq!(released, cost_of(1, 6));
+}
+
+/// Until a local waiter has tried (more than `calls` scripts ran) and waits for a hand-over.
+async fn tried(server: &RedisServer, calls: u64) {
+    let until = std::time::Instant::now() + Duration::from_secs(5);
+    while (server.info_commandstats().get("evalsha")).is_none_or(|n| *n <= calls) {
+        assert!(
+            std::time::Instant::now() < until,
+            "the local waiter never tried"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_past_local_waiters_to_another_process_is_one_round_trip() {
+    use dlock_core::redis::AsyncCommands as _;
+    let server = RedisServer::start();
+    // No subscriber, and a long poll: the local waiter sends nothing while the release runs.
+    let locker = Locker::builder()
+        .multiplexed(server.connection().await)
+        .poll_interval(Duration::from_secs(2))
+        .build()
+        .await
+        .expect("locker");
+    let local_waiter = |name: String| {
+        let locker = locker.clone();
+        tokio::spawn(async move {
+            let guard = locker
+                .lock(name.as_str())
+                .wait(Duration::from_secs(30))
+                .await;
+            guard.expect("the local waiter").release().await
+        })
+    };
+    let evalsha = || {
+        server
+            .info_commandstats()
+            .get("evalsha")
+            .copied()
+            .unwrap_or(0)
+    };
+
+    // A hand-over first, so its script is loaded.
+    let warm = unique_name("cost-turn-warm");
+    let guard = locker.lock(warm.as_str()).await.expect("lock");
+    let waiter = local_waiter(warm);
+    tried(&server, evalsha()).await;
+    assert!(guard.release().await.is_released());
+    assert!(waiter.await.expect("waiter task").is_released());
+
+    let name = unique_name("cost-turn");
+    let key = locker.key_of(name.as_str()).expect("key");
+    let guard = locker.lock(name.as_str()).await.expect("lock");
+    let calls = evalsha();
+    let waiter = local_waiter(name);
+    tried(&server, calls).await;
+    // A waiter of another process claims the next turn.
+    let mut con = server.connection().await;
+    let other = "0123456789abcdef0123456789abcdef";
+    let _: i64 = con
+        .hset(&key, "#w", format!("1 300 {other}"))
+        .await
+        .expect("HSET");
+
+    let (outcome, released) = measure(&server, guard.release()).await;
+    assert!(outcome.is_released());
+    // One script: EVALSHA; HMGET, PUBSUB NUMSUB (the claim came first: Lua's `or` stops there,
+    // so no), DEL, HSET (released owner) and PTTL, HSET + PEXPIRE (kept for the claimant),
+    // PUBLISH.
+    assert_eq!(released, cost_of(1, 8));
+    let kept: Option<String> = con.hget(&key, "#r").await.expect("HGET");
+    assert_eq!(kept.as_deref(), Some(other));
+    // The turn passes unused; the local waiter gets the lock on its next try.
+    assert!(
+        tokio::time::timeout(Duration::from_secs(15), waiter)
+            .await
+            .expect("the local waiter got the lock")
+            .expect("waiter task")
+            .is_released()
+    );
 }
 
 #[tokio::test]

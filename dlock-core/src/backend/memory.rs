@@ -12,6 +12,7 @@ use tokio::time::Instant;
 
 use super::{
     AcquireAllReply, AcquireReply, HandoffReply, RawInfo, ReleaseReply, RenewItem, RenewReply,
+    Successor, Turn,
 };
 use crate::clock;
 use crate::name::{KeyKind, LockKeys};
@@ -63,11 +64,36 @@ struct Line {
 }
 
 struct Held {
+    /// Empty while the name is kept after a release (`at_least`) or for the waiter next in turn.
     owner: String,
     fence: u64,
     expires: Instant,
     /// The sequence number of the last lease change applied.
     seq: u64,
+    /// The waiter next in turn (see [`Turn`]).
+    next: Option<NextUp>,
+    /// Kept for the waiters of this `Locker` (after a release that found one next in turn).
+    reserved: Option<String>,
+}
+
+/// A [`Claim`](super::Claim) kept with the hold, with its `Locker`.
+struct NextUp {
+    locker: String,
+    window: Duration,
+    since: u64,
+}
+
+impl Held {
+    fn new(owner: &str, fence: u64, expires: Instant) -> Held {
+        Held {
+            owner: owner.to_owned(),
+            fence,
+            expires,
+            seq: 0,
+            next: None,
+            reserved: None,
+        }
+    }
 }
 
 impl fmt::Debug for MemoryStore {
@@ -143,12 +169,23 @@ impl MemoryBackend {
         entry.0
     }
 
-    pub(crate) fn acquire(&self, keys: &LockKeys, owner: &str, lease: Duration) -> AcquireReply {
+    pub(crate) fn acquire(
+        &self,
+        keys: &LockKeys,
+        owner: &str,
+        lease: Duration,
+        turn: Turn<'_>,
+    ) -> AcquireReply {
         match &keys.kind {
             KeyKind::Semaphore(sem) => return self.acquire_permit(keys, sem, owner, lease),
             KeyKind::Write(rw) => return self.acquire_write(keys, rw, owner, lease),
             KeyKind::Read(rw) => return self.acquire_read(rw, owner, lease),
-            KeyKind::Lock | KeyKind::Fair(_) => {}
+            KeyKind::Lock => {
+                if let Some(reply) = self.take_turn(keys, owner, lease, turn) {
+                    return reply;
+                }
+            }
+            KeyKind::Fair(_) => {}
         }
         match self.acquire_all(&[(keys, owner)], lease) {
             AcquireAllReply::Acquired { fences } => AcquireReply::Acquired {
@@ -156,6 +193,72 @@ impl MemoryBackend {
             },
             AcquireAllReply::Busy { pttl, .. } => AcquireReply::Busy { pttl },
         }
+    }
+
+    /// A plain lock held or kept for someone else: taken by the head waiter of the `Locker` it is
+    /// kept for,
+    /// else busy (and marked as next in turn for it, if `turn` claims it and no claim as old or
+    /// older is there). `None` when the lock is free or `owner`'s already.
+    fn take_turn(
+        &self,
+        keys: &LockKeys,
+        owner: &str,
+        lease: Duration,
+        turn: Turn<'_>,
+    ) -> Option<AcquireReply> {
+        let now = Instant::now();
+        let mut state = self.store.state();
+        let held = Self::live(&mut state, &keys.lock, now).filter(|h| h.owner != owner)?;
+        if !turn.head || held.reserved.as_deref() != Some(turn.locker) {
+            if let Some(claim) = turn.claim
+                && held
+                    .next
+                    .as_ref()
+                    .is_none_or(|next| next.since > claim.since)
+            {
+                held.next = Some(NextUp {
+                    locker: turn.locker.to_owned(),
+                    window: claim.window,
+                    since: claim.since,
+                });
+            }
+            return Some(AcquireReply::Busy {
+                pttl: Some(held.expires - now),
+            });
+        }
+        // Kept for this `Locker`: another that claimed a turn since stays next.
+        let next = held.next.take().filter(|n| n.locker != turn.locker);
+        let fence = Self::next_fence(&mut state, &keys.lock);
+        let mut held = Held::new(owner, fence, clock::after(now, lease));
+        held.next = next;
+        state.locks.insert(keys.lock.clone(), held);
+        Some(AcquireReply::Acquired { fence })
+    }
+
+    /// A waiter of `locker` that claimed the next turn stops waiting (as the leave-turn script).
+    pub(crate) fn leave_turn(&self, keys: &LockKeys, locker: &str, since: u64, last: bool) {
+        let now = Instant::now();
+        let mut state = self.store.state();
+        let Some(held) = Self::live(&mut state, &keys.lock, now) else {
+            return;
+        };
+        if (held.next.as_ref()).is_some_and(|n| n.locker == locker && (n.since == since || last)) {
+            held.next = None;
+        }
+        if !last || held.reserved.as_deref() != Some(locker) {
+            return;
+        }
+        match held.next.take() {
+            Some(next) => {
+                held.reserved = Some(next.locker);
+                held.expires = clock::after(now, next.window);
+            }
+            None => {
+                state.locks.remove(&keys.lock);
+            }
+        }
+        drop(state);
+        self.store.inner.slots.wake(&keys.channel);
     }
 
     /// Every lock for its owner, or none, in one step (as the acquire-all script).
@@ -183,15 +286,8 @@ impl MemoryBackend {
                 continue;
             }
             let fence = Self::next_fence(&mut state, &keys.lock);
-            state.locks.insert(
-                keys.lock.clone(),
-                Held {
-                    owner: (*owner).to_owned(),
-                    fence,
-                    expires: clock::after(now, lease),
-                    seq: 0,
-                },
-            );
+            let held = Held::new(owner, fence, clock::after(now, lease));
+            state.locks.insert(keys.lock.clone(), held);
             fences.push(fence);
         }
         AcquireAllReply::Acquired { fences }
@@ -211,7 +307,7 @@ impl MemoryBackend {
         if let Some(held) = Self::live(&mut state, &keys.lock, now) {
             info.ttl = Some(held.expires - now);
             if held.owner.is_empty() {
-                info.kept = true;
+                info.kept = held.reserved.is_none();
             } else {
                 let prefix = held.owner.chars().take(8).collect();
                 let label = held.owner.split_once('@').map(|(_, l)| l.to_owned());
@@ -340,18 +436,22 @@ impl MemoryBackend {
         if keys.fair_keys().is_some() {
             Self::leave(&mut state, &keys.lock, owner);
         }
-        let releasing = Self::live(&mut state, &keys.lock, now)
-            .is_some_and(|h| h.owner == owner || Some(h.owner.as_str()) == handed_to);
+        let released = Self::live(&mut state, &keys.lock, now)
+            .filter(|h| h.owner == owner || Some(h.owner.as_str()) == handed_to)
+            .map(|h| h.next.take());
+        let releasing = released.is_some();
+        let next = released.flatten();
         let reply = Self::release_locked(&mut state, keys, owner, handed_to);
         if releasing && let Some(keep) = keep {
             // Taken by nobody until `keep` has passed.
             let fence = state.fences.get(&keys.lock).map_or(0, |f| f.0);
-            let held = Held {
-                owner: String::new(),
-                fence,
-                expires: clock::after(now, keep),
-                seq: 0,
-            };
+            let held = Held::new("", fence, clock::after(now, keep));
+            state.locks.insert(keys.lock.clone(), held);
+        } else if let Some(next) = next {
+            // Kept for the waiter next in turn, for the time it asked for.
+            let fence = state.fences.get(&keys.lock).map_or(0, |f| f.0);
+            let mut held = Held::new("", fence, clock::after(now, next.window));
+            held.reserved = Some(next.locker);
             state.locks.insert(keys.lock.clone(), held);
         }
         if keys.fair_keys().is_some() {
@@ -388,27 +488,31 @@ impl MemoryBackend {
         &self,
         keys: &LockKeys,
         from: &str,
-        to: &str,
+        to: Successor<'_>,
         lease: Duration,
     ) -> HandoffReply {
         let now = Instant::now();
         let mut state = self.store.state();
         match Self::live(&mut state, &keys.lock, now) {
+            Some(held)
+                if held.owner == from
+                    && (held.next.as_ref().is_some_and(|n| n.locker != to.locker)
+                        || self.store.inner.slots.watchers(&keys.channel) > 1) =>
+            {
+                drop(state);
+                return match self.release(keys, from, None, None) {
+                    ReleaseReply::Released { woke } => HandoffReply::ReleasedInstead { woke },
+                    other => HandoffReply::NotHandedOver(other),
+                };
+            }
             Some(held) if held.owner == from => {}
             Some(_) => return HandoffReply::NotHandedOver(ReleaseReply::TakenOver),
             None => return HandoffReply::NotHandedOver(ReleaseReply::Expired),
         }
         state.fences.entry(keys.lock.clone()).or_insert((0, None)).1 = Some(from.to_owned());
         let fence = Self::next_fence(&mut state, &keys.lock);
-        state.locks.insert(
-            keys.lock.clone(),
-            Held {
-                owner: to.to_owned(),
-                fence,
-                expires: clock::after(now, lease),
-                seq: 0,
-            },
-        );
+        let held = Held::new(to.owner, fence, clock::after(now, lease));
+        state.locks.insert(keys.lock.clone(), held);
         HandoffReply::HandedOver { fence }
     }
 

@@ -91,11 +91,45 @@ impl ReleaseReply {
     }
 }
 
+/// Turns across processes (plain locks, see the `script` module): the `Locker` an attempt comes
+/// from, whether it comes from the waiter at the head of that `Locker`'s local queue (only that
+/// one takes a lock kept for its `Locker`), and its claim to be next in turn, if it makes one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Turn<'a> {
+    pub(crate) locker: &'a str,
+    pub(crate) head: bool,
+    pub(crate) claim: Option<Claim>,
+}
+
+/// A claim to be next in turn: how long a release keeps the lock for the claimant's `Locker`,
+/// and since when its waiter waits (wall-clock ms: the earlier claim wins).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Claim {
+    pub(crate) window: Duration,
+    pub(crate) since: u64,
+}
+
+/// Who a hand-over goes to: the local head waiter's hand-over token, and the `Locker` it waits
+/// in (a waiter of that `Locker` next in turn lets the hand-over through).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Successor<'a> {
+    pub(crate) owner: &'a str,
+    pub(crate) locker: &'a str,
+}
+
 /// The answer to a hand-over.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum HandoffReply {
-    HandedOver { fence: u64 },
+    HandedOver {
+        fence: u64,
+    },
     NotHandedOver(ReleaseReply),
+    /// Waiters elsewhere want it (another `Locker` listens for its release, or a waiter of
+    /// another `Locker` is next in turn): released instead, as a release does (`woke`
+    /// subscribers got the wake-up).
+    ReleasedInstead {
+        woke: u32,
+    },
 }
 
 /// One lease change in a batch (a watchdog renewal or an `extend`).
@@ -180,6 +214,14 @@ impl Backend {
         matches!(self, Self::Redis(_))
     }
 
+    /// How long one command may take before it fails (zero on the memory store).
+    pub(crate) fn command_timeout(&self) -> Duration {
+        match self {
+            Self::Redis(r) => r.command_timeout(),
+            Self::Memory(_) => Duration::ZERO,
+        }
+    }
+
     pub(crate) fn kind(&self) -> &'static str {
         match self {
             Self::Redis(r) => r.kind(),
@@ -195,10 +237,11 @@ impl Session {
         owner: &str,
         lease: Duration,
         fence_ttl: Option<Duration>,
+        turn: Turn<'_>,
     ) -> Result<AcquireReply, BackendError> {
         match self {
-            Self::Redis(r, c) => r.acquire(c, keys, owner, lease, fence_ttl).await,
-            Self::Memory(m) => Ok(m.acquire(keys, owner, lease)),
+            Self::Redis(r, c) => r.acquire(c, keys, owner, lease, fence_ttl, turn).await,
+            Self::Memory(m) => Ok(m.acquire(keys, owner, lease, turn)),
         }
     }
 
@@ -320,11 +363,30 @@ impl Session {
         }
     }
 
+    /// A waiter of `locker` that claimed the next turn since `since` stops waiting without the
+    /// lock (`last`: no other waiter of `locker` is left for the name); see the `script`
+    /// module's `LEAVE_TURN`.
+    pub(crate) async fn leave_turn(
+        &self,
+        keys: &LockKeys,
+        locker: &str,
+        since: u64,
+        last: bool,
+    ) -> Result<(), BackendError> {
+        match self {
+            Self::Redis(r, c) => r.leave_turn(c, keys, locker, since, last).await,
+            Self::Memory(m) => {
+                m.leave_turn(keys, locker, since, last);
+                Ok(())
+            }
+        }
+    }
+
     pub(crate) async fn handoff(
         &self,
         keys: &LockKeys,
         from: &str,
-        to: &str,
+        to: Successor<'_>,
         lease: Duration,
         fence_ttl: Option<Duration>,
     ) -> Result<HandoffReply, BackendError> {

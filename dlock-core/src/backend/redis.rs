@@ -177,6 +177,10 @@ impl RedisBackend {
 
     /// The command a release wakes waiters with: sharded pub/sub on a cluster, so the wake-up
     /// stays on the lock's shard.
+    pub(crate) fn command_timeout(&self) -> Duration {
+        self.timeout
+    }
+
     fn publish(&self) -> &'static str {
         match self.conn {
             #[cfg(feature = "cluster")]

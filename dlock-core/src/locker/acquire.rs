@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::leave::Leave;
+use super::leave::{Leave, LeaveTurn};
 use super::*;
-use crate::backend::{AcquireAllReply, AcquireReply, Backend, Session};
+use crate::backend::{AcquireAllReply, AcquireReply, Backend, Claim, Session, Turn};
 use crate::clock;
 use crate::error::LockError;
 use crate::guard::{FencingToken, HoldState, LockGuard, LossReason};
@@ -21,11 +21,17 @@ impl Locker {
     /// One acquisition attempt for `owner`, cancellation-safe: if the caller's future is dropped
     /// while the script is in flight, or the call fails (so the script may have run), a release
     /// for `owner` follows it down the same connection, where it can only arrive after it.
+    ///
+    /// `head`: the attempt comes from the waiter at the head of the local queue (which may take
+    /// a lock kept for this `Locker`); `claim`: a plain lock found taken is claimed as next in
+    /// turn for this `Locker` (see the `script` module).
     async fn attempt(
         &self,
         keys: &Arc<LockKeys>,
         owner: &Arc<str>,
         lease: Duration,
+        head: bool,
+        claim: Option<Claim>,
     ) -> Result<AcquireReply, LockError> {
         let session = self
             .inner
@@ -35,14 +41,44 @@ impl Locker {
             .map_err(LockError::Backend)?;
         let mut in_flight = InFlight::new(self, keys, owner);
         in_flight.session = Some(session.clone());
+        let sent_at = Instant::now();
         let res = session
-            .acquire(keys, owner, lease, self.inner.config.fence_ttl)
+            .acquire(
+                keys,
+                owner,
+                lease,
+                self.inner.config.fence_ttl,
+                self.turn(head, claim),
+            )
             .await;
         // Answered: the caller turns a grant into a guard before its next `.await`.
         if res.is_ok() {
             in_flight.disarm();
+            let us = u64::try_from(sent_at.elapsed().as_micros()).unwrap_or(u64::MAX);
+            self.inner.round_trip_us.store(us, Ordering::Relaxed);
         }
         res.map_err(LockError::Backend)
+    }
+
+    /// An attempt's turn: from this `Locker`, by its head waiter or not, with `claim`.
+    fn turn(&self, head: bool, claim: Option<Claim>) -> Turn<'_> {
+        Turn {
+            locker: &self.inner.turn_id,
+            head,
+            claim,
+        }
+    }
+
+    /// A claim to be next in turn for a request waiting since `since` (wall-clock ms). A release
+    /// keeps the lock for this `Locker` long enough for the wake-up, a subscription and an
+    /// attempt: four of its round trips and 2 ms (at least 5 ms, at most 1 s).
+    fn claim(&self, since: u64) -> Claim {
+        let us = self.inner.round_trip_us.load(Ordering::Relaxed).max(1_000);
+        let window = Duration::from_micros(us.saturating_mul(4)) + Duration::from_millis(2);
+        Claim {
+            window: window.clamp(Duration::from_millis(5), Duration::from_secs(1)),
+            since,
+        }
     }
 
     /// Re-enters `hold`, which this task holds in the current scope: checks (read-only) that
@@ -115,6 +151,35 @@ impl Locker {
         wait: Duration,
         lease: Lease,
     ) -> Result<Attempted, LockError> {
+        // A request that gave up with Redis answering takes its claim back before it returns,
+        // still within its wait plus one command timeout; one that failed leaves that to the
+        // background.
+        let timeout = self.inner.backend.command_timeout();
+        let bound = clock::after(clock::after(Instant::now(), wait), timeout);
+        let mut turn = None;
+        let attempted = (self.acquire_claiming(name, keys, wait, lease, &mut turn)).await;
+        if let Some(mut turn) = turn {
+            match attempted {
+                Ok(Attempted::Held(_)) => turn.disarm(),
+                Ok(Attempted::Busy(_)) => {
+                    let _ = tokio::time::timeout_at(bound, Box::pin(turn.leave())).await;
+                }
+                Err(_) => drop(turn),
+            }
+        }
+        attempted
+    }
+
+    /// [`acquire_keys`](Self::acquire_keys), with `turn` set once a claim to the next turn has
+    /// gone out.
+    async fn acquire_claiming(
+        self,
+        name: LockName,
+        keys: Arc<LockKeys>,
+        wait: Duration,
+        lease: Lease,
+        turn: &mut Option<LeaveTurn>,
+    ) -> Result<Attempted, LockError> {
         let started = Instant::now();
         let deadline = clock::after(started, wait);
         let labelled = self.inner.config.metrics_name_label;
@@ -142,6 +207,9 @@ impl Locker {
         // When the last attempt came back: one that came back past the deadline is the last (the
         // call returns within its wait plus one command timeout).
         let mut came_back: Option<Instant> = None;
+        // When this request began to wait, on the wall clock: claims to the next turn go to the
+        // one that has waited longest, whichever process it is in.
+        let since = wall_ms();
         // A first attempt, ahead of any local queue — unless local waiters are holding back for
         // other processes right now.
         let holding_back = !wait.is_zero()
@@ -149,8 +217,14 @@ impl Locker {
                 .existing_queue(&keys.lock)
                 .is_some_and(|q| q.deferred().is_some());
         if !holding_back {
+            // A request that will wait asks to be next in turn at once: the holder's process
+            // may hand the lock between tasks of its own while this one subscribes.
+            let claim = (!wait.is_zero() && keys.hands_over()).then(|| self.claim(since));
+            if claim.is_some() {
+                turn.get_or_insert_with(|| LeaveTurn::new(&self, &keys, since));
+            }
             let sent_at = Instant::now();
-            let reply = Box::pin(self.attempt(&keys, &owner, lease.duration())).await;
+            let reply = Box::pin(self.attempt(&keys, &owner, lease.duration(), false, claim)).await;
             came_back = Some(Instant::now());
             match reply {
                 Ok(AcquireReply::Acquired { fence }) => {
@@ -198,8 +272,15 @@ impl Locker {
             if came_back.is_some_and(|at| at >= deadline) {
                 return gave_up(&name, labelled, started, pttl, failed);
             }
+            // The head waiter claims the next turn whenever it finds the lock taken — where
+            // wake-ups arrive: the release's is its cue to come and take it.
+            let claim = (failed.is_none() && watch.is_reliable() && keys.hands_over())
+                .then(|| self.claim(since));
+            if claim.is_some() {
+                turn.get_or_insert_with(|| LeaveTurn::new(&self, &keys, since));
+            }
             let sent_at = Instant::now();
-            let reply = Box::pin(self.attempt(&keys, &owner, lease.duration())).await;
+            let reply = Box::pin(self.attempt(&keys, &owner, lease.duration(), true, claim)).await;
             came_back = Some(Instant::now());
             match reply {
                 Ok(AcquireReply::Acquired { fence }) => {
@@ -394,6 +475,14 @@ impl Locker {
             done: false,
         }
     }
+}
+
+/// Milliseconds since 1970 on this machine's clock (0 if it is set before then). Only the order
+/// of claims depends on it: clocks apart by some milliseconds favour one host by that much.
+fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// What one all-or-none attempt at several locks did.

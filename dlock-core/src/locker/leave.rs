@@ -51,3 +51,74 @@ impl Drop for Leave {
         }
     }
 }
+
+/// A plain-lock waiter's claim to the next turn (see the `script` module): once it has sent
+/// one, a waiter that stops waiting without the lock takes it back — awaited when the request
+/// gives up (so the next request sees the name as the holder left it), in the background when
+/// the request is dropped.
+pub(super) struct LeaveTurn {
+    locker: Locker,
+    keys: Arc<LockKeys>,
+    /// Since when the request waits (wall-clock ms), as in its claims.
+    since: u64,
+    claimed: bool,
+}
+
+impl LeaveTurn {
+    pub(super) fn new(locker: &Locker, keys: &Arc<LockKeys>, since: u64) -> Self {
+        Self {
+            locker: locker.clone(),
+            keys: keys.clone(),
+            since,
+            claimed: true,
+        }
+    }
+
+    /// The request got the lock: its claim went with the hold it replaced.
+    pub(super) fn disarm(&mut self) {
+        self.claimed = false;
+    }
+
+    /// The request gave up: its claim goes now (best effort; a claim left behind delays the
+    /// lock by the time it asked for at most).
+    pub(super) async fn leave(mut self) {
+        if !std::mem::take(&mut self.claimed) {
+            return;
+        }
+        let (locker, keys, since) = (self.locker.clone(), self.keys.clone(), self.since);
+        leave_turn(locker, keys, since).await;
+    }
+}
+
+/// Takes back the claim of `locker`'s waiter since `since`; its last waiter for the name also
+/// gives up a lock kept for `locker`.
+async fn leave_turn(locker: Locker, keys: Arc<LockKeys>, since: u64) {
+    let Ok(session) = locker.inner.backend.session().await else {
+        return;
+    };
+    let last = locker.queue_users(&keys.lock) == 0;
+    let id = &locker.inner.turn_id;
+    if let Err(err) = session.leave_turn(&keys, id, since, last).await {
+        tracing::debug!(error = %err, "dlock: a waiter's claim to the next turn stays until it expires");
+    }
+}
+
+impl Drop for LeaveTurn {
+    fn drop(&mut self) {
+        if !self.claimed {
+            return;
+        }
+        let (locker, keys, since) = (self.locker.clone(), self.keys.clone(), self.since);
+        match &locker.inner.backend {
+            Backend::Memory(m) => {
+                let last = locker.queue_users(&keys.lock) == 0;
+                m.leave_turn(&keys, &locker.inner.turn_id, since, last);
+            }
+            Backend::Redis(_) => {
+                if let Ok(handle) = tokio::runtime::Handle::try_current() {
+                    handle.spawn(leave_turn(locker, keys, since));
+                }
+            }
+        }
+    }
+}

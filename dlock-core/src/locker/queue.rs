@@ -9,7 +9,7 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::*;
-use crate::backend::HandoffReply;
+use crate::backend::{HandoffReply, Successor};
 use crate::error::ReleaseOutcome;
 use crate::guard::HoldState;
 use crate::name::LockKeys;
@@ -108,7 +108,7 @@ impl Locker {
     }
 
     /// How many local waiters (tickets) the queue of `lock_key` has.
-    fn queue_users(&self, lock_key: &str) -> usize {
+    pub(super) fn queue_users(&self, lock_key: &str) -> usize {
         self.queues().get(lock_key).map_or(0, |e| e.users)
     }
 
@@ -158,7 +158,16 @@ impl Locker {
         };
         let sent_at = Instant::now();
         let reply = session
-            .handoff(&hold.keys, &hold.owner, &slot.owner, slot.lease, fence_ttl)
+            .handoff(
+                &hold.keys,
+                &hold.owner,
+                Successor {
+                    owner: &slot.owner,
+                    locker: &self.inner.turn_id,
+                },
+                slot.lease,
+                fence_ttl,
+            )
             .await;
         match reply {
             Ok(HandoffReply::HandedOver { fence }) => {
@@ -174,6 +183,15 @@ impl Locker {
             Ok(HandoffReply::NotHandedOver(reply)) => {
                 queue.offer_again(slot);
                 Some(release_outcome(hold, reply))
+            }
+            Ok(HandoffReply::ReleasedInstead { woke }) => {
+                // Waiters of another `Locker` want it (they listen for its release, or claimed the
+                // next turn): released in the same step, and the local waiter waits its turn
+                // with them.
+                queue.streak.store(0, Ordering::Relaxed);
+                queue.offer_again(slot);
+                self.yield_to_other_processes(hold, woke);
+                Some(ReleaseOutcome::Released)
             }
             Err(_) => {
                 // Unknown whether it ran: the lock is ours still, or the waiter's token holds

@@ -87,12 +87,7 @@ impl MemoryBackend {
             _ => {
                 Self::leave(&mut state, &keys.lock, owner);
                 let fence = Self::next_fence(&mut state, &keys.lock);
-                let held = Held {
-                    owner: owner.to_owned(),
-                    fence,
-                    expires: clock::after(now, lease),
-                    seq: 0,
-                };
+                let held = Held::new(owner, fence, clock::after(now, lease));
                 state.locks.insert(keys.lock.clone(), held);
                 FairReply {
                     reply: AcquireReply::Acquired { fence },
@@ -158,12 +153,7 @@ impl MemoryBackend {
             waiting.remove(owner);
         }
         let fence = Self::next_fence(&mut state, &keys.lock);
-        let held = Held {
-            owner: owner.to_owned(),
-            fence,
-            expires: clock::after(now, lease),
-            seq: 0,
-        };
+        let held = Held::new(owner, fence, clock::after(now, lease));
         state.locks.insert(keys.lock.clone(), held);
         AcquireReply::Acquired { fence }
     }

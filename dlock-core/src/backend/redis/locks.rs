@@ -6,7 +6,9 @@ use std::time::Duration;
 use redis::RedisResult;
 
 use super::{OpConn, RedisBackend, ScriptCall, millis, millis_up};
-use crate::backend::{AcquireAllReply, AcquireReply, HandoffReply, RawInfo, ReleaseReply};
+use crate::backend::{
+    AcquireAllReply, AcquireReply, HandoffReply, RawInfo, ReleaseReply, Successor, Turn,
+};
 use crate::error::BackendError;
 use crate::name::{KeyKind, LockKeys};
 use crate::script;
@@ -19,6 +21,7 @@ impl RedisBackend {
         owner: &str,
         lease: Duration,
         fence_ttl: Option<Duration>,
+        turn: Turn<'_>,
     ) -> Result<AcquireReply, BackendError> {
         match &keys.kind {
             KeyKind::Semaphore(sem) => {
@@ -31,10 +34,15 @@ impl RedisBackend {
             KeyKind::Read(rw) => return self.acquire_read(conn, rw, owner, lease).await,
             KeyKind::Lock | KeyKind::Fair(_) => {}
         }
+        let claim = turn.claim.filter(|_| keys.hands_over());
         let call = ScriptCall::new(&script::ACQUIRE, &[&keys.lock, &keys.fence])
             .arg(owner)
             .arg(millis(lease))
-            .arg(fence_ttl.map_or(0, millis));
+            .arg(fence_ttl.map_or(0, millis))
+            .arg(claim.map_or(0, |c| millis_up(c.window)))
+            .arg(claim.map_or(0, |c| c.since))
+            .arg(turn.locker)
+            .arg(if turn.head { "1" } else { "0" });
         let (reply, acknowledged) = self.invoke(conn, &call, true, self.ack).await?;
         let reply = acquire_reply(reply)?;
         if matches!(reply, AcquireReply::Acquired { .. }) {
@@ -111,6 +119,23 @@ impl RedisBackend {
             .arg(self.publish());
         let (removed, _): (i64, _) = self.invoke(conn, &call, true, self.ack).await?;
         Ok(removed == 1)
+    }
+
+    pub(crate) async fn leave_turn(
+        &self,
+        conn: &OpConn,
+        keys: &LockKeys,
+        locker: &str,
+        since: u64,
+        last: bool,
+    ) -> Result<(), BackendError> {
+        let call = ScriptCall::new(&script::LEAVE_TURN, &[&keys.lock, &keys.channel])
+            .arg(since)
+            .arg(locker)
+            .arg(if last { "1" } else { "0" })
+            .arg(self.publish());
+        let (_left, _): (i64, _) = self.invoke(conn, &call, true, self.ack).await?;
+        Ok(())
     }
 
     /// The cluster slot of `key` on a cluster; `None` on one server.
@@ -260,21 +285,28 @@ impl RedisBackend {
         conn: &OpConn,
         keys: &LockKeys,
         from: &str,
-        to: &str,
+        to: Successor<'_>,
         lease: Duration,
         fence_ttl: Option<Duration>,
     ) -> Result<HandoffReply, BackendError> {
         let call = ScriptCall::new(&script::HANDOFF, &[&keys.lock, &keys.fence, &keys.channel])
             .arg(from)
-            .arg(to)
+            .arg(to.owner)
             .arg(millis(lease))
-            .arg(fence_ttl.map_or(0, millis));
+            .arg(fence_ttl.map_or(0, millis))
+            .arg(self.numsub())
+            .arg(to.locker)
+            .arg(self.publish());
         // Hand-over is off when replicas must acknowledge (see `ReplicaAck`).
         let ((code, value), _): ((i64, i64), _) = self.invoke(conn, &call, false, self.ack).await?;
         if code == 1 {
             Ok(HandoffReply::HandedOver {
                 fence: u64::try_from(value)
                     .map_err(|_| BackendError::protocol("negative fencing token"))?,
+            })
+        } else if code == 2 {
+            Ok(HandoffReply::ReleasedInstead {
+                woke: u32::try_from(value).unwrap_or(0),
             })
         } else {
             Ok(HandoffReply::NotHandedOver(ReleaseReply::from_code(

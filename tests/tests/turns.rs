@@ -1,0 +1,264 @@
+//! Turns across processes, against real Redis: a waiter that was woken and still found the lock
+//! taken is next in turn — the holder's process does not hand the lock to its own waiters past
+//! it, the release keeps the lock for it; one that gives up takes its claim back, and one that
+//! dies delays the lock by its turn only. Each
+//! `Locker` stands for a process (its own connections, its own local queue).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use dlock_core::redis::{self, AsyncCommands as _};
+use dlock_core::{Locker, LockerBuilder};
+use dlock_tests::{Proxy, RedisServer, unique_name};
+
+/// Wakes the waiters of `name` as a release would, while the lock stays held: each finds it
+/// taken again, which is a lost race.
+async fn wake(con: &mut redis::aio::MultiplexedConnection, key: &str) {
+    let _: i64 = con
+        .publish(format!("{key}:wake"), "1")
+        .await
+        .expect("PUBLISH");
+}
+
+/// Until `key`'s hold has a waiter marked next in turn (or a second passed).
+async fn marked(con: &mut redis::aio::MultiplexedConnection, key: &str) -> bool {
+    let until = Instant::now() + Duration::from_secs(1);
+    while Instant::now() < until {
+        let mark: Option<String> = con.hget(key, "#w").await.expect("HGET");
+        if mark.is_some() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    false
+}
+
+fn locker(url: String) -> LockerBuilder {
+    Locker::builder().url(url)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_that_lost_a_race_gets_the_lock_before_the_holders_own_waiters() {
+    let server = RedisServer::start();
+    let mut con = server.connection().await;
+    let near = locker(server.url()).build().await.expect("connect");
+    let far = locker(server.url()).build().await.expect("connect");
+    let name = unique_name("turn");
+    let key = near.key_of(name.as_str()).expect("key");
+
+    let held = near.lock(name.as_str()).await.expect("lock");
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let far_wait = tokio::spawn({
+        let (far, name, order) = (far.clone(), name.clone(), order.clone());
+        async move {
+            let guard = far
+                .lock(name.as_str())
+                .wait(Duration::from_secs(5))
+                .await
+                .expect("far waiter");
+            order.lock().unwrap().push("far");
+            assert!(guard.release().await.is_released());
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    wake(&mut con, &key).await;
+    assert!(
+        marked(&mut con, &key).await,
+        "the far waiter never marked the hold"
+    );
+
+    // A waiter of the holder's own process, which a hand-over would serve first.
+    let near_wait = tokio::spawn({
+        let (near, name, order) = (near.clone(), name.clone(), order.clone());
+        async move {
+            let guard = near
+                .lock(name.as_str())
+                .wait(Duration::from_secs(5))
+                .await
+                .expect("near waiter");
+            order.lock().unwrap().push("near");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            assert!(guard.release().await.is_released());
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(held.release().await.is_released());
+    far_wait.await.expect("far");
+    near_wait.await.expect("near");
+    assert_eq!(*order.lock().unwrap(), ["far", "near"]);
+    // Nothing kept once both are done.
+    let exists: bool = con.exists(&key).await.expect("EXISTS");
+    assert!(!exists, "the lock key outlived its holders");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_marked_waiter_that_died_delays_the_lock_by_its_turn_only() {
+    let server = RedisServer::start();
+    let mut con = server.connection().await;
+    let holder = locker(server.url()).build().await.expect("connect");
+    // The process that will die, reached through a proxy that can cut it off.
+    let line = Proxy::start(server.addr()).await;
+    let gone = locker(line.url()).build().await.expect("connect");
+    let other = locker(server.url()).build().await.expect("connect");
+    let name = unique_name("turn-left");
+    let key = holder.key_of(name.as_str()).expect("key");
+
+    let held = holder.lock(name.as_str()).await.expect("lock");
+    let waiting = tokio::spawn({
+        let (gone, name) = (gone.clone(), name.clone());
+        async move {
+            let _ = gone.lock(name.as_str()).wait(Duration::from_secs(30)).await;
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    wake(&mut con, &key).await;
+    assert!(
+        marked(&mut con, &key).await,
+        "the waiter never marked the hold"
+    );
+    // Its process dies (cut off, then gone): the mark stays.
+    line.cut();
+    waiting.abort();
+    let _ = waiting.await;
+    drop(gone);
+
+    assert!(held.release().await.is_released());
+    // Kept for the one that left, for a few of its round trips only.
+    let pttl: i64 = con.pttl(&key).await.expect("PTTL");
+    assert!((1..=1_000).contains(&pttl), "kept for {pttl} ms");
+    let reserved: Option<String> = con.hget(&key, "#r").await.expect("HGET");
+    assert!(
+        reserved.is_some(),
+        "the release did not keep the lock for the waiter"
+    );
+    assert!(
+        other
+            .lock(name.as_str())
+            .try_lock()
+            .await
+            .expect("try_lock")
+            .is_none()
+    );
+    let started = Instant::now();
+    let guard = other
+        .lock(name.as_str())
+        .wait(Duration::from_secs(2))
+        .await
+        .expect("the lock comes back once the turn has passed");
+    let waited = started.elapsed();
+    assert!(
+        waited <= Duration::from_millis(pttl as u64 + 300),
+        "waited {waited:?} for a turn of {pttl} ms"
+    );
+    assert!(guard.release().await.is_released());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_that_gives_up_or_is_dropped_takes_its_claim_back() {
+    let server = RedisServer::start();
+    let mut con = server.connection().await;
+    let holder = locker(server.url()).build().await.expect("connect");
+    let waiter = locker(server.url()).build().await.expect("connect");
+    let name = unique_name("turn-back");
+    let key = holder.key_of(name.as_str()).expect("key");
+
+    // Gives up: when the call returns, the claim is gone, and a release leaves the name free.
+    let held = holder.lock(name.as_str()).await.expect("lock");
+    let err = waiter
+        .lock(name.as_str())
+        .wait(Duration::from_millis(200))
+        .await
+        .expect_err("the lock is held");
+    assert!(err.is_timeout(), "{err}");
+    let mark: Option<String> = con.hget(&key, "#w").await.expect("HGET");
+    assert_eq!(mark, None, "the claim outlived the request");
+    assert!(held.release().await.is_released());
+    let exists: bool = con.exists(&key).await.expect("EXISTS");
+    assert!(
+        !exists,
+        "the release kept the name for a waiter that gave up"
+    );
+
+    // Dropped while waiting: the claim goes in the background.
+    let held = holder.lock(name.as_str()).await.expect("lock");
+    let waiting = tokio::spawn({
+        let (waiter, name) = (waiter.clone(), name.clone());
+        async move {
+            let _ = waiter
+                .lock(name.as_str())
+                .wait(Duration::from_secs(30))
+                .await;
+        }
+    });
+    assert!(
+        marked(&mut con, &key).await,
+        "the waiter never marked the hold"
+    );
+    waiting.abort();
+    let _ = waiting.await;
+    let until = Instant::now() + Duration::from_secs(2);
+    loop {
+        let mark: Option<String> = con.hget(&key, "#w").await.expect("HGET");
+        if mark.is_none() {
+            break;
+        }
+        assert!(Instant::now() < until, "the dropped waiter's claim stayed");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(held.release().await.is_released());
+    let exists: bool = con.exists(&key).await.expect("EXISTS");
+    assert!(
+        !exists,
+        "the release kept the name for a waiter that was dropped"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_farther_from_redis_gets_its_share_against_hand_overs() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start_delayed(server.addr(), Duration::from_millis(3)).await;
+    // Two tasks in one process hand the lock to each other; one task in another process,
+    // 3 ms farther from Redis, wants it too.
+    let near = locker(server.url()).build().await.expect("connect");
+    let far = locker(proxy.url()).build().await.expect("connect");
+    let name = unique_name("turn-share");
+    let end = Instant::now() + Duration::from_secs(2);
+    let counts: Vec<Arc<AtomicU64>> = (0..3).map(|_| Arc::default()).collect();
+    let longest = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for (i, count) in counts.iter().enumerate() {
+        let locker = if i < 2 { near.clone() } else { far.clone() };
+        let (name, count, longest) = (name.clone(), count.clone(), longest.clone());
+        tasks.push(tokio::spawn(async move {
+            while Instant::now() < end {
+                let asked = Instant::now();
+                let guard = locker
+                    .lock(name.as_str())
+                    .wait(Duration::from_secs(3))
+                    .await
+                    .expect("lock");
+                let waited = u64::try_from(asked.elapsed().as_millis()).unwrap_or(u64::MAX);
+                longest.fetch_max(waited, Ordering::Relaxed);
+                count.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                assert!(guard.release().await.is_released());
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.expect("task");
+    }
+    let counts: Vec<u64> = counts.iter().map(|c| c.load(Ordering::Relaxed)).collect();
+    let total: u64 = counts.iter().sum();
+    let fair = total as f64 / 3.0;
+    let longest = longest.load(Ordering::Relaxed);
+    eprintln!("acquisitions per task {counts:?}, the longest wait {longest} ms");
+    // Without turns the far task gets next to nothing: the near process's waiters win every
+    // race and hand the lock to each other. With them it gets about its share.
+    assert!(
+        counts[2] as f64 >= 0.5 * fair,
+        "acquisitions per task {counts:?}: the far one got less than half its share"
+    );
+    assert!(longest < 1_000, "a wait took {longest} ms ({counts:?})");
+}
