@@ -1,4 +1,6 @@
-//! The benchmark harness: dlock against the raw protocol and rslock, side by side in one run.
+//! The benchmark harness: dlock against the raw protocol and rslock, side by side in one run,
+//! with rows for dlock's other exclusive primitives (fair lock, writer, one-permit semaphore) so
+//! what each guarantee costs reads off the same table.
 //!
 //! ```text
 //! cargo run --release -p dlock-bench            # the full run (a few minutes)
@@ -109,12 +111,14 @@ fn parse_commandstats(info: &str) -> BTreeMap<String, u64> {
 }
 
 const USAGE: &str = "\
-dlock-bench [--quick] [--only W1,W2,...] [--libs dlock,raw,rslock,rslock-2ms]
-            [--duration SECONDS] [--rounds N] [--json-only]
+dlock-bench [--quick] [--only W1,W2,...] [--libs dlock,raw,...] [--duration SECONDS]
+            [--rounds N] [--json-only]
 
   --quick       a smoke run: every workload for a second or so, smaller W5/W6
-  --only        run these workloads (W1..W6)
-  --libs        compare only these libraries
+  --only        run these workloads (W1..W7)
+  --libs        compare only these: dlock, raw, rslock, rslock-2ms, and dlock's other
+                exclusive primitives dlock-fair, dlock-write (a read-write lock's writer),
+                dlock-permit (a semaphore of one permit); W1-W3 run each of them
   --duration    measured seconds per library and workload (default 10; quick 0.6)
   --rounds      rounds that time is cut into, libraries alternating (default 5; quick 2)
   --json-only   print only the JSON lines
@@ -204,6 +208,10 @@ fn parse_args() -> Settings {
 }
 
 fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some(workloads::fairness::CONTENDER) {
+        workloads::fairness::contender(&args[2..]);
+    }
     let mut settings = parse_args();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

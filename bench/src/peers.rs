@@ -3,24 +3,50 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_core::{LockGuard, Locker};
+use dlock_core::{LockGuard, Locker, Permit, ReleaseOutcome};
 use redis::aio::MultiplexedConnection;
 
 /// A library, as configured for a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Lib {
-    Dlock,
+    /// dlock with the primitive it holds a name with.
+    Dlock(Kind),
     Raw,
     RslockDefault,
     Rslock2ms,
 }
 
+/// Which dlock primitive holds the name: each one that excludes every other holder, so the
+/// same workloads (and their mutual-exclusion checks) apply to all of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// `Locker::lock`.
+    Plain,
+    /// `Locker::fair_lock`: FIFO across processes.
+    Fair,
+    /// `Locker::read_write_lock(..).write()`.
+    Write,
+    /// `Locker::semaphore(.., 1)`: one permit.
+    Permit,
+}
+
 impl Lib {
-    pub(crate) const ALL: [Lib; 4] = [Lib::Dlock, Lib::Raw, Lib::RslockDefault, Lib::Rslock2ms];
+    pub(crate) const ALL: [Lib; 7] = [
+        Lib::Dlock(Kind::Plain),
+        Lib::Raw,
+        Lib::RslockDefault,
+        Lib::Rslock2ms,
+        Lib::Dlock(Kind::Fair),
+        Lib::Dlock(Kind::Write),
+        Lib::Dlock(Kind::Permit),
+    ];
 
     pub(crate) fn label(self) -> &'static str {
         match self {
-            Lib::Dlock => "dlock",
+            Lib::Dlock(Kind::Plain) => "dlock",
+            Lib::Dlock(Kind::Fair) => "dlock-fair",
+            Lib::Dlock(Kind::Write) => "dlock-write",
+            Lib::Dlock(Kind::Permit) => "dlock-permit",
             Lib::Raw => "raw",
             Lib::RslockDefault => "rslock",
             Lib::Rslock2ms => "rslock-2ms",
@@ -31,7 +57,7 @@ impl Lib {
 /// One client of a library (one `Locker`, one connection, one lock manager).
 #[derive(Clone)]
 pub(crate) enum Client {
-    Dlock(Locker),
+    Dlock(Locker, Kind),
     Raw(Raw),
     Rslock(Arc<rslock::LockManager>),
 }
@@ -39,16 +65,17 @@ pub(crate) enum Client {
 /// A held lock.
 pub(crate) enum Held {
     Dlock(LockGuard),
+    Permit(Permit),
     Raw { key: String, token: String },
     Rslock(rslock::Lock),
 }
 
 impl Held {
-    /// The fencing token, for the libraries that give one.
+    /// The fencing token, for the libraries and primitives that give one.
     pub(crate) fn fence(&self) -> Option<u64> {
         match self {
             Held::Dlock(guard) => Some(guard.fencing_token().get()),
-            Held::Raw { .. } | Held::Rslock(_) => None,
+            Held::Permit(_) | Held::Raw { .. } | Held::Rslock(_) => None,
         }
     }
 }
@@ -73,7 +100,22 @@ const ACQUIRE_BOUND: Duration = Duration::from_secs(60);
 impl Client {
     pub(crate) async fn new(lib: Lib, url: &str) -> Client {
         match lib {
-            Lib::Dlock => Client::Dlock(Locker::connect(url).await.expect("dlock connects")),
+            Lib::Dlock(kind) => {
+                // Each primitive under its own prefix: no key of one is ever read by another.
+                let prefix = match kind {
+                    Kind::Plain => "dlock:",
+                    Kind::Fair => "dlock-fair:",
+                    Kind::Write => "dlock-write:",
+                    Kind::Permit => "dlock-permit:",
+                };
+                let locker = Locker::builder()
+                    .url(url)
+                    .prefix(prefix)
+                    .build()
+                    .await
+                    .expect("dlock connects");
+                Client::Dlock(locker, kind)
+            }
             Lib::Raw => {
                 let con = redis::Client::open(url)
                     .expect("url")
@@ -96,18 +138,34 @@ impl Client {
 
     /// Acquires `name`, waiting as long as it takes (up to a minute, then it is an error).
     pub(crate) async fn acquire(&self, name: &str) -> Result<Held, String> {
+        self.acquire_within(name, ACQUIRE_BOUND).await
+    }
+
+    /// Acquires `name`, waiting up to `bound` (then it is an error).
+    pub(crate) async fn acquire_within(&self, name: &str, bound: Duration) -> Result<Held, String> {
         match self {
-            Client::Dlock(locker) => locker
-                .lock(name)
-                .wait(ACQUIRE_BOUND)
-                .await
-                .map(Held::Dlock)
-                .map_err(|e| format!("dlock acquire: {e}")),
+            Client::Dlock(locker, kind) => match kind {
+                Kind::Plain => locker.lock(name).wait(bound).await.map(Held::Dlock),
+                Kind::Fair => locker.fair_lock(name).wait(bound).await.map(Held::Dlock),
+                Kind::Write => locker
+                    .read_write_lock(name)
+                    .write()
+                    .wait(bound)
+                    .await
+                    .map(Held::Dlock),
+                Kind::Permit => locker
+                    .semaphore(name, 1)
+                    .acquire()
+                    .wait(bound)
+                    .await
+                    .map(Held::Permit),
+            }
+            .map_err(|e| format!("dlock acquire: {e}")),
             Client::Raw(raw) => {
                 let token = format!("{:032x}", rand_u128());
                 let key = format!("raw:{name}");
                 let mut con = raw.con.clone();
-                let deadline = tokio::time::Instant::now() + ACQUIRE_BOUND;
+                let deadline = tokio::time::Instant::now() + bound;
                 loop {
                     let set: Option<String> = redis::cmd("SET")
                         .arg(&key)
@@ -131,7 +189,7 @@ impl Client {
                 let resource = format!("rslock:{name}");
                 let acquiring =
                     manager.acquire_no_guard(resource.as_bytes(), Duration::from_secs(30));
-                match tokio::time::timeout(ACQUIRE_BOUND, acquiring).await {
+                match tokio::time::timeout(bound, acquiring).await {
                     Ok(Ok(lock)) => Ok(Held::Rslock(lock)),
                     Ok(Err(e)) => Err(format!("rslock acquire: {e:?}")),
                     Err(_) => Err("rslock acquire: timed out".to_owned()),
@@ -143,14 +201,8 @@ impl Client {
     /// Releases `held`; an error if the library says the lock was no longer ours.
     pub(crate) async fn release(&self, held: Held) -> Result<(), String> {
         match (self, held) {
-            (Client::Dlock(_), Held::Dlock(guard)) => {
-                let outcome = guard.release().await;
-                if outcome.is_released() {
-                    Ok(())
-                } else {
-                    Err(format!("dlock release: {outcome:?}"))
-                }
-            }
+            (Client::Dlock(..), Held::Dlock(guard)) => released(guard.release().await),
+            (Client::Dlock(..), Held::Permit(permit)) => released(permit.release().await),
             (Client::Raw(raw), Held::Raw { key, token }) => {
                 let mut con = raw.con.clone();
                 let deleted: i64 = raw
@@ -173,6 +225,15 @@ impl Client {
             }
             _ => Err("a lock released through another library".to_owned()),
         }
+    }
+}
+
+/// A dlock release outcome as the workloads see it.
+fn released(outcome: ReleaseOutcome) -> Result<(), String> {
+    if outcome.is_released() {
+        Ok(())
+    } else {
+        Err(format!("dlock release: {outcome:?}"))
     }
 }
 

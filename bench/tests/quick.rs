@@ -17,11 +17,21 @@ fn every_workload_runs_without_violations() {
         output.status,
         String::from_utf8_lossy(&output.stderr)
     );
-    for workload in ["W1", "W2", "W3", "W4", "W5", "W6"] {
+    for workload in ["W1", "W2", "W3", "W4", "W5", "W6", "W7"] {
         assert!(
             stdout.contains(&format!("\"workload\":\"{workload}\"")),
             "{workload} did not report:\n{stdout}"
         );
+    }
+    for lib in ["dlock-fair", "dlock-write", "dlock-permit"] {
+        for workload in ["W1", "W2", "W3"] {
+            assert!(
+                stdout.contains(&format!(
+                    "\"workload\":\"{workload}\",\"library\":\"{lib}\""
+                )),
+                "{workload} has no {lib} row:\n{stdout}"
+            );
+        }
     }
     assert!(
         stdout.contains("\"acquired_all\":1.000"),
