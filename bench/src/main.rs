@@ -1,6 +1,7 @@
 //! The benchmark harness: dlock against the raw protocol and rslock, side by side in one run,
-//! with rows for dlock's other exclusive primitives (fair lock, writer, one-permit semaphore) so
-//! what each guarantee costs reads off the same table.
+//! with rows for dlock's other exclusive primitives (fair lock, writer, one-permit semaphore)
+//! and its scale-out modes (cluster, Sentinel, replica acknowledgement, a majority of masters),
+//! so what each guarantee costs reads off the same table.
 //!
 //! ```text
 //! cargo run --release -p dlock-bench            # the full run (a few minutes)
@@ -14,6 +15,7 @@
 //! workload). The run exits non-zero if a workload fails to run, reports an error or a
 //! mutual-exclusion violation, or (W6) leaves a waiter without the lock; it never judges timings.
 
+mod modes;
 mod peers;
 mod workloads;
 
@@ -60,13 +62,24 @@ pub(crate) struct Verdict {
     pub(crate) met: bool,
 }
 
-/// The server the workloads talk to, and its command counters.
+/// The server the workloads talk to, the scale-out modes' deployments, and their counters.
 pub(crate) struct Server {
     pub(crate) url: String,
     local: Option<RedisServer>,
+    modes: modes::Deployments,
+    /// Where every library's clients connect.
+    pub(crate) endpoints: modes::Endpoints,
 }
 
 impl Server {
+    /// `INFO <section>` of every data node `lib` runs on.
+    pub(crate) fn infos(&self, lib: peers::Lib, section: &str) -> Vec<String> {
+        match lib.mode() {
+            Some(mode) => self.modes.infos(mode, section),
+            None => vec![self.info(section)],
+        }
+    }
+
     pub(crate) fn info(&self, section: &str) -> String {
         match &self.local {
             Some(server) => server.info(section),
@@ -116,14 +129,18 @@ dlock-bench [--quick] [--only W1,W2,...] [--libs dlock,raw,...] [--duration SECO
 
   --quick       a smoke run: every workload for a second or so, smaller W5/W6
   --only        run these workloads (W1..W7)
-  --libs        compare only these: dlock, raw, rslock, rslock-2ms, and dlock's other
+  --libs        compare only these: dlock, raw, rslock, rslock-2ms; dlock's other
                 exclusive primitives dlock-fair, dlock-write (a read-write lock's writer),
-                dlock-permit (a semaphore of one permit); W1-W3 run each of them
+                dlock-permit (a semaphore of one permit); and the plain lock in its
+                scale-out modes, each on servers of its own: dlock-cluster (3 masters with
+                a replica each), dlock-sentinel, dlock-ack (a replica acknowledges every
+                grant), dlock-majority (3 independent masters). W1-W3 run each of them
   --duration    measured seconds per library and workload (default 10; quick 0.6)
   --rounds      rounds that time is cut into, libraries alternating (default 5; quick 2)
   --json-only   print only the JSON lines
 
-Starts its own redis-server on a free loopback port unless REDIS_URL is set.";
+Starts its own redis-server on a free loopback port unless REDIS_URL is set; the
+scale-out modes always run on servers it starts (with REDIS_URL, only when named).";
 
 fn parse_args() -> Settings {
     let mut quick = false;
@@ -186,6 +203,12 @@ fn parse_args() -> Settings {
     if let Some(unknown) = libs.iter().flatten().find(|l| !known.contains(&l.as_str())) {
         bad(&format!("unknown library `{unknown}`"));
     }
+    // Against the user's own server, the modes (which need servers of their own) run only
+    // when asked for.
+    if libs.is_none() && std::env::var_os("REDIS_URL").is_some() {
+        let single = peers::Lib::ALL.iter().filter(|l| l.mode().is_none());
+        libs = Some(single.map(|l| l.label().to_owned()).collect());
+    }
     if let Some(unknown) = only
         .iter()
         .flatten()
@@ -224,7 +247,21 @@ fn main() {
     let url = std::env::var("REDIS_URL")
         .unwrap_or_else(|_| local.as_ref().map(RedisServer::url).unwrap_or_default());
     settings.url = url.clone();
-    let server = Server { url, local };
+    let modes: Vec<modes::Mode> = (workloads::libs(&settings).into_iter())
+        .filter_map(peers::Lib::mode)
+        .collect();
+    let runs_modes = ["W1", "W2", "W3"]
+        .iter()
+        .any(|w| workloads::wanted(&settings, w));
+    let modes = if runs_modes { modes } else { Vec::new() };
+    let deployments = modes::Deployments::start(&modes, settings.json_only);
+    let endpoints = deployments.endpoints(&url);
+    let server = Server {
+        url,
+        local,
+        modes: deployments,
+        endpoints,
+    };
     let (rows, verdicts) = runtime.block_on(workloads::run_all(&settings, &server));
     drop(runtime);
     drop(server);

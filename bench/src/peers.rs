@@ -3,14 +3,18 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_core::{LockGuard, Locker, Permit, ReleaseOutcome};
+use dlock_core::{LockGuard, Locker, MasterGuard, MasterSet, Permit, ReleaseOutcome, ReplicaAck};
 use redis::aio::MultiplexedConnection;
+
+use crate::modes::{Endpoints, Mode};
 
 /// A library, as configured for a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Lib {
     /// dlock with the primitive it holds a name with.
     Dlock(Kind),
+    /// dlock's plain lock in a scale-out mode, on that mode's own servers.
+    Scaled(Mode),
     Raw,
     RslockDefault,
     Rslock2ms,
@@ -31,7 +35,7 @@ pub(crate) enum Kind {
 }
 
 impl Lib {
-    pub(crate) const ALL: [Lib; 7] = [
+    pub(crate) const ALL: [Lib; 11] = [
         Lib::Dlock(Kind::Plain),
         Lib::Raw,
         Lib::RslockDefault,
@@ -39,7 +43,19 @@ impl Lib {
         Lib::Dlock(Kind::Fair),
         Lib::Dlock(Kind::Write),
         Lib::Dlock(Kind::Permit),
+        Lib::Scaled(Mode::Cluster),
+        Lib::Scaled(Mode::Sentinel),
+        Lib::Scaled(Mode::Ack),
+        Lib::Scaled(Mode::Majority),
     ];
+
+    /// The scale-out mode, for the libraries that run on servers of their own.
+    pub(crate) fn mode(self) -> Option<Mode> {
+        match self {
+            Lib::Scaled(mode) => Some(mode),
+            _ => None,
+        }
+    }
 
     pub(crate) fn label(self) -> &'static str {
         match self {
@@ -47,6 +63,10 @@ impl Lib {
             Lib::Dlock(Kind::Fair) => "dlock-fair",
             Lib::Dlock(Kind::Write) => "dlock-write",
             Lib::Dlock(Kind::Permit) => "dlock-permit",
+            Lib::Scaled(Mode::Cluster) => "dlock-cluster",
+            Lib::Scaled(Mode::Sentinel) => "dlock-sentinel",
+            Lib::Scaled(Mode::Ack) => "dlock-ack",
+            Lib::Scaled(Mode::Majority) => "dlock-majority",
             Lib::Raw => "raw",
             Lib::RslockDefault => "rslock",
             Lib::Rslock2ms => "rslock-2ms",
@@ -58,6 +78,7 @@ impl Lib {
 #[derive(Clone)]
 pub(crate) enum Client {
     Dlock(Locker, Kind),
+    Masters(MasterSet),
     Raw(Raw),
     Rslock(Arc<rslock::LockManager>),
 }
@@ -66,6 +87,7 @@ pub(crate) enum Client {
 pub(crate) enum Held {
     Dlock(LockGuard),
     Permit(Permit),
+    Masters(MasterGuard),
     Raw { key: String, token: String },
     Rslock(rslock::Lock),
 }
@@ -75,7 +97,8 @@ impl Held {
     pub(crate) fn fence(&self) -> Option<u64> {
         match self {
             Held::Dlock(guard) => Some(guard.fencing_token().get()),
-            Held::Permit(_) | Held::Raw { .. } | Held::Rslock(_) => None,
+            // A majority's tokens rise per master, and no one master is in every hold.
+            Held::Permit(_) | Held::Masters(_) | Held::Raw { .. } | Held::Rslock(_) => None,
         }
     }
 }
@@ -98,7 +121,8 @@ return 0
 const ACQUIRE_BOUND: Duration = Duration::from_secs(60);
 
 impl Client {
-    pub(crate) async fn new(lib: Lib, url: &str) -> Client {
+    pub(crate) async fn new(lib: Lib, at: &Endpoints) -> Client {
+        let url = at.url.as_str();
         match lib {
             Lib::Dlock(kind) => {
                 // Each primitive under its own prefix: no key of one is ever read by another.
@@ -115,6 +139,26 @@ impl Client {
                     .await
                     .expect("dlock connects");
                 Client::Dlock(locker, kind)
+            }
+            Lib::Scaled(Mode::Majority) => {
+                let mut lockers = Vec::new();
+                for url in &at.masters {
+                    lockers.push(connect(Locker::builder().url(url)).await);
+                }
+                Client::Masters(MasterSet::majority(lockers).expect("a majority of three"))
+            }
+            Lib::Scaled(mode) => {
+                let builder = match mode {
+                    Mode::Cluster => Locker::builder().cluster(at.cluster_seeds.clone()),
+                    Mode::Sentinel => {
+                        Locker::builder().sentinel(at.sentinels.clone(), at.sentinel_master.clone())
+                    }
+                    Mode::Ack => Locker::builder()
+                        .url(&at.ack_master)
+                        .replica_ack(ReplicaAck::new(1, Duration::from_secs(1))),
+                    Mode::Majority => unreachable!("built above"),
+                };
+                Client::Dlock(connect(builder).await, Kind::Plain)
             }
             Lib::Raw => {
                 let con = redis::Client::open(url)
@@ -161,6 +205,9 @@ impl Client {
                     .map(Held::Permit),
             }
             .map_err(|e| format!("dlock acquire: {e}")),
+            Client::Masters(set) => (set.lock(name).wait(bound).await)
+                .map(Held::Masters)
+                .map_err(|e| format!("dlock acquire: {e}")),
             Client::Raw(raw) => {
                 let token = format!("{:032x}", rand_u128());
                 let key = format!("raw:{name}");
@@ -203,6 +250,12 @@ impl Client {
         match (self, held) {
             (Client::Dlock(..), Held::Dlock(guard)) => released(guard.release().await),
             (Client::Dlock(..), Held::Permit(permit)) => released(permit.release().await),
+            (Client::Masters(_), Held::Masters(guard)) => {
+                for outcome in guard.release().await.into_iter().flatten() {
+                    released(outcome)?;
+                }
+                Ok(())
+            }
             (Client::Raw(raw), Held::Raw { key, token }) => {
                 let mut con = raw.con.clone();
                 let deleted: i64 = raw
@@ -226,6 +279,11 @@ impl Client {
             _ => Err("a lock released through another library".to_owned()),
         }
     }
+}
+
+/// A `Locker` built, or the run ends: a bench can't go on without its peer.
+async fn connect(builder: dlock_core::LockerBuilder) -> Locker {
+    builder.build().await.expect("dlock connects")
 }
 
 /// A dlock release outcome as the workloads see it.

@@ -25,13 +25,18 @@ const CLIENT_COMMANDS: &[&str] = &[
     "set",
     "subscribe",
     "unsubscribe",
+    "ssubscribe",
+    "sunsubscribe",
+    "wait",
     "ping",
     "script|load",
     "script",
 ];
 
-/// What the server and this process spent over an interval: client commands, CPU seconds.
+/// What a library's servers and this process spent over an interval: client commands, CPU
+/// seconds. A mode on several servers counts them all (a cluster's replicas included).
 struct Meter {
+    lib: Lib,
     commands: u64,
     redis_cpu: f64,
     client_cpu: f64,
@@ -45,22 +50,25 @@ struct Spent {
 }
 
 impl Meter {
-    fn start(server: &Server) -> Meter {
-        let info = server.info("all");
+    fn start(server: &Server, lib: Lib) -> Meter {
+        let infos = server.infos(lib, "all");
         Meter {
-            commands: client_commands(&info),
-            redis_cpu: redis_cpu(&info),
+            lib,
+            commands: infos.iter().map(|i| client_commands(i)).sum(),
+            redis_cpu: infos.iter().map(|i| redis_cpu(i)).sum(),
             client_cpu: client_cpu_s(),
         }
     }
 
     fn per_op(&self, server: &Server, ops: u64) -> Spent {
         let client_cpu = client_cpu_s();
-        let info = server.info("all");
+        let infos = server.infos(self.lib, "all");
+        let commands: u64 = infos.iter().map(|i| client_commands(i)).sum();
+        let cpu: f64 = infos.iter().map(|i| redis_cpu(i)).sum();
         let ops = ops.max(1) as f64;
         Spent {
-            commands_per_op: client_commands(&info).saturating_sub(self.commands) as f64 / ops,
-            redis_cpu_us_per_op: (redis_cpu(&info) - self.redis_cpu) * 1e6 / ops,
+            commands_per_op: commands.saturating_sub(self.commands) as f64 / ops,
+            redis_cpu_us_per_op: (cpu - self.redis_cpu) * 1e6 / ops,
             client_cpu_us_per_op: (client_cpu - self.client_cpu) * 1e6 / ops,
         }
     }
@@ -120,7 +128,7 @@ fn percentile_us(samples: &mut [Duration], p: f64) -> f64 {
     samples[index].as_secs_f64() * 1e6
 }
 
-fn wanted(settings: &Settings, id: &str) -> bool {
+pub(crate) fn wanted(settings: &Settings, id: &str) -> bool {
     settings
         .only
         .as_ref()
@@ -385,7 +393,7 @@ async fn ping_row(settings: &Settings) -> Row {
     }
 }
 
-fn libs(settings: &Settings) -> Vec<Lib> {
+pub(crate) fn libs(settings: &Settings) -> Vec<Lib> {
     Lib::ALL
         .into_iter()
         .filter(|lib| {
@@ -397,11 +405,10 @@ fn libs(settings: &Settings) -> Vec<Lib> {
         .collect()
 }
 
-async fn clients(settings: &Settings) -> Vec<(Lib, Client)> {
-    let url = settings.url.as_str();
+async fn clients(settings: &Settings, server: &Server) -> Vec<(Lib, Client)> {
     let mut out = Vec::new();
     for lib in libs(settings) {
-        out.push((lib, Client::new(lib, url).await));
+        out.push((lib, Client::new(lib, &server.endpoints).await));
     }
     out
 }

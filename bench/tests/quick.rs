@@ -1,4 +1,5 @@
-//! The benchmark's smoke run: every workload runs and sees no mutual-exclusion violation.
+//! The benchmark's smoke run: every workload runs, with a row for every primitive and mode, and
+//! sees no mutual-exclusion violation.
 //! Timings are printed, never judged here.
 
 use std::process::Command;
@@ -23,7 +24,14 @@ fn every_workload_runs_without_violations() {
             "{workload} did not report:\n{stdout}"
         );
     }
-    for lib in ["dlock-fair", "dlock-write", "dlock-permit"] {
+    let others = ["dlock-fair", "dlock-write", "dlock-permit"];
+    let modes = [
+        "dlock-cluster",
+        "dlock-sentinel",
+        "dlock-ack",
+        "dlock-majority",
+    ];
+    for lib in others.into_iter().chain(modes) {
         for workload in ["W1", "W2", "W3"] {
             assert!(
                 stdout.contains(&format!(

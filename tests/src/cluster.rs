@@ -70,6 +70,11 @@ impl RedisCluster {
     /// [`start`](Self::start), for a program rather than a test: a `redis-server` or
     /// `redis-cli` that can't be run is an error naming the install command, not a panic.
     pub fn try_start() -> Result<Self, String> {
+        Self::try_start_with_node_timeout(DEFAULT_NODE_TIMEOUT)
+    }
+
+    /// [`try_start`](Self::try_start) with another `cluster-node-timeout`.
+    pub fn try_start_with_node_timeout(node_timeout: Duration) -> Result<Self, String> {
         let server = crate::redis_binary();
         if !runs(&server) {
             return Err(format!(
@@ -84,7 +89,7 @@ impl RedisCluster {
                  `apt-get install redis-tools`, or point {REDIS_CLI_ENV} at a redis-cli binary"
             ));
         }
-        Ok(Self::start())
+        Ok(Self::start_with_node_timeout(node_timeout))
     }
 
     /// [`start`](Self::start) with another `cluster-node-timeout`.

@@ -11,13 +11,13 @@ use crate::{Row, Server, Settings};
 
 /// W1: 32 tasks, each acquiring and releasing its own name.
 pub(super) async fn w1(settings: &Settings, server: &Server) -> Vec<Row> {
-    let clients = clients(settings).await;
+    let clients = clients(settings, server).await;
     let mut acc: BTreeMap<&'static str, Acc> = BTreeMap::new();
     for round in rounds(settings) {
         for (lib, client) in &clients {
             let length = round_length(settings, round);
             let errors = Arc::new(Errors::default());
-            let meter = Meter::start(server);
+            let meter = Meter::start(server, *lib);
             let started = Instant::now();
             let end = started + length;
             let mut tasks = Vec::new();
@@ -74,7 +74,7 @@ pub(super) async fn w1(settings: &Settings, server: &Server) -> Vec<Row> {
 /// inside. Violations: two holders at once (a flag), a lost increment (the final count), and for
 /// dlock a fencing token that did not increase.
 pub(super) async fn w2(settings: &Settings, server: &Server) -> Vec<Row> {
-    let clients = clients(settings).await;
+    let clients = clients(settings, server).await;
     let mut acc: BTreeMap<&'static str, Acc> = BTreeMap::new();
     for round in rounds(settings) {
         for (lib, client) in &clients {
@@ -85,7 +85,7 @@ pub(super) async fn w2(settings: &Settings, server: &Server) -> Vec<Row> {
             let counter = Arc::new(AtomicU64::new(0));
             let last_fence = Arc::new(AtomicU64::new(0));
             let errors = Arc::new(Errors::default());
-            let meter = Meter::start(server);
+            let meter = Meter::start(server, *lib);
             let started = Instant::now();
             let end = started + length;
             let mut tasks = Vec::new();
@@ -186,8 +186,8 @@ pub(super) async fn w3(settings: &Settings, server: &Server) -> Vec<Row> {
     for lib in libs(settings) {
         pairs.push((
             lib,
-            Client::new(lib, &settings.url).await,
-            Client::new(lib, &settings.url).await,
+            Client::new(lib, &server.endpoints).await,
+            Client::new(lib, &server.endpoints).await,
         ));
     }
     let mut ping = redis::Client::open(settings.url.as_str())
@@ -224,7 +224,7 @@ pub(super) async fn w3(settings: &Settings, server: &Server) -> Vec<Row> {
             let errors = Arc::new(Errors::default());
             // The side that acquired last.
             let (turn, _) = tokio::sync::watch::channel(usize::MAX);
-            let meter = Meter::start(server);
+            let meter = Meter::start(server, *lib);
             let end = Instant::now() + length;
             let mut tasks = Vec::new();
             for (side, client) in [a.clone(), b.clone()].into_iter().enumerate() {

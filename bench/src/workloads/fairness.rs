@@ -48,12 +48,12 @@ pub(crate) async fn w7(settings: &Settings, server: &Server) -> Vec<Row> {
     let added_rtt_us = ping_us(&proxy.url()).await - ping_us(&settings.url).await;
     let mut acc: BTreeMap<&'static str, Acc> = BTreeMap::new();
     for round in rounds(settings) {
-        for lib in libs(settings) {
+        for lib in w7_libs(settings) {
             let length = round_length(settings, round);
             let name = format!("w7:{}:{}", lib.label(), round.map_or(-1, |r| r as i64));
             let urls = [settings.url.clone(), settings.url.clone(), proxy.url()];
             let label = lib.label();
-            let meter = Meter::start(server);
+            let meter = Meter::start(server, lib);
             let outcomes =
                 tokio::task::spawn_blocking(move || contend(label, &urls, &name, length))
                     .await
@@ -103,7 +103,7 @@ pub(crate) async fn w7(settings: &Settings, server: &Server) -> Vec<Row> {
             extra.entry("added_rtt_us").or_default().push(added_rtt_us);
         }
     }
-    libs(settings)
+    w7_libs(settings)
         .iter()
         .map(|lib| {
             acc.remove(lib.label())
@@ -111,6 +111,12 @@ pub(crate) async fn w7(settings: &Settings, server: &Server) -> Vec<Row> {
                 .row("W7", lib.label())
         })
         .collect()
+}
+
+/// The libraries W7 runs: those on the one server (the proxy stands in front of it).
+fn w7_libs(settings: &Settings) -> Vec<crate::peers::Lib> {
+    let libs = libs(settings).into_iter();
+    libs.filter(|lib| lib.mode().is_none()).collect()
 }
 
 /// The address in a `redis://host:port/` URL.
@@ -232,7 +238,7 @@ pub(crate) fn contender(args: &[String]) -> ! {
         .build()
         .expect("runtime");
     let outcome = runtime.block_on(async {
-        let client = Client::new(lib, url).await;
+        let client = Client::new(lib, &crate::modes::Endpoints::single(url)).await;
         println!("ready");
         let mut go = String::new();
         let _ = std::io::stdin().read_line(&mut go);
