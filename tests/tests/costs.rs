@@ -337,3 +337,48 @@ async fn replica_acknowledgement_adds_a_wait_in_the_same_round_trip() {
     let (_, released) = measure(&master, guard.release()).await;
     assert_eq!(released, cost_of(2, 6 + 1));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_behind_a_local_line_send_no_attempt_of_their_own() {
+    let server = RedisServer::start();
+    let holder = warm_locker(&server).await;
+    let waiter = warm_locker(&server).await;
+    let name = unique_name("cost-line");
+    let guard = (holder.lock(name.as_str()).lease(Duration::from_secs(30)))
+        .await
+        .expect("hold");
+    // The waiting `Locker`'s subscriber connects on its first wait: done here, unmeasured.
+    let busy = holder.lock(format!("{name}-busy")).await.expect("hold");
+    let waited = waiter
+        .lock(format!("{name}-busy"))
+        .wait(Duration::from_millis(50));
+    assert!(waited.await.is_err());
+    assert!(busy.release().await.is_released());
+    let before = server.info_commandstats();
+    let waiters: Vec<_> = (0..20)
+        .map(|_| {
+            let (waiter, name) = (waiter.clone(), name.clone());
+            tokio::spawn(async move {
+                let guard = (waiter.lock(name.as_str()).wait(Duration::from_secs(20))).await?;
+                Ok::<_, dlock_core::LockError>(guard.release().await.is_released())
+            })
+        })
+        .collect();
+    let until = std::time::Instant::now() + Duration::from_secs(5);
+    while waiter.watched_names() < 1 {
+        assert!(std::time::Instant::now() < until, "no waiter subscribed");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let after = server.info_commandstats();
+    let delta =
+        |name: &str| after.get(name).copied().unwrap_or(0) - before.get(name).copied().unwrap_or(0);
+    // The first request's attempt, and the head's after it subscribed; the eighteen others
+    // wait in line without a round trip of their own.
+    assert_eq!(delta("evalsha"), 2, "{after:?}");
+    assert_eq!(delta("subscribe"), 1, "{after:?}");
+    assert!(guard.release().await.is_released());
+    for waiter in waiters {
+        assert!(waiter.await.expect("waiter task").expect("acquired"));
+    }
+}

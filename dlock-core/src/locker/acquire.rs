@@ -8,6 +8,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::leave::{Leave, LeaveTurn};
+use super::queue::QueueTicket;
 use super::*;
 use crate::backend::{AcquireAllReply, AcquireReply, Backend, Claim, Session, Turn};
 use crate::clock;
@@ -133,14 +134,15 @@ impl Locker {
         }
     }
 
-    pub(super) async fn acquire(
+    /// A plain lock's acquisition (a plain `fn`: see [`LockRequest::run`]).
+    pub(super) fn acquire(
         self,
         name: LockName,
         wait: Duration,
         lease: Lease,
-    ) -> Result<Attempted, LockError> {
+    ) -> impl Future<Output = Result<Attempted, LockError>> + Send {
         let keys = Arc::new(LockKeys::new(&self.inner.config.prefix, &name));
-        self.acquire_keys(name, keys, wait, lease).await
+        self.acquire_keys(name, keys, wait, lease)
     }
 
     /// Acquires what `keys` hold for `name`: its lock, or one of its semaphore's permits.
@@ -151,13 +153,126 @@ impl Locker {
         wait: Duration,
         lease: Lease,
     ) -> Result<Attempted, LockError> {
-        // A request that gave up with Redis answering takes its claim back before it returns,
-        // still within its wait plus one command timeout; one that failed leaves that to the
-        // background.
-        let timeout = self.inner.backend.command_timeout();
-        let bound = clock::after(clock::after(Instant::now(), wait), timeout);
-        let mut turn = None;
-        let attempted = (self.acquire_claiming(name, keys, wait, lease, &mut turn)).await;
+        // Set once a claim to the next turn has gone out. A request that gave up with Redis
+        // answering takes its claim back before it returns, still within its wait plus one
+        // command timeout; one that failed leaves that to the background (the claim's `Drop`).
+        let mut turn: Option<LeaveTurn> = None;
+        let bound = clock::after(
+            clock::after(Instant::now(), wait),
+            self.inner.backend.command_timeout(),
+        );
+        // One block rather than an `async fn` of its own: each layer of `async fn` keeps its
+        // arguments beside the future it awaits, and thousands of waiters hold this one.
+        let attempted: Result<Attempted, LockError> = 'body: {
+            let started = Instant::now();
+            let deadline = clock::after(started, wait);
+            let labelled = self.inner.config.metrics_name_label;
+
+            // Re-entry inside a lock scope: a hold this task has (even a lost one, whose loss is
+            // reported rather than papered over with a new lock).
+            if keys.reenters()
+                && let Some(hold) = scope::find(self.inner.id, &keys.lock)
+            {
+                match Box::pin(self.reenter(hold)).await {
+                    Ok(Some(guard)) => break 'body Ok(Attempted::Held(guard)),
+                    Ok(None) => {}
+                    Err(err) => break 'body Err(err),
+                }
+            }
+
+            let mut owner = new_owner(self.inner.config.holder_label.as_deref());
+            // A writer's recorded wait (it keeps new readers out) goes when it stops waiting.
+            let wait_counts = keys.rw_keys().and_then(|rw| rw.wait_counts);
+            let mut leave = Leave::new(&self, &keys, &owner);
+            if wait_counts.is_none() {
+                leave.disarm();
+            }
+            // The last backend error, while no attempt has answered since: what the call returns
+            // if the deadline comes first.
+            let mut failed: Option<LockError> = None;
+            let mut pttl = None;
+            // When the last attempt came back: one that came back past the deadline is the last (the
+            // call returns within its wait plus one command timeout).
+            let mut came_back: Option<Instant> = None;
+            // When this request began to wait, on the wall clock: claims to the next turn go to the
+            // one that has waited longest, whichever process it is in.
+            let since = wall_ms();
+            // A request that will wait for a lock that hands over takes its place in the local
+            // queue at once. One that finds others there (waiting, or making their own first
+            // attempt) waits its turn behind them without a first attempt of its own: the lock
+            // passes to them first anyway, and ten thousand waiters on a thousand names send a
+            // thousand first attempts, not ten thousand.
+            let early =
+                (!wait.is_zero() && keys.hands_over()).then(|| self.queue_counted(&keys.lock));
+            let behind_others = early.as_ref().is_some_and(|(_, before)| *before > 0);
+            // A first attempt, ahead of the local queue — unless it waits behind others, or local
+            // waiters are holding back for other processes right now.
+            let holding_back = behind_others
+                || (!wait.is_zero()
+                    && match &early {
+                        Some((ticket, _)) => ticket.queue.deferred().is_some(),
+                        None => (self.existing_queue(&keys.lock))
+                            .is_some_and(|q| q.deferred().is_some()),
+                    });
+            if !holding_back {
+                // A request that will wait asks to be next in turn at once: the holder's process
+                // may hand the lock between tasks of its own while this one subscribes.
+                let claim = (!wait.is_zero() && keys.hands_over()).then(|| self.claim(since));
+                if claim.is_some() {
+                    turn.get_or_insert_with(|| LeaveTurn::new(&self, &keys, since));
+                }
+                let sent_at = Instant::now();
+                let reply =
+                    Box::pin(self.attempt(&keys, &owner, lease.duration(), false, claim)).await;
+                came_back = Some(Instant::now());
+                match reply {
+                    Ok(AcquireReply::Acquired { fence }) => {
+                        leave.disarm();
+                        break 'body Ok(Attempted::Held(
+                            self.acquired(name, keys, owner, fence, lease, sent_at, started),
+                        ));
+                    }
+                    Ok(AcquireReply::Busy { pttl: now_pttl }) => pttl = now_pttl,
+                    Err(err) if wait.is_zero() || is_permanent(&err) => break 'body Err(err),
+                    Err(err) => {
+                        // The clean-up of that attempt releases `owner`: never reuse it.
+                        owner = new_owner(self.inner.config.holder_label.as_deref());
+                        leave.set_owner(&owner);
+                        failed = Some(err);
+                    }
+                }
+                if wait.is_zero() {
+                    break 'body Ok(busy(&name, labelled, started, pttl));
+                }
+            }
+
+            // Queue behind local waiters for the same name; only the head waits in Redis.
+            let ticket = match early {
+                Some((ticket, _)) => ticket,
+                None => self.queue(&keys.lock),
+            };
+            let Ok(_turn) = tokio::time::timeout_at(deadline, ticket.queue.turn.lock()).await
+            else {
+                break 'body gave_up(&name, labelled, started, pttl, failed);
+            };
+            // At the head of the line. Boxed: the waiters behind it, many more of them, hold a
+            // future without the head's state.
+            let waiting = Waiting {
+                name,
+                keys,
+                owner,
+                lease,
+                started,
+                deadline,
+                since,
+                pttl,
+                came_back,
+                failed,
+                leave,
+                wait_counts,
+            };
+            Box::pin(self.wait_at_head(waiting, &ticket, &mut turn)).await
+        };
         if let Some(mut turn) = turn {
             match attempted {
                 Ok(Attempted::Held(_)) => turn.disarm(),
@@ -170,91 +285,32 @@ impl Locker {
         attempted
     }
 
-    /// [`acquire_keys`](Self::acquire_keys), with `turn` set once a claim to the next turn has
-    /// gone out.
-    async fn acquire_claiming(
-        self,
-        name: LockName,
-        keys: Arc<LockKeys>,
-        wait: Duration,
-        lease: Lease,
+    /// The head waiter's wait in Redis: an attempt after every wake-up or timer, a hand-over
+    /// from a local releaser, until the deadline.
+    async fn wait_at_head(
+        &self,
+        waiting: Waiting,
+        ticket: &QueueTicket,
         turn: &mut Option<LeaveTurn>,
     ) -> Result<Attempted, LockError> {
-        let started = Instant::now();
-        let deadline = clock::after(started, wait);
+        let Waiting {
+            name,
+            keys,
+            mut owner,
+            lease,
+            started,
+            deadline,
+            since,
+            mut pttl,
+            mut came_back,
+            mut failed,
+            mut leave,
+            wait_counts,
+        } = waiting;
         let labelled = self.inner.config.metrics_name_label;
-
-        // Re-entry inside a lock scope: a hold this task has (even a lost one, whose loss is
-        // reported rather than papered over with a new lock).
-        if keys.reenters()
-            && let Some(hold) = scope::find(self.inner.id, &keys.lock)
-            && let Some(guard) = Box::pin(self.reenter(hold)).await?
-        {
-            return Ok(Attempted::Held(guard));
-        }
-
-        let mut owner = new_owner(self.inner.config.holder_label.as_deref());
-        // A writer's recorded wait (it keeps new readers out) goes when it stops waiting.
-        let wait_counts = keys.rw_keys().and_then(|rw| rw.wait_counts);
-        let mut leave = Leave::new(&self, &keys, &owner);
-        if wait_counts.is_none() {
-            leave.disarm();
-        }
-        // The last backend error, while no attempt has answered since: what the call returns
-        // if the deadline comes first.
-        let mut failed: Option<LockError> = None;
-        let mut pttl = None;
-        // When the last attempt came back: one that came back past the deadline is the last (the
-        // call returns within its wait plus one command timeout).
-        let mut came_back: Option<Instant> = None;
-        // When this request began to wait, on the wall clock: claims to the next turn go to the
-        // one that has waited longest, whichever process it is in.
-        let since = wall_ms();
-        // A first attempt, ahead of any local queue — unless local waiters are holding back for
-        // other processes right now.
-        let holding_back = !wait.is_zero()
-            && self
-                .existing_queue(&keys.lock)
-                .is_some_and(|q| q.deferred().is_some());
-        if !holding_back {
-            // A request that will wait asks to be next in turn at once: the holder's process
-            // may hand the lock between tasks of its own while this one subscribes.
-            let claim = (!wait.is_zero() && keys.hands_over()).then(|| self.claim(since));
-            if claim.is_some() {
-                turn.get_or_insert_with(|| LeaveTurn::new(&self, &keys, since));
-            }
-            let sent_at = Instant::now();
-            let reply = Box::pin(self.attempt(&keys, &owner, lease.duration(), false, claim)).await;
-            came_back = Some(Instant::now());
-            match reply {
-                Ok(AcquireReply::Acquired { fence }) => {
-                    leave.disarm();
-                    return Ok(Attempted::Held(
-                        self.acquired(name, keys, owner, fence, lease, sent_at, started),
-                    ));
-                }
-                Ok(AcquireReply::Busy { pttl: now_pttl }) => pttl = now_pttl,
-                Err(err) if wait.is_zero() || is_permanent(&err) => return Err(err),
-                Err(err) => {
-                    // The clean-up of that attempt releases `owner`: never reuse it.
-                    owner = new_owner(self.inner.config.holder_label.as_deref());
-                    leave.set_owner(&owner);
-                    failed = Some(err);
-                }
-            }
-            if wait.is_zero() {
-                return Ok(busy(&name, labelled, started, pttl));
-            }
-        }
-
-        // Queue behind local waiters for the same name; only the head waits in Redis.
-        let ticket = self.queue(&keys.lock);
-        let Ok(_turn) = tokio::time::timeout_at(deadline, ticket.queue.turn.lock()).await else {
-            return gave_up(&name, labelled, started, pttl, failed);
-        };
         let mut head = Box::pin(HeadWait::new(
-            &self,
-            &ticket,
+            self,
+            ticket,
             &keys,
             lease.duration(),
             deadline,
@@ -277,7 +333,7 @@ impl Locker {
             let claim = (failed.is_none() && watch.is_reliable() && keys.hands_over())
                 .then(|| self.claim(since));
             if claim.is_some() {
-                turn.get_or_insert_with(|| LeaveTurn::new(&self, &keys, since));
+                turn.get_or_insert_with(|| LeaveTurn::new(self, &keys, since));
             }
             let sent_at = Instant::now();
             let reply = Box::pin(self.attempt(&keys, &owner, lease.duration(), true, claim)).await;
@@ -493,6 +549,27 @@ pub(crate) enum TriedAll {
     Busy(LockName, Option<Duration>),
     /// Not tried (see [`Locker::try_all`]).
     NotTried,
+}
+
+/// A waiting request's state, from the local line to the head of it.
+struct Waiting {
+    name: LockName,
+    keys: Arc<LockKeys>,
+    owner: Arc<str>,
+    lease: Lease,
+    started: Instant,
+    deadline: Instant,
+    /// When it began to wait, on the wall clock (for its claims).
+    since: u64,
+    /// The holder's remaining lease, as the last answer gave it.
+    pttl: Option<Duration>,
+    /// When the last attempt came back.
+    came_back: Option<Instant>,
+    /// The last backend error, while no attempt has answered since.
+    failed: Option<LockError>,
+    leave: Leave,
+    /// How long a writer's recorded wait counts (a writer's request only).
+    wait_counts: Option<Duration>,
 }
 
 /// The result of an acquisition that did not fail.

@@ -88,6 +88,11 @@ impl Locker {
     }
 
     pub(super) fn queue(&self, lock_key: &str) -> QueueTicket {
+        self.queue_counted(lock_key).0
+    }
+
+    /// A place in the queue of `lock_key`, and how many places were out before it.
+    pub(super) fn queue_counted(&self, lock_key: &str) -> (QueueTicket, usize) {
         let mut queues = self.queues();
         let entry = queues
             .entry(lock_key.to_owned())
@@ -95,12 +100,14 @@ impl Locker {
                 queue: Arc::default(),
                 users: 0,
             });
+        let before = entry.users;
         entry.users += 1;
-        QueueTicket {
+        let ticket = QueueTicket {
             locker: self.clone(),
             key: lock_key.to_owned(),
             queue: entry.queue.clone(),
-        }
+        };
+        (ticket, before)
     }
 
     pub(super) fn existing_queue(&self, lock_key: &str) -> Option<Arc<LocalQueue>> {

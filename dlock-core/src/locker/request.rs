@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use futures_util::FutureExt as _;
+use futures_util::future::Either;
 use tokio::time::Instant;
 use tracing::Instrument as _;
 
@@ -101,46 +103,62 @@ impl LockRequest {
         }
     }
 
-    async fn run(self) -> Result<(Attempted, LockName), LockError> {
-        let name = self.name?;
-        super::lease::check_lease(self.lease.duration())?;
-        if let Some(at_least) = self.at_least {
-            super::lease::check_at_least(at_least, self.lease)?;
-        }
-        let span = tracing::debug_span!("dlock.acquire", name = name.for_logs());
-        let locker = self.locker.clone();
-        let attempted = match self.kind {
-            RequestKind::Plain => {
-                (locker.acquire(name.clone(), self.wait, self.lease))
-                    .instrument(span)
-                    .await?
+    /// The acquisition, built without an `async fn` of its own around it: every layer of
+    /// `async fn` keeps its arguments beside the future it awaits, and a waiting request's
+    /// future is what each of thousands of waiters holds.
+    fn run(self) -> impl Future<Output = Result<(Attempted, LockName), LockError>> + Send {
+        let LockRequest {
+            locker,
+            name,
+            wait,
+            lease,
+            at_least,
+            kind,
+        } = self;
+        let checked = name.and_then(|name| {
+            super::lease::check_lease(lease.duration())?;
+            if let Some(at_least) = at_least {
+                super::lease::check_at_least(at_least, lease)?;
             }
+            Ok(name)
+        });
+        let name = match checked {
+            Ok(name) => name,
+            Err(err) => return Either::Left(std::future::ready(Err(err))),
+        };
+        let span = tracing::debug_span!("dlock.acquire", name = name.for_logs());
+        let attempt = match kind {
+            RequestKind::Plain => Either::Left(locker.acquire(name.clone(), wait, lease)),
             // Boxed: the fair and write paths have larger futures than the plain one, which
             // would otherwise size every plain request's future too.
             RequestKind::Fair => {
-                Box::pin(locker.acquire_fair(name.clone(), self.wait, self.lease))
-                    .instrument(span)
-                    .await?
+                Either::Right(Box::pin(locker.acquire_fair(name.clone(), wait, lease))
+                    as Pin<Box<dyn Future<Output = Result<Attempted, LockError>> + Send>>)
             }
             RequestKind::Write { prefer_writers } => {
-                let keys = locker.write_keys(&name, prefer_writers, self.wait)?;
-                Box::pin(locker.acquire_keys(name.clone(), keys, self.wait, self.lease))
-                    .instrument(span)
-                    .await?
+                let keys = match locker.write_keys(&name, prefer_writers, wait) {
+                    Ok(keys) => keys,
+                    Err(err) => return Either::Left(std::future::ready(Err(err))),
+                };
+                Either::Right(Box::pin(locker.acquire_keys(name.clone(), keys, wait, lease)) as _)
             }
         };
-        if let (Attempted::Held(guard), Some(at_least)) = (&attempted, self.at_least)
-            && !guard.is_reentrant()
-        {
-            let _ = (guard.state.keep_until).set(crate::clock::after(Instant::now(), at_least));
-        }
-        Ok((attempted, name))
+        Either::Right(attempt.instrument(span).map(move |attempted| {
+            let attempted = attempted?;
+            if let (Attempted::Held(guard), Some(at_least)) = (&attempted, at_least)
+                && !guard.is_reentrant()
+            {
+                let _ = (guard.state.keep_until).set(crate::clock::after(Instant::now(), at_least));
+            }
+            Ok((attempted, name))
+        }))
     }
 
-    async fn acquire_or_timeout(self) -> Result<LockGuard, LockError> {
+    fn acquire_or_timeout(self) -> impl Future<Output = Result<LockGuard, LockError>> + Send {
         let started = Instant::now();
         let labelled = self.locker.inner.config.metrics_name_label;
-        super::acquire::held_or_timed_out(self.run().await?, labelled, started)
+        self.run()
+            .map(move |run| super::acquire::held_or_timed_out(run?, labelled, started))
     }
 }
 
