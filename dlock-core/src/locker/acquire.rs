@@ -1,5 +1,6 @@
-//! The acquire path: cancellation-safe attempts, re-entry, and waiting at the head of the local
-//! queue.
+//! The acquire path: cancellation-safe attempts (see [`super::in_flight`]), re-entry, a place
+//! in the local line (its head waits in Redis: [`super::head`]), multi-lock attempts, and
+//! turning a grant into a guard.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -7,10 +8,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::head::Waiting;
 use super::leave::{Leave, LeaveTurn};
-use super::queue::QueueTicket;
 use super::*;
-use crate::backend::{AcquireAllReply, AcquireReply, Backend, Claim, Session, Turn};
+use crate::backend::{AcquireAllReply, AcquireReply, Claim, Turn};
 use crate::clock;
 use crate::error::LockError;
 use crate::guard::{FencingToken, HoldState, LockGuard, LossReason};
@@ -26,7 +27,7 @@ impl Locker {
     /// `head`: the attempt comes from the waiter at the head of the local queue (which may take
     /// a lock kept for this `Locker`); `claim`: a plain lock found taken is claimed as next in
     /// turn for this `Locker` (see the `script` module).
-    async fn attempt(
+    pub(super) async fn attempt(
         &self,
         keys: &Arc<LockKeys>,
         owner: &Arc<str>,
@@ -73,7 +74,7 @@ impl Locker {
     /// A claim to be next in turn for a request waiting since `since` (wall-clock ms). A release
     /// keeps the lock for this `Locker` long enough for the wake-up, a subscription and an
     /// attempt: four of its round trips and 2 ms (at least 5 ms, at most 1 s).
-    fn claim(&self, since: u64) -> Claim {
+    pub(super) fn claim(&self, since: u64) -> Claim {
         let us = self.inner.round_trip_us.load(Ordering::Relaxed).max(1_000);
         let window = Duration::from_micros(us.saturating_mul(4)) + Duration::from_millis(2);
         Claim {
@@ -285,116 +286,6 @@ impl Locker {
         attempted
     }
 
-    /// The head waiter's wait in Redis: an attempt after every wake-up or timer, a hand-over
-    /// from a local releaser, until the deadline.
-    async fn wait_at_head(
-        &self,
-        waiting: Waiting,
-        ticket: &QueueTicket,
-        turn: &mut Option<LeaveTurn>,
-    ) -> Result<Attempted, LockError> {
-        let Waiting {
-            name,
-            keys,
-            mut owner,
-            lease,
-            started,
-            deadline,
-            since,
-            mut pttl,
-            mut came_back,
-            mut failed,
-            mut leave,
-            wait_counts,
-        } = waiting;
-        let labelled = self.inner.config.metrics_name_label;
-        let mut head = Box::pin(HeadWait::new(
-            self,
-            ticket,
-            &keys,
-            lease.duration(),
-            deadline,
-        ))
-        .await;
-        let handoff_owner = head.handoff_owner.clone();
-        loop {
-            let (watch, rx) = head.parts();
-            let notified = watch.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            if let Some(until) = ticket.queue.deferred() {
-                tokio::time::sleep_until(until.min(deadline)).await;
-            }
-            if came_back.is_some_and(|at| at >= deadline) {
-                return gave_up(&name, labelled, started, pttl, failed);
-            }
-            // The head waiter claims the next turn whenever it finds the lock taken — where
-            // wake-ups arrive: the release's is its cue to come and take it.
-            let claim = (failed.is_none() && watch.is_reliable() && keys.hands_over())
-                .then(|| self.claim(since));
-            if claim.is_some() {
-                turn.get_or_insert_with(|| LeaveTurn::new(self, &keys, since));
-            }
-            let sent_at = Instant::now();
-            let reply = Box::pin(self.attempt(&keys, &owner, lease.duration(), true, claim)).await;
-            came_back = Some(Instant::now());
-            match reply {
-                Ok(AcquireReply::Acquired { fence }) => {
-                    leave.disarm();
-                    return Ok(Attempted::Held(
-                        self.acquired(name, keys, owner, fence, lease, sent_at, started),
-                    ));
-                }
-                Ok(AcquireReply::Busy { pttl: now_pttl }) => {
-                    pttl = now_pttl;
-                    failed = None;
-                }
-                Err(err) if is_permanent(&err) => return Err(err),
-                Err(err) => {
-                    owner = new_owner(self.inner.config.holder_label.as_deref());
-                    leave.set_owner(&owner);
-                    failed = Some(err);
-                }
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return gave_up(&name, labelled, started, pttl, failed);
-            }
-            // The fallback timer: the holder's remaining lease (a lock nobody releases expires
-            // then), or a short poll when wake-ups can't be delivered or Redis just failed.
-            let poll = self.inner.config.poll_interval;
-            // Held back with nothing expiring (a reader behind a waiting writer, a semaphore
-            // with no permits): a release or a new count wakes the waiter; it checks now and
-            // then that the writer it waits behind is alive.
-            let behind = if keys.is_member() {
-                self.inner.config.dead_waiter_timeout / 3
-            } else {
-                poll
-            };
-            let mut fallback = match (failed.is_none() && watch.is_reliable(), pttl) {
-                (true, Some(pttl)) => pttl + Duration::from_millis(1),
-                (true, None) => behind,
-                (false, Some(pttl)) => pttl.min(poll),
-                (false, None) => poll,
-            };
-            // A waiting writer's wait counts for a while only: it says so again in time.
-            if let Some(counts) = wait_counts {
-                fallback = fallback.min(counts / 3);
-            }
-            let until = deadline.min(now + fallback);
-            tokio::select! {
-                () = &mut notified => {}
-                () = tokio::time::sleep_until(until) => {}
-                Some((fence, sent_at)) = handed(rx) => {
-                    leave.disarm();
-                    return Ok(Attempted::Held(
-                        self.acquired(name, keys, handoff_owner, fence, lease, sent_at, started),
-                    ));
-                }
-            }
-        }
-    }
-
     /// `names` (in key order) cut into runs of neighbours that one script may take together:
     /// every name on one server, names in one slot on a cluster.
     pub(crate) fn runs_together<'a>(&self, names: &'a [LockName]) -> Vec<&'a [LockName]> {
@@ -551,27 +442,6 @@ pub(crate) enum TriedAll {
     NotTried,
 }
 
-/// A waiting request's state, from the local line to the head of it.
-struct Waiting {
-    name: LockName,
-    keys: Arc<LockKeys>,
-    owner: Arc<str>,
-    lease: Lease,
-    started: Instant,
-    deadline: Instant,
-    /// When it began to wait, on the wall clock (for its claims).
-    since: u64,
-    /// The holder's remaining lease, as the last answer gave it.
-    pttl: Option<Duration>,
-    /// When the last attempt came back.
-    came_back: Option<Instant>,
-    /// The last backend error, while no attempt has answered since.
-    failed: Option<LockError>,
-    leave: Leave,
-    /// How long a writer's recorded wait counts (a writer's request only).
-    wait_counts: Option<Duration>,
-}
-
 /// The result of an acquisition that did not fail.
 pub(super) enum Attempted {
     Held(LockGuard),
@@ -641,75 +511,5 @@ pub(super) fn gave_up(
     match failed {
         Some(err) => Err(err),
         None => Ok(busy(name, labelled, started, pttl)),
-    }
-}
-
-/// A command whose reply may not have come: dropped while armed, it sends a release for its
-/// owner in the background — on the command's own connection when there is one, so the release
-/// arrives after it.
-pub(super) struct InFlight {
-    backend: Backend,
-    pub(super) session: Option<Session>,
-    /// The locks the command was for, each with its owner.
-    holds: Vec<(Arc<LockKeys>, Arc<str>)>,
-    fence_ttl: Option<Duration>,
-    /// For a release: until when it keeps the name taken (`at_least`).
-    keep_until: Option<Instant>,
-    armed: bool,
-}
-
-impl InFlight {
-    pub(super) fn new(locker: &Locker, keys: &Arc<LockKeys>, owner: &Arc<str>) -> Self {
-        Self::many(locker, vec![(keys.clone(), owner.clone())])
-    }
-
-    /// For a command that took (or may have taken) several locks.
-    fn many(locker: &Locker, holds: Vec<(Arc<LockKeys>, Arc<str>)>) -> Self {
-        Self {
-            backend: locker.inner.backend.clone(),
-            session: None,
-            holds,
-            fence_ttl: locker.inner.config.fence_ttl,
-            keep_until: None,
-            armed: true,
-        }
-    }
-
-    /// For a release that keeps the name taken until `until`.
-    pub(super) fn keeping(mut self, until: Option<&Instant>) -> Self {
-        self.keep_until = until.copied();
-        self
-    }
-
-    pub(super) fn disarm(&mut self) {
-        self.armed = false;
-    }
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        if !self.armed || !self.backend.is_remote() {
-            return;
-        }
-        let (backend, session) = (self.backend.clone(), self.session.take());
-        let (holds, fence_ttl) = (std::mem::take(&mut self.holds), self.fence_ttl);
-        let keep_until = self.keep_until;
-        if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            handle.spawn(async move {
-                let session = match session {
-                    Some(session) => session,
-                    None => match backend.session().await {
-                        Ok(session) => session,
-                        Err(_) => return,
-                    },
-                };
-                let keep = keep_until
-                    .map(|until| until.saturating_duration_since(Instant::now()))
-                    .filter(|left| !left.is_zero());
-                for (keys, owner) in holds {
-                    let _ = session.clean_up(&keys, &owner, fence_ttl, keep).await;
-                }
-            });
-        }
     }
 }

@@ -1,0 +1,149 @@
+//! The head of a local line: the one waiter of a `Locker` that waits in Redis for a name,
+//! woken by releases, handed the lock by local releasers, and claiming the next turn across
+//! processes.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::acquire::{Attempted, gave_up, is_permanent};
+use super::leave::{Leave, LeaveTurn};
+use super::queue::QueueTicket;
+use super::*;
+use crate::backend::AcquireReply;
+use crate::error::LockError;
+use crate::name::{LockKeys, LockName};
+
+/// A waiting request's state, from the local line to the head of it.
+pub(super) struct Waiting {
+    pub(super) name: LockName,
+    pub(super) keys: Arc<LockKeys>,
+    pub(super) owner: Arc<str>,
+    pub(super) lease: Lease,
+    pub(super) started: Instant,
+    pub(super) deadline: Instant,
+    /// When it began to wait, on the wall clock (for its claims).
+    pub(super) since: u64,
+    /// The holder's remaining lease, as the last answer gave it.
+    pub(super) pttl: Option<Duration>,
+    /// When the last attempt came back.
+    pub(super) came_back: Option<Instant>,
+    /// The last backend error, while no attempt has answered since.
+    pub(super) failed: Option<LockError>,
+    pub(super) leave: Leave,
+    /// How long a writer's recorded wait counts (a writer's request only).
+    pub(super) wait_counts: Option<Duration>,
+}
+
+impl Locker {
+    /// The head waiter's wait in Redis: an attempt after every wake-up or timer, a hand-over
+    /// from a local releaser, until the deadline.
+    pub(super) async fn wait_at_head(
+        &self,
+        waiting: Waiting,
+        ticket: &QueueTicket,
+        turn: &mut Option<LeaveTurn>,
+    ) -> Result<Attempted, LockError> {
+        let Waiting {
+            name,
+            keys,
+            mut owner,
+            lease,
+            started,
+            deadline,
+            since,
+            mut pttl,
+            mut came_back,
+            mut failed,
+            mut leave,
+            wait_counts,
+        } = waiting;
+        let labelled = self.inner.config.metrics_name_label;
+        let mut head = Box::pin(HeadWait::new(
+            self,
+            ticket,
+            &keys,
+            lease.duration(),
+            deadline,
+        ))
+        .await;
+        let handoff_owner = head.handoff_owner.clone();
+        loop {
+            let (watch, rx) = head.parts();
+            let notified = watch.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if let Some(until) = ticket.queue.deferred() {
+                tokio::time::sleep_until(until.min(deadline)).await;
+            }
+            if came_back.is_some_and(|at| at >= deadline) {
+                return gave_up(&name, labelled, started, pttl, failed);
+            }
+            // The head waiter claims the next turn whenever it finds the lock taken — where
+            // wake-ups arrive: the release's is its cue to come and take it.
+            let claim = (failed.is_none() && watch.is_reliable() && keys.hands_over())
+                .then(|| self.claim(since));
+            if claim.is_some() {
+                turn.get_or_insert_with(|| LeaveTurn::new(self, &keys, since));
+            }
+            let sent_at = Instant::now();
+            let reply = Box::pin(self.attempt(&keys, &owner, lease.duration(), true, claim)).await;
+            came_back = Some(Instant::now());
+            match reply {
+                Ok(AcquireReply::Acquired { fence }) => {
+                    leave.disarm();
+                    return Ok(Attempted::Held(
+                        self.acquired(name, keys, owner, fence, lease, sent_at, started),
+                    ));
+                }
+                Ok(AcquireReply::Busy { pttl: now_pttl }) => {
+                    pttl = now_pttl;
+                    failed = None;
+                }
+                Err(err) if is_permanent(&err) => return Err(err),
+                Err(err) => {
+                    owner = new_owner(self.inner.config.holder_label.as_deref());
+                    leave.set_owner(&owner);
+                    failed = Some(err);
+                }
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return gave_up(&name, labelled, started, pttl, failed);
+            }
+            // The fallback timer: the holder's remaining lease (a lock nobody releases expires
+            // then), or a short poll when wake-ups can't be delivered or Redis just failed.
+            let poll = self.inner.config.poll_interval;
+            // Held back with nothing expiring (a reader behind a waiting writer, a semaphore
+            // with no permits): a release or a new count wakes the waiter; it checks now and
+            // then that the writer it waits behind is alive.
+            let behind = if keys.is_member() {
+                self.inner.config.dead_waiter_timeout / 3
+            } else {
+                poll
+            };
+            let mut fallback = match (failed.is_none() && watch.is_reliable(), pttl) {
+                (true, Some(pttl)) => pttl + Duration::from_millis(1),
+                (true, None) => behind,
+                (false, Some(pttl)) => pttl.min(poll),
+                (false, None) => poll,
+            };
+            // A waiting writer's wait counts for a while only: it says so again in time.
+            if let Some(counts) = wait_counts {
+                fallback = fallback.min(counts / 3);
+            }
+            let until = deadline.min(now + fallback);
+            tokio::select! {
+                () = &mut notified => {}
+                () = tokio::time::sleep_until(until) => {}
+                Some((fence, sent_at)) = handed(rx) => {
+                    leave.disarm();
+                    return Ok(Attempted::Held(
+                        self.acquired(name, keys, handoff_owner, fence, lease, sent_at, started),
+                    ));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,81 @@
+//! The guard of a command whose reply may not have come: what makes every acquisition and
+//! release cancellation-safe.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::*;
+use crate::backend::{Backend, Session};
+use crate::name::LockKeys;
+
+/// A command whose reply may not have come: dropped while armed, it sends a release for its
+/// owner in the background — on the command's own connection when there is one, so the release
+/// arrives after it.
+pub(super) struct InFlight {
+    backend: Backend,
+    pub(super) session: Option<Session>,
+    /// The locks the command was for, each with its owner.
+    holds: Vec<(Arc<LockKeys>, Arc<str>)>,
+    fence_ttl: Option<Duration>,
+    /// For a release: until when it keeps the name taken (`at_least`).
+    keep_until: Option<Instant>,
+    armed: bool,
+}
+
+impl InFlight {
+    pub(super) fn new(locker: &Locker, keys: &Arc<LockKeys>, owner: &Arc<str>) -> Self {
+        Self::many(locker, vec![(keys.clone(), owner.clone())])
+    }
+
+    /// For a command that took (or may have taken) several locks.
+    pub(super) fn many(locker: &Locker, holds: Vec<(Arc<LockKeys>, Arc<str>)>) -> Self {
+        Self {
+            backend: locker.inner.backend.clone(),
+            session: None,
+            holds,
+            fence_ttl: locker.inner.config.fence_ttl,
+            keep_until: None,
+            armed: true,
+        }
+    }
+
+    /// For a release that keeps the name taken until `until`.
+    pub(super) fn keeping(mut self, until: Option<&Instant>) -> Self {
+        self.keep_until = until.copied();
+        self
+    }
+
+    pub(super) fn disarm(&mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if !self.armed || !self.backend.is_remote() {
+            return;
+        }
+        let (backend, session) = (self.backend.clone(), self.session.take());
+        let (holds, fence_ttl) = (std::mem::take(&mut self.holds), self.fence_ttl);
+        let keep_until = self.keep_until;
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move {
+                let session = match session {
+                    Some(session) => session,
+                    None => match backend.session().await {
+                        Ok(session) => session,
+                        Err(_) => return,
+                    },
+                };
+                let keep = keep_until
+                    .map(|until| until.saturating_duration_since(Instant::now()))
+                    .filter(|left| !left.is_zero());
+                for (keys, owner) in holds {
+                    let _ = session.clean_up(&keys, &owner, fence_ttl, keep).await;
+                }
+            });
+        }
+    }
+}
