@@ -393,6 +393,16 @@ async fn ping_row(settings: &Settings) -> Row {
     }
 }
 
+/// One row per library of `libs`, in their order, from the figures gathered for each.
+fn rows(workload: &'static str, libs: &[Lib], mut acc: BTreeMap<&'static str, Acc>) -> Vec<Row> {
+    (libs.iter())
+        .map(|lib| {
+            let figures = acc.remove(lib.label()).unwrap_or_default();
+            figures.row(workload, lib.label())
+        })
+        .collect()
+}
+
 pub(crate) fn libs(settings: &Settings) -> Vec<Lib> {
     Lib::ALL
         .into_iter()

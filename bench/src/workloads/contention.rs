@@ -60,14 +60,7 @@ pub(super) async fn w1(settings: &Settings, server: &Server) -> Vec<Row> {
             a.spent(&spent);
         }
     }
-    libs(settings)
-        .iter()
-        .map(|lib| {
-            acc.remove(lib.label())
-                .unwrap_or_default()
-                .row("W1", lib.label())
-        })
-        .collect()
+    rows("W1", &libs(settings), acc)
 }
 
 /// W2: 16 tasks contend for one name and do a non-atomic read-modify-write of a shared counter
@@ -161,14 +154,7 @@ pub(super) async fn w2(settings: &Settings, server: &Server) -> Vec<Row> {
             a.spent(&spent);
         }
     }
-    libs(settings)
-        .iter()
-        .map(|lib| {
-            acc.remove(lib.label())
-                .unwrap_or_default()
-                .row("W2", lib.label())
-        })
-        .collect()
+    rows("W2", &libs(settings), acc)
 }
 
 /// How long a W3 holder keeps the lock.
@@ -296,12 +282,6 @@ pub(super) async fn w3(settings: &Settings, server: &Server) -> Vec<Row> {
     if let Some(a) = acc.remove("PING-idle") {
         rows.push(a.row("W3", "PING-idle"));
     }
-    for lib in libs(settings) {
-        rows.push(
-            acc.remove(lib.label())
-                .unwrap_or_default()
-                .row("W3", lib.label()),
-        );
-    }
+    rows.extend(super::rows("W3", &libs(settings), acc));
     rows
 }

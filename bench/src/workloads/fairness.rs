@@ -103,14 +103,7 @@ pub(crate) async fn w7(settings: &Settings, server: &Server) -> Vec<Row> {
             extra.entry("added_rtt_us").or_default().push(added_rtt_us);
         }
     }
-    w7_libs(settings)
-        .iter()
-        .map(|lib| {
-            acc.remove(lib.label())
-                .unwrap_or_default()
-                .row("W7", lib.label())
-        })
-        .collect()
+    rows("W7", &w7_libs(settings), acc)
 }
 
 /// The libraries W7 runs: those on the one server (the proxy stands in front of it).
