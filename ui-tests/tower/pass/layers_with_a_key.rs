@@ -1,3 +1,5 @@
+//! A layer with a key function layers axum routers and tower services, before or after its
+//! options.
 use std::convert::Infallible;
 
 use axum::Router;
@@ -29,7 +31,9 @@ fn main() {
         .route("/orders/{id}", post(|| async { "ordered" }))
         .route_layer(layer);
 
-    let state = AppState { locker: locker.clone() };
+    let state = AppState {
+        locker: locker.clone(),
+    };
     let _app: Router = Router::new()
         .route("/orders/{id}", post(|| async { "ordered" }))
         .route_layer(
