@@ -95,6 +95,10 @@ impl Semaphore {
     /// higher count lets them in at once). Permits already held stay valid when the count goes
     /// down; new ones are granted once fewer than the new count are held. The count stays in
     /// Redis until changed or [reset](Self::reset_permits).
+    ///
+    /// A call that returns an error may still take effect, and later than calls made after it:
+    /// a command held up in a stalled connection runs when the connection moves again. Read the
+    /// count in force with [`status`](Self::status).
     pub async fn set_permits(&self, permits: u32) -> Result<(), LockError> {
         self.store_permits(Some(permits)).await
     }

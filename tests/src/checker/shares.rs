@@ -106,7 +106,9 @@ fn at_each_grant(spans: &[Span], mut each: impl FnMut(&[&Span])) {
 /// own `default` unless a set certainly ran before `from`; every set that may have been the last
 /// to run before `from` (called by then, and not certainly followed by another that ran before
 /// `from`); every set that may have run within the span (called by `to`). A call that failed
-/// may have run or not; a reset stands for `default`.
+/// may have run or not, and at any time after it was called: a command held up in a stalled
+/// connection runs when the connection moves again, after calls made since, so a failed call is
+/// never superseded. A reset stands for `default`.
 pub(crate) fn counts_between(
     sets: &[PermitsSetRec],
     default: u32,
@@ -122,7 +124,8 @@ pub(crate) fn counts_between(
         default
     };
     for s in sets.iter().filter(|s| s.call <= to) {
-        let superseded = s.call <= from
+        let superseded = s.ok
+            && s.call <= from
             && sets
                 .iter()
                 .any(|later| certainly_before(later) && later.call > s.ret);
@@ -185,10 +188,22 @@ fn permits(
         if active.len() <= allowed as usize || destroyed(faults, name, from, at) {
             return;
         }
-        let held: Vec<String> = active
+        let mut held: Vec<String> = active
             .iter()
             .map(|s| describe(history, &s.guard, finish))
             .collect();
+        // The count changes that could have been in force, for whoever reads the violation.
+        held.extend(sets.iter().filter(|s| s.call <= at).map(|s| {
+            format!(
+                "{} called {}, returned {} {}",
+                s.to.map_or("reset_permits()".to_owned(), |n| format!(
+                    "set_permits({n})"
+                )),
+                history.rel(s.call),
+                history.rel(s.ret),
+                if s.ok { "Ok" } else { "with an error" }
+            )
+        }));
         out.push(Violation {
             invariant: Invariant::PermitBound,
             summary: format!(
@@ -324,5 +339,12 @@ mod tests {
         assert_eq!(counts_between(&raise, 2, at(50), at(100)), 3);
         // ... but not one called after it.
         assert_eq!(counts_between(&raise, 2, at(0), at(50)), 2);
+        // A raise that failed (held up in a stalled connection) may run after a later set to 1
+        // that succeeded: the raise still counts.
+        let stalled = [
+            set(o, 10, 20, Some(4), false),
+            set(o, 30, 40, Some(1), true),
+        ];
+        assert_eq!(counts_between(&stalled, 2, at(50), at(100)), 4);
     }
 }
