@@ -72,29 +72,56 @@ fn next_id() -> u64 {
     NEXT_ID.fetch_add(1, Ordering::Relaxed)
 }
 
-/// A fresh owner token: 128 random bits from the operating system, in hex. Should the system
-/// have no randomness to give, the token is still unique to this hold: the process id, the
-/// time, and a counter no other token of this process shares.
-/// A fresh owner token: 128 random bits in hex, then `@label` if the `Locker` has a holder
-/// label.
+/// A fresh owner token, 32 hex digits, then `@label` if the `Locker` has a holder label.
+///
+/// The first 64 bits are this process's count of tokens, scrambled with a random key by a
+/// bijection (so no two tokens of one process share them, and a token's short prefix still
+/// tells holds apart); the last 64 are random bits drawn once per process, which set its tokens
+/// apart from every other process's. One draw from the operating system per process rather
+/// than per acquisition: the draw is a system call. Should the system have no randomness to
+/// give, the process id and the time stand in for it.
 fn new_owner(label: Option<&str>) -> Arc<str> {
-    let mut bytes = [0u8; 16];
-    let value = match getrandom::fill(&mut bytes) {
-        Ok(()) => u128::from_le_bytes(bytes),
-        Err(_) => {
-            static FALLBACK: AtomicU64 = AtomicU64::new(0);
-            let nanos = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos() as u64);
-            (u128::from(std::process::id()) << 96)
-                ^ (u128::from(nanos) << 32)
-                ^ u128::from(FALLBACK.fetch_add(1, Ordering::Relaxed))
-        }
-    };
-    Arc::from(match label {
-        Some(label) => format!("{value:032x}@{label}"),
-        None => format!("{value:032x}"),
-    })
+    static SEED: std::sync::OnceLock<(u64, u64)> = std::sync::OnceLock::new();
+    static COUNT: AtomicU64 = AtomicU64::new(0);
+    let (key, process) = *SEED.get_or_init(|| {
+        let mut bytes = [0u8; 16];
+        let value = match getrandom::fill(&mut bytes) {
+            Ok(()) => u128::from_le_bytes(bytes),
+            Err(_) => {
+                let nanos = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_nanos());
+                (u128::from(std::process::id()) << 96) ^ nanos
+            }
+        };
+        ((value >> 64) as u64, value as u64)
+    });
+    let n = COUNT.fetch_add(1, Ordering::Relaxed);
+    let mut hex = [0u8; 32];
+    write_hex(&mut hex[..16], scramble(n ^ key));
+    write_hex(&mut hex[16..], process);
+    let hex = std::str::from_utf8(&hex).unwrap_or_default();
+    match label {
+        Some(label) => Arc::from(format!("{hex}@{label}")),
+        None => Arc::from(hex),
+    }
+}
+
+/// A bijection on 64-bit values that spreads neighbouring inputs far apart (the finaliser of
+/// SplitMix64: each step, a xor-shift or a multiplication by an odd constant, is invertible).
+fn scramble(mut x: u64) -> u64 {
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+/// `value` as 16 lowercase hex digits into `out`.
+fn write_hex(out: &mut [u8], value: u64) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for (i, byte) in out.iter_mut().enumerate().take(16) {
+        let shift = 60 - 4 * i;
+        *byte = DIGITS[((value >> shift) & 0xf) as usize];
+    }
 }
 
 /// Acquires distributed locks.
@@ -360,5 +387,42 @@ impl Locker {
             Backend::Redis(r) => r.ping().await.map_err(LockError::Backend),
             Backend::Memory(_) => Ok(()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use super::*;
+
+    #[test]
+    fn owner_tokens_are_unique_hex_with_the_label_after_them() {
+        let tokens: HashSet<Arc<str>> = (0..10_000).map(|_| new_owner(None)).collect();
+        assert_eq!(tokens.len(), 10_000);
+        assert!(tokens.iter().all(|t| {
+            t.len() == 32
+                && t.bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        }));
+        // The short prefix operators see tells holds apart.
+        let prefixes: HashSet<&str> = tokens.iter().map(|t| &t[..8]).collect();
+        assert!(
+            prefixes.len() > 9_900,
+            "{} distinct prefixes",
+            prefixes.len()
+        );
+        let labelled = new_owner(Some("host-1:42"));
+        assert_eq!(labelled.len(), 32 + "@host-1:42".len());
+        assert!(labelled.ends_with("@host-1:42"));
+    }
+
+    #[test]
+    fn scrambling_is_a_bijection_on_neighbours() {
+        let out: HashSet<u64> = (0..100_000u64).map(scramble).collect();
+        assert_eq!(out.len(), 100_000);
+        let mut hex = [0u8; 16];
+        write_hex(&mut hex, 0x0123_4567_89ab_cdef);
+        assert_eq!(&hex, b"0123456789abcdef");
     }
 }

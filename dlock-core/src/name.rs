@@ -82,6 +82,13 @@ impl LockName {
     /// Validates `name` as trusted literal text (no escaping).
     pub fn new(name: impl AsRef<str>) -> Result<Self, LockError> {
         let name = name.as_ref();
+        if !name.is_empty() && name.len() <= MAX_NAME_LEN && literal_error(name, 0).is_none() {
+            // Valid as it is: one allocation, not a builder's buffer and then a copy.
+            return Ok(LockName {
+                name: Arc::from(name),
+                hidden: false,
+            });
+        }
         let mut builder = NameBuilder::new();
         builder.push_literal(name);
         builder.build()
@@ -152,6 +159,21 @@ pub struct NameBuilder {
     error: Option<InvalidName>,
 }
 
+/// Why `text` can't be literal name text (`offset`: where it starts in the name), if it can't.
+fn literal_error(text: &str, offset: usize) -> Option<InvalidName> {
+    for (index, ch) in text.char_indices() {
+        if ch.is_control() {
+            return Some(InvalidName::ControlCharacter {
+                index: offset + index,
+            });
+        }
+        if ch == '{' || ch == '}' {
+            return Some(InvalidName::ReservedCharacter { ch });
+        }
+    }
+    None
+}
+
 impl NameBuilder {
     /// An empty builder.
     pub fn new() -> Self {
@@ -175,17 +197,9 @@ impl NameBuilder {
         if self.error.is_some() {
             return self;
         }
-        for (index, ch) in text.char_indices() {
-            if ch.is_control() {
-                self.error = Some(InvalidName::ControlCharacter {
-                    index: self.buf.len() + index,
-                });
-                return self;
-            }
-            if ch == '{' || ch == '}' {
-                self.error = Some(InvalidName::ReservedCharacter { ch });
-                return self;
-            }
+        if let Some(err) = literal_error(text, self.buf.len()) {
+            self.error = Some(err);
+            return self;
         }
         self.buf.push_str(text);
         if text.bytes().any(is_separator) {

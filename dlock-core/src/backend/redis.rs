@@ -546,8 +546,11 @@ struct ScriptCall {
 
 impl ScriptCall {
     fn new(script: &'static Script, keys: &[&str]) -> Self {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(script.get_hash()).arg(keys.len());
+        // Room for every part up front: growing the buffers argument by argument costs an
+        // allocation each time they double, on every acquisition and release.
+        let key_bytes: usize = keys.iter().map(|k| k.len()).sum();
+        let mut cmd = redis::Cmd::with_capacity(keys.len() + 12, key_bytes + 192);
+        cmd.arg("EVALSHA").arg(script.get_hash()).arg(keys.len());
         for key in keys {
             cmd.arg(*key);
         }

@@ -233,8 +233,8 @@ impl RedisBackend {
     fn release_of<'k>(
         &self,
         keys: &'k LockKeys,
-        owner: &str,
-        handed_to: Option<&str>,
+        owner: &'k str,
+        handed_to: Option<&'k str>,
         fence_ttl: Option<Duration>,
         keep: Option<Duration>,
     ) -> Release<'k> {
@@ -242,7 +242,7 @@ impl RedisBackend {
             script,
             lua,
             keys: vec![keys.lock.as_str(), keys.channel.as_str()],
-            args: vec![owner.to_owned(), self.publish().to_owned()],
+            args: vec![Arg::Text(owner), Arg::Text(self.publish())],
         };
         let mut lock_keys = vec![
             keys.lock.as_str(),
@@ -270,12 +270,12 @@ impl RedisBackend {
             lua: script::RELEASE_LUA,
             keys: lock_keys,
             args: vec![
-                owner.to_owned(),
-                handed_to.unwrap_or("").to_owned(),
-                fence_ttl.map_or(0, millis).to_string(),
-                self.publish().to_owned(),
-                keep.map_or(0, millis_up).to_string(),
-                mode.to_owned(),
+                Arg::Text(owner),
+                Arg::Text(handed_to.unwrap_or("")),
+                Arg::Number(fence_ttl.map_or(0, millis)),
+                Arg::Text(self.publish()),
+                Arg::Number(keep.map_or(0, millis_up)),
+                Arg::Text(mode),
             ],
         }
     }
@@ -322,7 +322,26 @@ struct Release<'k> {
     script: &'static redis::Script,
     lua: &'static str,
     keys: Vec<&'k str>,
-    args: Vec<String>,
+    args: Vec<Arg<'k>>,
+}
+
+/// An argument of a release: borrowed text or a number, written into the command as it is
+/// (no string of its own for each).
+enum Arg<'k> {
+    Text(&'k str),
+    Number(u64),
+}
+
+impl redis::ToRedisArgs for Arg<'_> {
+    fn write_redis_args<W>(&self, out: &mut W)
+    where
+        W: ?Sized + redis::RedisWrite,
+    {
+        match self {
+            Arg::Text(text) => text.write_redis_args(out),
+            Arg::Number(n) => n.write_redis_args(out),
+        }
+    }
 }
 
 fn acquire_all_reply(reply: &[i64], n: usize) -> Result<AcquireAllReply, BackendError> {
