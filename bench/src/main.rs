@@ -19,6 +19,16 @@ mod modes;
 mod peers;
 mod workloads;
 
+/// Counts allocations, for the allocations-per-op columns.
+#[global_allocator]
+static ALLOCATOR: &stats_alloc::StatsAlloc<std::alloc::System> = &stats_alloc::INSTRUMENTED_SYSTEM;
+
+/// Allocations (and reallocations) this process has made so far.
+pub(crate) fn allocations() -> u64 {
+    let stats = ALLOCATOR.stats();
+    u64::try_from(stats.allocations + stats.reallocations).unwrap_or(u64::MAX)
+}
+
 use std::collections::BTreeMap;
 use std::time::Duration;
 

@@ -40,6 +40,7 @@ struct Meter {
     commands: u64,
     redis_cpu: f64,
     client_cpu: f64,
+    allocations: u64,
 }
 
 /// Per-op costs measured by a [`Meter`].
@@ -47,6 +48,9 @@ struct Spent {
     commands_per_op: f64,
     redis_cpu_us_per_op: f64,
     client_cpu_us_per_op: f64,
+    /// Allocations this process made per op (the workload's own bookkeeping included, which
+    /// is the same for every library).
+    allocs_per_op: f64,
 }
 
 impl Meter {
@@ -57,11 +61,13 @@ impl Meter {
             commands: infos.iter().map(|i| client_commands(i)).sum(),
             redis_cpu: infos.iter().map(|i| redis_cpu(i)).sum(),
             client_cpu: client_cpu_s(),
+            allocations: crate::allocations(),
         }
     }
 
     fn per_op(&self, server: &Server, ops: u64) -> Spent {
         let client_cpu = client_cpu_s();
+        let allocations = crate::allocations();
         let infos = server.infos(self.lib, "all");
         let commands: u64 = infos.iter().map(|i| client_commands(i)).sum();
         let cpu: f64 = infos.iter().map(|i| redis_cpu(i)).sum();
@@ -70,6 +76,7 @@ impl Meter {
             commands_per_op: commands.saturating_sub(self.commands) as f64 / ops,
             redis_cpu_us_per_op: (cpu - self.redis_cpu) * 1e6 / ops,
             client_cpu_us_per_op: (client_cpu - self.client_cpu) * 1e6 / ops,
+            allocs_per_op: allocations.saturating_sub(self.allocations) as f64 / ops,
         }
     }
 }
@@ -175,6 +182,7 @@ struct Acc {
     cmds: Vec<f64>,
     redis_cpu: Vec<f64>,
     client_cpu: Vec<f64>,
+    allocs: Vec<f64>,
     extra: BTreeMap<&'static str, Vec<f64>>,
     errors: u64,
     violations: u64,
@@ -185,6 +193,7 @@ impl Acc {
         self.cmds.push(spent.commands_per_op);
         self.redis_cpu.push(spent.redis_cpu_us_per_op);
         self.client_cpu.push(spent.client_cpu_us_per_op);
+        self.allocs.push(spent.allocs_per_op);
     }
 
     fn row(mut self, workload: &'static str, lib: &str) -> Row {
@@ -199,6 +208,9 @@ impl Acc {
         }
         if let Some(v) = some(&mut self.client_cpu) {
             extra.insert("client_cpu_us_per_op", v);
+        }
+        if let Some(v) = some(&mut self.allocs) {
+            extra.insert("allocs_per_op", v);
         }
         Row {
             workload,
