@@ -77,26 +77,28 @@ fn next_id() -> u64 {
 /// The first 64 bits are this process's count of tokens, scrambled with a random key by a
 /// bijection (so no two tokens of one process share them, and a token's short prefix still
 /// tells holds apart); the last 64 are random bits drawn once per process, which set its tokens
-/// apart from every other process's. One draw from the operating system per process rather
-/// than per acquisition: the draw is a system call. Should the system have no randomness to
-/// give, the process id and the time stand in for it.
+/// apart from every other process's. A forked child would repeat its parent's tokens, so the
+/// bits are drawn again when the process id changes. One draw from the operating system per
+/// process rather than per acquisition: the draw is a system call, and a costly one. Should the
+/// system have no randomness to give, the process id and the time stand in for it.
 fn new_owner(label: Option<&str>) -> Arc<str> {
-    static SEED: std::sync::OnceLock<(u64, u64)> = std::sync::OnceLock::new();
-    static COUNT: AtomicU64 = AtomicU64::new(0);
-    let (key, process) = *SEED.get_or_init(|| {
-        let mut bytes = [0u8; 16];
-        let value = match getrandom::fill(&mut bytes) {
-            Ok(()) => u128::from_le_bytes(bytes),
-            Err(_) => {
-                let nanos = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| d.as_nanos());
-                (u128::from(std::process::id()) << 96) ^ nanos
-            }
-        };
-        ((value >> 64) as u64, value as u64)
+    static SEED: Mutex<Seed> = Mutex::new(Seed {
+        pid: 0,
+        key: 0,
+        process: 0,
+        count: 0,
     });
-    let n = COUNT.fetch_add(1, Ordering::Relaxed);
+    let pid = std::process::id();
+    let (key, process, n) = {
+        let mut seed = SEED
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if seed.pid != pid {
+            *seed = Seed::draw(pid);
+        }
+        seed.count = seed.count.wrapping_add(1);
+        (seed.key, seed.process, seed.count)
+    };
     let mut hex = [0u8; 32];
     write_hex(&mut hex[..16], scramble(n ^ key));
     write_hex(&mut hex[16..], process);
@@ -104,6 +106,35 @@ fn new_owner(label: Option<&str>) -> Arc<str> {
     match label {
         Some(label) => Arc::from(format!("{hex}@{label}")),
         None => Arc::from(hex),
+    }
+}
+
+/// What owner tokens are made from, in one process.
+struct Seed {
+    pid: u32,
+    key: u64,
+    process: u64,
+    count: u64,
+}
+
+impl Seed {
+    fn draw(pid: u32) -> Self {
+        let mut bytes = [0u8; 16];
+        let value = match getrandom::fill(&mut bytes) {
+            Ok(()) => u128::from_le_bytes(bytes),
+            Err(_) => {
+                let nanos = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_nanos());
+                (u128::from(pid) << 96) ^ nanos
+            }
+        };
+        Seed {
+            pid,
+            key: (value >> 64) as u64,
+            process: value as u64,
+            count: 0,
+        }
     }
 }
 
