@@ -15,8 +15,10 @@ use crate::watchdog::Watchdog;
 
 mod acquire;
 mod builder;
+mod checks;
 #[cfg(feature = "cluster")]
 mod cluster;
+mod connect;
 mod default;
 mod fair;
 mod head;

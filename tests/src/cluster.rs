@@ -177,6 +177,16 @@ impl RedisCluster {
         redis::cluster::ClusterClient::new(self.seed_urls()).expect("a cluster client")
     }
 
+    /// A `Locker` on this cluster whose watchdog lease is `lease`.
+    pub async fn locker(&self, lease: Duration) -> dlock_core::Locker {
+        dlock_core::Locker::builder()
+            .cluster(self.seed_urls())
+            .watchdog_lease(lease)
+            .build()
+            .await
+            .expect("a locker on the cluster")
+    }
+
     /// The port of every node, in start order (ports never change, whatever the roles).
     pub fn ports(&self) -> Vec<u16> {
         self.nodes.iter().map(RedisServer::port).collect()

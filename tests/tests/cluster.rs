@@ -1,6 +1,7 @@
 //! A `Locker` over Redis Cluster, against a real cluster of three masters and three replicas:
 //! mutual exclusion across slots, wake-ups through sharded pub/sub on the lock's shard only,
-//! renewals of locks in many slots, and held locks that survive a slot migration and a failover.
+//! renewals of locks in many slots, multi-locks, inspection and fair locks. Faults (a slot
+//! migrating, a failover, a cluster down at start) are in `cluster_faults.rs`.
 //!
 //! The harness blocks while it polls; tests that keep a `Locker` across a fault run on two worker
 //! threads and call it inside `block_in_place`.
@@ -15,15 +16,6 @@ use dlock_core::{LockError, Locker, ReplicaAck};
 use dlock_tests::cluster::key_slot;
 use dlock_tests::{RedisCluster, unique_name};
 use tokio::task::block_in_place;
-
-async fn locker(cluster: &RedisCluster, lease: Duration) -> Locker {
-    Locker::builder()
-        .cluster(cluster.seed_urls())
-        .watchdog_lease(lease)
-        .build()
-        .await
-        .expect("a locker on the cluster")
-}
 
 /// Calls of `command` a node has served, from `INFO commandstats`.
 fn calls(cluster: &RedisCluster, port: u16, command: &str) -> u64 {
@@ -60,7 +52,7 @@ async fn locks_on_a_cluster_exclude_each_other_in_every_slot() {
     const TASKS: usize = 6;
     const ROUNDS: usize = 40;
     let cluster = block_in_place(RedisCluster::start);
-    let first = locker(&cluster, Duration::from_secs(30)).await;
+    let first = cluster.locker(Duration::from_secs(30)).await;
     let names = names_across_masters(&cluster, &first, "cluster-mutex", 4);
     let inside: Arc<Vec<AtomicBool>> =
         Arc::new(names.iter().map(|_| AtomicBool::new(false)).collect());
@@ -71,7 +63,7 @@ async fn locks_on_a_cluster_exclude_each_other_in_every_slot() {
         let locker = if l == 0 {
             first.clone()
         } else {
-            locker(&cluster, Duration::from_secs(30)).await
+            cluster.locker(Duration::from_secs(30)).await
         };
         for t in 0..TASKS {
             let (locker, names) = (locker.clone(), names.clone());
@@ -123,8 +115,8 @@ async fn locks_on_a_cluster_exclude_each_other_in_every_slot() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiters_are_woken_through_sharded_pub_sub_on_the_locks_shard_only() {
     let cluster = block_in_place(RedisCluster::start);
-    let holder = locker(&cluster, Duration::from_secs(30)).await;
-    let waiter = locker(&cluster, Duration::from_secs(30)).await;
+    let holder = cluster.locker(Duration::from_secs(30)).await;
+    let waiter = cluster.locker(Duration::from_secs(30)).await;
     let name = unique_name("cluster-wake");
     let key = holder.key_of(name.as_str()).unwrap();
     let owner = cluster.node_for_key(&key).port;
@@ -222,7 +214,7 @@ async fn the_watchdog_renews_locks_in_many_slots_with_one_script_call_per_slot()
     let cluster = block_in_place(RedisCluster::start);
     let lease = Duration::from_millis(900);
     let tick = lease / 3;
-    let locker = locker(&cluster, lease).await;
+    let locker = cluster.locker(lease).await;
     let names = names_sharing_slots(&locker, "cluster-renew", SLOTS, PER_SLOT);
     let masters: BTreeSet<u16> = (names.iter())
         .map(|name| {
@@ -277,97 +269,6 @@ async fn the_watchdog_renews_locks_in_many_slots_with_one_script_call_per_slot()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_held_lock_survives_its_slot_migrating_to_another_master() {
-    let cluster = block_in_place(RedisCluster::start);
-    let lease = Duration::from_millis(900);
-    let locker = locker(&cluster, lease).await;
-    let rival = locker_with(&cluster).await;
-    let name = unique_name("cluster-migrate");
-    let key = locker.key_of(name.as_str()).unwrap();
-    let slot = key_slot(key.as_bytes());
-    let from = cluster.master_for_slot(slot);
-    let to = (cluster.masters().into_iter())
-        .find(|m| m.id != from.id)
-        .unwrap();
-
-    let guard = locker.lock(name.as_str()).await.expect("lock");
-    block_in_place(|| cluster.migrate_slot(slot, to.port));
-    assert_eq!(cluster.master_for_slot(slot).port, to.port);
-    tokio::time::sleep(lease * 2).await;
-    assert!(!guard.is_lost(), "the hold was lost in the move");
-    assert!(
-        rival
-            .lock(name.as_str())
-            .try_lock()
-            .await
-            .unwrap()
-            .is_none(),
-        "a rival got it"
-    );
-    let pttl: i64 = cluster
-        .node(to.port)
-        .connection()
-        .await
-        .pttl(&key)
-        .await
-        .unwrap();
-    assert!(
-        pttl > 0,
-        "the lock is renewed on its new master (PTTL {pttl})"
-    );
-    assert!(guard.release().await.is_released());
-    let guard = rival
-        .lock(name.as_str())
-        .try_lock()
-        .await
-        .unwrap()
-        .expect("free again");
-    assert!(guard.release().await.is_released());
-}
-
-async fn locker_with(cluster: &RedisCluster) -> Locker {
-    locker(cluster, Duration::from_secs(30)).await
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_held_lock_survives_a_coordinated_failover_of_its_master() {
-    let cluster = block_in_place(RedisCluster::start);
-    // Renewed every 800 ms: the failover's pause of the master's clients, its election and the
-    // client's move to the new master must fit within the lease (they took over 600 ms on a
-    // busy machine) — and renewals must then land on the new master.
-    let lease = Duration::from_millis(2_400);
-    let locker = locker(&cluster, lease).await;
-    let rival = locker_with(&cluster).await;
-    let name = unique_name("cluster-failover");
-    let key = locker.key_of(name.as_str()).unwrap();
-    let master = cluster.node_for_key(&key);
-    let replica = cluster.replica_of(&master);
-
-    let guard = locker.lock(name.as_str()).await.expect("lock");
-    let first = guard.fencing_token();
-    block_in_place(|| cluster.failover(replica.port));
-    assert_eq!(cluster.node_for_key(&key).port, replica.port);
-    tokio::time::sleep(lease * 2).await;
-    assert!(!guard.is_lost(), "the hold was lost in the failover");
-    assert!(
-        rival
-            .lock(name.as_str())
-            .try_lock()
-            .await
-            .unwrap()
-            .is_none(),
-        "a rival got it"
-    );
-    assert!(guard.release().await.is_released());
-    let guard = (rival.lock(name.as_str()))
-        .wait(Duration::from_secs(5))
-        .await
-        .expect("free again");
-    assert!(guard.fencing_token() > first);
-    assert!(guard.release().await.is_released());
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replica_acknowledged_grants_on_a_cluster_are_on_the_slots_replica() {
     let cluster = block_in_place(RedisCluster::start);
     let locker = Locker::builder()
@@ -403,8 +304,8 @@ async fn replica_acknowledged_grants_on_a_cluster_are_on_the_slots_replica() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_multi_lock_across_masters_is_all_or_none() {
     let cluster = block_in_place(RedisCluster::start);
-    let locker = locker_with(&cluster).await;
-    let rival = locker_with(&cluster).await;
+    let locker = cluster.locker(Duration::from_secs(30)).await;
+    let rival = cluster.locker(Duration::from_secs(30)).await;
     let names = names_across_masters(&cluster, &locker, "cluster-multi", 6);
     let all = locker
         .lock_all(names.iter().map(String::as_str))
@@ -448,43 +349,10 @@ async fn a_multi_lock_across_masters_is_all_or_none() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lazy_cluster_locker_builds_while_the_cluster_is_down_and_locks_once_it_is_back() {
-    let mut cluster = block_in_place(RedisCluster::start);
-    let ports = cluster.ports();
-    for &port in &ports {
-        cluster.pause(port);
-    }
-    let started = Instant::now();
-    let locker = Locker::builder()
-        .cluster(cluster.seed_urls())
-        .connect_lazily(true)
-        .command_timeout(Duration::from_millis(500))
-        .connect_timeout(Duration::from_millis(300))
-        .build()
-        .await
-        .expect("a lazy locker builds without the cluster");
-    assert!(
-        started.elapsed() < Duration::from_millis(300),
-        "build waited for the cluster"
-    );
-    let name = unique_name("cluster-lazy");
-    let err = locker.lock(name.as_str()).try_lock().await.unwrap_err();
-    assert!(err.is_backend(), "{err}");
-    for &port in &ports {
-        cluster.resume(port);
-    }
-    let guard = (locker.lock(name.as_str()))
-        .wait(Duration::from_secs(10))
-        .await
-        .expect("lock once the cluster is back");
-    assert!(guard.release().await.is_released());
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_multi_lock_takes_the_names_of_one_slot_in_one_script() {
     let cluster = block_in_place(RedisCluster::start);
-    let locker = locker_with(&cluster).await;
-    let rival = locker_with(&cluster).await;
+    let locker = cluster.locker(Duration::from_secs(30)).await;
+    let rival = cluster.locker(Duration::from_secs(30)).await;
     let slot = |name: &str| key_slot(locker.key_of(name).unwrap().as_bytes());
     // Two names that share a slot (found by trying), and a third that sorts after them (digits
     // before letters) in another slot.
@@ -548,8 +416,8 @@ async fn a_multi_lock_takes_the_names_of_one_slot_in_one_script() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inspect_and_force_release_work_on_the_slots_master() {
     let cluster = block_in_place(RedisCluster::start);
-    let locker = locker_with(&cluster).await;
-    let rival = locker_with(&cluster).await;
+    let locker = cluster.locker(Duration::from_secs(30)).await;
+    let rival = cluster.locker(Duration::from_secs(30)).await;
     let name = unique_name("cluster-inspect");
     let guard = locker.lock(name.as_str()).await.expect("lock");
     let waiter = tokio::spawn({
@@ -641,7 +509,7 @@ async fn a_fair_lock_on_a_cluster_goes_in_order_and_wakes_each_head_by_sharded_p
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn list_on_a_cluster_scans_every_master() {
     let cluster = block_in_place(RedisCluster::start);
-    let locker = locker(&cluster, Duration::from_secs(30)).await;
+    let locker = cluster.locker(Duration::from_secs(30)).await;
     let masters = block_in_place(|| cluster.masters());
     let master_of = |name: &str| {
         let slot = key_slot(locker.key_of(name).expect("a name").as_bytes());

@@ -9,11 +9,16 @@ use crate::backend::Backend;
 use crate::backend::MemoryStore;
 use crate::backend::memory::MemoryBackend;
 use crate::backend::redis::{Pool, RedisBackend, RedisConn};
-use crate::error::{BackendError, LockError};
+use crate::error::LockError;
 use crate::name::validate_prefix;
 use crate::replication::ReplicaAck;
 use crate::wait::SubscriberSource;
 use std::fmt;
+
+use super::checks::{
+    check_default_lease, check_holder_label, check_replica_ack, tls_ready, waitaof_supported,
+};
+use super::connect::{connect, connect_error, describe_client, url_error};
 
 /// Configures and builds a [`Locker`].
 #[derive(Default)]
@@ -528,145 +533,4 @@ impl LockerBuilder {
             display,
         ))
     }
-}
-
-/// A TLS connection needs rustls's process-wide crypto provider, which is the application's to
-/// choose: dlock never installs one (an application installing its own afterwards would fail).
-/// Without one, the `redis` crate's TLS set-up would panic; this is the typed error instead.
-#[cfg(feature = "tls-rustls")]
-pub(super) fn tls_ready(at: &str) -> Result<(), LockError> {
-    if rustls::crypto::CryptoProvider::get_default().is_some() {
-        return Ok(());
-    }
-    Err(LockError::Config(format!(
-        "`{at}` is a TLS connection and no rustls crypto provider is installed: install one \
-         when the application starts, e.g. \
-         `rustls::crypto::aws_lc_rs::default_provider().install_default()`, before building \
-         the Locker"
-    )))
-}
-
-#[cfg(not(feature = "tls-rustls"))]
-pub(super) fn tls_ready(at: &str) -> Result<(), LockError> {
-    Err(LockError::Config(format!(
-        "`{at}` is a TLS connection: enable dlock-core's `tls-rustls` feature"
-    )))
-}
-
-/// `WAITAOF` is there (Redis / Valkey 7.2 or newer), asked with `COMMAND INFO`; a server that
-/// can't be asked now is left to answer the first write.
-async fn waitaof_supported(locker: &Locker) -> Result<(), LockError> {
-    let Backend::Redis(backend) = &locker.inner.backend else {
-        return Ok(());
-    };
-    match backend.knows_command("WAITAOF").await {
-        Ok(false) => Err(LockError::Config(
-            "replica acknowledgement with fsync needs WAITAOF (Redis or Valkey 7.2 or newer); \
-             this server does not know it"
-                .into(),
-        )),
-        Ok(true) | Err(_) => Ok(()),
-    }
-}
-
-/// Replica acknowledgement needs replicas (so a Redis backend), at least one, and a wait that
-/// fits in one command timeout with the write it follows.
-fn check_replica_ack(
-    ack: ReplicaAck,
-    command_timeout: Duration,
-    memory: bool,
-) -> Result<(), LockError> {
-    if memory {
-        return Err(LockError::Config(
-            "replica acknowledgement needs Redis: the in-memory store has no replicas".into(),
-        ));
-    }
-    if ack.replicas() == 0 {
-        return Err(LockError::Config(
-            "replica acknowledgement needs at least one replica".into(),
-        ));
-    }
-    if ack.timeout().is_zero() || ack.timeout() >= command_timeout {
-        return Err(LockError::Config(format!(
-            "replica acknowledgement timeout {:?} must be above zero and under the command \
-             timeout {command_timeout:?}",
-            ack.timeout()
-        )));
-    }
-    Ok(())
-}
-
-/// A default lease is held to a request's bounds, and a watchdog lease renewed every third of it
-/// to at least 30 ms.
-fn check_default_lease(lease: Lease) -> Result<(), LockError> {
-    const MIN_WATCHDOG_LEASE: Duration = Duration::from_millis(30);
-    if let Lease::Watchdog(watchdog_lease) = lease
-        && watchdog_lease < MIN_WATCHDOG_LEASE
-    {
-        return Err(LockError::Config(format!(
-            "watchdog lease {watchdog_lease:?} is too short; the minimum is {MIN_WATCHDOG_LEASE:?}"
-        )));
-    }
-    super::lease::check_lease(lease.duration()).map_err(|err| match err {
-        LockError::Config(message) => LockError::Config(format!("default {message}")),
-        other => other,
-    })
-}
-
-/// Opens the connection manager's first connection, within twice the connect timeout.
-async fn connect(
-    client: redis::Client,
-    config: redis::aio::ConnectionManagerConfig,
-    connect_timeout: Duration,
-    display: &str,
-) -> Result<redis::aio::ConnectionManager, LockError> {
-    let connecting = redis::aio::ConnectionManager::new_with_config(client, config);
-    match tokio::time::timeout(connect_timeout * 2, connecting).await {
-        Ok(Ok(manager)) => Ok(manager),
-        Ok(Err(err)) => Err(connect_error(display, err)),
-        Err(_) => Err(LockError::Backend(BackendError::timeout(
-            connect_timeout * 2,
-        ))),
-    }
-}
-
-pub(super) fn url_error(err: &redis::RedisError) -> String {
-    let msg = err.to_string();
-    if msg.to_ascii_lowercase().contains("tls") {
-        format!("{msg} (enable dlock-core's `tls-rustls` feature for rediss:// URLs)")
-    } else {
-        msg
-    }
-}
-
-fn connect_error(at: &str, err: redis::RedisError) -> LockError {
-    if err.kind() == redis::ErrorKind::InvalidClientConfig {
-        return LockError::Config(format!("cannot connect to `{at}`: {}", url_error(&err)));
-    }
-    tracing::debug!(at, error = %err, "dlock: cannot connect");
-    LockError::Backend(BackendError::redis(err))
-}
-
-fn describe_client(client: &redis::Client) -> String {
-    let info = client.get_connection_info();
-    format!("{}", info.addr())
-}
-
-/// The longest holder label accepted, in bytes.
-const MAX_HOLDER_LABEL: usize = 64;
-
-fn check_holder_label(label: Option<String>) -> Result<Option<Arc<str>>, LockError> {
-    let Some(label) = label else {
-        return Ok(None);
-    };
-    if label.is_empty()
-        || label.len() > MAX_HOLDER_LABEL
-        || label.chars().any(|c| c.is_control() || c.is_whitespace())
-    {
-        return Err(LockError::Config(format!(
-            "holder label {label:?}: 1 to {MAX_HOLDER_LABEL} bytes, no whitespace or control \
-             characters"
-        )));
-    }
-    Ok(Some(Arc::from(label)))
 }

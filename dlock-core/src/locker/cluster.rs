@@ -3,7 +3,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::builder::{tls_ready, url_error};
+use super::checks::tls_ready;
+use super::connect::url_error;
 use super::url::redact_url;
 use super::{Config, Locker};
 use crate::backend::Backend;

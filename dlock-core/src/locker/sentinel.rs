@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::builder::url_error;
+use super::connect::url_error;
 use super::url::redact_url;
 use super::{Config, Locker};
 use crate::backend::Backend;

@@ -1,0 +1,134 @@
+//! A `Locker` over Redis Cluster through faults, against a real cluster of three masters and
+//! three replicas: a held lock survives its slot migrating and its master failing over, and a
+//! lazy `Locker` builds while the cluster is down and locks once it is back.
+//!
+//! The harness blocks while it polls; these tests keep a `Locker` across a fault, so they run
+//! on two worker threads and call it inside `block_in_place`.
+
+use std::time::{Duration, Instant};
+
+use dlock_core::Locker;
+use dlock_core::redis::AsyncCommands as _;
+use dlock_tests::cluster::key_slot;
+use dlock_tests::{RedisCluster, unique_name};
+use tokio::task::block_in_place;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_lock_survives_its_slot_migrating_to_another_master() {
+    let cluster = block_in_place(RedisCluster::start);
+    let lease = Duration::from_millis(900);
+    let locker = cluster.locker(lease).await;
+    let rival = cluster.locker(Duration::from_secs(30)).await;
+    let name = unique_name("cluster-migrate");
+    let key = locker.key_of(name.as_str()).unwrap();
+    let slot = key_slot(key.as_bytes());
+    let from = cluster.master_for_slot(slot);
+    let to = (cluster.masters().into_iter())
+        .find(|m| m.id != from.id)
+        .unwrap();
+
+    let guard = locker.lock(name.as_str()).await.expect("lock");
+    block_in_place(|| cluster.migrate_slot(slot, to.port));
+    assert_eq!(cluster.master_for_slot(slot).port, to.port);
+    tokio::time::sleep(lease * 2).await;
+    assert!(!guard.is_lost(), "the hold was lost in the move");
+    assert!(
+        rival
+            .lock(name.as_str())
+            .try_lock()
+            .await
+            .unwrap()
+            .is_none(),
+        "a rival got it"
+    );
+    let pttl: i64 = cluster
+        .node(to.port)
+        .connection()
+        .await
+        .pttl(&key)
+        .await
+        .unwrap();
+    assert!(
+        pttl > 0,
+        "the lock is renewed on its new master (PTTL {pttl})"
+    );
+    assert!(guard.release().await.is_released());
+    let guard = rival
+        .lock(name.as_str())
+        .try_lock()
+        .await
+        .unwrap()
+        .expect("free again");
+    assert!(guard.release().await.is_released());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_lock_survives_a_coordinated_failover_of_its_master() {
+    let cluster = block_in_place(RedisCluster::start);
+    // Renewed every 800 ms: the failover's pause of the master's clients, its election and the
+    // client's move to the new master must fit within the lease (they took over 600 ms on a
+    // busy machine) — and renewals must then land on the new master.
+    let lease = Duration::from_millis(2_400);
+    let locker = cluster.locker(lease).await;
+    let rival = cluster.locker(Duration::from_secs(30)).await;
+    let name = unique_name("cluster-failover");
+    let key = locker.key_of(name.as_str()).unwrap();
+    let master = cluster.node_for_key(&key);
+    let replica = cluster.replica_of(&master);
+
+    let guard = locker.lock(name.as_str()).await.expect("lock");
+    let first = guard.fencing_token();
+    block_in_place(|| cluster.failover(replica.port));
+    assert_eq!(cluster.node_for_key(&key).port, replica.port);
+    tokio::time::sleep(lease * 2).await;
+    assert!(!guard.is_lost(), "the hold was lost in the failover");
+    assert!(
+        rival
+            .lock(name.as_str())
+            .try_lock()
+            .await
+            .unwrap()
+            .is_none(),
+        "a rival got it"
+    );
+    assert!(guard.release().await.is_released());
+    let guard = (rival.lock(name.as_str()))
+        .wait(Duration::from_secs(5))
+        .await
+        .expect("free again");
+    assert!(guard.fencing_token() > first);
+    assert!(guard.release().await.is_released());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lazy_cluster_locker_builds_while_the_cluster_is_down_and_locks_once_it_is_back() {
+    let mut cluster = block_in_place(RedisCluster::start);
+    let ports = cluster.ports();
+    for &port in &ports {
+        cluster.pause(port);
+    }
+    let started = Instant::now();
+    let locker = Locker::builder()
+        .cluster(cluster.seed_urls())
+        .connect_lazily(true)
+        .command_timeout(Duration::from_millis(500))
+        .connect_timeout(Duration::from_millis(300))
+        .build()
+        .await
+        .expect("a lazy locker builds without the cluster");
+    assert!(
+        started.elapsed() < Duration::from_millis(300),
+        "build waited for the cluster"
+    );
+    let name = unique_name("cluster-lazy");
+    let err = locker.lock(name.as_str()).try_lock().await.unwrap_err();
+    assert!(err.is_backend(), "{err}");
+    for &port in &ports {
+        cluster.resume(port);
+    }
+    let guard = (locker.lock(name.as_str()))
+        .wait(Duration::from_secs(10))
+        .await
+        .expect("lock once the cluster is back");
+    assert!(guard.release().await.is_released());
+}
