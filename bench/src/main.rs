@@ -144,7 +144,10 @@ dlock-bench [--quick] [--only W1,W2,...] [--libs dlock,raw,...] [--duration SECO
                 dlock-permit (a semaphore of one permit); and the plain lock in its
                 scale-out modes, each on servers of its own: dlock-cluster (3 masters with
                 a replica each), dlock-sentinel, dlock-ack (a replica acknowledges every
-                grant), dlock-majority (3 independent masters). W1-W3 run each of them
+                grant), dlock-majority (3 independent masters). W1-W3 run each of them.
+                Only when named: raw-scripted-acquire (raw with its SET NX PX inside a
+                script) and raw-marked-release (raw whose release also records the released
+                owner and publishes, as dlock's does), to see what each step costs
   --duration    measured seconds per library and workload (default 10; quick 0.6)
   --rounds      rounds that time is cut into, libraries alternating (default 5; quick 2)
   --json-only   print only the JSON lines
@@ -216,7 +219,7 @@ fn parse_args() -> Settings {
     // Against the user's own server, the modes (which need servers of their own) run only
     // when asked for.
     if libs.is_none() && std::env::var_os("REDIS_URL").is_some() {
-        let single = peers::Lib::ALL.iter().filter(|l| l.mode().is_none());
+        let single = (peers::Lib::ALL.iter()).filter(|l| l.mode().is_none() && l.by_default());
         libs = Some(single.map(|l| l.label().to_owned()).collect());
     }
     if let Some(unknown) = only

@@ -18,6 +18,19 @@ pub(crate) enum Lib {
     Raw,
     RslockDefault,
     Rslock2ms,
+    /// The raw protocol changed in one place, to see what that place costs (run only when
+    /// `--libs` names it).
+    Probe(Probe),
+}
+
+/// A change to the raw protocol, each one a step of dlock's uncontended cycle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Probe {
+    /// The `SET NX PX` inside a script of its own.
+    ScriptedAcquire,
+    /// The release does what dlock's does when nobody waits: the owner check and the delete,
+    /// the released owner recorded beside the key, a `PUBLISH`.
+    MarkedRelease,
 }
 
 /// Which dlock primitive holds the name: each one that excludes every other holder, so the
@@ -35,7 +48,7 @@ pub(crate) enum Kind {
 }
 
 impl Lib {
-    pub(crate) const ALL: [Lib; 11] = [
+    pub(crate) const ALL: [Lib; 13] = [
         Lib::Dlock(Kind::Plain),
         Lib::Raw,
         Lib::RslockDefault,
@@ -47,6 +60,8 @@ impl Lib {
         Lib::Scaled(Mode::Sentinel),
         Lib::Scaled(Mode::Ack),
         Lib::Scaled(Mode::Majority),
+        Lib::Probe(Probe::ScriptedAcquire),
+        Lib::Probe(Probe::MarkedRelease),
     ];
 
     /// The scale-out mode, for the libraries that run on servers of their own.
@@ -70,7 +85,14 @@ impl Lib {
             Lib::Raw => "raw",
             Lib::RslockDefault => "rslock",
             Lib::Rslock2ms => "rslock-2ms",
+            Lib::Probe(Probe::ScriptedAcquire) => "raw-scripted-acquire",
+            Lib::Probe(Probe::MarkedRelease) => "raw-marked-release",
         }
+    }
+
+    /// Whether a run includes it without `--libs` naming it.
+    pub(crate) fn by_default(self) -> bool {
+        !matches!(self, Lib::Probe(_))
     }
 }
 
@@ -103,16 +125,41 @@ impl Held {
     }
 }
 
-/// The minimal correct protocol: `SET NX PX`, compare-and-delete by script, 1 ms between tries.
+/// The minimal correct protocol: `SET NX PX`, compare-and-delete by script, 1 ms between tries
+/// (or a probe's change to it).
 #[derive(Clone)]
 pub(crate) struct Raw {
     con: MultiplexedConnection,
+    /// The probe's acquire script, instead of a plain `SET NX PX`.
+    acquire: Option<Arc<redis::Script>>,
     release: Arc<redis::Script>,
+    /// The release records the released owner and publishes (its script takes two more keys).
+    marks: bool,
 }
 
 const RAW_RELEASE: &str = r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('DEL', KEYS[1])
+end
+return 0
+"#;
+
+/// [`Probe::ScriptedAcquire`]'s acquire: `KEYS[1]` lock; `ARGV[1]` token, `ARGV[2]` lease ms.
+const SCRIPTED_ACQUIRE: &str = r#"
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return 1
+end
+return 0
+"#;
+
+/// [`Probe::MarkedRelease`]'s release: `KEYS[1]` lock, `KEYS[2]` where the released owner is
+/// recorded, `KEYS[3]` the wake-up channel; `ARGV[1]` token.
+const MARKED_RELEASE: &str = r#"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  redis.call('HSET', KEYS[2], 'r', ARGV[1])
+  redis.call('PUBLISH', KEYS[3], '1')
+  return 1
 end
 return 0
 "#;
@@ -160,15 +207,20 @@ impl Client {
                 };
                 Client::Dlock(connect(builder).await, Kind::Plain)
             }
-            Lib::Raw => {
+            Lib::Raw | Lib::Probe(_) => {
                 let con = redis::Client::open(url)
                     .expect("url")
                     .get_multiplexed_async_connection()
                     .await
                     .expect("raw connects");
+                let script = |lua| Arc::new(redis::Script::new(lua));
+                let marks = lib == Lib::Probe(Probe::MarkedRelease);
                 Client::Raw(Raw {
                     con,
-                    release: Arc::new(redis::Script::new(RAW_RELEASE)),
+                    acquire: (lib == Lib::Probe(Probe::ScriptedAcquire))
+                        .then(|| script(SCRIPTED_ACQUIRE)),
+                    release: script(if marks { MARKED_RELEASE } else { RAW_RELEASE }),
+                    marks,
                 })
             }
             Lib::RslockDefault => Client::Rslock(Arc::new(rslock::LockManager::new(vec![url]))),
@@ -214,16 +266,26 @@ impl Client {
                 let mut con = raw.con.clone();
                 let deadline = tokio::time::Instant::now() + bound;
                 loop {
-                    let set: Option<String> = redis::cmd("SET")
-                        .arg(&key)
-                        .arg(&token)
-                        .arg("NX")
-                        .arg("PX")
-                        .arg(30_000)
-                        .query_async(&mut con)
-                        .await
-                        .map_err(|e| format!("raw SET: {e}"))?;
-                    if set.is_some() {
+                    let set = match &raw.acquire {
+                        None => redis::cmd("SET")
+                            .arg(&key)
+                            .arg(&token)
+                            .arg("NX")
+                            .arg("PX")
+                            .arg(30_000)
+                            .query_async::<Option<String>>(&mut con)
+                            .await
+                            .map(|set| set.is_some()),
+                        Some(script) => script
+                            .key(&key)
+                            .arg(&token)
+                            .arg(30_000)
+                            .invoke_async::<i64>(&mut con)
+                            .await
+                            .map(|set| set == 1),
+                    }
+                    .map_err(|e| format!("raw SET: {e}"))?;
+                    if set {
                         return Ok(Held::Raw { key, token });
                     }
                     if tokio::time::Instant::now() >= deadline {
@@ -258,9 +320,13 @@ impl Client {
             }
             (Client::Raw(raw), Held::Raw { key, token }) => {
                 let mut con = raw.con.clone();
-                let deleted: i64 = raw
-                    .release
-                    .key(&key)
+                let mut release = raw.release.key(&key);
+                if raw.marks {
+                    release
+                        .key(format!("{key}:fence"))
+                        .key(format!("{key}:wake"));
+                }
+                let deleted: i64 = release
                     .arg(&token)
                     .invoke_async(&mut con)
                     .await

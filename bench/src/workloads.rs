@@ -418,11 +418,9 @@ fn rows(workload: &'static str, libs: &[Lib], mut acc: BTreeMap<&'static str, Ac
 pub(crate) fn libs(settings: &Settings) -> Vec<Lib> {
     Lib::ALL
         .into_iter()
-        .filter(|lib| {
-            settings
-                .libs
-                .as_ref()
-                .is_none_or(|libs| libs.iter().any(|l| l == lib.label()))
+        .filter(|lib| match &settings.libs {
+            None => lib.by_default(),
+            Some(libs) => libs.iter().any(|l| l == lib.label()),
         })
         .collect()
 }

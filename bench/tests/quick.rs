@@ -46,3 +46,36 @@ fn every_workload_runs_without_violations() {
         "W6: a waiter never acquired:\n{stdout}"
     );
 }
+
+#[test]
+fn the_protocol_probes_run_when_named_and_only_then() {
+    let output = Command::new(env!("CARGO_BIN_EXE_dlock-bench"))
+        .args(["--quick", "--only", "W1", "--json-only", "--libs"])
+        .arg("raw,raw-scripted-acquire,raw-marked-release")
+        .env_remove("REDIS_URL")
+        .output()
+        .expect("run dlock-bench");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "dlock-bench failed ({}):\n{stdout}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    for lib in ["raw", "raw-scripted-acquire", "raw-marked-release"] {
+        let row = stdout
+            .lines()
+            .find(|l| l.contains(&format!("\"workload\":\"W1\",\"library\":\"{lib}\"")))
+            .unwrap_or_else(|| panic!("no W1 row for {lib}:\n{stdout}"));
+        assert!(row.contains("\"errors\":0,\"violations\":0"), "{row}");
+    }
+    // The smoke run without `--libs` leaves them out.
+    let all = Command::new(env!("CARGO_BIN_EXE_dlock-bench"))
+        .args(["--quick", "--only", "W1", "--json-only"])
+        .env_remove("REDIS_URL")
+        .output()
+        .expect("run dlock-bench");
+    let all = String::from_utf8_lossy(&all.stdout);
+    assert!(all.contains("\"library\":\"raw\""), "{all}");
+    assert!(!all.contains("raw-scripted-acquire"), "{all}");
+}
