@@ -4,20 +4,26 @@
 
 use std::process::Command;
 
-#[test]
-fn every_workload_runs_without_violations() {
+/// What `dlock-bench ARGS` printed on stdout, on its own servers; it must exit with success.
+fn bench(args: &[&str]) -> String {
     let output = Command::new(env!("CARGO_BIN_EXE_dlock-bench"))
-        .arg("--quick")
+        .args(args)
         .env_remove("REDIS_URL")
         .output()
         .expect("run dlock-bench");
-    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
     assert!(
         output.status.success(),
-        "dlock-bench --quick failed ({}):\n{stdout}\n{}",
+        "dlock-bench {args:?} failed ({}):\n{stdout}\n{}",
         output.status,
         String::from_utf8_lossy(&output.stderr)
     );
+    stdout
+}
+
+#[test]
+fn every_workload_runs_without_violations() {
+    let stdout = bench(&["--quick"]);
     for workload in ["W1", "W2", "W3", "W4", "W5", "W6", "W7"] {
         assert!(
             stdout.contains(&format!("\"workload\":\"{workload}\"")),
@@ -49,33 +55,17 @@ fn every_workload_runs_without_violations() {
 
 #[test]
 fn the_protocol_probes_run_when_named_and_only_then() {
-    let output = Command::new(env!("CARGO_BIN_EXE_dlock-bench"))
-        .args(["--quick", "--only", "W1", "--json-only", "--libs"])
-        .arg("raw,raw-scripted-acquire,raw-marked-release")
-        .env_remove("REDIS_URL")
-        .output()
-        .expect("run dlock-bench");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "dlock-bench failed ({}):\n{stdout}\n{}",
-        output.status,
-        String::from_utf8_lossy(&output.stderr)
-    );
-    for lib in ["raw", "raw-scripted-acquire", "raw-marked-release"] {
+    let probes = "raw,raw-scripted-acquire,raw-marked-release";
+    let stdout = bench(&["--quick", "--only", "W1", "--json-only", "--libs", probes]);
+    for lib in probes.split(',') {
         let row = stdout
             .lines()
             .find(|l| l.contains(&format!("\"workload\":\"W1\",\"library\":\"{lib}\"")))
             .unwrap_or_else(|| panic!("no W1 row for {lib}:\n{stdout}"));
         assert!(row.contains("\"errors\":0,\"violations\":0"), "{row}");
     }
-    // The smoke run without `--libs` leaves them out.
-    let all = Command::new(env!("CARGO_BIN_EXE_dlock-bench"))
-        .args(["--quick", "--only", "W1", "--json-only"])
-        .env_remove("REDIS_URL")
-        .output()
-        .expect("run dlock-bench");
-    let all = String::from_utf8_lossy(&all.stdout);
+    // A run without `--libs` leaves them out.
+    let all = bench(&["--quick", "--only", "W1", "--json-only"]);
     assert!(all.contains("\"library\":\"raw\""), "{all}");
     assert!(!all.contains("raw-scripted-acquire"), "{all}");
 }
