@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -84,26 +84,29 @@ fn next_id() -> u64 {
 /// process rather than per acquisition: the draw is a system call, and a costly one. Should the
 /// system have no randomness to give, the process id and the time stand in for it.
 fn new_owner(label: Option<&str>) -> Arc<str> {
-    static SEED: Mutex<Seed> = Mutex::new(Seed {
-        pid: 0,
-        key: 0,
-        process: 0,
-        count: 0,
-    });
+    // The process id the bits below were drawn in (0: not drawn yet); written last, after them.
+    static DRAWN_IN: AtomicU32 = AtomicU32::new(0);
+    static KEY: AtomicU64 = AtomicU64::new(0);
+    static PROCESS: AtomicU64 = AtomicU64::new(0);
+    static COUNT: AtomicU64 = AtomicU64::new(0);
+    // Taken only to draw: once per process.
+    static DRAWING: Mutex<()> = Mutex::new(());
     let pid = std::process::id();
-    let (key, process, n) = {
-        let mut seed = SEED
+    if DRAWN_IN.load(Ordering::Acquire) != pid {
+        let _drawing = DRAWING
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if seed.pid != pid {
-            *seed = Seed::draw(pid);
+        if DRAWN_IN.load(Ordering::Acquire) != pid {
+            let (key, process) = draw_seed(pid);
+            KEY.store(key, Ordering::Relaxed);
+            PROCESS.store(process, Ordering::Relaxed);
+            DRAWN_IN.store(pid, Ordering::Release);
         }
-        seed.count = seed.count.wrapping_add(1);
-        (seed.key, seed.process, seed.count)
-    };
+    }
+    let n = COUNT.fetch_add(1, Ordering::Relaxed);
     let mut hex = [0u8; 32];
-    write_hex(&mut hex[..16], scramble(n ^ key));
-    write_hex(&mut hex[16..], process);
+    write_hex(&mut hex[..16], scramble(n ^ KEY.load(Ordering::Relaxed)));
+    write_hex(&mut hex[16..], PROCESS.load(Ordering::Relaxed));
     let hex = std::str::from_utf8(&hex).unwrap_or_default();
     match label {
         Some(label) => Arc::from(format!("{hex}@{label}")),
@@ -111,33 +114,20 @@ fn new_owner(label: Option<&str>) -> Arc<str> {
     }
 }
 
-/// What owner tokens are made from, in one process.
-struct Seed {
-    pid: u32,
-    key: u64,
-    process: u64,
-    count: u64,
-}
-
-impl Seed {
-    fn draw(pid: u32) -> Self {
-        let mut bytes = [0u8; 16];
-        let value = match getrandom::fill(&mut bytes) {
-            Ok(()) => u128::from_le_bytes(bytes),
-            Err(_) => {
-                let nanos = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| d.as_nanos());
-                (u128::from(pid) << 96) ^ nanos
-            }
-        };
-        Seed {
-            pid,
-            key: (value >> 64) as u64,
-            process: value as u64,
-            count: 0,
+/// 128 bits from the operating system, as a scrambling key and a process's own bits; the
+/// process id and the time stand in should the system have no randomness to give.
+fn draw_seed(pid: u32) -> (u64, u64) {
+    let mut bytes = [0u8; 16];
+    let value = match getrandom::fill(&mut bytes) {
+        Ok(()) => u128::from_le_bytes(bytes),
+        Err(_) => {
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos());
+            (u128::from(pid) << 96) ^ nanos
         }
-    }
+    };
+    ((value >> 64) as u64, value as u64)
 }
 
 /// A bijection on 64-bit values that spreads neighbouring inputs far apart (the finaliser of
@@ -448,6 +438,20 @@ mod tests {
         let labelled = new_owner(Some("host-1:42"));
         assert_eq!(labelled.len(), 32 + "@host-1:42".len());
         assert!(labelled.ends_with("@host-1:42"));
+    }
+
+    #[test]
+    fn owner_tokens_made_on_many_threads_at_once_are_unique() {
+        let threads: Vec<_> = (0..4)
+            .map(|_| std::thread::spawn(|| (0..5_000).map(|_| new_owner(None)).collect::<Vec<_>>()))
+            .collect();
+        let mut all = HashSet::new();
+        for thread in threads {
+            for token in thread.join().expect("thread") {
+                assert!(all.insert(token), "a token was made twice");
+            }
+        }
+        assert_eq!(all.len(), 20_000);
     }
 
     #[test]
