@@ -470,7 +470,11 @@ fn release_truth(
 
 /// (f): a watchdog hold that was lost while its guard lived, with no fault of any kind anywhere
 /// near it (from a lease before its acquisition to its loss) and no `extend`, was let go by the
-/// watchdog itself. `unreliable` lockers (a command timeout meant to expire) are left out.
+/// watchdog itself. `unreliable` lockers (a command timeout meant to expire) are left out, and
+/// so are holds whose grant came back with less than two thirds of their lease left: the round
+/// trip alone took more than the third of a lease the watchdog allows a renewal, so the server
+/// was too slow for that hold, whatever the watchdog did (seen on a loaded machine as a
+/// cluster's first grants came back after 390 ms of a 400 ms lease).
 fn watchdog_keeps(
     history: &History,
     guards: &[Arc<GuardRec>],
@@ -487,6 +491,9 @@ fn watchdog_keeps(
             continue;
         };
         if g.end().is_some_and(|e| e.at <= lost) || !locked(&g.extends).is_empty() {
+            continue;
+        }
+        if g.granted_until.saturating_duration_since(g.start) < g.lease * 2 / 3 {
             continue;
         }
         let from = g.call.checked_sub(g.lease).unwrap_or(g.call);
