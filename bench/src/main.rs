@@ -146,8 +146,10 @@ dlock-bench [--quick] [--only W1,W2,...] [--libs dlock,raw,...] [--duration SECO
                 a replica each), dlock-sentinel, dlock-ack (a replica acknowledges every
                 grant), dlock-majority (3 independent masters). W1-W3 run each of them.
                 Only when named: raw-scripted-acquire (raw with its SET NX PX inside a
-                script) and raw-marked-release (raw whose release also records the released
-                owner and publishes, as dlock's does), to see what each step costs
+                script), raw-marked-release (raw whose release also records the released
+                owner and publishes, as dlock's does), raw-recorded-release (records, does
+                not publish) and raw-hash-acquire (the lock a hash taken by MULTI HSETNX +
+                PEXPIRE NX, released as raw-marked-release), to see what each step costs
   --duration    measured seconds per library and workload (default 10; quick 0.6)
   --rounds      rounds that time is cut into, libraries alternating (default 5; quick 2)
   --json-only   print only the JSON lines

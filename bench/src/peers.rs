@@ -31,6 +31,11 @@ pub(crate) enum Probe {
     /// The release does what dlock's does when nobody waits: the owner check and the delete,
     /// the released owner recorded beside the key, a `PUBLISH`.
     MarkedRelease,
+    /// As [`Probe::MarkedRelease`] without the `PUBLISH`: what the wake-up alone costs.
+    RecordedRelease,
+    /// The lock as a hash (dlock's layout), taken without a script: `MULTI`, `HSETNX` of an
+    /// owner field, `PEXPIRE .. NX`, `EXEC`; released as [`Probe::MarkedRelease`] does.
+    HashAcquire,
 }
 
 /// Which dlock primitive holds the name: each one that excludes every other holder, so the
@@ -48,7 +53,7 @@ pub(crate) enum Kind {
 }
 
 impl Lib {
-    pub(crate) const ALL: [Lib; 13] = [
+    pub(crate) const ALL: [Lib; 15] = [
         Lib::Dlock(Kind::Plain),
         Lib::Raw,
         Lib::RslockDefault,
@@ -62,6 +67,8 @@ impl Lib {
         Lib::Scaled(Mode::Majority),
         Lib::Probe(Probe::ScriptedAcquire),
         Lib::Probe(Probe::MarkedRelease),
+        Lib::Probe(Probe::RecordedRelease),
+        Lib::Probe(Probe::HashAcquire),
     ];
 
     /// The scale-out mode, for the libraries that run on servers of their own.
@@ -87,6 +94,8 @@ impl Lib {
             Lib::Rslock2ms => "rslock-2ms",
             Lib::Probe(Probe::ScriptedAcquire) => "raw-scripted-acquire",
             Lib::Probe(Probe::MarkedRelease) => "raw-marked-release",
+            Lib::Probe(Probe::RecordedRelease) => "raw-recorded-release",
+            Lib::Probe(Probe::HashAcquire) => "raw-hash-acquire",
         }
     }
 
@@ -130,11 +139,21 @@ impl Held {
 #[derive(Clone)]
 pub(crate) struct Raw {
     con: MultiplexedConnection,
-    /// The probe's acquire script, instead of a plain `SET NX PX`.
-    acquire: Option<Arc<redis::Script>>,
+    acquire: RawAcquire,
     release: Arc<redis::Script>,
-    /// The release records the released owner and publishes (its script takes two more keys).
+    /// The release records the released owner (its script takes two more keys).
     marks: bool,
+}
+
+/// How the raw protocol (or a probe) takes the lock.
+#[derive(Clone)]
+enum RawAcquire {
+    /// `SET NX PX`.
+    Set,
+    /// A script (`KEYS[1]` lock; `ARGV[1]` token, `ARGV[2]` lease ms; returns 1 if taken).
+    Script(Arc<redis::Script>),
+    /// A hash's owner field, in a transaction (see [`Probe::HashAcquire`]).
+    Hash,
 }
 
 const RAW_RELEASE: &str = r#"
@@ -156,6 +175,28 @@ return 0
 /// recorded, `KEYS[3]` the wake-up channel; `ARGV[1]` token.
 const MARKED_RELEASE: &str = r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  redis.call('HSET', KEYS[2], 'r', ARGV[1])
+  redis.call('PUBLISH', KEYS[3], '1')
+  return 1
+end
+return 0
+"#;
+
+/// [`Probe::RecordedRelease`]'s release: as [`MARKED_RELEASE`], without the wake-up (`KEYS[3]`
+/// unused).
+const RECORDED_RELEASE: &str = r#"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  redis.call('HSET', KEYS[2], 'r', ARGV[1])
+  return 1
+end
+return 0
+"#;
+
+/// [`Probe::HashAcquire`]'s release: as [`MARKED_RELEASE`], the owner in the hash's `o` field.
+const HASH_RELEASE: &str = r#"
+if redis.call('HGET', KEYS[1], 'o') == ARGV[1] then
   redis.call('DEL', KEYS[1])
   redis.call('HSET', KEYS[2], 'r', ARGV[1])
   redis.call('PUBLISH', KEYS[3], '1')
@@ -214,13 +255,20 @@ impl Client {
                     .await
                     .expect("raw connects");
                 let script = |lua| Arc::new(redis::Script::new(lua));
-                let marks = lib == Lib::Probe(Probe::MarkedRelease);
+                let (acquire, release) = match lib {
+                    Lib::Probe(Probe::ScriptedAcquire) => {
+                        (RawAcquire::Script(script(SCRIPTED_ACQUIRE)), RAW_RELEASE)
+                    }
+                    Lib::Probe(Probe::MarkedRelease) => (RawAcquire::Set, MARKED_RELEASE),
+                    Lib::Probe(Probe::RecordedRelease) => (RawAcquire::Set, RECORDED_RELEASE),
+                    Lib::Probe(Probe::HashAcquire) => (RawAcquire::Hash, HASH_RELEASE),
+                    _ => (RawAcquire::Set, RAW_RELEASE),
+                };
                 Client::Raw(Raw {
                     con,
-                    acquire: (lib == Lib::Probe(Probe::ScriptedAcquire))
-                        .then(|| script(SCRIPTED_ACQUIRE)),
-                    release: script(if marks { MARKED_RELEASE } else { RAW_RELEASE }),
-                    marks,
+                    acquire,
+                    marks: release != RAW_RELEASE,
+                    release: script(release),
                 })
             }
             Lib::RslockDefault => Client::Rslock(Arc::new(rslock::LockManager::new(vec![url]))),
@@ -267,7 +315,7 @@ impl Client {
                 let deadline = tokio::time::Instant::now() + bound;
                 loop {
                     let set = match &raw.acquire {
-                        None => redis::cmd("SET")
+                        RawAcquire::Set => redis::cmd("SET")
                             .arg(&key)
                             .arg(&token)
                             .arg("NX")
@@ -276,13 +324,27 @@ impl Client {
                             .query_async::<Option<String>>(&mut con)
                             .await
                             .map(|set| set.is_some()),
-                        Some(script) => script
+                        RawAcquire::Script(script) => script
                             .key(&key)
                             .arg(&token)
                             .arg(30_000)
                             .invoke_async::<i64>(&mut con)
                             .await
                             .map(|set| set == 1),
+                        RawAcquire::Hash => redis::pipe()
+                            .atomic()
+                            .cmd("HSETNX")
+                            .arg(&key)
+                            .arg("o")
+                            .arg(&token)
+                            .cmd("PEXPIRE")
+                            .arg(&key)
+                            .arg(30_000)
+                            .arg("NX")
+                            .ignore()
+                            .query_async::<(i64,)>(&mut con)
+                            .await
+                            .map(|(set,)| set == 1),
                     }
                     .map_err(|e| format!("raw SET: {e}"))?;
                     if set {

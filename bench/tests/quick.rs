@@ -55,7 +55,8 @@ fn every_workload_runs_without_violations() {
 
 #[test]
 fn the_protocol_probes_run_when_named_and_only_then() {
-    let probes = "raw,raw-scripted-acquire,raw-marked-release";
+    let probes =
+        "raw,raw-scripted-acquire,raw-marked-release,raw-recorded-release,raw-hash-acquire";
     let stdout = bench(&["--quick", "--only", "W1", "--json-only", "--libs", probes]);
     for lib in probes.split(',') {
         let row = stdout
