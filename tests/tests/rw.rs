@@ -286,3 +286,30 @@ async fn a_reader_is_renewed_while_held_and_one_never_released_leaves_with_its_l
     assert!(noticed.is_ok(), "the loss was not noticed within a renewal");
     assert!(matches!(reader.release().await, ReleaseOutcome::Expired));
 }
+
+/// A reader whose fixed lease ran out before its guard let go was gone: its release says
+/// `Expired`, on Redis as in memory — also while another reader keeps the set (and the expired
+/// member) in Redis.
+#[tokio::test]
+async fn an_expired_reader_released_is_expired_on_both_backends() {
+    async fn outcome(locker: &Locker, name: &str) -> ReleaseOutcome {
+        let rw = locker.read_write_lock(name);
+        let other = (rw.read().lease(Duration::from_secs(30)).await).expect("other");
+        let read = (rw.read().lease(Duration::from_millis(50)).await).expect("read");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(read.is_lost(), "the reader's lease ran out");
+        let outcome = read.release().await;
+        assert!(other.release().await.is_released());
+        outcome
+    }
+    let server = RedisServer::start();
+    let redis = Locker::connect(&server.url()).await.expect("connect");
+    let name = unique_name("rw-expired-release");
+    let on_redis = outcome(&redis, &name).await;
+    let on_memory = outcome(&Locker::memory(), &name).await;
+    assert!(matches!(on_redis, ReleaseOutcome::Expired), "{on_redis:?}");
+    assert!(
+        matches!(on_memory, ReleaseOutcome::Expired),
+        "{on_memory:?}"
+    );
+}

@@ -242,3 +242,40 @@ async fn a_semaphore_and_a_lock_of_one_name_are_apart() {
         .await;
     assert!(matches!(none, Err(LockError::Config(_))), "{none:?}");
 }
+
+/// A permit whose fixed lease ran out before its guard let go was gone: its release says
+/// `Expired`, on Redis as in memory — also while another permit keeps the set (and the expired
+/// member, until an acquisition sweeps it) in Redis.
+#[tokio::test]
+async fn an_expired_permit_released_beside_a_live_one_is_expired_on_both_backends() {
+    async fn outcome(locker: &Locker, name: &str) -> ReleaseOutcome {
+        let sem = locker.semaphore(name, 2);
+        let other = (sem.acquire().lease(Duration::from_secs(30)).await).expect("other");
+        let permit = (sem.acquire().lease(Duration::from_millis(50)).await).expect("permit");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(permit.is_lost(), "the permit's lease ran out");
+        assert_eq!(sem.status().await.expect("status").held, 1);
+        let outcome = permit.release().await;
+        assert!(other.release().await.is_released());
+        outcome
+    }
+    let server = RedisServer::start();
+    let redis = Locker::connect(&server.url()).await.expect("connect");
+    let name = unique_name("sem-expired-release");
+    let on_redis = outcome(&redis, &name).await;
+    let on_memory = outcome(&Locker::memory(), &name).await;
+    assert!(matches!(on_redis, ReleaseOutcome::Expired), "{on_redis:?}");
+    assert!(
+        matches!(on_memory, ReleaseOutcome::Expired),
+        "{on_memory:?}"
+    );
+    let mut con = server.connection().await;
+    let permits: usize = con
+        .zcard(format!("dlock:{{{name}}}:permits"))
+        .await
+        .expect("zcard");
+    assert_eq!(
+        permits, 0,
+        "the expired permit left the set with its release"
+    );
+}

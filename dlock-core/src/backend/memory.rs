@@ -406,22 +406,31 @@ impl MemoryBackend {
         let now = Instant::now();
         if keys.is_member() {
             let permits = state.permits.entry(keys.lock.clone()).or_default();
-            let given_back = permits.remove(owner).is_some_and(|expiry| expiry > now);
+            let removed = permits.remove(owner);
+            let given_back = removed.is_some_and(|expiry| expiry > now);
             let last = permits.is_empty();
             if last {
                 state.permits.remove(&keys.lock);
             }
             drop(state);
-            if !given_back {
+            if removed.is_none() {
                 return ReleaseReply::Expired;
             }
-            // The last reader wakes the writers; every permit given back wakes its waiters.
-            let wake = keys.semaphore_keys().is_some() || last;
+            // The last reader wakes the writers, even one whose lease had run out; every permit
+            // given back wakes its waiters.
+            let wake = if keys.semaphore_keys().is_some() {
+                given_back
+            } else {
+                last
+            };
             let woke = if wake {
                 self.store.inner.slots.wake(&keys.channel)
             } else {
                 0
             };
+            if !given_back {
+                return ReleaseReply::Expired;
+            }
             return ReleaseReply::Released {
                 woke: u32::try_from(woke).unwrap_or(u32::MAX),
             };

@@ -97,17 +97,26 @@ return {0, -1}
 /// Gives a permit back and wakes waiters.
 ///
 /// `KEYS[1]` permits, `KEYS[2]` wake channel; `ARGV[1]` the permit id, `ARGV[2]` the command that
-/// wakes waiters. Returns `{0, woken}` given back, `{-1, 0}` it was gone (expired, or given back
-/// by an earlier try of the same release).
+/// wakes waiters. Returns `{0, woken}` given back, `{-1, 0}` it was gone: expired (an expired
+/// permit stays in the set until an acquisition sweeps it; it is removed here, and counts as
+/// gone), or given back by an earlier try of the same release.
 pub(crate) static RELEASE_PERMIT: LazyLock<Script> =
     LazyLock::new(|| Script::new(RELEASE_PERMIT_LUA));
 
-pub(crate) const RELEASE_PERMIT_LUA: &str = r#"
-if redis.call('ZREM', KEYS[1], ARGV[1]) == 1 then
-  return {0, redis.call(ARGV[2], KEYS[2], '1')}
+pub(crate) const RELEASE_PERMIT_LUA: &str = concat!(
+    fair_lua!(),
+    r#"
+local expiry = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not expiry then
+  return {-1, 0}
 end
-return {-1, 0}
-"#;
+redis.call('ZREM', KEYS[1], ARGV[1])
+if tonumber(expiry) <= now_ms() then
+  return {-1, 0}
+end
+return {0, redis.call(ARGV[2], KEYS[2], '1')}
+"#
+);
 
 /// Sets a semaphore's permit count (`ARGV[1]`; `''` removes it, so each handle's own count
 /// applies again) and wakes waiters. `KEYS[1]` the count, `KEYS[2]` wake channel; `ARGV[2]` the
@@ -211,19 +220,29 @@ return {1, 0}
 /// A reader leaves; the last one wakes the waiters (writers).
 ///
 /// `KEYS[1]` readers, `KEYS[2]` wake channel; `ARGV[1]` reader id, `ARGV[2]` the command that
-/// wakes waiters. Returns `{0, woken}` left, `{-1, 0}` it was gone (expired, or an earlier try of
-/// the same release).
+/// wakes waiters. Returns `{0, woken}` left, `{-1, woken}` it was gone: expired (an expired
+/// reader stays in the set until an acquisition sweeps it; it is removed here, counts as gone,
+/// and wakes the writers if it was the last), or an earlier try of the same release.
 pub(crate) static RELEASE_READ: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_READ_LUA));
 
-pub(crate) const RELEASE_READ_LUA: &str = r#"
-if redis.call('ZREM', KEYS[1], ARGV[1]) == 1 then
-  if redis.call('EXISTS', KEYS[1]) == 0 then
-    return {0, redis.call(ARGV[2], KEYS[2], '1')}
-  end
-  return {0, 0}
+pub(crate) const RELEASE_READ_LUA: &str = concat!(
+    fair_lua!(),
+    r#"
+local expiry = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not expiry then
+  return {-1, 0}
 end
-return {-1, 0}
-"#;
+redis.call('ZREM', KEYS[1], ARGV[1])
+local code = 0
+if tonumber(expiry) <= now_ms() then
+  code = -1
+end
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return {code, redis.call(ARGV[2], KEYS[2], '1')}
+end
+return {code, 0}
+"#
+);
 
 /// Whether the member `ARGV[1]` (a permit, a reader) of `KEYS[1]` is still in (read-only):
 /// `{1, 0}` in, `{0, -2}` gone.

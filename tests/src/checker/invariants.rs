@@ -17,6 +17,10 @@ use super::history::{ErrKind, Event, EventKind, GuardRec, History, Outcome, Shar
 /// ended (the two timers share a millisecond wheel).
 pub const RUN_TIMER_TOLERANCE: Duration = Duration::from_millis(2);
 
+/// How far past `lease` after the grant a fixed lease may still run on the server: leases and
+/// server clocks count whole milliseconds.
+const LEASE_ROUNDING: Duration = Duration::from_millis(5);
+
 /// Which invariant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Invariant {
@@ -417,6 +421,26 @@ fn release_truth(
                 } else {
                     ""
                 },
+            });
+        }
+        // A fixed lease, never extended, ends on the server by `lease` after the grant's reply
+        // came back: a guard that let go later than that (and the ms rounding of leases and
+        // server clocks) held nothing when it let go, whatever its kind.
+        let never_changed = !g.watchdog && locked(&g.extends).is_empty();
+        if outcome == Outcome::Released
+            && never_changed
+            && end.at > g.start + g.lease + LEASE_ROUNDING
+        {
+            out.push(Violation {
+                invariant: Invariant::ReleaseTruth,
+                summary: format!(
+                    "release said Released for a hold that let go {} after its fixed lease \
+                     had run out: {}",
+                    ms(end.at - (g.start + g.lease)),
+                    describe(history, g, finish)
+                ),
+                window,
+                hint: "",
             });
         }
         if matches!(outcome, Outcome::Expired | Outcome::TakenOver) {

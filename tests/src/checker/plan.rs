@@ -314,6 +314,13 @@ fn shared_steps(rng: &mut StdRng, acquire: &mut Acquire, default_lease: Duration
         let work = fixed.mul_f64(rng.random_range(0.0..1.5));
         return vec![Step::Run(work)];
     }
+    if rng.random_bool(0.1) {
+        // A holder that overstays a fixed lease while others hold theirs, then lets go: its
+        // release must say the hold was gone.
+        let fixed = between(rng, 100, 400);
+        acquire.lease = LeaseSpec::Fixed(fixed);
+        return vec![Step::Hold(fixed.mul_f64(rng.random_range(1.1..1.5)))];
+    }
     vec![Step::Hold(hold(rng, lease))]
 }
 
