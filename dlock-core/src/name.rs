@@ -27,7 +27,7 @@ use crate::error::{InvalidName, LockError};
 
 mod keys;
 
-pub(crate) use keys::{KeyKind, LockKeys, RwKeys, SemaphoreKeys};
+pub(crate) use keys::{FairKeys, KeyKind, LockKeys, RwKeys, SemaphoreKeys};
 
 /// The longest lock name accepted, in bytes, after escaping.
 pub const MAX_NAME_LEN: usize = 512;

@@ -483,17 +483,25 @@ return {pttl, holders, token, kept, foreign, last, subscribers, queued}
 "#;
 
 /// An operator's release of whatever holds a name, owner or not (its holders learn of the loss
-/// at their next renewal); wakes waiters.
+/// at their next renewal); wakes waiters — those of a plain lock on the name's channel, and the
+/// head of a fair lock's line, if the name has one, on its own.
 ///
-/// `KEYS[1]` lock, `KEYS[2]` wake channel; `ARGV[1]` the command that wakes waiters. Returns 1
-/// if a key was removed, 0 if there was none.
+/// `KEYS[1]` lock, `KEYS[2]` wake channel, `KEYS[3]` the fair queue, `KEYS[4]` alive; `ARGV[1]`
+/// the command that wakes waiters. Returns 1 if a key was removed, 0 if there was none.
 pub(crate) static FORCE_RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(FORCE_RELEASE_LUA));
 
-pub(crate) const FORCE_RELEASE_LUA: &str = r#"
+pub(crate) const FORCE_RELEASE_LUA: &str = concat!(
+    fair_lua!(),
+    r#"
 if redis.call('DEL', KEYS[1]) == 1 then
   redis.call(ARGV[1], KEYS[2], '1')
+  local head = fair_head(KEYS[3], KEYS[4], now_ms())
+  if head then
+    redis.call(ARGV[1], KEYS[2] .. ':' .. head, '1')
+  end
   return 1
 end
 return 0
-"#;
+"#
+);

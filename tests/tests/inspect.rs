@@ -1,5 +1,6 @@
 //! Operator tools against real Redis: `Locker::inspect` matches what Redis holds (and never shows
-//! a whole owner token), `Locker::force_release` frees a name whoever holds it.
+//! a whole owner token), `Locker::force_release` frees a name whoever holds it and wakes its
+//! waiters, a fair lock's head of the line included.
 
 use std::time::Duration;
 
@@ -159,6 +160,76 @@ async fn force_release_frees_a_name_and_its_holder_learns_within_a_tick() {
     assert!(
         !operator.force_release(name.as_str()).await.expect("force"),
         "nothing left"
+    );
+}
+
+/// A forced release wakes the head of a fair lock's line too (it listens on a channel of its
+/// own), on Redis and in memory: the waiter gets the lock at once, not at its next heartbeat or
+/// the holder's lease.
+#[tokio::test]
+async fn force_release_wakes_the_head_of_a_fair_line() {
+    async fn forced_wait(
+        holder: &Locker,
+        waiter: Locker,
+        operator: &Locker,
+        name: &str,
+    ) -> Duration {
+        let guard = (holder.fair_lock(name).lease(Duration::from_secs(60)).await).expect("holder");
+        let waiting = tokio::spawn({
+            let name = name.to_owned();
+            async move {
+                let got = waiter
+                    .fair_lock(name.as_str())
+                    .wait(Duration::from_secs(20))
+                    .await;
+                (got, Instant::now())
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while operator
+            .inspect(name)
+            .await
+            .expect("inspect")
+            .queued_waiters
+            != 1
+        {
+            assert!(
+                Instant::now() < deadline,
+                "the waiter never joined the line"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // Past the waiter's first heartbeat timer's start: only the wake-up can be quick now.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let forced = Instant::now();
+        assert!(operator.force_release(name).await.expect("force"));
+        let (next, at) = waiting.await.expect("waiter");
+        let next = next.expect("granted after the forced release");
+        assert!(next.release().await.is_released());
+        drop(guard);
+        at - forced
+    }
+    let server = RedisServer::start();
+    // A long dead-waiter timeout: the head's heartbeat comes only every 10 s.
+    let connect = || async {
+        (Locker::builder().url(server.url()))
+            .dead_waiter_timeout(Duration::from_secs(30))
+            .build()
+            .await
+            .expect("connect")
+    };
+    let (holder, waiter, operator) = (connect().await, connect().await, connect().await);
+    let name = unique_name("force-fair");
+    let on_redis = forced_wait(&holder, waiter, &operator, &name).await;
+    assert!(
+        on_redis < Duration::from_millis(500),
+        "Redis: granted {on_redis:?} after"
+    );
+    let memory = Locker::memory();
+    let in_memory = forced_wait(&memory, memory.clone(), &memory, &name).await;
+    assert!(
+        in_memory < Duration::from_millis(500),
+        "memory: granted {in_memory:?} after"
     );
 }
 

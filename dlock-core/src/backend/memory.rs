@@ -337,6 +337,10 @@ impl MemoryBackend {
         };
         if removed {
             self.store.inner.slots.wake(&keys.channel);
+            let head = Self::fair_head(&mut self.store.state(), &keys.lock, Instant::now());
+            if let Some(head) = head {
+                self.store.inner.slots.wake(&keys.waiter_channel(&head));
+            }
         }
         removed
     }

@@ -121,7 +121,8 @@ impl Locker {
     /// the old holder's late writes.
     pub async fn force_release(&self, name: impl IntoLockName) -> Result<bool, LockError> {
         let name = self.name(name)?;
-        let keys = LockKeys::new(&self.inner.config.prefix, &name);
+        // A fair lock's keys: the plain lock's, and the line whose head must be woken too.
+        let keys = LockKeys::fair(&self.inner.config.prefix, &name);
         let session = (self.inner.backend.session().await).map_err(LockError::Backend)?;
         let removed = (session.force_release(&keys).await).map_err(LockError::Backend)?;
         tracing::warn!(

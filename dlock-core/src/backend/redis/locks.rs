@@ -10,7 +10,7 @@ use crate::backend::{
     AcquireAllReply, AcquireReply, HandoffReply, RawInfo, ReleaseReply, Successor, Turn,
 };
 use crate::error::BackendError;
-use crate::name::{KeyKind, LockKeys};
+use crate::name::{FairKeys, KeyKind, LockKeys};
 use crate::script;
 
 impl RedisBackend {
@@ -115,8 +115,12 @@ impl RedisBackend {
         conn: &OpConn,
         keys: &LockKeys,
     ) -> Result<bool, BackendError> {
-        let call = ScriptCall::new(&script::FORCE_RELEASE, &[&keys.lock, &keys.channel])
-            .arg(self.publish());
+        let fair = fair_keys(keys)?;
+        let call = ScriptCall::new(
+            &script::FORCE_RELEASE,
+            &[&keys.lock, &keys.channel, &fair.queue, &fair.alive],
+        )
+        .arg(self.publish());
         let (removed, _): (i64, _) = self.invoke(conn, &call, true, self.ack).await?;
         Ok(removed == 1)
     }
@@ -378,4 +382,10 @@ fn acquire_reply((code, value): (i64, i64)) -> Result<AcquireReply, BackendError
             "acquire script answered {other}"
         ))),
     }
+}
+
+/// The line of a fair lock's keys (every forced release wakes its head, if the name has one).
+fn fair_keys(keys: &LockKeys) -> Result<&FairKeys, BackendError> {
+    keys.fair_keys()
+        .ok_or_else(|| BackendError::protocol("a forced release without the name's line"))
 }
