@@ -243,6 +243,40 @@ async fn a_semaphore_and_a_lock_of_one_name_are_apart() {
     assert!(matches!(none, Err(LockError::Config(_))), "{none:?}");
 }
 
+/// A handle made with no permits is refused even while a count is set at run time (its status
+/// reads that count); a count of 0 set at run time closes the semaphore until it is raised.
+#[tokio::test]
+async fn zero_permits_on_a_handle_is_refused_and_zero_at_run_time_closes() {
+    let server = RedisServer::start();
+    let locker = Locker::connect(&server.url()).await.expect("connect");
+    let name = unique_name("sem-zero");
+    let sem = locker.semaphore(name.as_str(), 2);
+    sem.set_permits(3).await.expect("set");
+    let zero = locker.semaphore(name.as_str(), 0);
+    let status = zero.status().await.expect("status");
+    assert_eq!((status.permits, status.set), (3, true));
+    let refused = zero.acquire().try_acquire().await;
+    assert!(matches!(refused, Err(LockError::Config(_))), "{refused:?}");
+
+    sem.set_permits(0).await.expect("close");
+    let none = sem.acquire().try_acquire().await.expect("try");
+    assert!(none.is_none(), "a permit under a count of 0");
+    let waited = sem.acquire().wait(Duration::from_millis(200)).await;
+    assert!(
+        matches!(waited, Err(LockError::Timeout { .. })),
+        "{waited:?}"
+    );
+    // Raised again: a waiter gets in at once.
+    let waiter = tokio::spawn({
+        let sem = sem.clone();
+        async move { sem.acquire().wait(Duration::from_secs(10)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    sem.set_permits(1).await.expect("open");
+    let permit = waiter.await.expect("waiter").expect("a permit once opened");
+    assert!(permit.release().await.is_released());
+}
+
 /// A permit whose fixed lease ran out before its guard let go was gone: its release says
 /// `Expired`, on Redis as in memory — also while another permit keeps the set (and the expired
 /// member, until an acquisition sweeps it) in Redis.

@@ -57,6 +57,10 @@ impl Locker {
     /// A semaphore named `name` with `permits` permits (unless a count was set for the name at
     /// run time, see [`Semaphore::set_permits`]). A semaphore's keys never collide with a lock's
     /// of the same name.
+    ///
+    /// A handle needs at least one permit of its own: a request on a handle made with `0` is a
+    /// [`LockError::Config`], whatever count is set at run time (its `status` still reads that
+    /// count). To stop granting permits for a while, set the count to `0` at run time.
     pub fn semaphore(&self, name: impl IntoLockName, permits: u32) -> Semaphore {
         Semaphore {
             locker: self.clone(),
@@ -95,6 +99,9 @@ impl Semaphore {
     /// higher count lets them in at once). Permits already held stay valid when the count goes
     /// down; new ones are granted once fewer than the new count are held. The count stays in
     /// Redis until changed or [reset](Self::reset_permits).
+    ///
+    /// A count of `0` closes the semaphore: no permit is granted (requests wait, and time out,
+    /// or `try_acquire` says none is free) until a higher count is set or the count is reset.
     ///
     /// A call that returns an error may still take effect, and later than calls made after it:
     /// a command held up in a stalled connection runs when the connection moves again. Read the
