@@ -445,6 +445,9 @@ impl MemoryBackend {
             && let Some(waiting) = state.waiting.get_mut(&rw.waiting)
         {
             left = waiting.remove(owner).is_some();
+            if waiting.is_empty() {
+                state.waiting.remove(&rw.waiting);
+            }
         }
         if keys.fair_keys().is_some() {
             Self::leave(&mut state, &keys.lock, owner);

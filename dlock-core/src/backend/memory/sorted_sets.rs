@@ -109,12 +109,28 @@ impl MemoryBackend {
         let limit = state.limits.get(&sem.limit).copied().unwrap_or(sem.permits);
         let permits = state.permits.entry(keys.lock.clone()).or_default();
         permits.retain(|_, expiry| *expiry > now);
-        if permits.contains_key(owner) || permits.len() < limit as usize {
+        let reply = if permits.contains_key(owner) || permits.len() < limit as usize {
             permits.insert(owner.to_owned(), clock::after(now, lease));
-            return AcquireReply::Acquired { fence: 0 };
+            AcquireReply::Acquired { fence: 0 }
+        } else {
+            let first = permits.values().min().map(|e| *e - now);
+            AcquireReply::Busy { pttl: first }
+        };
+        Self::drop_empty(&mut state, &keys.lock, None);
+        reply
+    }
+
+    /// Removes the sets of `members` and `waiting` if they are empty, as Redis deletes a sorted
+    /// set with its last member: a name nobody holds or waits for keeps nothing in memory.
+    fn drop_empty(state: &mut State, members: &str, waiting: Option<&str>) {
+        if state.permits.get(members).is_some_and(|m| m.is_empty()) {
+            state.permits.remove(members);
         }
-        let first = permits.values().min().map(|e| *e - now);
-        AcquireReply::Busy { pttl: first }
+        if let Some(waiting) = waiting
+            && state.waiting.get(waiting).is_some_and(|w| w.is_empty())
+        {
+            state.waiting.remove(waiting);
+        }
     }
 
     /// A writer's attempt, as the write script: its wait recorded while it is kept out.
@@ -125,8 +141,20 @@ impl MemoryBackend {
         owner: &str,
         lease: Duration,
     ) -> AcquireReply {
-        let now = Instant::now();
         let mut state = self.store.state();
+        let reply = Self::write_attempt(&mut state, keys, rw, owner, lease);
+        Self::drop_empty(&mut state, &rw.readers, Some(&rw.waiting));
+        reply
+    }
+
+    fn write_attempt(
+        state: &mut State,
+        keys: &LockKeys,
+        rw: &RwKeys,
+        owner: &str,
+        lease: Duration,
+    ) -> AcquireReply {
+        let now = Instant::now();
         let readers = state.permits.entry(rw.readers.clone()).or_default();
         readers.retain(|_, expiry| *expiry > now);
         let first_reader = readers.values().min().map(|e| *e - now);
@@ -139,20 +167,20 @@ impl MemoryBackend {
             }
             AcquireReply::Busy { pttl }
         };
-        if let Some(held) = Self::live(&mut state, &keys.lock, now) {
+        if let Some(held) = Self::live(state, &keys.lock, now) {
             if held.owner == owner {
                 return AcquireReply::Acquired { fence: held.fence };
             }
             let pttl = Some(held.expires - now);
-            return busy(&mut state, pttl);
+            return busy(state, pttl);
         }
         if first_reader.is_some() {
-            return busy(&mut state, first_reader);
+            return busy(state, first_reader);
         }
         if let Some(waiting) = state.waiting.get_mut(&rw.waiting) {
             waiting.remove(owner);
         }
-        let fence = Self::next_fence(&mut state, &keys.lock);
+        let fence = Self::next_fence(state, &keys.lock);
         let held = Held::new(owner, fence, clock::after(now, lease));
         state.locks.insert(keys.lock.clone(), held);
         AcquireReply::Acquired { fence }
@@ -160,14 +188,20 @@ impl MemoryBackend {
 
     /// A reader's attempt, as the read script.
     pub(super) fn acquire_read(&self, rw: &RwKeys, owner: &str, lease: Duration) -> AcquireReply {
-        let now = Instant::now();
         let mut state = self.store.state();
+        let reply = Self::read_attempt(&mut state, rw, owner, lease);
+        Self::drop_empty(&mut state, &rw.readers, Some(&rw.waiting));
+        reply
+    }
+
+    fn read_attempt(state: &mut State, rw: &RwKeys, owner: &str, lease: Duration) -> AcquireReply {
+        let now = Instant::now();
         let readers = state.permits.entry(rw.readers.clone()).or_default();
         readers.retain(|_, expiry| *expiry > now);
         if readers.contains_key(owner) {
             return AcquireReply::Acquired { fence: 0 };
         }
-        if let Some(held) = Self::live(&mut state, &rw.write, now) {
+        if let Some(held) = Self::live(state, &rw.write, now) {
             return AcquireReply::Busy {
                 pttl: Some(held.expires - now),
             };
@@ -204,5 +238,49 @@ impl MemoryBackend {
             .semaphore_keys()
             .and_then(|sem| state.limits.get(&sem.limit).copied());
         (u32::try_from(held).unwrap_or(u32::MAX), set)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::ReleaseReply;
+    use crate::name::LockName;
+
+    /// Writers and readers that come and go (kept out, waiting, let in) leave no set behind in
+    /// memory, as Redis deletes a sorted set with its last member.
+    #[test]
+    fn read_write_attempts_leave_no_empty_set_behind() {
+        let backend = MemoryBackend::default();
+        let name = LockName::new("rw").expect("name");
+        let wait = Some(Duration::from_secs(5));
+        let write = LockKeys::read_write("p:", &name, true, true, wait);
+        let read = LockKeys::read_write("p:", &name, false, true, None);
+        let (Some(rw), lease) = (write.rw_keys(), Duration::from_secs(5)) else {
+            panic!("a writer's keys have the read-write keys");
+        };
+        let reader = backend.acquire_read(rw, "r1", lease);
+        assert!(matches!(reader, AcquireReply::Acquired { .. }));
+        // Kept out by the reader: its wait is recorded.
+        let kept_out = backend.acquire_write(&write, rw, "w1", lease);
+        assert!(matches!(kept_out, AcquireReply::Busy { .. }));
+        assert!(backend.store.state().waiting.contains_key(&rw.waiting));
+        assert!(matches!(
+            backend.release(&read, "r1", None, None),
+            ReleaseReply::Released { .. }
+        ));
+        let writer = backend.acquire_write(&write, rw, "w1", lease);
+        assert!(matches!(writer, AcquireReply::Acquired { .. }));
+        // A reader kept out by the writer.
+        let reader = backend.acquire_read(rw, "r2", lease);
+        assert!(matches!(reader, AcquireReply::Busy { .. }));
+        assert!(matches!(
+            backend.release(&write, "w1", None, None),
+            ReleaseReply::Released { .. }
+        ));
+        let state = backend.store.state();
+        assert!(state.permits.is_empty(), "a readers' set is left");
+        assert!(state.waiting.is_empty(), "a waiting writers' set is left");
+        assert!(state.locks.is_empty());
     }
 }
