@@ -382,6 +382,41 @@ async fn at_least_keeps_the_name_taken_after_an_early_release() {
     assert!(locker.lock("job").try_lock().await.unwrap().is_some());
 }
 
+/// A fair lock's release that keeps the name for an `at_least` period wakes the head of the
+/// line, which then waits out only the period — not the holder's whole lease or its own
+/// heartbeat — as on Redis.
+#[tokio::test(start_paused = true)]
+async fn a_fair_release_within_at_least_wakes_the_head_of_the_line() {
+    let store = MemoryStore::new();
+    let build = || async {
+        (Locker::builder().memory(store.clone()))
+            .dead_waiter_timeout(Duration::from_secs(60))
+            .build()
+            .await
+            .unwrap()
+    };
+    let (holder, waiter) = (build().await, build().await);
+    let first = (holder.fair_lock("job").lease(Duration::from_secs(120)))
+        .at_least(Duration::from_secs(2))
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let waiting = tokio::spawn(async move {
+        let got = waiter.fair_lock("job").wait(Duration::from_secs(100)).await;
+        (got.map(|g| g.fencing_token()), Instant::now())
+    });
+    sleep(Duration::from_millis(500)).await;
+    let first_token = first.fencing_token();
+    assert!(first.release().await.is_released());
+    let (token, at) = waiting.await.unwrap();
+    assert!(token.unwrap() > first_token);
+    let waited = at - started;
+    assert!(
+        waited >= Duration::from_secs(2) && waited < Duration::from_secs(3),
+        "the head waited {waited:?}"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn inspect_and_force_release_in_memory() {
     let store = MemoryStore::new();

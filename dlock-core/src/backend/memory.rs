@@ -471,9 +471,10 @@ impl MemoryBackend {
             state.locks.insert(keys.lock.clone(), held);
         }
         if keys.fair_keys().is_some() {
-            // Only the head of the line is woken, whenever the lock is left free.
+            // Only the head of the line is woken: by every release (kept for an `at_least`
+            // period, it learns the new expiry), and whenever the lock is left free.
             let free = Self::live(&mut state, &keys.lock, now).is_none();
-            let head = free.then(|| Self::fair_head(&mut state, &keys.lock, now));
+            let head = (releasing || free).then(|| Self::fair_head(&mut state, &keys.lock, now));
             drop(state);
             let woke = match head.flatten() {
                 Some(head) => self.store.inner.slots.wake(&keys.waiter_channel(&head)),
