@@ -234,3 +234,41 @@ async fn a_stalled_multi_lock_returns_within_its_wait_and_one_command_timeout() 
         "took {took:?}"
     );
 }
+
+/// No names: an empty guard at once; a name given twice is held once; an empty name is an
+/// invalid-name error before anything is taken.
+#[tokio::test]
+async fn no_names_repeated_names_and_a_bad_name_in_a_multi_lock() {
+    let server = RedisServer::start();
+    let locker = Locker::connect(&server.url()).await.expect("connect");
+    let empty: Vec<&str> = Vec::new();
+    let g = locker.lock_all(empty.clone()).await.expect("empty");
+    assert!(g.is_empty());
+    assert!(
+        locker
+            .lock_all(empty)
+            .try_lock()
+            .await
+            .expect("try")
+            .is_some()
+    );
+    let a = unique_name("multi-edge-a");
+    let b = unique_name("multi-edge-b");
+    let dup = locker
+        .lock_all([a.as_str(), a.as_str(), b.as_str()])
+        .await
+        .expect("dup");
+    assert_eq!(dup.len(), 2);
+    for o in dup.release().await {
+        assert!(o.is_released(), "{o:?}");
+    }
+    let bad = locker.lock_all([a.as_str(), ""]).await;
+    assert!(matches!(bad, Err(ref e) if e.is_invalid_name()), "{bad:?}");
+    assert!(
+        !locker
+            .inspect(a.as_str())
+            .await
+            .expect("inspect")
+            .is_taken()
+    );
+}

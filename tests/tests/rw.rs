@@ -313,3 +313,33 @@ async fn an_expired_reader_released_is_expired_on_both_backends() {
         "{on_memory:?}"
     );
 }
+
+/// A writer's read re-entry shares its hold: the write hold lives on through the read guard
+/// after the write guard goes, keeping other readers and writers out until the read goes too.
+#[tokio::test]
+async fn a_read_that_re_entered_the_write_hold_keeps_it_after_the_write_guard_goes() {
+    let server = RedisServer::start();
+    let locker = Locker::connect(&server.url()).await.expect("connect");
+    let other = Locker::connect(&server.url()).await.expect("connect");
+    let name = unique_name("rw-reenter-outlives");
+    let rw = locker.read_write_lock(name.as_str());
+    let orw = other.read_write_lock(name.as_str());
+    let read = dlock_core::scope(async {
+        let w = rw.write().await.expect("write");
+        let r = rw.read().await.expect("read re-enters");
+        assert!(r.is_reentrant());
+        assert!(w.release().await.is_released());
+        r
+    })
+    .await;
+    // The write hold lives on through the read guard: no reader or writer elsewhere.
+    assert!(orw.read().try_lock().await.expect("try").is_none());
+    assert!(orw.write().try_lock().await.expect("try").is_none());
+    assert!(read.release().await.is_released());
+    let r2 = orw
+        .read()
+        .wait(Duration::from_secs(1))
+        .await
+        .expect("read after");
+    assert!(r2.release().await.is_released());
+}
