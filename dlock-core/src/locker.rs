@@ -343,6 +343,13 @@ impl Locker {
         MultiLockRequest::new(self.clone(), names)
     }
 
+    /// Whether this `Locker` keeps every lock name out of dlock's logs, spans and metric labels
+    /// ([`LockerBuilder::hide_names`]): code that logs names of its own next to dlock's should
+    /// hide them too when this is true.
+    pub fn names_hidden(&self) -> bool {
+        self.inner.config.hide_names
+    }
+
     /// `name`, validated and hidden from logs if this `Locker` hides every name.
     fn name(&self, name: impl IntoLockName) -> Result<crate::LockName, LockError> {
         let name = name.into_lock_name()?;

@@ -12,6 +12,9 @@
 //! A scope belongs to one task: a task spawned from inside it does not inherit it, so two tasks
 //! never share a hold.
 //!
+//! A [`LockScope::nested`] scope run inside another one sees the holds of both: a tower layer
+//! inside another layer keeps the outer layer's hold re-enterable from the handler.
+//!
 //! **Outside a scope** every acquisition is independent: acquiring a name the same task already
 //! holds waits for that hold to be released like any other contender would, and with a wait it
 //! times out (it cannot succeed while the first guard is alive). Open a scope where nested
@@ -19,7 +22,7 @@
 
 use std::future::Future;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use crate::guard::{FencingToken, HoldState};
 
@@ -30,6 +33,37 @@ tokio::task_local! {
 #[derive(Debug, Default)]
 struct ScopeState {
     held: Mutex<Vec<Entry>>,
+    /// Whether the scope sees the holds of the scope it first runs inside.
+    nested: bool,
+    /// That outer scope, once a nested scope has run inside one.
+    outer: OnceLock<Arc<ScopeState>>,
+}
+
+/// Serializes the linking of nested scopes to their outer ones, so that no chain of scopes can
+/// ever loop back on itself.
+static LINKING: Mutex<()> = Mutex::new(());
+
+impl ScopeState {
+    /// This scope, then the scopes it is nested in, innermost first.
+    fn chain(&self) -> impl Iterator<Item = &ScopeState> {
+        std::iter::successors(Some(self), |state| state.outer.get().map(|outer| &**outer))
+    }
+
+    /// For a nested scope not linked yet: links it to the scope the current task runs in, if
+    /// any (and if that scope is not inside this one already).
+    fn link_to_current(self: &Arc<Self>) {
+        if !self.nested || self.outer.get().is_some() {
+            return;
+        }
+        let Ok(current) = SCOPE.try_with(Arc::clone) else {
+            return;
+        };
+        let _linking = LINKING.lock().unwrap_or_else(|e| e.into_inner());
+        if current.chain().any(|state| std::ptr::eq(state, &**self)) {
+            return;
+        }
+        let _ = self.outer.set(current);
+    }
 }
 
 #[derive(Debug)]
@@ -67,17 +101,65 @@ pub async fn scope<F: Future>(fut: F) -> F::Output {
 
 /// A lock scope as a value: for code that can't wrap its work in an `async` block, such as a
 /// tower middleware's named response future. [`adopt`](LockScope::adopt) a guard taken before
-/// the scope started, then run the work with [`run`](LockScope::run): nested acquisitions of the
-/// same name re-enter the adopted hold.
+/// the scope started, then run the work with [`run`](LockScope::run) (or a synchronous poll
+/// with [`enter`](LockScope::enter)): nested acquisitions of the same name re-enter the adopted
+/// hold.
 #[derive(Debug, Clone, Default)]
 pub struct LockScope {
     state: Arc<ScopeState>,
 }
 
 impl LockScope {
-    /// A new, empty scope.
+    /// A new, empty scope. Run inside another scope, it replaces it: nothing held there is
+    /// re-entered or seen from inside (see [`nested`](Self::nested) for the other way).
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A new, empty scope that also sees the holds of the scope it runs inside.
+    ///
+    /// The first time it is run ([`run`](Self::run) polled, or [`enter`](Self::enter)ed) inside
+    /// another scope, it is linked to that scope for good. Inside it, an acquisition re-enters a
+    /// hold of this scope or of the outer one, and [`fencing_token`] and [`held_lock`] answer
+    /// with this scope's innermost hold first, then the outer scope's. Holds taken inside it are
+    /// recorded in it, not in the outer scope. Run outside any scope, it is a scope like
+    /// [`new`](Self::new) gives.
+    ///
+    /// ```
+    /// # async fn demo() -> Result<(), dlock_core::LockError> {
+    /// use dlock_core::LockScope;
+    ///
+    /// let locker = dlock_core::Locker::memory();
+    /// dlock_core::scope(async {
+    ///     let tenant = locker.lock("tenant:1").await?;
+    ///     let order = locker.lock("order:7").await?;
+    ///     let inner = LockScope::nested();
+    ///     inner.adopt(&order);
+    ///     inner
+    ///         .run(async {
+    ///             // The outer scope's hold re-enters; the innermost token is the order's.
+    ///             let again = locker.lock("tenant:1").await?;
+    ///             assert_eq!(again.fencing_token(), tenant.fencing_token());
+    ///             assert!(again.release().await.is_released());
+    ///             assert_eq!(dlock_core::fencing_token(), Some(order.fencing_token()));
+    ///             Ok::<_, dlock_core::LockError>(())
+    ///         })
+    ///         .await?;
+    ///     assert!(order.release().await.is_released());
+    ///     assert!(tenant.release().await.is_released());
+    ///     Ok(())
+    /// })
+    /// .await
+    /// # }
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(demo()).unwrap();
+    /// ```
+    pub fn nested() -> Self {
+        Self {
+            state: Arc::new(ScopeState {
+                nested: true,
+                ..ScopeState::default()
+            }),
+        }
     }
 
     /// Makes `guard`'s hold re-enterable (and visible to [`fencing_token`]) inside this scope.
@@ -93,8 +175,17 @@ impl LockScope {
     /// Runs `fut` inside this scope.
     pub fn run<F: Future>(&self, fut: F) -> Scoped<F> {
         Scoped {
+            state: self.state.clone(),
             inner: SCOPE.scope(self.state.clone(), fut),
         }
+    }
+
+    /// Calls `f` inside this scope, synchronously: for work polled outside a future of its
+    /// own, such as a response body's `poll_frame`. The scope is the task's for the duration of
+    /// the call only.
+    pub fn enter<R>(&self, f: impl FnOnce() -> R) -> R {
+        self.state.link_to_current();
+        SCOPE.sync_scope(self.state.clone(), f)
     }
 }
 
@@ -102,6 +193,7 @@ pin_project_lite::pin_project! {
     /// A future running inside a [`LockScope`].
     #[must_use = "futures do nothing unless polled"]
     pub struct Scoped<F> {
+        state: Arc<ScopeState>,
         #[pin]
         inner: tokio::task::futures::TaskLocalFuture<Arc<ScopeState>, F>,
     }
@@ -120,7 +212,9 @@ impl<F: Future> Future for Scoped<F> {
         self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<F::Output> {
-        self.project().inner.poll(cx)
+        let this = self.project();
+        this.state.link_to_current();
+        this.inner.poll(cx)
     }
 }
 
@@ -149,12 +243,14 @@ pub fn fencing_token() -> Option<FencingToken> {
 pub fn held_lock() -> Option<HeldLock> {
     SCOPE
         .try_with(|state| {
-            let held = state.held.lock().unwrap_or_else(|e| e.into_inner());
-            held.iter()
-                .rev()
-                .filter_map(|e| e.hold.upgrade())
-                .find(|h| h.holds.load(Ordering::Acquire) > 0)
-                .map(|hold| HeldLock { hold })
+            state.chain().find_map(|state| {
+                let held = state.held.lock().unwrap_or_else(|e| e.into_inner());
+                held.iter()
+                    .rev()
+                    .filter_map(|e| e.hold.upgrade())
+                    .find(|h| h.holds.load(Ordering::Acquire) > 0)
+                    .map(|hold| HeldLock { hold })
+            })
         })
         .ok()
         .flatten()
@@ -188,16 +284,18 @@ impl HeldLock {
     }
 }
 
-/// The hold of `lock_key` through `locker` in the current scope that still has guards — lost or
-/// not: re-entering a lost hold reports the loss.
+/// The hold of `lock_key` through `locker` in the current scope (or a scope it is nested in)
+/// that still has guards — lost or not: re-entering a lost hold reports the loss.
 pub(crate) fn find(locker: u64, lock_key: &str) -> Option<Arc<HoldState>> {
     SCOPE
         .try_with(|state| {
-            let held = state.held.lock().unwrap_or_else(|e| e.into_inner());
-            held.iter()
-                .filter(|e| e.locker == locker && e.reentrant)
-                .filter_map(|e| e.hold.upgrade())
-                .find(|h| h.keys.lock == lock_key && h.holds.load(Ordering::Acquire) > 0)
+            state.chain().find_map(|state| {
+                let held = state.held.lock().unwrap_or_else(|e| e.into_inner());
+                held.iter()
+                    .filter(|e| e.locker == locker && e.reentrant)
+                    .filter_map(|e| e.hold.upgrade())
+                    .find(|h| h.keys.lock == lock_key && h.holds.load(Ordering::Acquire) > 0)
+            })
         })
         .ok()
         .flatten()
@@ -223,4 +321,118 @@ pub(crate) fn record_with(locker: u64, hold: &Arc<HoldState>, reentrant: bool) {
             reentrant,
         });
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn block_on<F: Future>(fut: F) -> F::Output {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap_or_else(|e| panic!("{e}"))
+            .block_on(fut)
+    }
+
+    #[test]
+    fn a_nested_scope_re_enters_the_outer_scopes_holds_and_answers_its_own_token_first() {
+        block_on(async {
+            let locker = crate::Locker::memory();
+            let outer = LockScope::new();
+            let tenant = locker
+                .lock("tenant")
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            outer.adopt(&tenant);
+            let order = locker.lock("order").await.unwrap_or_else(|e| panic!("{e}"));
+            let inner = LockScope::nested();
+            inner.adopt(&order);
+            let (token, again) = outer
+                .run(inner.run(async {
+                    let again = locker.lock("tenant").try_lock().await;
+                    (fencing_token(), again)
+                }))
+                .await;
+            assert_eq!(token, Some(order.fencing_token()));
+            let again = again
+                .unwrap_or_else(|e| panic!("{e}"))
+                .unwrap_or_else(|| panic!("the outer hold was not re-entered"));
+            assert_eq!(again.fencing_token(), tenant.fencing_token());
+            assert!(again.release().await.is_released());
+            // Still linked after its first run; `enter` sees the outer hold too.
+            let found = inner.enter(|| find(locker.id(), &tenant.state.keys.lock).is_some());
+            assert!(found);
+            assert!(order.release().await.is_released());
+            assert!(tenant.release().await.is_released());
+        });
+    }
+
+    #[test]
+    fn a_new_scope_inside_another_sees_nothing_of_it() {
+        block_on(async {
+            let locker = crate::Locker::memory();
+            let outer = LockScope::new();
+            let tenant = locker
+                .lock("tenant")
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            outer.adopt(&tenant);
+            let (token, again) = outer
+                .run(LockScope::new().run(async {
+                    let again = locker.lock("tenant").try_lock().await;
+                    (fencing_token(), again)
+                }))
+                .await;
+            assert_eq!(token, None);
+            assert!(again.unwrap_or_else(|e| panic!("{e}")).is_none());
+            assert!(tenant.release().await.is_released());
+        });
+    }
+
+    #[test]
+    fn holds_taken_in_a_nested_scope_stay_in_it() {
+        block_on(async {
+            let locker = crate::Locker::memory();
+            let outer = LockScope::new();
+            let inner = LockScope::nested();
+            let seen_outside = outer
+                .run(async {
+                    let order = inner
+                        .run(async { locker.lock("order").await })
+                        .await
+                        .unwrap_or_else(|e| panic!("{e}"));
+                    let seen = fencing_token();
+                    assert!(order.release().await.is_released());
+                    seen
+                })
+                .await;
+            assert_eq!(seen_outside, None);
+        });
+    }
+
+    #[test]
+    fn scopes_nested_in_each_other_never_loop() {
+        block_on(async {
+            let locker = crate::Locker::memory();
+            let a = LockScope::nested();
+            let b = LockScope::nested();
+            // `a` runs inside `b`, then `b` inside `a`: the second link is refused.
+            b.run(a.run(async {})).await;
+            a.run(b.run(async {})).await;
+            let guard = a
+                .run(async { locker.lock("x").await })
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(
+                a.enter(held_lock).map(|h| h.fencing_token()),
+                Some(guard.fencing_token())
+            );
+            b.run(async {
+                assert!(find(locker.id(), &guard.state.keys.lock).is_none());
+            })
+            .await;
+            assert!(guard.release().await.is_released());
+        });
+    }
 }
