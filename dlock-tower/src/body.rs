@@ -7,10 +7,12 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 
-use dlock_core::Lost;
+use dlock_core::{LockError, LockScope, Lost};
 use futures_util::future::SelectAll;
 
 use crate::future::Held;
+use crate::grpc::Grpc;
+use crate::rejection::LockRejection;
 
 /// A boxed error, as bodies report them.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -24,16 +26,34 @@ pin_project_lite::pin_project! {
     }
 }
 
+/// What the body of a request holds with `hold_until_body_ends`.
+pub(crate) struct Hold {
+    /// The locks, released when the body ends or is dropped.
+    pub(crate) held: Held,
+    /// Resolves when any of them is lost.
+    pub(crate) lost: Option<SelectAll<Lost>>,
+    /// The handler's lock scope, which the body is produced in.
+    pub(crate) scope: LockScope,
+    /// Whether the request is a gRPC one: a loss ends its body with `ABORTED` trailers.
+    pub(crate) grpc: Option<Grpc>,
+    /// Whether the lock's name stays out of the `grpc-message` ([`crate::LockLayer::hide_names`]).
+    pub(crate) hide_names: bool,
+}
+
 pin_project_lite::pin_project! {
     #[project = KindProj]
     enum Kind<B> {
-        /// The inner service's body; with `hold_until_body_ends`, the locks are released when
-        /// it ends or is dropped, and their loss ends it with an error.
+        /// The inner service's body; with `hold_until_body_ends`, it is produced inside the
+        /// request's lock scope, the locks are released when it ends or is dropped, and their
+        /// loss ends it (with an error, or for gRPC with `ABORTED` trailers).
         Inner {
             #[pin]
             body: B,
             held: Option<Held>,
             lost: Option<SelectAll<Lost>>,
+            scope: Option<LockScope>,
+            grpc: Option<Grpc>,
+            hide_names: bool,
             aborted: bool,
         },
         /// A small body made by the layer (a rejection).
@@ -65,19 +85,28 @@ impl<B> std::fmt::Debug for LockBody<B> {
 }
 
 impl<B> LockBody<B> {
-    pub(crate) fn inner(body: B, hold: Option<(Held, Option<SelectAll<Lost>>)>) -> Self {
-        let (held, lost) = match hold {
-            Some((held, lost)) => (Some(held), lost),
-            None => (None, None),
-        };
-        Self {
-            kind: Kind::Inner {
+    pub(crate) fn inner(body: B, hold: Option<Hold>) -> Self {
+        let kind = match hold {
+            Some(hold) => Kind::Inner {
                 body,
-                held,
-                lost,
+                held: Some(hold.held),
+                lost: hold.lost,
+                scope: Some(hold.scope),
+                grpc: hold.grpc,
+                hide_names: hold.hide_names,
                 aborted: false,
             },
-        }
+            None => Kind::Inner {
+                body,
+                held: None,
+                lost: None,
+                scope: None,
+                grpc: None,
+                hide_names: false,
+                aborted: false,
+            },
+        };
+        Self { kind }
     }
 
     pub(crate) fn full(data: impl Into<Bytes>) -> Self {
@@ -139,6 +168,9 @@ where
                 body,
                 held,
                 lost,
+                scope,
+                grpc,
+                hide_names,
                 aborted,
             } => {
                 if *aborted {
@@ -154,18 +186,31 @@ where
                     lost.take();
                     let held = held.take();
                     let hidden = held.as_ref().is_some_and(Held::names_hidden);
-                    let err: BoxError = match held.map(|held| held.lost_error()) {
-                        Some(err) => Box::new(err),
-                        None => "lock lost".into(),
-                    };
+                    let err = held.as_ref().map_or_else(
+                        || LockError::Config("lock lost".to_owned()),
+                        Held::lost_error,
+                    );
                     if hidden {
                         tracing::warn!("dlock-tower: lock lost while sending the body");
                     } else {
                         tracing::warn!(error = %err, "dlock-tower: lock lost while sending the body");
                     }
-                    return Poll::Ready(Some(Err(err)));
+                    drop(held);
+                    return Poll::Ready(Some(match grpc {
+                        // The status the call ends with, in its trailers.
+                        Some(grpc) => Ok(crate::grpc::trailers(
+                            &LockRejection::from(err),
+                            *hide_names,
+                            *grpc,
+                        )),
+                        None => Err(Box::new(err)),
+                    }));
                 }
-                match body.poll_frame(cx) {
+                let polled = match scope {
+                    Some(scope) => scope.enter(|| body.poll_frame(cx)),
+                    None => body.poll_frame(cx),
+                };
+                match polled {
                     Poll::Ready(None) => {
                         // The body ended: the locks go now, not when the connection lets go of it.
                         lost.take();

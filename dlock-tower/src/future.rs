@@ -6,13 +6,13 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
-use dlock_core::{LockError, LockGuard, LockScope, Locker, Lost, MultiGuard, Scoped};
+use dlock_core::{LockError, LockGuard, LockName, LockScope, Locker, Lost, MultiGuard, Scoped};
 use futures_util::future::SelectAll;
 use http::{Request, Response};
 use tokio::time::Instant;
 use tower_service::Service;
 
-use crate::body::LockBody;
+use crate::body::{Hold, LockBody};
 use crate::grpc::Grpc;
 use crate::held::HeldLocks;
 use crate::key::{ExtractFuture, KeySource, LockKeys};
@@ -69,7 +69,8 @@ impl Held {
         }
     }
 
-    /// Whether the layer keeps these names out of logs ([`crate::LockLayer::hide_names`]).
+    /// Whether these names stay out of logs: the layer's [`crate::LockLayer::hide_names`], the
+    /// `Locker`'s own setting, or the name's, which the guards carry.
     pub(crate) fn names_hidden(&self) -> bool {
         self.guards().iter().any(|g| g.name().is_hidden())
     }
@@ -118,6 +119,8 @@ pin_project_lite::pin_project! {
             fut: Scoped<F>,
             held: Option<Held>,
             lost: Option<SelectAll<Lost>>,
+            // The handler's scope, for a held body to be produced in.
+            scope: LockScope,
         },
         Rejected {
             response: Option<Response<LockBody<()>>>,
@@ -251,57 +254,63 @@ where
 {
     let config = shared.config();
     let locker = shared.locker();
-    let hidden = config.responses.names_hidden();
+    // Hidden if the layer or the `Locker` asks; the layer never un-hides what the `Locker` or a
+    // name hides.
+    let hidden = names_hidden(shared);
     let fut = match keys {
         LockKeys::None => {
             span.record("outcome", "unlocked");
             return call(inner, req, None);
         }
-        LockKeys::One(Err(err)) => return rejected(span, LockRejection::from(err), config, grpc),
+        // An empty set names no lock: the same as no key.
+        LockKeys::Many(names) if names.is_empty() => {
+            span.record("outcome", "unlocked");
+            return call(inner, req, None);
+        }
+        LockKeys::One(Err(err)) => {
+            return rejected(span, LockRejection::from(err), config, grpc, hidden);
+        }
         LockKeys::Many(names) if names.iter().any(Result::is_err) => {
             let err = names.into_iter().find_map(Result::err);
             let err = err.unwrap_or_else(|| LockError::Config("invalid key".to_owned()));
-            return rejected(span, LockRejection::from(err), config, grpc);
+            return rejected(span, LockRejection::from(err), config, grpc, hidden);
         }
-        LockKeys::One(Ok(name)) => {
-            span.record("keys", if hidden { HIDDEN } else { name.as_str() });
-            let request = if config.fair {
-                locker.fair_lock(name)
-            } else {
-                locker.lock(name)
-            };
-            let mut request = request.hide_name(hidden);
-            if let Some(wait) = config.wait {
-                request = request.wait(wait);
-            }
-            if let Some(lease) = config.lease {
-                request = request.lease(lease);
-            } else if let Some(lease) = config.watchdog_lease {
-                request = request.watchdog_lease(lease);
-            }
-            Acquire::One(request.into_future())
-        }
-        LockKeys::Many(_) if config.fair => {
-            let err = LockError::Config("a fair lock layer's key names several locks".to_owned());
-            return rejected(span, LockRejection::from(err), config, grpc);
-        }
+        LockKeys::One(Ok(name)) => acquire_one(config, locker, span, hidden, name),
         LockKeys::Many(names) => {
-            let names: Vec<_> = names.into_iter().filter_map(Result::ok).collect();
-            if hidden {
-                span.record("keys", HIDDEN);
-            } else {
-                span.record("keys", tracing::field::debug(&names));
+            let mut names: Vec<_> = names.into_iter().filter_map(Result::ok).collect();
+            match names.first() {
+                // A set that names one lock (however often) is that lock, which a fair layer
+                // takes as it takes a single name.
+                Some(first) if config.fair && names.iter().all(|name| name == first) => {
+                    let name = names.swap_remove(0);
+                    acquire_one(config, locker, span, hidden, name)
+                }
+                _ if config.fair => {
+                    let err =
+                        LockError::Config("a fair lock layer's key names several locks".to_owned());
+                    return rejected(span, LockRejection::from(err), config, grpc, hidden);
+                }
+                _ => {
+                    if hidden || names.iter().any(LockName::is_hidden) {
+                        span.record("keys", HIDDEN);
+                    } else {
+                        span.record("keys", tracing::field::debug(&names));
+                    }
+                    let mut request = locker.lock_all(names);
+                    if hidden {
+                        request = request.hide_names(true);
+                    }
+                    if let Some(wait) = config.wait {
+                        request = request.wait(wait);
+                    }
+                    if let Some(lease) = config.lease {
+                        request = request.lease(lease);
+                    } else if let Some(lease) = config.watchdog_lease {
+                        request = request.watchdog_lease(lease);
+                    }
+                    Acquire::Many(request.into_future())
+                }
             }
-            let mut request = locker.lock_all(names).hide_names(hidden);
-            if let Some(wait) = config.wait {
-                request = request.wait(wait);
-            }
-            if let Some(lease) = config.lease {
-                request = request.lease(lease);
-            } else if let Some(lease) = config.watchdog_lease {
-                request = request.watchdog_lease(lease);
-            }
-            Acquire::Many(request.into_future())
         }
     };
     State::Acquiring {
@@ -312,15 +321,55 @@ where
     }
 }
 
+/// Whether the layer keeps lock names out of logs and spans: its own
+/// [`hide_names`](crate::LockLayer::hide_names) or the `Locker`'s.
+fn names_hidden(shared: &dyn Settings) -> bool {
+    shared.config().responses.names_hidden() || shared.locker().names_hidden()
+}
+
+/// The acquisition of one lock, plain or fair.
+fn acquire_one(
+    config: &Config,
+    locker: &Locker,
+    span: &tracing::Span,
+    hidden: bool,
+    name: LockName,
+) -> Acquire {
+    let shown = if hidden || name.is_hidden() {
+        HIDDEN
+    } else {
+        name.as_str()
+    };
+    span.record("keys", shown);
+    let mut request = if config.fair {
+        locker.fair_lock(name)
+    } else {
+        locker.lock(name)
+    };
+    if hidden {
+        request = request.hide_name(true);
+    }
+    if let Some(wait) = config.wait {
+        request = request.wait(wait);
+    }
+    if let Some(lease) = config.lease {
+        request = request.lease(lease);
+    } else if let Some(lease) = config.watchdog_lease {
+        request = request.watchdog_lease(lease);
+    }
+    Acquire::One(request.into_future())
+}
+
+/// The rejected state; `hidden`: whether the lock's name stays out of the log line.
 fn rejected<Inner, ReqB, F>(
     span: &tracing::Span,
     rejection: LockRejection,
     config: &Config,
     grpc: Option<Grpc>,
+    hidden: bool,
 ) -> State<Inner, ReqB, F> {
     span.record("outcome", rejection.outcome());
     // The backend's error names no lock; the others may, and stay out of logs when hidden.
-    let hidden = config.responses.names_hidden();
     match &rejection {
         LockRejection::Busy { .. } => tracing::debug!("dlock-tower: busy"),
         LockRejection::Lost { .. } if hidden => {
@@ -343,6 +392,9 @@ fn rejected<Inner, ReqB, F>(
 }
 
 /// Calls the inner service inside a lock scope that holds `held`.
+///
+/// The scope is nested: run inside an outer layer's scope, it keeps that scope's holds, and the
+/// [`HeldLocks`] the handler sees lists the outer layer's locks, then this layer's.
 fn call<Inner, ReqB>(
     mut inner: Inner,
     mut req: Request<ReqB>,
@@ -351,19 +403,24 @@ fn call<Inner, ReqB>(
 where
     Inner: Service<Request<ReqB>>,
 {
-    let scope = LockScope::new();
+    let scope = LockScope::nested();
     let mut lost = None;
     if let Some(held) = &held {
         for guard in held.guards() {
             scope.adopt(guard);
         }
-        req.extensions_mut().insert(held.info());
+        let info = match req.extensions_mut().remove::<HeldLocks>() {
+            Some(outer) => outer.followed_by(held.info()),
+            None => held.info(),
+        };
+        req.extensions_mut().insert(info);
         lost = held.lost();
     }
     State::Calling {
         fut: scope.run(inner.call(req)),
         held,
         lost,
+        scope,
     }
 }
 
@@ -412,12 +469,24 @@ where
                         }
                         (Err(err), _, _) => {
                             let rejection = LockRejection::from(err);
-                            rejected(this.span, rejection, this.shared.config(), *this.grpc)
+                            let hidden = names_hidden(&**this.shared);
+                            rejected(
+                                this.span,
+                                rejection,
+                                this.shared.config(),
+                                *this.grpc,
+                                hidden,
+                            )
                         }
                         _ => State::Rejected { response: None },
                     }
                 }
-                StateProj::Calling { fut, held, lost } => {
+                StateProj::Calling {
+                    fut,
+                    held,
+                    lost,
+                    scope,
+                } => {
                     let lost_now = lost
                         .as_mut()
                         .is_some_and(|lost| Pin::new(lost).poll(cx).is_ready());
@@ -428,6 +497,8 @@ where
                             .map(Held::lost_error)
                             .unwrap_or_else(|| LockError::Config("lock lost".to_owned()));
                         let rejection = LockRejection::from(err);
+                        let hidden = names_hidden(&**this.shared)
+                            || held.as_ref().is_some_and(Held::names_hidden);
                         // Cancel the handler (its future is dropped with this state), then let
                         // go of what is left of the hold.
                         this.state.set(rejected(
@@ -435,14 +506,22 @@ where
                             rejection,
                             this.shared.config(),
                             *this.grpc,
+                            hidden,
                         ));
                         drop(held);
                         continue;
                     }
                     let response = ready!(fut.poll(cx))?;
                     let (held, lost) = (held.take(), lost.take());
-                    let hold = if this.shared.config().hold_body {
-                        held.map(|held| (held, lost))
+                    let config = this.shared.config();
+                    let hold = if config.hold_body {
+                        held.map(|held| Hold {
+                            held,
+                            lost,
+                            scope: scope.clone(),
+                            grpc: *this.grpc,
+                            hide_names: config.responses.names_hidden(),
+                        })
                     } else {
                         // Released (in the background) as soon as the response is produced.
                         None

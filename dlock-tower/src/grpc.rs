@@ -6,8 +6,10 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
+use bytes::Bytes;
 use dlock_core::{ErrorResponses, LockError};
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
+use http_body::Frame;
 
 use crate::body::LockBody;
 use crate::rejection::LockRejection;
@@ -59,15 +61,10 @@ const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
 const GRPC_STATUS_DETAILS: HeaderName = HeaderName::from_static("grpc-status-details-bin");
 const GRPC_RETRY_PUSHBACK: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
 
-/// The trailers-only answer to `rejection`: busy and lost are `ABORTED`, an unavailable backend
-/// `UNAVAILABLE`, an invalid key `INVALID_ARGUMENT`, anything else `INTERNAL`; a message that
-/// never holds the backend's error, and for a busy lock the holder's remaining lease as
-/// `grpc-retry-pushback-ms`, `retry-after` and a `google.rpc.RetryInfo` detail.
-pub(crate) fn response(
-    rejection: &LockRejection,
-    responses: &ErrorResponses,
-    grpc: Grpc,
-) -> http::Response<LockBody<()>> {
+/// The gRPC status of `rejection`: busy and lost are `ABORTED`, an unavailable backend
+/// `UNAVAILABLE`, an invalid key `INVALID_ARGUMENT`, anything else `INTERNAL`; and a message
+/// that never holds the backend's error, naming the lock unless `hide_names`.
+fn status(rejection: &LockRejection, hide_names: bool) -> (u8, String) {
     let (code, message) = match rejection {
         LockRejection::Busy { .. } => (ABORTED, "another request holds this lock; retry later"),
         LockRejection::Lost { .. } => (
@@ -86,18 +83,34 @@ pub(crate) fn response(
         // Why (length, a control character's offset), never the name itself.
         let _ = write!(message, ": {invalid}");
     }
-    if let (Some(name), false) = (rejection.name(), responses.names_hidden()) {
+    if let (Some(name), false) = (rejection.name(), hide_names) {
         let _ = write!(message, " (lock `{name}`)");
     }
+    (code, message)
+}
 
+/// Writes `grpc-status` and `grpc-message` into `headers`.
+fn insert_status(headers: &mut HeaderMap, code: u8, message: &str) {
+    headers.insert(GRPC_STATUS, HeaderValue::from(u16::from(code)));
+    if let Ok(value) = HeaderValue::try_from(percent_encode(message)) {
+        headers.insert(GRPC_MESSAGE, value);
+    }
+}
+
+/// The trailers-only answer to `rejection` (see [`status`]); for a busy lock, the holder's
+/// remaining lease as `grpc-retry-pushback-ms`, `retry-after` and a `google.rpc.RetryInfo`
+/// detail.
+pub(crate) fn response(
+    rejection: &LockRejection,
+    responses: &ErrorResponses,
+    grpc: Grpc,
+) -> http::Response<LockBody<()>> {
+    let (code, message) = status(rejection, responses.names_hidden());
     let mut response = http::Response::new(LockBody::empty());
     *response.status_mut() = StatusCode::OK;
     let headers = response.headers_mut();
     headers.insert(header::CONTENT_TYPE, grpc.content_type());
-    headers.insert(GRPC_STATUS, HeaderValue::from(u16::from(code)));
-    if let Ok(value) = HeaderValue::try_from(percent_encode(&message)) {
-        headers.insert(GRPC_MESSAGE, value);
-    }
+    insert_status(headers, code, &message);
     if let LockRejection::Busy { retry_after, .. } = rejection {
         let delay = retry_after
             .unwrap_or(Duration::from_secs(1))
@@ -113,6 +126,37 @@ pub(crate) fn response(
         }
     }
     response
+}
+
+/// The last frame of a response body that `rejection` ends mid-stream (see [`status`]): the
+/// trailers for gRPC over HTTP/2, a trailer frame in the body for gRPC-Web (base64 for
+/// `grpc-web-text`), since its trailers travel in the body.
+pub(crate) fn trailers(rejection: &LockRejection, hide_names: bool, grpc: Grpc) -> Frame<Bytes> {
+    let (code, message) = status(rejection, hide_names);
+    let mut trailers = HeaderMap::new();
+    insert_status(&mut trailers, code, &message);
+    if grpc == Grpc::Http2 {
+        return Frame::trailers(trailers);
+    }
+    // gRPC-Web: a frame flagged 0x80, its length, then the trailers as `name:value\r\n` lines.
+    let mut block = Vec::new();
+    for (name, value) in &trailers {
+        block.extend_from_slice(name.as_str().as_bytes());
+        block.push(b':');
+        block.extend_from_slice(value.as_bytes());
+        block.extend_from_slice(b"\r\n");
+    }
+    let mut frame = vec![0x80];
+    frame.extend_from_slice(&u32::try_from(block.len()).unwrap_or(u32::MAX).to_be_bytes());
+    frame.extend_from_slice(&block);
+    if grpc == Grpc::WebText {
+        let mut text = base64(&frame);
+        while !text.len().is_multiple_of(4) {
+            text.push('=');
+        }
+        return Frame::data(Bytes::from(text));
+    }
+    Frame::data(Bytes::from(frame))
 }
 
 /// `grpc-message` encoding: bytes outside `0x20..=0x7E`, and `%`, as `%XX` (UTF-8).
@@ -220,6 +264,47 @@ mod tests {
     fn messages_are_percent_encoded() {
         assert_eq!(percent_encode("busy (lock `a:b`)"), "busy (lock `a:b`)");
         assert_eq!(percent_encode("100% é\n"), "100%25 %C3%A9%0A");
+    }
+
+    #[test]
+    fn a_lost_lock_ends_the_stream_with_aborted_trailers() {
+        let lost = LockRejection::Lost {
+            name: "order:7".into(),
+            fencing_token: dlock_core::FencingToken::new(3),
+        };
+        let frame = trailers(&lost, false, Grpc::Http2);
+        let headers = frame
+            .trailers_ref()
+            .unwrap_or_else(|| panic!("no trailers"));
+        assert_eq!(headers[GRPC_STATUS], "10");
+        assert_eq!(
+            headers[GRPC_MESSAGE],
+            "the lock was lost while the request ran; the request was cancelled (lock `order:7`)"
+        );
+        let hidden = trailers(&lost, true, Grpc::Http2);
+        let headers = hidden
+            .trailers_ref()
+            .unwrap_or_else(|| panic!("no trailers"));
+        assert!(
+            !headers[GRPC_MESSAGE]
+                .to_str()
+                .unwrap_or("order")
+                .contains("order")
+        );
+
+        let web = trailers(&lost, true, Grpc::Web)
+            .into_data()
+            .unwrap_or_default();
+        let block = b"grpc-status:10\r\ngrpc-message:the lock was lost while the request ran; \
+                      the request was cancelled\r\n";
+        assert_eq!(web[0], 0x80);
+        assert_eq!(&web[1..5], &(block.len() as u32).to_be_bytes());
+        assert_eq!(&web[5..], block);
+        let text = trailers(&lost, true, Grpc::WebText)
+            .into_data()
+            .unwrap_or_default();
+        assert_eq!(text.len() % 4, 0);
+        assert!(text.starts_with(b"gAAAA"), "{text:?}");
     }
 
     #[test]

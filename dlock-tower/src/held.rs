@@ -5,8 +5,11 @@ use dlock_core::FencingToken;
 /// The locks held for this request, in request extensions (and, with the `axum` feature, an
 /// extractor): hand the fencing token to the resource the handler writes.
 ///
-/// It is there only when the layer took a lock: a route whose key function returned no key sees
-/// no `HeldLocks`, so take `Option<HeldLocks>` there.
+/// It is there only when a layer took a lock: a route whose key function returned no key (`None`,
+/// or an empty `Vec`) sees no `HeldLocks`, so take `Option<HeldLocks>` there.
+///
+/// Under stacked layers it lists the outer layer's locks first, then the inner layer's (a name
+/// both took, the inner one re-entering the outer hold, is listed once).
 ///
 /// ```
 /// use axum::{Router, extract::Path, routing::post};
@@ -44,6 +47,17 @@ impl HeldLocks {
         }
     }
 
+    /// These locks, then those of `inner` that are not among them already.
+    pub(crate) fn followed_by(mut self, inner: HeldLocks) -> Self {
+        for (name, token) in inner.names.into_iter().zip(inner.fencing_tokens) {
+            if self.fencing_token_of(&name) != Some(token) {
+                self.names.push(name);
+                self.fencing_tokens.push(token);
+            }
+        }
+        self
+    }
+
     /// The names held, in acquisition order.
     pub fn names(&self) -> &[String] {
         &self.names
@@ -62,7 +76,8 @@ impl HeldLocks {
             .zip(self.fencing_tokens.iter().copied())
     }
 
-    /// The fencing token of the first (for a single lock: the only) lock.
+    /// The fencing token of the first (for a single lock: the only) lock; under stacked layers,
+    /// the outer layer's first lock.
     pub fn fencing_token(&self) -> Option<FencingToken> {
         self.fencing_tokens.first().copied()
     }
@@ -168,5 +183,20 @@ mod tests {
         assert_eq!(held.fencing_token_of("sku:2"), Some(FencingToken::new(9)));
         assert_eq!(held.fencing_token_of("sku:3"), None);
         assert_eq!(HeldLocks::default().fencing_token(), None);
+    }
+
+    #[test]
+    fn an_outer_layers_locks_come_first_and_a_re_entered_one_once() {
+        let outer = HeldLocks::new(vec!["tenant:1".into()], vec![FencingToken::new(3)]);
+        let inner = HeldLocks::new(
+            vec!["tenant:1".into(), "order:2".into()],
+            vec![FencingToken::new(3), FencingToken::new(8)],
+        );
+        let held = outer.followed_by(inner);
+        assert_eq!(held.names(), ["tenant:1", "order:2"]);
+        assert_eq!(
+            held.fencing_tokens(),
+            [FencingToken::new(3), FencingToken::new(8)]
+        );
     }
 }

@@ -1,5 +1,6 @@
 //! Where a request's lock key comes from.
 
+use std::fmt::Write as _;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -107,7 +108,9 @@ impl<S> Clone for KeySource<S> {
 /// Ready-made key functions for the plain tower form ([`LockLayer::key_from_parts`]).
 ///
 /// Each puts a value from the request after a literal `prefix`, escaped (see
-/// [`LockName::builder`]), and takes no lock when the value is missing.
+/// [`LockName::builder`]), and takes no lock when the value is missing. Distinct values always
+/// give distinct names: a value that is not UTF-8 keeps its bytes (`%XX`), never a replacement
+/// character that other values share.
 ///
 /// ```
 /// use dlock_tower::{KeyFrom, LockLayer};
@@ -124,6 +127,34 @@ impl<S> Clone for KeySource<S> {
 /// # let _ = (by_header, by_segment, by_query);
 /// ```
 ///
+/// # The text as sent
+///
+/// These keys are the text the client sent (percent-decoded), not a parsed value: `42`, `042`
+/// and `+42` are three keys, so `/accounts/042/transfers` does not wait for
+/// `/accounts/42/transfers`. When the handler parses the value (`Path<u64>`, a UUID, a
+/// case-insensitive name), build the key from the same parse, so that every spelling the
+/// handler treats as one resource takes one lock — with the extractor form (feature `axum`):
+///
+/// ```
+/// use axum::{Router, extract::Path, routing::post};
+/// use dlock_tower::LockLayer;
+///
+/// let app: Router = Router::new()
+///     .route(
+///         "/accounts/{id}/transfers",
+///         post(|Path(id): Path<u64>| async move { format!("transfer from {id}") }),
+///     )
+///     // `42`, `042` and `+42` are all account 42: one lock, `account:42`.
+///     .route_layer(
+///         LockLayer::new(dlock_core::Locker::memory())
+///             .sync_key(|Path(id): Path<u64>| format!("account:{id}")),
+///     );
+/// # let _ = app;
+/// ```
+///
+/// or, in the plain tower form, by parsing in your own `key_from_parts` function as the
+/// handler does.
+///
 /// [`LockLayer::key_from_parts`]: crate::LockLayer::key_from_parts
 #[derive(Debug, Clone, Copy)]
 #[non_exhaustive]
@@ -132,17 +163,15 @@ pub struct KeyFrom;
 impl KeyFrom {
     /// The value of header `name` (the first one, if repeated), after `prefix`. No header: no
     /// lock.
+    ///
+    /// The value is keyed as its bytes: a UTF-8 value as its text (escaped), and bytes that are
+    /// not UTF-8 as `%XX`, so two different values never share a lock.
     pub fn header(
         name: &'static str,
         prefix: &'static str,
     ) -> impl Fn(&Parts) -> LockKeys + Clone + Send + Sync + 'static {
         move |parts: &Parts| match parts.headers.get(name) {
-            Some(value) => LockKeys::One(
-                LockName::builder()
-                    .literal(prefix)
-                    .value(String::from_utf8_lossy(value.as_bytes()))
-                    .build(),
-            ),
+            Some(value) => LockKeys::One(name_of(prefix, value.as_bytes())),
             None => LockKeys::None,
         }
     }
@@ -152,24 +181,34 @@ impl KeyFrom {
     /// an empty one: no lock.
     ///
     /// Decoding matters: `/vouchers/%34%32/orders` names the same voucher as
-    /// `/vouchers/42/orders`, and must take the same lock.
+    /// `/vouchers/42/orders`, and must take the same lock. Decoded bytes that are not UTF-8
+    /// are keyed as `%XX`, each value to a lock of its own.
+    ///
+    /// The key is the segment's text as sent, not a number: `/vouchers/042/orders` and
+    /// `/vouchers/+42/orders` take other locks than `/vouchers/42/orders`, though a
+    /// `Path<u64>` handler reads all three as voucher 42. When the handler parses the segment,
+    /// build the key from the same parse (`.sync_key(|Path(id): Path<u64>| ..)`; see
+    /// [the text as sent](KeyFrom#the-text-as-sent)).
     pub fn path_segment(
         index: usize,
         prefix: &'static str,
     ) -> impl Fn(&Parts) -> LockKeys + Clone + Send + Sync + 'static {
         move |parts: &Parts| match parts.uri.path().split('/').skip(1).nth(index) {
-            Some(segment) if !segment.is_empty() => LockKeys::One(
-                LockName::builder()
-                    .literal(prefix)
-                    .value(percent_decode(segment, false))
-                    .build(),
-            ),
+            Some(segment) if !segment.is_empty() => {
+                LockKeys::One(name_of(prefix, &percent_decode(segment, false)))
+            }
             _ => LockKeys::None,
         }
     }
 
     /// The value of query parameter `name` (the first one, if repeated; `+` and `%XX`
-    /// decoded), after `prefix`. No such parameter, or an empty value: no lock.
+    /// decoded), after `prefix`. No such parameter, or an empty value: no lock. Decoded bytes
+    /// that are not UTF-8 are keyed as `%XX`, each value to a lock of its own.
+    ///
+    /// As with [`path_segment`](KeyFrom::path_segment), the key is the value's text as sent:
+    /// `?account=42` and `?account=042` take different locks. When the handler parses the
+    /// value (`Query<T>` with a number field), build the key from the same parse
+    /// (`.sync_key(|Query(q): Query<T>| ..)`; see [the text as sent](KeyFrom#the-text-as-sent)).
     pub fn query(
         name: &'static str,
         prefix: &'static str,
@@ -178,22 +217,46 @@ impl KeyFrom {
             let value = parts.uri.query().and_then(|query| {
                 query.split('&').find_map(|pair| {
                     let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-                    (percent_decode(key, true) == name).then(|| percent_decode(value, true))
+                    (percent_decode(key, true) == name.as_bytes())
+                        .then(|| percent_decode(value, true))
                 })
             });
             match value {
-                Some(value) if !value.is_empty() => {
-                    LockKeys::One(LockName::builder().literal(prefix).value(value).build())
-                }
+                Some(value) if !value.is_empty() => LockKeys::One(name_of(prefix, &value)),
                 _ => LockKeys::None,
             }
         }
     }
 }
 
-/// Decodes `%XX` escapes (and, in a query, `+` as a space). A malformed escape is kept as it
-/// is; bytes that are not UTF-8 become U+FFFD.
-fn percent_decode(s: &str, plus_is_space: bool) -> String {
+/// The name `prefix` + the escaped `value`. A UTF-8 value is escaped as
+/// [`NameBuilder::value`](dlock_core::NameBuilder::value) escapes text (every byte outside
+/// `[A-Za-z0-9_.-]` as `%XX`); the bytes of any other value are escaped the same way, byte for
+/// byte, so the name is one-to-one with the value's bytes.
+fn name_of(prefix: &'static str, value: &[u8]) -> Result<LockName, LockError> {
+    if let Ok(text) = std::str::from_utf8(value) {
+        return LockName::builder().literal(prefix).value(text).build();
+    }
+    let mut escaped = String::with_capacity(value.len() * 3);
+    for chunk in value.utf8_chunks() {
+        if !chunk.valid().is_empty() {
+            // The text between the stray bytes, escaped (and checked) by the core.
+            escaped.push_str(LockName::builder().value(chunk.valid()).build()?.as_str());
+        }
+        for byte in chunk.invalid() {
+            let _ = write!(escaped, "%{byte:02X}");
+        }
+    }
+    // Only `[A-Za-z0-9_.-]` and `%XX` escapes: valid literal text.
+    LockName::builder()
+        .literal(prefix)
+        .literal(&escaped)
+        .build()
+}
+
+/// Decodes `%XX` escapes (and, in a query, `+` as a space) into bytes, which may not be UTF-8.
+/// A malformed escape is kept as it is.
+fn percent_decode(s: &str, plus_is_space: bool) -> Vec<u8> {
     fn hex(b: u8) -> Option<u8> {
         match b {
             b'0'..=b'9' => Some(b - b'0'),
@@ -221,7 +284,7 @@ fn percent_decode(s: &str, plus_is_space: bool) -> String {
             }
         }
     }
-    String::from_utf8(out).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+    out
 }
 
 #[cfg(feature = "axum")]
@@ -349,11 +412,48 @@ mod tests {
 
     #[test]
     fn percent_decoding() {
-        assert_eq!(percent_decode("%34%32", false), "42");
-        assert_eq!(percent_decode("a+b%2", false), "a+b%2");
-        assert_eq!(percent_decode("a+b%zz", true), "a b%zz");
-        assert_eq!(percent_decode("%C3%A9", false), "é");
-        assert_eq!(percent_decode("%FF", false), "\u{fffd}");
+        assert_eq!(percent_decode("%34%32", false), b"42");
+        assert_eq!(percent_decode("a+b%2", false), b"a+b%2");
+        assert_eq!(percent_decode("a+b%zz", true), b"a b%zz");
+        assert_eq!(percent_decode("%C3%A9", false), "é".as_bytes());
+        assert_eq!(percent_decode("%FF", false), b"\xff");
+    }
+
+    #[test]
+    fn names_are_one_to_one_with_the_values_bytes() {
+        let name = |bytes: &[u8]| name_of("p:", bytes).map(|n| n.to_string());
+        // UTF-8 values: exactly what the builder gives their text.
+        for text in ["42", "ac me", "é", "7:a", "%FF", "a%2Fb", ""] {
+            let expected = LockName::builder().literal("p:").value(text).build();
+            assert_eq!(
+                name(text.as_bytes()).ok(),
+                expected.map(|n| n.to_string()).ok()
+            );
+        }
+        // Other bytes keep their value: no two share a name, nor with any text.
+        let values: [&[u8]; 7] = [
+            b"pay-\xff",
+            b"pay-\xfe",
+            b"pay-%FF",
+            "pay-\u{fffd}".as_bytes(),
+            b"\xc3",
+            b"\xc3\xa9\xff",
+            b"\xffa:b\xfe",
+        ];
+        let names: Vec<_> = values
+            .iter()
+            .map(|v| name(v).unwrap_or_else(|e| panic!("{e}")))
+            .collect();
+        for (i, a) in names.iter().enumerate() {
+            for b in &names[i + 1..] {
+                assert_ne!(a, b);
+            }
+        }
+        assert_eq!(names[0], "p:pay-%FF");
+        assert_eq!(names[2], "p:pay-%25FF");
+        assert_eq!(names[6], "p:%FFa%3Ab%FE");
+        // Control characters are refused in any value.
+        assert!(name(b"a\tb\xff").is_err());
     }
 
     #[test]
@@ -368,6 +468,19 @@ mod tests {
             one(segment(&parts("/vouchers/42/orders")))
         );
         assert_eq!(one(segment(&parts("/vouchers"))), None);
+        // The text as sent, not a number.
+        assert_eq!(
+            one(segment(&parts("/vouchers/042/orders"))).as_deref(),
+            Some("voucher:042")
+        );
+        assert_eq!(
+            one(segment(&parts("/vouchers/%FF/orders"))).as_deref(),
+            Some("voucher:%FF")
+        );
+        assert_ne!(
+            one(segment(&parts("/vouchers/%FF/orders"))),
+            one(segment(&parts("/vouchers/%FE/orders")))
+        );
         assert_eq!(one(segment(&parts("/vouchers//orders"))), None);
 
         let header = KeyFrom::header("x-account", "account:");
@@ -385,6 +498,14 @@ mod tests {
         );
         assert_eq!(one(query(&parts("/?tenant="))), None);
         assert_eq!(one(query(&parts("/?tenants=x"))), None);
+        assert_eq!(
+            one(query(&parts("/?tenant=%FF"))).as_deref(),
+            Some("tenant:%FF")
+        );
+        assert_eq!(
+            one(query(&parts("/?%74enant=acme"))).as_deref(),
+            Some("tenant:acme")
+        );
         assert_eq!(one(query(&parts("/"))), None);
     }
 }

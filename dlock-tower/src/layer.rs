@@ -343,8 +343,9 @@ impl<S, K> LockLayer<S, K> {
     /// Takes fair locks ([`Locker::fair_lock`](dlock_core::Locker::fair_lock)): requests waiting
     /// for one key get it in the order they came, across instances, and a release wakes only the
     /// next in line (default off). Give the layer a [`wait`](Self::wait) for a line to form. A
-    /// key that names several locks can't be fair: such a request is answered as a
-    /// configuration error (500, without details), and its handler does not run.
+    /// `Vec` key that names one lock (once or more) is that lock, taken fairly; a key that names
+    /// several locks can't be fair: such a request is answered as a configuration error (500,
+    /// without details), and its handler does not run.
     pub fn fair(mut self, fair: bool) -> Self {
         self.config.fair = fair;
         self
@@ -376,7 +377,11 @@ impl<S, K> LockLayer<S, K> {
     }
 
     /// Leave the lock's name out of rejection bodies and gRPC messages (it may hold user
-    /// data). The `Retry-After` header and the status stay.
+    /// data), and out of dlock's logs and spans. The `Retry-After` header and the status stay.
+    ///
+    /// `false` (the default) hides nothing more, and shows nothing that is hidden elsewhere: a
+    /// `Locker` built with `LockerBuilder::hide_names(true)`, or a name made
+    /// [`hidden`](dlock_core::LockName::hidden), stays out of logs and spans whatever this says.
     pub fn hide_names(mut self, hide: bool) -> Self {
         self.config.responses = self.config.responses.hide_names(hide);
         self
@@ -406,9 +411,12 @@ impl<S, K> LockLayer<S, K> {
     /// Hold the lock until the response body has been sent (or dropped), not just until the
     /// response head is produced: for streamed bodies whose production is the guarded work.
     ///
-    /// The body is wrapped ([`LockBody`](crate::LockBody)); it releases the lock when it
-    /// yields its last frame, fails, or is dropped (the client went away). If the lock is lost
-    /// while the body is being sent, the body ends with an error.
+    /// The body is wrapped ([`LockBody`](crate::LockBody)) and produced inside the request's
+    /// lock scope, as the handler ran: `dlock_core::fencing_token()` answers there, and a
+    /// nested acquisition of the same key re-enters. It releases the lock when it yields its
+    /// last frame, fails, or is dropped (the client went away). If the lock is lost while the
+    /// body is being sent, the body ends with an error; a gRPC response ends with trailers
+    /// `grpc-status: 10` (`ABORTED`) and a `grpc-message` instead.
     pub fn hold_until_body_ends(mut self, hold: bool) -> Self {
         self.config.hold_body = hold;
         self

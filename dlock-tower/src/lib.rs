@@ -75,7 +75,11 @@
 //!   request head; the body is never read, and reaches the handler untouched.
 //! - [`LockLayer::key_from_parts`] and [`LockLayer::key_from_request`] are the plain tower form:
 //!   a function of the request head. [`KeyFrom`] has ready-made ones (a header, a path segment, a
-//!   query parameter).
+//!   query parameter). They key on the text as sent: `/accounts/42` and `/accounts/042` take
+//!   different locks, though a `Path<u64>` handler reads both as account 42. When the handler
+//!   parses the value, build the key from the same parse, as the extractor form does with
+//!   `.key(|Path(id): Path<u64>| async move { format!("account:{id}") })` (see
+//!   [`KeyFrom`](KeyFrom#the-text-as-sent)).
 //!
 //! A layer is a `Layer` only once it has a key function: `LockLayer::new(locker)` alone would
 //! lock nothing, so applying it is a compile error ("this `LockLayer` has no key function, so
@@ -83,7 +87,8 @@
 //!
 //! A key function returns a name (`String`, `&'static str`, [`LockName`](dlock_core::LockName)),
 //! an `Option` of one (`None`: this request takes no lock), or a `Vec` of names, locked
-//! all-or-none. A `String` is taken as trusted text; build names that embed user input with
+//! all-or-none. An empty `Vec` names no lock and is the same as `None`: the handler runs
+//! without a lock and without [`HeldLocks`], and the span's outcome is `unlocked`. A `String` is taken as trusted text; build names that embed user input with
 //! [`LockName::builder`](dlock_core::LockName::builder), which escapes values.
 //!
 //! ## Router state
@@ -176,7 +181,7 @@
 //! | busy after the wait | 409 ([`LockLayer::with_status_code`]), `Retry-After` from the holder's remaining lease (whole seconds, rounded up), `application/problem+json` naming the lock ([`LockLayer::hide_names`] leaves the name out) |
 //! | key not derivable | the extractor's own rejection |
 //! | invalid key (too long, control characters) | 400 ([`LockLayer::invalid_key_status_code`]) |
-//! | Redis unreachable or timed out | 503 ([`LockLayer::unavailable_status_code`]), within the `Locker`'s command timeout |
+//! | Redis unreachable or timed out | 503 ([`LockLayer::unavailable_status_code`]); without a wait, within the `Locker`'s command timeout; with a [`LockLayer::wait`], the request keeps trying (Redis may be back in a moment) and answers within the wait plus one command timeout |
 //! | lock lost while the handler runs | the handler is cancelled; 503 ([`LockLayer::lost_status_code`]) |
 //! | the core refuses the request (a fixed lease under 10 ms) | 500 |
 //!
@@ -252,7 +257,7 @@
 //! | --- | --- |
 //! | busy after the wait | `ABORTED` (10), with `grpc-retry-pushback-ms` (the holder's remaining lease), `retry-after` (seconds) and a `google.rpc.RetryInfo` in `grpc-status-details-bin` |
 //! | Redis unreachable or timed out | `UNAVAILABLE` (14) |
-//! | lock lost while the call runs | `ABORTED` (10); the call is cancelled |
+//! | lock lost while the call runs | `ABORTED` (10); the call is cancelled. Lost while a held stream is sent ([`LockLayer::hold_until_body_ends`]): the stream ends with `grpc-status: 10` and `grpc-message` in its trailers (in the body's trailer frame for gRPC-Web) |
 //! | invalid key | `INVALID_ARGUMENT` (3) |
 //! | anything else | `INTERNAL` (13) |
 //!
@@ -273,18 +278,32 @@
 //! The handler runs inside a `dlock_core` lock scope that holds the lock, so a
 //! `#[distributed_lock]` function it calls with the same key re-enters instead of deadlocking,
 //! and `dlock_core::fencing_token()` answers there. [`HeldLocks`] (a request extension, and an
-//! extractor) carries the names and fencing tokens.
+//! extractor) carries the names and fencing tokens. With
+//! [`LockLayer::hold_until_body_ends`], the body is produced inside the same scope: a stream
+//! that does the guarded work sees the fencing token and re-enters the lock as the handler does.
+//!
+//! Layers stack: under an outer `LockLayer`, an inner layer's scope keeps the outer one's holds
+//! (the handler re-enters the outer key too, and `dlock_core::fencing_token()` is the innermost
+//! lock's token), and [`HeldLocks`] lists the outer layer's locks, then the inner layer's.
 //!
 //! If the lock is lost while the handler runs (its lease ran out without renewal, someone
 //! deleted it), the handler's future is dropped at its next `.await` and the lost response is
 //! returned. If it is lost while a held body is being sent, the body ends with an error and the
-//! connection is cut rather than letting the rest go out unprotected.
+//! connection is cut rather than letting the rest go out unprotected; a gRPC response ends with
+//! `ABORTED` trailers instead (see [gRPC](#grpc)).
 //!
 //! # Tracing
 //!
 //! Each request runs in a `dlock.request` span (level `DEBUG`) with the fields `keys`,
 //! `waited_us` and `outcome` (`acquired`, `unlocked`, `key_rejected`, `busy`, `invalid_key`,
 //! `unavailable`, `lost`, `internal`); the core's own `dlock.acquire` span nests inside it.
+//! `unlocked` means the key named no lock (`None`, an empty `Vec`) and none was taken.
+//!
+//! A lock name stays out of these spans and of the layer's log lines (they show `<hidden>`)
+//! when the layer's [`LockLayer::hide_names`] asks, when the `Locker` was built with
+//! `LockerBuilder::hide_names(true)`, or when the name itself is
+//! [`hidden`](dlock_core::LockName::hidden); the layer never shows a name that the `Locker` or
+//! the name hides.
 
 // The links to the extractor form go nowhere when it is compiled out.
 #![cfg_attr(not(feature = "axum"), allow(rustdoc::broken_intra_doc_links))]

@@ -1,5 +1,6 @@
 //! `LockLayer::fair`: requests for one key get the lock in the order they came, across
-//! `Locker`s; a key naming several locks can't be fair — against a real `redis-server`.
+//! `Locker`s; a `Vec` naming one lock is that lock; a key naming several locks can't be fair; a
+//! waiter whose client went away leaves the line — against a real `redis-server`.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -8,7 +9,7 @@ use axum::Router;
 use axum::body::Body;
 use axum::extract::Path;
 use axum::http::{Request, StatusCode};
-use axum::routing::post;
+use axum::routing::{get, post};
 use dlock_core::Locker;
 use dlock_tests::{RedisServer, unique_name};
 use dlock_tower::LockLayer;
@@ -122,4 +123,79 @@ async fn a_fair_layer_whose_key_names_several_locks_answers_without_running_the_
         "internal detail in the answer: {body}"
     );
     assert!(!*ran.lock().unwrap(), "the handler ran");
+}
+
+async fn get_f(app: &Router) -> (StatusCode, String) {
+    let response = app
+        .clone()
+        .oneshot(Request::get("/f").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    let status = response.status();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+#[tokio::test]
+async fn a_fair_layer_takes_a_vec_naming_one_lock() {
+    let server = RedisServer::start();
+    let locker = Locker::connect(&server.url()).await.expect("connect");
+    let name = unique_name("fair-one");
+    let app = Router::new()
+        .route("/f", get(|| async { "ran" }))
+        .route_layer(LockLayer::new(locker.clone()).fair(true).key({
+            let name = name.clone();
+            move || std::future::ready(vec![name.clone()])
+        }));
+    let (status, body) = get_f(&app).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    // Taken fairly, as a single name is: busy while someone holds it. (The layer's release
+    // goes in the background: the holder waits for it.)
+    let holder = (locker.fair_lock(name.as_str()).wait(Duration::from_secs(2)))
+        .await
+        .expect("holder");
+    assert_eq!(get_f(&app).await.0, StatusCode::CONFLICT);
+    assert!(holder.release().await.is_released());
+}
+
+// Fair mode: a waiter whose client went away (its response future dropped while in line) leaves
+// the line at once, and does not hold up the next waiter until the dead-waiter timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_waiter_whose_client_went_away_leaves_the_line() {
+    let server = RedisServer::start();
+    let locker = Locker::connect(&server.url()).await.expect("connect");
+    let name = unique_name("fair-ghost");
+    let app = Router::new()
+        .route("/f", get(|| async { "ran" }))
+        .route_layer(
+            LockLayer::new(locker.clone())
+                .fair(true)
+                .wait(Duration::from_secs(10))
+                .key({
+                    let name = name.clone();
+                    move || std::future::ready(name.clone())
+                }),
+        );
+    let holder = locker.fair_lock(name.as_str()).await.unwrap();
+    let ghost = tokio::spawn({
+        let app = app.clone();
+        async move { get_f(&app).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    ghost.abort();
+    let _ = ghost.await;
+    let next = tokio::spawn({
+        let app = app.clone();
+        async move { get_f(&app).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let released_at = Instant::now();
+    assert!(holder.release().await.is_released());
+    let (status, body) = next.await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(
+        released_at.elapsed() < Duration::from_secs(2),
+        "the next waiter got the lock {:?} after the release",
+        released_at.elapsed()
+    );
 }

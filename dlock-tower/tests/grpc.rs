@@ -384,3 +384,86 @@ async fn an_invalid_key_is_invalid_argument_and_a_refused_lease_internal() {
     assert_eq!(status.code(), Code::Internal, "{status:?}");
     assert_eq!(status.message(), "the lock could not be taken");
 }
+
+// With `hold_until_body_ends`, a lock lost while a streamed answer is sent ends the stream with
+// `ABORTED` trailers (and a message without the internal error), not a bare stream reset.
+#[tokio::test]
+async fn losing_the_lock_while_a_held_stream_is_sent_ends_it_with_aborted_trailers() {
+    use http_body_util::BodyExt as _;
+    use tower::ServiceExt as _;
+
+    let server = RedisServer::start();
+    let locker = locker(&server).await;
+    let name = dlock_tests::unique_name("grpc-stream");
+    let service = tower::ServiceBuilder::new()
+        .layer(
+            LockLayer::new(locker.clone())
+                .key_from_parts({
+                    let name = name.clone();
+                    move |_: &Parts| name.clone()
+                })
+                .watchdog_lease(Duration::from_millis(600))
+                .hold_until_body_ends(true),
+        )
+        .service_fn(|_req: http::Request<axum::body::Body>| async {
+            let chunks = futures_util::stream::unfold(0u32, |n| async move {
+                if n == 50 {
+                    return None;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                Some((
+                    Ok::<_, std::io::Error>(bytes::Bytes::from_static(b"\0\0\0\0\0")),
+                    n + 1,
+                ))
+            });
+            let mut response = http::Response::new(axum::body::Body::from_stream(chunks));
+            response.headers_mut().insert(
+                "content-type",
+                http::HeaderValue::from_static("application/grpc"),
+            );
+            Ok::<_, Infallible>(response)
+        });
+    let request = http::Request::post("/shop.Orders/Watch")
+        .header("content-type", "application/grpc")
+        .body(axum::body::Body::empty())
+        .unwrap();
+    let response = service.oneshot(request).await.unwrap();
+    let mut body = response.into_body();
+    let _first = body.frame().await.unwrap().unwrap();
+    let mut con = server.connection().await;
+    let () = con
+        .del(locker.key_of(name.as_str()).unwrap())
+        .await
+        .unwrap();
+    let mut trailers = None;
+    let mut errored = None;
+    loop {
+        match tokio::time::timeout(Duration::from_secs(3), body.frame())
+            .await
+            .unwrap()
+        {
+            Some(Ok(frame)) => {
+                if let Some(t) = frame.trailers_ref() {
+                    trailers = Some(t.clone());
+                }
+            }
+            Some(Err(e)) => {
+                errored = Some(e.to_string());
+                break;
+            }
+            None => break,
+        }
+    }
+    let trailers = trailers.unwrap_or_else(|| {
+        panic!("no ABORTED trailers; the body ended with {errored:?}");
+    });
+    assert_eq!(errored, None);
+    assert_eq!(trailers["grpc-status"], "10");
+    assert_eq!(
+        trailers["grpc-message"],
+        format!(
+            "the lock was lost while the request ran; the request was cancelled (lock `{name}`)"
+        )
+        .as_str()
+    );
+}

@@ -1071,3 +1071,157 @@ fn the_layer_service_and_future_are_send_and_sync() {
     assert_send::<dlock_tower::LockRejection>();
     assert_sync::<dlock_tower::LockRejection>();
 }
+
+#[tokio::test]
+async fn an_empty_key_set_takes_no_lock_and_gives_no_held_locks() {
+    let server = RedisServer::start();
+    let locker = locker(&server).await;
+    let app = Router::new()
+        .route(
+            "/e",
+            get(|held: Option<HeldLocks>| async move { format!("{held:?}") }),
+        )
+        .route_layer(
+            LockLayer::new(locker.clone()).key(|| std::future::ready(Vec::<String>::new())),
+        );
+    let (status, body) = oneshot(&app, "/e").await;
+    assert_eq!((status, body.as_str()), (StatusCode::OK, "None"));
+}
+
+#[tokio::test]
+async fn redis_down_with_a_wait_is_a_503_within_the_wait_plus_one_command_timeout() {
+    let mut server = RedisServer::start();
+    let locker = locker(&server).await; // command timeout 500 ms
+    let wait = Duration::from_secs(4);
+    let app = Router::new()
+        .route("/x", get(|| async { "ran" }))
+        .route_layer(
+            LockLayer::new(locker)
+                .wait(wait)
+                .key(|| async { "down-with-wait" }),
+        );
+    server.kill();
+    let started = Instant::now();
+    let (status, body) = oneshot(&app, "/x").await;
+    let took = started.elapsed();
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    // The request keeps trying while it may wait; the last attempt ends within one command
+    // timeout (and a little scheduling slack) after the wait.
+    let bound = wait + Duration::from_millis(500) + Duration::from_millis(250);
+    assert!(took < bound, "503 only after {took:?}");
+}
+
+/// Polls until `name` can be taken (then releases it); false if it is still held at `within`.
+async fn frees_within(locker: &Locker, name: &str, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(guard) = locker.lock(name).try_lock().await.unwrap() {
+            assert!(guard.release().await.is_released());
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Serves `app` and connects to it over plain TCP.
+async fn connect(app: Router) -> tokio::net::TcpStream {
+    let url = serve(app).await;
+    tokio::net::TcpStream::connect(url.trim_start_matches("http://"))
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_disconnects_while_the_handler_runs_releases_the_lock() {
+    use tokio::io::AsyncWriteExt as _;
+
+    let server = RedisServer::start();
+    let locker = locker(&server).await;
+    let name = unique_name("disc-handler");
+    let started = Arc::new(tokio::sync::Notify::new());
+    let app = Router::new()
+        .route(
+            "/slow",
+            get({
+                let started = started.clone();
+                move || async move {
+                    started.notify_one();
+                    tokio::time::sleep(Duration::from_secs(20)).await;
+                    "done"
+                }
+            }),
+        )
+        .route_layer(LockLayer::new(locker.clone()).key(fixed_key(&name)));
+    let mut tcp = connect(app).await;
+    tcp.write_all(b"GET /slow HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(3), started.notified())
+        .await
+        .expect("handler ran");
+    drop(tcp);
+    assert!(
+        frees_within(&locker, &name, Duration::from_secs(3)).await,
+        "the lock outlived the client by 3 s"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_disconnects_while_a_held_body_is_pending_releases_the_lock() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    let server = RedisServer::start();
+    let locker = locker(&server).await;
+    let name = unique_name("disc-body");
+    let app = Router::new()
+        .route(
+            "/events",
+            get(|| async {
+                let first = futures_util::stream::once(async {
+                    Ok::<_, std::io::Error>(bytes::Bytes::from_static(b"data: hi\n\n"))
+                });
+                // Then nothing for a long time.
+                let rest = futures_util::stream::once(async {
+                    tokio::time::sleep(Duration::from_secs(60)).await;
+                    Ok::<_, std::io::Error>(bytes::Bytes::from_static(b"data: late\n\n"))
+                });
+                Body::from_stream(futures_util::StreamExt::chain(first, rest))
+            }),
+        )
+        .route_layer(
+            LockLayer::new(locker.clone())
+                .key(fixed_key(&name))
+                .hold_until_body_ends(true),
+        );
+    let mut tcp = connect(app).await;
+    tcp.write_all(b"GET /events HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = vec![0u8; 4096];
+    let mut got = Vec::new();
+    while !String::from_utf8_lossy(&got).contains("data: hi") {
+        let n = tokio::time::timeout(Duration::from_secs(3), tcp.read(&mut buf))
+            .await
+            .expect("first event")
+            .unwrap();
+        assert!(n > 0);
+        got.extend_from_slice(&buf[..n]);
+    }
+    // Held while streaming.
+    assert!(
+        locker
+            .lock(name.as_str())
+            .try_lock()
+            .await
+            .unwrap()
+            .is_none()
+    );
+    drop(tcp);
+    assert!(
+        frees_within(&locker, &name, Duration::from_secs(5)).await,
+        "the lock outlived the client by 5 s (held body pending)"
+    );
+}

@@ -1,5 +1,5 @@
-//! The `dlock.request` span (keys, time waited, outcome) and hidden names, recorded by the
-//! harness's capturing subscriber, against a real `redis-server`.
+//! The `dlock.request` span (keys, time waited, outcome) and hidden names (the layer's, the
+//! `Locker`'s), recorded by the harness's capturing subscriber, against a real `redis-server`.
 
 use std::time::Duration;
 
@@ -137,4 +137,84 @@ async fn hidden_names_stay_out_of_every_span_and_event() {
             .any(|e| e.level == tracing::Level::WARN && e.message().contains("lost")),
         "{seen}"
     );
+}
+
+// `LockerBuilder::hide_names(true)` keeps every name of the `Locker` out of spans and events,
+// behind a layer that does not hide names itself (its default).
+#[tokio::test]
+async fn a_lockers_hidden_names_stay_hidden_behind_a_layer() {
+    let everything = Capture::default();
+    let _default = tracing::subscriber::set_default(everything.clone());
+    let server = RedisServer::start();
+    let locker = Locker::builder()
+        .url(server.url())
+        .hide_names(true)
+        .build()
+        .await
+        .unwrap();
+    let prefix = unique_name("secret-customer");
+    let app = Router::new()
+        .route("/a/{id}", get(|| async { "ran" }))
+        .route_layer(LockLayer::new(locker.clone()).sync_key({
+            let prefix = prefix.clone();
+            move |Path(id): Path<String>| format!("{prefix}:{id}")
+        }))
+        .route(
+            "/many/{id}",
+            get(|| async { "ran" }).route_layer(LockLayer::new(locker.clone()).sync_key({
+                let prefix = prefix.clone();
+                move |Path(id): Path<String>| vec![format!("{prefix}:{id}"), format!("{prefix}:x")]
+            })),
+        );
+    // The locker alone keeps it hidden.
+    let g = locker.lock(format!("{prefix}:0")).await.unwrap();
+    assert!(g.release().await.is_released());
+    assert!(
+        !everything.text().contains("secret"),
+        "core leaked by itself"
+    );
+
+    assert_eq!(status(&app, "/a/1").await, StatusCode::OK);
+    assert_eq!(status(&app, "/many/1").await, StatusCode::OK);
+    let held = locker
+        .lock(format!("{prefix}:2"))
+        .wait(Duration::from_secs(2))
+        .await
+        .unwrap();
+    assert_eq!(status(&app, "/a/2").await, StatusCode::CONFLICT);
+    assert_eq!(status(&app, "/many/2").await, StatusCode::CONFLICT);
+    assert!(held.release().await.is_released());
+    let seen = everything.text();
+    let leaks: Vec<_> = seen
+        .match_indices("secret-customer")
+        .map(|(i, _)| i)
+        .collect();
+    assert!(
+        leaks.is_empty(),
+        "a name of a hide_names(true) Locker leaked {} times, e.g. {}",
+        leaks.len(),
+        leaks.first().map_or("", |&i| &seen
+            [i.saturating_sub(200)..(i + 80).min(seen.len())])
+    );
+    assert!(seen.contains("<hidden>"), "{seen}");
+    let spans = everything.take_spans("dlock.request");
+    assert_eq!(spans.len(), 4);
+    assert!(spans.iter().all(|s| s["keys"] == "<hidden>"), "{spans:?}");
+}
+
+// An empty key set takes no lock, and its span says so.
+#[tokio::test]
+async fn an_empty_key_set_is_unlocked_in_the_span() {
+    let spans = Capture::default();
+    let _default = tracing::subscriber::set_default(spans.clone());
+    let server = RedisServer::start();
+    let locker = Locker::connect(&server.url()).await.unwrap();
+    let app = Router::new()
+        .route("/e", get(|| async { "ran" }))
+        .route_layer(LockLayer::new(locker).key(|| std::future::ready(Vec::<String>::new())));
+    assert_eq!(status(&app, "/e").await, StatusCode::OK);
+    let [unlocked] = <[Fields; 1]>::try_from(spans.take_spans("dlock.request")).unwrap();
+    assert_eq!(unlocked["outcome"], "unlocked");
+    assert!(!unlocked.contains_key("keys"));
+    assert!(!unlocked.contains_key("waited_us"));
 }
