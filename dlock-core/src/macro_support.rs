@@ -176,9 +176,15 @@ impl Held {
     }
 }
 
-/// Acquires the lock(s) inside the task's lock scope (re-entering a hold the task already has,
-/// unless `reentrant` is off), runs `body` under the loss policy, and releases on every path:
-/// here on return, and through the guards' `Drop` on panic or cancellation.
+/// Acquires the lock(s) in a lock scope of this call's own, nested in the task's (re-entering a
+/// hold of an enclosing call, unless `reentrant` is off), runs `body` under the loss policy, and
+/// releases on every path: here on return, and through the guards' `Drop` on panic or
+/// cancellation.
+///
+/// Each call's hold lives in its own scope: calls nested in the body see it (and re-enter it),
+/// calls running beside it in the same task (`join!`, `select!`, a `FuturesUnordered`) do not —
+/// they exclude each other as calls from two tasks would — and `fencing_token()` in the body is
+/// this call's own.
 ///
 /// `locker` is the `locker = ...` argument's value, `None` for the process-wide default.
 pub async fn run<F, T, E>(
@@ -196,28 +202,29 @@ where
         None => crate::locker::default_locker()?.clone(),
     };
     let locker = &locker;
-    crate::scope::scope(async move {
-        let held = if options.reentrant {
-            Held::acquire(locker, names, options).await
-        } else {
-            // Acquired outside the task's scope: it neither re-enters an outer hold nor can be
-            // re-entered from the body.
-            crate::scope::isolated_scope(Held::acquire(locker, names, options)).await
-        };
-        let held = held.map_err(E::from)?;
-        if !options.reentrant {
-            // Visible to `fencing_token()` and `held_lock()` in the body, never re-entered.
-            held.record(locker.id());
-        }
-        let out = match options.on_lost {
-            OnLost::Cancel => match held.run(body).await {
-                Ok(out) => out,
-                Err(lost) => Err(E::from(lost)),
-            },
-            OnLost::Signal => body.await,
-        };
-        held.release().await;
-        out
-    })
-    .await
+    crate::scope::LockScope::nested()
+        .run(async move {
+            let held = if options.reentrant {
+                Held::acquire(locker, names, options).await
+            } else {
+                // Acquired outside the task's scope: it neither re-enters an outer hold nor can be
+                // re-entered from the body.
+                crate::scope::isolated_scope(Held::acquire(locker, names, options)).await
+            };
+            let held = held.map_err(E::from)?;
+            if !options.reentrant {
+                // Visible to `fencing_token()` and `held_lock()` in the body, never re-entered.
+                held.record(locker.id());
+            }
+            let out = match options.on_lost {
+                OnLost::Cancel => match held.run(body).await {
+                    Ok(out) => out,
+                    Err(lost) => Err(E::from(lost)),
+                },
+                OnLost::Signal => body.await,
+            };
+            held.release().await;
+            out
+        })
+        .await
 }

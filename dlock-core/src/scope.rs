@@ -15,6 +15,11 @@
 //! A [`LockScope::nested`] scope run inside another one sees the holds of both: a tower layer
 //! inside another layer keeps the outer layer's hold re-enterable from the handler.
 //!
+//! Futures polled together in one task (`join!`, `select!`, a `FuturesUnordered`) share the
+//! task's scope: an acquisition in one re-enters a hold another one took, and they do not
+//! exclude each other. Run each in a [`LockScope::nested`] scope of its own to keep them apart,
+//! as every `#[distributed_lock]` call does.
+//!
 //! **Outside a scope** every acquisition is independent: acquiring a name the same task already
 //! holds waits for that hold to be released like any other contender would, and with a wait it
 //! times out (it cannot succeed while the first guard is alive). Open a scope where nested

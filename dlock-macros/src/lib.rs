@@ -34,7 +34,8 @@ use proc_macro::TokenStream;
 ///
 /// The lock is taken before the body runs and released on every exit: a normal return, an early
 /// `?`, a panic, or the caller dropping the future. The function must be `async` and return
-/// `Result<_, E>` where `E: From<dlock_core::LockError>`: a lock that is busy, lost, misnamed or
+/// `Result<_, E>` where `E: From<dlock_core::LockError>` (an alias whose name ends in `Result`,
+/// such as `io::Result<T>` or `ApiResult<T>`, counts): a lock that is busy, lost, misnamed or
 /// unreachable comes back as `Err(E::from(lock_error))`.
 ///
 /// Everything that can be checked at compile time is: the arguments, the literal durations, the
@@ -174,9 +175,12 @@ use proc_macro::TokenStream;
 ///
 /// # `reentrant = false`
 ///
-/// By default the body runs in a lock scope (`dlock_core::scope`): a nested `#[distributed_lock]`
-/// call (or `Locker::lock`) in the same task on a name the body holds, through the same `Locker`,
-/// re-enters the hold instead of deadlocking, and shares its fencing token. With
+/// By default the body runs in a lock scope of its own, nested in the caller's: a nested
+/// `#[distributed_lock]` call (or `Locker::lock`) in the body on a name the body holds, through
+/// the same `Locker`, re-enters the hold instead of deadlocking, and shares its fencing token.
+/// Calls that run beside each other in one task (`join!`, `select!`, a `FuturesUnordered`) are
+/// not nested: each has its own scope, and on one name they exclude each other as calls from
+/// two tasks do, also inside an enclosing lock. With
 /// `reentrant = false` the hold can't be re-entered, and the acquisition doesn't re-enter an
 /// outer hold either: a nested call on the same name waits like any other caller (and times out).
 ///
@@ -203,8 +207,9 @@ use proc_macro::TokenStream;
 ///
 /// # Fencing token
 ///
-/// The body reads the fencing token of its lock with `dlock_core::fencing_token()` (the innermost
-/// lock of the scope) and hands it to the resource it writes, which refuses tokens older than the
+/// The body reads the fencing token of its lock with `dlock_core::fencing_token()` (its own
+/// call's lock, even while calls beside it in the task hold others) and hands it to the resource
+/// it writes, which refuses tokens older than the
 /// newest it has seen. With several names, it is the token of the last name taken (names are
 /// taken in sorted order); `dlock_core::held_lock()` gives that lock's name as well.
 ///
@@ -226,7 +231,8 @@ use proc_macro::TokenStream;
 ///         .value(voucher_id)
 ///         .build()?;
 ///     let locker = dlock_core::default_locker()?.clone();
-///     dlock_core::scope(async move {
+///     // A scope of this call's own, nested in the caller's (see `reentrant = false` above).
+///     dlock_core::LockScope::nested().run(async move {
 ///         let guard = locker.lock(name).wait(Duration::from_secs(3)).await?;
 ///         // Cancelled at its next `.await` if the lock is lost: `Err(LockError::Lost { .. })`.
 ///         let out = guard
