@@ -211,7 +211,27 @@ fn respan(tokens: TokenStream, span: Span) -> TokenStream {
             }
             tree
         })
+        .map(own_locals)
         .collect()
+}
+
+/// The macro's own local names (`__dlock_*`) resolve as the macro's, wherever they are placed:
+/// a span taken from the user's tokens may come from a `macro_rules!` that wrote the function,
+/// and with its hygiene the names would not find the macro's `let`s.
+fn own_locals(tree: TokenTree) -> TokenTree {
+    match tree {
+        TokenTree::Ident(mut ident) if ident.to_string().starts_with("__dlock_") => {
+            ident.set_span(Span::call_site().located_at(ident.span()));
+            TokenTree::Ident(ident)
+        }
+        TokenTree::Group(group) => {
+            let stream = group.stream().into_iter().map(own_locals).collect();
+            let mut new = proc_macro2::Group::new(group.delimiter(), stream);
+            new.set_span(group.span());
+            TokenTree::Group(new)
+        }
+        other => other,
+    }
 }
 
 /// `let #name: #ty = #expr;`, the type spanned on `expr`: a mismatched type is an error on the
@@ -252,15 +272,15 @@ fn duration(d: Duration) -> TokenStream {
     quote!(::core::time::Duration::new(#secs, #nanos))
 }
 
-/// Whether the declared return type is a `Result` (any path ending in `Result`, so aliases such
-/// as `io::Result<T>` and `anyhow::Result<T>` count).
+/// Whether the declared return type is a `Result`: any path whose last name ends in `Result`, so
+/// aliases such as `io::Result<T>`, `anyhow::Result<T>` and `ApiResult<T>` count.
 fn returns_result(ty: &Type) -> bool {
     match ty {
         Type::Path(path) => path
             .path
             .segments
             .last()
-            .is_some_and(|s| s.ident == "Result"),
+            .is_some_and(|s| s.ident.to_string().ends_with("Result")),
         Type::Group(group) => returns_result(&group.elem),
         Type::Paren(paren) => returns_result(&paren.elem),
         _ => false,
@@ -388,12 +408,15 @@ fn build_name(template: &Template, support: &TokenStream) -> TokenStream {
         Segment::Literal(text) => quote!(__dlock_name.push_literal(#text);),
         Segment::Value(placeholder) if placeholder.collection => {
             let push_value = respan(quote!(#support::push_value), placeholder.span);
-            quote_spanned!(placeholder.span=> #push_value(&mut __dlock_name, &__dlock_item);)
+            let push =
+                quote_spanned!(placeholder.span=> #push_value(&mut __dlock_name, &__dlock_item););
+            push.into_iter().map(own_locals).collect()
         }
         Segment::Value(placeholder) => {
             let value = value_expr(placeholder);
             let push_value = respan(quote!(#support::push_value), placeholder.span);
-            quote_spanned!(placeholder.span=> #push_value(&mut __dlock_name, &#value);)
+            let push = quote_spanned!(placeholder.span=> #push_value(&mut __dlock_name, &#value););
+            push.into_iter().map(own_locals).collect()
         }
     });
     quote! {{
