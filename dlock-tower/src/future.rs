@@ -240,6 +240,22 @@ fn micros(d: std::time::Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
+/// `$request` (a single or a multi-lock request) with the layer's wait and lease.
+macro_rules! configured {
+    ($request:ident, $config:expr) => {{
+        let mut request = $request;
+        if let Some(wait) = $config.wait {
+            request = request.wait(wait);
+        }
+        if let Some(lease) = $config.lease {
+            request = request.lease(lease);
+        } else if let Some(lease) = $config.watchdog_lease {
+            request = request.watchdog_lease(lease);
+        }
+        request
+    }};
+}
+
 /// The state after the keys are known.
 fn start<Inner, ReqB>(
     shared: &dyn Settings,
@@ -300,15 +316,7 @@ where
                     if hidden {
                         request = request.hide_names(true);
                     }
-                    if let Some(wait) = config.wait {
-                        request = request.wait(wait);
-                    }
-                    if let Some(lease) = config.lease {
-                        request = request.lease(lease);
-                    } else if let Some(lease) = config.watchdog_lease {
-                        request = request.watchdog_lease(lease);
-                    }
-                    Acquire::Many(request.into_future())
+                    Acquire::Many(configured!(request, config).into_future())
                 }
             }
         }
@@ -349,15 +357,7 @@ fn acquire_one(
     if hidden {
         request = request.hide_name(true);
     }
-    if let Some(wait) = config.wait {
-        request = request.wait(wait);
-    }
-    if let Some(lease) = config.lease {
-        request = request.lease(lease);
-    } else if let Some(lease) = config.watchdog_lease {
-        request = request.watchdog_lease(lease);
-    }
-    Acquire::One(request.into_future())
+    Acquire::One(configured!(request, config).into_future())
 }
 
 /// The rejected state; `hidden`: whether the lock's name stays out of the log line.

@@ -10,8 +10,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use dlock_core::LockName;
 use dlock_core::redis::AsyncCommands as _;
-use dlock_core::{LockName, Locker};
 use dlock_tests::RedisServer;
 use dlock_tower::{HeldLocks, IntoLockKeys as _, KeyFrom, LockKeys, LockLayer};
 use http::request::Parts;
@@ -19,6 +19,10 @@ use http::uri::PathAndQuery;
 use tonic::server::NamedService;
 use tonic::{Code, Status};
 use tonic_prost::ProstCodec;
+
+mod common;
+
+use common::locker;
 
 #[derive(Clone, PartialEq, prost::Message)]
 struct OrderRequest {
@@ -133,17 +137,6 @@ impl tonic::server::UnaryService<OrderRequest> for Place {
         })
     }
 }
-
-async fn locker(server: &RedisServer) -> Locker {
-    Locker::builder()
-        .url(server.url())
-        .command_timeout(Duration::from_millis(500))
-        .connect_timeout(Duration::from_millis(500))
-        .build()
-        .await
-        .expect("connect")
-}
-
 /// The key: a raw (trusted) name from `x-raw`, else the escaped `x-voucher` after `voucher:`.
 fn key(parts: &Parts) -> LockKeys {
     match parts.headers.get("x-raw") {

@@ -6,26 +6,16 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use axum::Router;
-use axum::body::Body;
 use axum::extract::Path;
 use axum::http::{Request, StatusCode};
 use axum::routing::get;
 use dlock_core::{LockName, Locker};
 use dlock_tests::{RedisServer, unique_name};
 use dlock_tower::{KeyFrom, LockKeys, LockLayer};
-use http_body_util::BodyExt as _;
-use tower::ServiceExt as _;
 
-async fn oneshot(app: &Router, uri: &str) -> (StatusCode, String) {
-    let response = app
-        .clone()
-        .oneshot(Request::get(uri).body(Body::empty()).unwrap())
-        .await
-        .unwrap();
-    let status = response.status();
-    let body = response.into_body().collect().await.unwrap().to_bytes();
-    (status, String::from_utf8_lossy(&body).into_owned())
-}
+mod common;
+
+use common::oneshot;
 
 // `KeyFrom::path_segment` keys the text as sent; a `Path<u64>` handler reads `42`, `042` and
 // `+42` as one account. A key built from the same `Path<u64>` parse takes one lock for all three.

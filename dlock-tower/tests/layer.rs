@@ -17,15 +17,9 @@ use dlock_tower::{HeldLocks, KeyFrom, LockLayer};
 use http_body_util::BodyExt as _;
 use tower::ServiceExt as _;
 
-async fn locker(server: &RedisServer) -> Locker {
-    Locker::builder()
-        .url(server.url())
-        .command_timeout(Duration::from_millis(500))
-        .connect_timeout(Duration::from_millis(500))
-        .build()
-        .await
-        .expect("connect")
-}
+mod common;
+
+use common::{fixed_key, locker, oneshot};
 
 /// Serves `app` on a free loopback port; returns its base URL.
 async fn serve(app: Router) -> String {
@@ -62,25 +56,6 @@ async fn fetch(client: &Client, url: &str) -> (StatusCode, Option<String>, Strin
         retry_after,
         String::from_utf8_lossy(&body).into_owned(),
     )
-}
-
-async fn oneshot(app: &Router, uri: &str) -> (StatusCode, String) {
-    let response = app
-        .clone()
-        .oneshot(Request::get(uri).body(Body::empty()).unwrap())
-        .await
-        .unwrap();
-    let status = response.status();
-    let body = response.into_body().collect().await.unwrap().to_bytes();
-    (status, String::from_utf8_lossy(&body).into_owned())
-}
-
-/// A key function (no extractors) that always locks `name`.
-fn fixed_key(
-    name: &str,
-) -> impl Fn() -> std::future::Ready<String> + Clone + Send + Sync + 'static {
-    let name = name.to_owned();
-    move || std::future::ready(name.clone())
 }
 
 #[derive(Clone, Default)]

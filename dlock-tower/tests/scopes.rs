@@ -5,42 +5,14 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
-use axum::http::{Request, StatusCode};
+use axum::http::StatusCode;
 use axum::routing::get;
-use dlock_core::Locker;
 use dlock_tests::{RedisServer, unique_name};
 use dlock_tower::{HeldLocks, LockLayer};
-use http_body_util::BodyExt as _;
-use tower::ServiceExt as _;
 
-async fn locker(server: &RedisServer) -> Locker {
-    Locker::builder()
-        .url(server.url())
-        .command_timeout(Duration::from_millis(500))
-        .connect_timeout(Duration::from_millis(500))
-        .build()
-        .await
-        .expect("connect")
-}
+mod common;
 
-async fn oneshot(app: &Router, uri: &str) -> (StatusCode, String) {
-    let response = app
-        .clone()
-        .oneshot(Request::get(uri).body(Body::empty()).unwrap())
-        .await
-        .unwrap();
-    let status = response.status();
-    let body = response.into_body().collect().await.unwrap().to_bytes();
-    (status, String::from_utf8_lossy(&body).into_owned())
-}
-
-/// A key function (no extractors) that always locks `name`.
-fn fixed_key(
-    name: &str,
-) -> impl Fn() -> std::future::Ready<String> + Clone + Send + Sync + 'static {
-    let name = name.to_owned();
-    move || std::future::ready(name.clone())
-}
+use common::{fixed_key, locker, oneshot};
 
 // Two stacked layers: the handler sees both locks (the outer layer's first), re-enters the outer
 // one, and `fencing_token()` is the inner (innermost) lock's.
