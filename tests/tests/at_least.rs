@@ -140,3 +140,47 @@ async fn a_period_longer_than_a_fixed_lease_is_refused() {
         .expect("watchdog lease");
     assert!(guard.release().await.is_released());
 }
+
+/// A fair lock's early release within its period wakes the head of the line, which learns the
+/// kept key's expiry and takes the name when the period ends — not at its own heartbeat (20 s
+/// here) or the holder's lease (60 s).
+#[tokio::test]
+async fn a_fair_early_release_wakes_the_head_for_the_end_of_the_period() {
+    let server = RedisServer::start();
+    let build = || async {
+        (Locker::builder().url(server.url()))
+            .dead_waiter_timeout(Duration::from_secs(60))
+            .build()
+            .await
+            .expect("connect")
+    };
+    let (holder, waiter) = (build().await, build().await);
+    let name = unique_name("at-least-fair");
+    let first = (holder
+        .fair_lock(name.as_str())
+        .lease(Duration::from_secs(60)))
+    .at_least(PERIOD)
+    .await
+    .expect("first");
+    let granted = Instant::now();
+    let waiting = tokio::spawn({
+        let name = name.clone();
+        async move {
+            let got = waiter
+                .fair_lock(name.as_str())
+                .wait(Duration::from_secs(30))
+                .await;
+            (got, Instant::now())
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(first.release().await.is_released());
+    let (next, at) = waiting.await.expect("waiter");
+    let next = next.expect("the head gets the name once the period ends");
+    let after = at - granted;
+    assert!(
+        after >= PERIOD && after < PERIOD + Duration::from_secs(2),
+        "the head got the name {after:?} after the grant"
+    );
+    assert!(next.release().await.is_released());
+}
