@@ -11,7 +11,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::faults::{FaultKind, FaultRec};
-use super::history::{ErrKind, Event, EventKind, GuardRec, History, Outcome, Share, locked, ms};
+use super::history::{
+    AcquireKind, ErrKind, Event, EventKind, GuardRec, History, Outcome, Share, locked, ms,
+};
 
 /// A `run(work)` that returned `Ok` may have finished this long after its hold's validity
 /// ended (the two timers share a millisecond wheel).
@@ -26,7 +28,8 @@ const LEASE_ROUNDING: Duration = Duration::from_millis(5);
 pub enum Invariant {
     /// (a) No two holds of one name with different tokens overlap (unexcused).
     MutualExclusion,
-    /// (a) A re-entered guard lies inside a live hold with its token.
+    /// (a) A re-entered guard lies inside a live hold with its token, and only an acquisition
+    /// made to re-enter re-enters (never one beside it in the task, in a scope of its own).
     Reentry,
     /// (a) A guard believes no longer than Redis keeps its lock.
     BeliefWithinLease,
@@ -379,6 +382,52 @@ fn fencing_order(
     }
 }
 
+/// (a) Only an acquisition made to re-enter (a nested `lock` in a scope, a read in a scope that
+/// holds the name) may come back re-entered: two acquisitions beside each other in one task,
+/// each in a scope of its own, must never re-enter one another.
+fn unasked_reentry(
+    history: &History,
+    events: &[Event],
+    guards: &[Arc<GuardRec>],
+    finish: Instant,
+    out: &mut Vec<Violation>,
+) {
+    let mut asked: HashMap<(u16, u8), AcquireKind> = HashMap::new();
+    let mut ordered: Vec<&Event> = events.iter().collect();
+    ordered.sort_by_key(|e| e.at);
+    for e in ordered {
+        match e.kind {
+            EventKind::AcquireCall { kind, .. } => {
+                asked.insert((e.worker, e.name), kind);
+            }
+            EventKind::Acquired {
+                guard,
+                reentrant: true,
+                ..
+            } => {
+                let kind = asked.get(&(e.worker, e.name)).copied();
+                if matches!(kind, Some(AcquireKind::Reenter | AcquireKind::Read)) {
+                    continue;
+                }
+                let Some(g) = guards.iter().find(|g| g.id == guard) else {
+                    continue;
+                };
+                out.push(Violation {
+                    invariant: Invariant::Reentry,
+                    summary: format!(
+                        "an acquisition that was not asked to re-enter ({kind:?}) re-entered a \
+                         hold: {}",
+                        describe(history, g, finish)
+                    ),
+                    window: Some((g.name, g.call, last_of(g, finish))),
+                    hint: "",
+                });
+            }
+            _ => {}
+        }
+    }
+}
+
 fn release_truth(
     history: &History,
     events: &[Event],
@@ -576,6 +625,7 @@ pub fn check(history: &History, finish: Instant, unreliable: &[u8]) -> Vec<Viola
         }
     }
     let events = history.events();
+    unasked_reentry(history, &events, &guards, finish, &mut out);
     release_truth(history, &events, &guards, &faults, finish, &mut out);
     watchdog_keeps(history, &guards, &faults, unreliable, finish, &mut out);
     out.extend(super::fair::check(history, &faults, unreliable).1);

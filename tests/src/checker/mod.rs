@@ -2,7 +2,9 @@
 //!
 //! A run starts several lockers on one backend, has many worker tasks run randomly generated
 //! sessions over a few hot names (acquire with random waits and leases, `try_lock`, re-entry in a
-//! `scope`, `lock_all`, `extend`, `run`, release, drop, and futures dropped half-way) while a
+//! `scope`, two acquisitions of one name side by side in one task, each in a nested scope of its
+//! own as `#[distributed_lock]` calls run, `lock_all`, `extend`, `run`, release, drop, and futures
+//! dropped half-way) while a
 //! fault task injects random faults, records everything on one monotonic clock, and then checks
 //! the history: (a) mutual exclusion and, on the run's one fair name (taken with `fair_lock`,
 //! never in a `lock_all`), fair order, on its semaphore (permits, `set_permits`) the permit

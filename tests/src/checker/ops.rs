@@ -483,6 +483,43 @@ pub(crate) async fn run_session(ctx: Arc<Ctx>, worker: u16, session: Session) {
             })
             .await;
         }
+        Session::Beside {
+            locker,
+            outer,
+            outer_acquire,
+            name,
+            acquires,
+            stagger,
+            holds,
+            ends,
+        } => {
+            dlock_core::scope(async {
+                let kind = AcquireKind::Lock;
+                let Some(outer) =
+                    acquire_one(&ctx, worker, locker, outer, &outer_acquire, kind).await
+                else {
+                    return;
+                };
+                let side = |i: usize| {
+                    let (ctx, acquire) = (&ctx, &acquires[i]);
+                    dlock_core::LockScope::nested().run(async move {
+                        if i == 1 {
+                            tokio::time::sleep(stagger).await;
+                        }
+                        let Some(guard) =
+                            acquire_one(ctx, worker, locker, name, acquire, kind).await
+                        else {
+                            return;
+                        };
+                        tokio::time::sleep(holds[i]).await;
+                        guard.end(ends[i + 1], true).await;
+                    })
+                };
+                tokio::join!(side(0), side(1));
+                outer.end(ends[0], true).await;
+            })
+            .await;
+        }
         Session::Multi {
             locker,
             names,

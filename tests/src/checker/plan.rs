@@ -94,6 +94,27 @@ pub(crate) enum Session {
         /// How the outer and the inner guard end.
         ends: [End; 2],
     },
+    /// Inside a `scope` holding `outer`, two acquisitions of `name` side by side in one task
+    /// (`join!`), each in a nested scope of its own, as every `#[distributed_lock]` call runs:
+    /// they exclude each other and neither re-enters the other's hold.
+    Beside {
+        /// The locker.
+        locker: u8,
+        /// The name the enclosing scope holds.
+        outer: u8,
+        /// Its acquisition.
+        outer_acquire: Acquire,
+        /// The name both take.
+        name: u8,
+        /// Their acquisitions.
+        acquires: [Acquire; 2],
+        /// How long the second waits before it starts.
+        stagger: Duration,
+        /// How long each holds.
+        holds: [Duration; 2],
+        /// How the outer guard and each of the two end.
+        ends: [End; 3],
+    },
     /// `lock_all` of a few names.
     Multi {
         /// The locker.
@@ -400,6 +421,30 @@ fn read_write(rng: &mut StdRng, shape: Shape, rw: u8, default_lease: Duration) -
     }
 }
 
+fn beside(rng: &mut StdRng, shape: Shape) -> Session {
+    let name = rng.random_range(0..shape.names);
+    let outer = (name + 1) % shape.names;
+    let mut outer_acquire = acquire(rng, false);
+    outer_acquire.cancel_after = None;
+    let mut sibling = || {
+        let try_lock = rng.random_bool(0.2);
+        let mut a = acquire(rng, try_lock);
+        a.at_least = None;
+        a
+    };
+    let acquires = [sibling(), sibling()];
+    Session::Beside {
+        locker: rng.random_range(0..shape.lockers),
+        outer,
+        outer_acquire,
+        name,
+        acquires,
+        stagger: between(rng, 0, 10),
+        holds: [between(rng, 0, 30), between(rng, 0, 30)],
+        ends: [End::Release, end(rng), end(rng)],
+    }
+}
+
 fn reenter(rng: &mut StdRng, shape: Shape) -> Session {
     let mut inner = acquire(rng, false);
     inner.wait = between(rng, 0, 50);
@@ -476,7 +521,9 @@ pub(crate) fn sessions(
             |_| match (rng.random_range(0..100), shape.semaphore, shape.rw) {
                 (76..88, Some(_), _) => permit(&mut rng, shape, default_lease),
                 (88.., _, Some(rw)) => read_write(&mut rng, shape, rw, default_lease),
-                (0..56, ..) | (76.., ..) => single(&mut rng, shape, default_lease),
+                (0..52, ..) | (76.., ..) => single(&mut rng, shape, default_lease),
+                (52..56, ..) if shape.names > 1 => beside(&mut rng, shape),
+                (52..56, ..) => single(&mut rng, shape, default_lease),
                 (56..67, ..) => reenter(&mut rng, shape),
                 _ => multi(&mut rng, shape),
             },
