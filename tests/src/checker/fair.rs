@@ -24,8 +24,11 @@
 //!   subscriber connects again, after a fault (see below).
 //! - A lost its place: an attempt that fails (a backend error, a command timeout) is cleaned up
 //!   with a release that takes A out of the line, and A stands in line again with a fresh token,
-//!   at the back. Backend errors come from faults; a locker with a command timeout meant to
-//!   expire is never taken as A.
+//!   at the back. Backend errors mostly come from faults; a locker with a command timeout meant
+//!   to expire is never taken as A. They also come without one — a grant the replica did not
+//!   acknowledge in time (replica-acknowledged runs), a command slowed past its timeout on a
+//!   loaded machine — and A's failed attempts are not in the history (its call goes on), so a
+//!   backend error on A's locker between A's call and B's grant excuses the pair.
 //! - A was dropped as a dead waiter: A renews its place at least every third of the dead-waiter
 //!   timeout, and loses it only when no attempt lands for the whole timeout — a fault that
 //!   delays or drops commands, or a scheduler that leaves A's task unpolled for two thirds of
@@ -209,7 +212,20 @@ pub(crate) fn check(
         .map(|g| (g.id, g))
         .collect();
     figures.guards = guards.len();
-    let all = waits_of(&history.events(), name);
+    let events = history.events();
+    let all = waits_of(&events, name);
+    // When each locker's calls failed on the backend (Redis unreachable, a command timed out, a
+    // grant not acknowledged): an attempt of a waiter that failed so is cleaned up with its
+    // owner, and the waiter comes back under a new owner at the back of the line.
+    let mut backend_errors: HashMap<u8, Vec<Instant>> = HashMap::new();
+    for e in &events {
+        if matches!(e.kind, EventKind::AcquireFailed(ErrKind::Backend)) {
+            backend_errors.entry(e.locker).or_default().push(e.at);
+        }
+    }
+    let errored = |locker: u8, from: Instant, to: Instant| {
+        (backend_errors.get(&locker).into_iter().flatten()).any(|at| *at >= from && *at <= to)
+    };
     // The overtaken: waiting, and with a known time it stood in line until.
     let mut ahead: Vec<(Wait, Instant)> = (all.iter())
         .filter(|w| w.waits() && !unreliable.contains(&w.locker))
@@ -247,7 +263,7 @@ pub(crate) fn check(
                 continue;
             }
             let since = a.call.checked_sub(AFTERMATH).unwrap_or(a.call);
-            if faulted(since, granted) {
+            if faulted(since, granted) || errored(a.locker, a.call, granted) {
                 figures.excused_by_faults += 1;
             } else if history.lags.max_within(a.call, granted) > starved {
                 figures.excused_by_lag += 1;
