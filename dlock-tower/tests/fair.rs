@@ -16,6 +16,10 @@ use dlock_tower::LockLayer;
 use http_body_util::BodyExt as _;
 use tower::ServiceExt as _;
 
+mod common;
+
+use common::oneshot;
+
 fn router(locker: &Locker, prefix: &str, served: Arc<Mutex<Vec<u32>>>) -> Router {
     let prefix = prefix.to_owned();
     Router::new()
@@ -125,17 +129,6 @@ async fn a_fair_layer_whose_key_names_several_locks_answers_without_running_the_
     assert!(!*ran.lock().unwrap(), "the handler ran");
 }
 
-async fn get_f(app: &Router) -> (StatusCode, String) {
-    let response = app
-        .clone()
-        .oneshot(Request::get("/f").body(Body::empty()).unwrap())
-        .await
-        .unwrap();
-    let status = response.status();
-    let body = response.into_body().collect().await.unwrap().to_bytes();
-    (status, String::from_utf8_lossy(&body).into_owned())
-}
-
 #[tokio::test]
 async fn a_fair_layer_takes_a_vec_naming_one_lock() {
     let server = RedisServer::start();
@@ -147,14 +140,14 @@ async fn a_fair_layer_takes_a_vec_naming_one_lock() {
             let name = name.clone();
             move || std::future::ready(vec![name.clone()])
         }));
-    let (status, body) = get_f(&app).await;
+    let (status, body) = oneshot(&app, "/f").await;
     assert_eq!(status, StatusCode::OK, "{body}");
     // Taken fairly, as a single name is: busy while someone holds it. (The layer's release
     // goes in the background: the holder waits for it.)
     let holder = (locker.fair_lock(name.as_str()).wait(Duration::from_secs(2)))
         .await
         .expect("holder");
-    assert_eq!(get_f(&app).await.0, StatusCode::CONFLICT);
+    assert_eq!(oneshot(&app, "/f").await.0, StatusCode::CONFLICT);
     assert!(holder.release().await.is_released());
 }
 
@@ -179,14 +172,14 @@ async fn a_fair_waiter_whose_client_went_away_leaves_the_line() {
     let holder = locker.fair_lock(name.as_str()).await.unwrap();
     let ghost = tokio::spawn({
         let app = app.clone();
-        async move { get_f(&app).await }
+        async move { oneshot(&app, "/f").await }
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
     ghost.abort();
     let _ = ghost.await;
     let next = tokio::spawn({
         let app = app.clone();
-        async move { get_f(&app).await }
+        async move { oneshot(&app, "/f").await }
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
     let released_at = Instant::now();
