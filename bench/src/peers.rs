@@ -124,12 +124,17 @@ pub(crate) enum Held {
 }
 
 impl Held {
-    /// The fencing token, for the libraries and primitives that give one.
-    pub(crate) fn fence(&self) -> Option<u64> {
+    /// The fencing token, for the libraries and primitives that give one. A plain dlock lock's
+    /// is minted by Redis at this first ask: one round trip, and an error if the hold is lost or
+    /// Redis can't be asked.
+    pub(crate) async fn fence(&self) -> Result<Option<u64>, String> {
         match self {
-            Held::Dlock(guard) => Some(guard.fencing_token().get()),
+            Held::Dlock(guard) => match guard.fencing_token().await {
+                Ok(token) => Ok(Some(token.get())),
+                Err(e) => Err(e.to_string()),
+            },
             // A majority's tokens rise per master, and no one master is in every hold.
-            Held::Permit(_) | Held::Masters(_) | Held::Raw { .. } | Held::Rslock(_) => None,
+            Held::Permit(_) | Held::Masters(_) | Held::Raw { .. } | Held::Rslock(_) => Ok(None),
         }
     }
 }

@@ -25,12 +25,12 @@ pub enum LockError {
         retry_after: Option<Duration>,
     },
     /// The lock was lost while held: it expired, was deleted, or was taken over.
-    #[error("lock `{name}` was lost (fencing token {fencing_token})")]
+    #[error("lock `{name}` was lost{}", token_note(*fencing_token))]
     Lost {
         /// The lock's name.
         name: String,
-        /// The fencing token of the hold that was lost.
-        fencing_token: FencingToken,
+        /// The fencing token of the hold that was lost (`None`: it never asked for one).
+        fencing_token: Option<FencingToken>,
     },
     /// The lock name is not acceptable.
     #[error("invalid lock name: {0}")]
@@ -45,6 +45,11 @@ pub enum LockError {
     /// each master answered.
     #[error("{0}")]
     Masters(Box<crate::masters::MastersError>),
+}
+
+/// ` (fencing token N)`, or nothing for a hold that never had one.
+fn token_note(token: Option<FencingToken>) -> String {
+    token.map_or_else(String::new, |t| format!(" (fencing token {t})"))
 }
 
 impl LockError {

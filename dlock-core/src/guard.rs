@@ -4,7 +4,7 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::clock;
 use crate::error::{LockError, ReleaseOutcome};
-use crate::locker::Locker;
+use crate::locker::{Locker, LockerInner};
 use crate::name::{LockKeys, LockName};
 
 /// A number that strictly increases with every fresh acquisition of one lock name.
@@ -23,8 +23,16 @@ use crate::name::{LockKeys, LockName};
 /// a holder that was paused past its lease (GC, `SIGSTOP`, swap) from corrupting the resource:
 /// a lease alone cannot.
 ///
+/// A plain lock's token is minted when its holder first asks for it
+/// ([`LockGuard::fencing_token`], one round trip, owner-checked): an acquisition that never asks
+/// costs Redis no clock read and no counter write. Minted only while the hold is held, it orders
+/// holds as a token minted at the grant would. Fair locks, writers, [`lock_all`] and hand-overs
+/// mint theirs with the grant; permits and read locks have none (`0`).
+///
+/// [`lock_all`]: crate::Locker::lock_all
+///
 /// Tokens strictly increase per name on one Redis master (and in one memory store). On Redis they
-/// are the server's clock in microseconds at the grant (or the last token + 1 when the clock is
+/// are the server's clock in microseconds when minted (or the last token + 1 when the clock is
 /// not past it), so they keep increasing when the last token is lost: after an idle counter
 /// expired, and after a failover to a replica that had not received the latest grants. That
 /// second case holds as long as the new master's clock is not behind the old master's by more
@@ -73,7 +81,13 @@ pub(crate) struct HoldState {
     pub(crate) name: LockName,
     pub(crate) keys: Arc<LockKeys>,
     pub(crate) owner: Arc<str>,
-    pub(crate) fence: FencingToken,
+    /// The hold's fencing token, once minted (with the grant, or at the first ask).
+    pub(crate) fence: OnceLock<FencingToken>,
+    /// The `Locker` that took the hold, to mint its token at the first ask from a [`HeldLock`]
+    /// (weak: a hold kept past its `Locker` can't reach Redis anyway).
+    ///
+    /// [`HeldLock`]: crate::HeldLock
+    pub(crate) locker: Weak<LockerInner>,
     /// Renewed by the watchdog (otherwise a fixed lease).
     pub(crate) watchdog: bool,
     /// The lease that renewals apply, in ms (set by `extend`).
@@ -102,7 +116,7 @@ impl fmt::Debug for HoldState {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("HoldState")
             .field("name", &self.name)
-            .field("fence", &self.fence)
+            .field("fence", &self.fence.get())
             .field("watchdog", &self.watchdog)
             .field("holds", &self.holds.load(Ordering::Relaxed))
             .field("lost", &self.loss.get())
@@ -161,7 +175,8 @@ impl HoldState {
         name: LockName,
         keys: Arc<LockKeys>,
         owner: Arc<str>,
-        fence: FencingToken,
+        fence: Option<FencingToken>,
+        locker: Weak<LockerInner>,
         watchdog: bool,
         lease: Duration,
         sent_at: Instant,
@@ -172,7 +187,8 @@ impl HoldState {
             name,
             keys,
             owner,
-            fence,
+            fence: fence.map(OnceLock::from).unwrap_or_default(),
+            locker,
             watchdog,
             lease_ms: AtomicU64::new(u64::try_from(lease.as_millis()).unwrap_or(u64::MAX)),
             holds: AtomicU32::new(1),
@@ -305,7 +321,7 @@ impl HoldState {
             );
             tracing::warn!(
                 name = self.name.for_logs(),
-                fencing_token = self.fence.get(),
+                fencing_token = self.known_fence(),
                 reason = ?reason,
                 "dlock: lock lost while held"
             );
@@ -315,8 +331,13 @@ impl HoldState {
     pub(crate) fn lost_error(&self) -> LockError {
         LockError::Lost {
             name: self.name.to_string(),
-            fencing_token: self.fence,
+            fencing_token: self.fence.get().copied(),
         }
+    }
+
+    /// The fencing token, once minted (for logs and errors).
+    pub(crate) fn known_fence(&self) -> Option<u64> {
+        self.fence.get().map(|t| t.get())
     }
 
     /// Resolves when the hold is lost, by a renewal or release finding it gone or by its
@@ -359,7 +380,7 @@ impl fmt::Debug for LockGuard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockGuard")
             .field("name", &self.state.name)
-            .field("fencing_token", &self.state.fence)
+            .field("fencing_token", &self.state.fence.get())
             .field("reentrant", &self.reentrant)
             .field("remaining", &self.remaining())
             .field("lost", &self.state.is_lost())
@@ -373,9 +394,31 @@ impl LockGuard {
         &self.state.name
     }
 
-    /// The fencing token of this hold.
-    pub fn fencing_token(&self) -> FencingToken {
-        self.state.fence
+    /// The fencing token of this hold, to hand to the resource the lock protects.
+    ///
+    /// A plain lock's first call asks Redis for it (one round trip, owner-checked): an
+    /// acquisition that never asks pays nothing for fencing. Later calls, and the guards that
+    /// re-entered this hold, get the same token without a round trip. Fails with
+    /// [`LockError::Lost`] if Redis no longer has the hold (which marks it lost), and with
+    /// [`LockError::Backend`] if Redis can't be asked; either way the work must not go on with
+    /// this hold's authority.
+    pub async fn fencing_token(&self) -> Result<FencingToken, LockError> {
+        self.locker.fencing_token(&self.state).await
+    }
+
+    /// The fencing token if this hold has one already (from its grant or an earlier ask), without
+    /// asking Redis: for logs and error reports. Use [`fencing_token`](Self::fencing_token) to
+    /// hand a token to a resource.
+    pub fn minted_fencing_token(&self) -> Option<FencingToken> {
+        self.state.fence.get().copied()
+    }
+
+    /// A view of this hold that may be kept apart from the guard (in a request's extensions,
+    /// say): its name, its fencing token, its loss. It neither holds nor releases anything.
+    pub fn held_lock(&self) -> crate::HeldLock {
+        crate::HeldLock {
+            hold: self.state.clone(),
+        }
     }
 
     /// Whether this guard re-entered a hold that the same task already had.

@@ -12,7 +12,8 @@
 //! let guard = locker.lock(name).wait(Duration::from_secs(3)).await?;
 //!
 //! // Cancelled at its next `.await` if the lock is lost while it runs.
-//! guard.run(place_order(guard.fencing_token().get())).await?;
+//! let token = guard.fencing_token().await?; // minted now, one round trip
+//! guard.run(place_order(token.get())).await?;
 //! assert!(guard.release().await.is_released());
 //! # Ok(())
 //! # }
@@ -20,9 +21,11 @@
 //!
 //! # What a lock is
 //!
-//! - **Acquire** is one Lua script: if the name is free it records the owner (a random token),
-//!   sets the lease and returns a [`FencingToken`]; otherwise it returns the holder's remaining
-//!   lease. Re-entering a hold inside a [`scope`] only checks that Redis still has it and counts
+//! - **Acquire** is one Lua script: if the name is free it records the owner (a random token)
+//!   and sets the lease; otherwise it returns the holder's remaining lease. A plain lock's
+//!   [`FencingToken`] is minted when the holder first asks for it
+//!   ([`LockGuard::fencing_token`], one more round trip), so holders that never use one don't
+//!   pay for it. Re-entering a hold inside a [`scope`] only checks that Redis still has it and counts
 //!   the new guard in this process, so nothing a re-entry does can be left behind.
 //! - **Release** is one script: only the owner may delete the lock, which publishes a wake-up.
 //!   [`LockGuard::release`] says whether the lock was released, had already expired, or had been

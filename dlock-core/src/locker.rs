@@ -21,6 +21,7 @@ mod cluster;
 mod connect;
 mod default;
 mod fair;
+mod fence;
 mod head;
 mod in_flight;
 mod inspect;

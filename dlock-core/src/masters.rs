@@ -257,26 +257,33 @@ impl MasterGuard {
             .count()
     }
 
-    /// The fencing token each granting master gave, by master index.
+    /// The fencing token each granting master gives, by master index (each minted at the first
+    /// ask, as [`LockGuard::fencing_token`] does; a master that no longer has the hold, or that
+    /// can't be asked, is left out).
     ///
     /// What they mean: each master's tokens rise for every grant it makes, so two holds of the
     /// name are ordered by their tokens from a master both were granted by. With
     /// [`MasterSet::all`] every hold has every master; with [`MasterSet::majority`] any two holds
     /// share at least one. Tokens of different masters are not comparable.
-    pub fn fencing_tokens(&self) -> Vec<(usize, FencingToken)> {
-        (self.guards.iter().enumerate())
-            .filter_map(|(i, g)| g.as_ref().map(|g| (i, g.fencing_token())))
+    pub async fn fencing_tokens(&self) -> Vec<(usize, FencingToken)> {
+        let asks = (self.guards.iter().enumerate()).filter_map(|(i, g)| {
+            g.as_ref()
+                .map(|g| async move { (i, g.fencing_token().await) })
+        });
+        (futures_util::future::join_all(asks).await.into_iter())
+            .filter_map(|(i, token)| token.ok().map(|t| (i, t)))
             .collect()
     }
 
     /// One token that rises with every hold: the first master's, for a set where every master
     /// must grant ([`MasterSet::all`]). `None` for a majority set, where no single master is in
-    /// every hold — use [`fencing_tokens`](Self::fencing_tokens) there.
-    pub fn fencing_token(&self) -> Option<FencingToken> {
+    /// every hold — use [`fencing_tokens`](Self::fencing_tokens) there. Fails as
+    /// [`LockGuard::fencing_token`] does.
+    pub async fn fencing_token(&self) -> Option<Result<FencingToken, LockError>> {
         if self.need < self.guards.len() {
             return None;
         }
-        self.guards.first()?.as_ref().map(LockGuard::fencing_token)
+        Some(self.guards.first()?.as_ref()?.fencing_token().await)
     }
 
     /// Until when the lock is valid: the latest instant by which enough masters' holds are
@@ -326,9 +333,8 @@ impl MasterGuard {
     fn lost_error(&self) -> LockError {
         LockError::Lost {
             name: self.name.to_string(),
-            fencing_token: (self.fencing_token())
-                .or_else(|| self.fencing_tokens().first().map(|(_, t)| *t))
-                .unwrap_or(FencingToken::new(0)),
+            fencing_token: (self.guards.iter().flatten())
+                .find_map(|g| g.state.fence.get().copied()),
         }
     }
 

@@ -212,9 +212,15 @@ impl MultiGuard {
         self.guards.iter().map(LockGuard::name)
     }
 
-    /// The fencing token of each lock, in acquisition order.
-    pub fn fencing_tokens(&self) -> Vec<FencingToken> {
-        self.guards.iter().map(LockGuard::fencing_token).collect()
+    /// The fencing token of each lock, in acquisition order (see
+    /// [`LockGuard::fencing_token`]; locks taken together on one server got theirs with the
+    /// grant, so asking costs no round trip).
+    pub async fn fencing_tokens(&self) -> Result<Vec<FencingToken>, LockError> {
+        let mut tokens = Vec::with_capacity(self.guards.len());
+        for guard in &self.guards {
+            tokens.push(guard.fencing_token().await?);
+        }
+        Ok(tokens)
     }
 
     /// How many locks are held.

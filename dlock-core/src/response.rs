@@ -243,7 +243,7 @@ impl axum_core::response::IntoResponse for LockError {
             }
             LockError::Lost { fencing_token, .. } => {
                 tracing::warn!(
-                    fencing_token = fencing_token.get(),
+                    fencing_token = fencing_token.map(|t| t.get()),
                     "dlock: lock lost, answered over HTTP"
                 );
             }
@@ -336,7 +336,7 @@ mod tests {
         assert!(options.names_hidden());
         let lost = LockError::Lost {
             name: "secret-user-42".into(),
-            fencing_token: FencingToken::new(9),
+            fencing_token: Some(FencingToken::new(9)),
         };
         let cases = [
             (busy(None), StatusCode::LOCKED),

@@ -29,7 +29,9 @@ use std::future::Future;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
+use crate::error::LockError;
 use crate::guard::{FencingToken, HoldState};
+use crate::locker::Locker;
 
 tokio::task_local! {
     static SCOPE: Arc<ScopeState>;
@@ -87,7 +89,7 @@ struct Entry {
 /// dlock_core::scope(async {
 ///     let outer = locker.lock("order:7").await?;
 ///     let inner = locker.lock("order:7").await?; // re-enters instead of deadlocking
-///     assert_eq!(inner.fencing_token(), outer.fencing_token());
+///     assert_eq!(inner.fencing_token().await?, outer.fencing_token().await?);
 ///     assert!(inner.release().await.is_released());
 ///     assert!(outer.release().await.is_released());
 ///     Ok(())
@@ -144,9 +146,10 @@ impl LockScope {
     ///         .run(async {
     ///             // The outer scope's hold re-enters; the innermost token is the order's.
     ///             let again = locker.lock("tenant:1").await?;
-    ///             assert_eq!(again.fencing_token(), tenant.fencing_token());
+    ///             assert_eq!(again.fencing_token().await?, tenant.fencing_token().await?);
     ///             assert!(again.release().await.is_released());
-    ///             assert_eq!(dlock_core::fencing_token(), Some(order.fencing_token()));
+    ///             let innermost = dlock_core::fencing_token().await.transpose()?;
+    ///             assert_eq!(innermost, Some(order.fencing_token().await?));
     ///             Ok::<_, dlock_core::LockError>(())
     ///         })
     ///         .await?;
@@ -234,11 +237,14 @@ pub async fn isolated_scope<F: Future>(fut: F) -> F::Output {
     SCOPE.scope(Arc::default(), fut).await
 }
 
-/// The fencing token of the innermost lock held in the current scope, if any.
+/// The fencing token of the innermost lock held in the current scope (`None`: no lock is held
+/// here), as [`LockGuard::fencing_token`](crate::LockGuard::fencing_token) gives it: minted at
+/// the first ask.
 ///
 /// Inside a `#[distributed_lock]` function this is the token of the lock the attribute took.
-pub fn fencing_token() -> Option<FencingToken> {
-    held_lock().map(|h| h.fencing_token())
+pub async fn fencing_token() -> Option<Result<FencingToken, LockError>> {
+    let held = held_lock()?;
+    Some(held.fencing_token().await)
 }
 
 /// The innermost lock held in the current scope (the last one taken that is still held).
@@ -264,7 +270,7 @@ pub fn held_lock() -> Option<HeldLock> {
 /// A view of a lock held in the current scope. See [`held_lock`].
 #[derive(Debug, Clone)]
 pub struct HeldLock {
-    hold: Arc<HoldState>,
+    pub(crate) hold: Arc<HoldState>,
 }
 
 impl HeldLock {
@@ -273,9 +279,22 @@ impl HeldLock {
         &self.hold.name
     }
 
-    /// The fencing token of the hold.
-    pub fn fencing_token(&self) -> FencingToken {
-        self.hold.fence
+    /// The fencing token of the hold, as
+    /// [`LockGuard::fencing_token`](crate::LockGuard::fencing_token) gives it.
+    pub async fn fencing_token(&self) -> Result<FencingToken, LockError> {
+        if let Some(token) = self.hold.fence.get() {
+            return Ok(*token);
+        }
+        match Locker::from_inner(&self.hold.locker) {
+            Some(locker) => locker.fencing_token(&self.hold).await,
+            None => Err(self.hold.lost_error()),
+        }
+    }
+
+    /// The fencing token if the hold has one already, without asking Redis (see
+    /// [`LockGuard::minted_fencing_token`](crate::LockGuard::minted_fencing_token)).
+    pub fn minted_fencing_token(&self) -> Option<FencingToken> {
+        self.hold.fence.get().copied()
     }
 
     /// Whether the lock was lost.
@@ -332,6 +351,21 @@ pub(crate) fn record_with(locker: u64, hold: &Arc<HoldState>, reentrant: bool) {
 mod tests {
     use super::*;
 
+    /// A guard's token, which the memory store mints with the grant.
+    async fn token_of(guard: &crate::LockGuard) -> FencingToken {
+        guard
+            .fencing_token()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// The token `fencing_token()` answers in the current scope.
+    async fn scope_token() -> Option<FencingToken> {
+        fencing_token()
+            .await
+            .map(|t| t.unwrap_or_else(|e| panic!("{e}")))
+    }
+
     fn block_on<F: Future>(fut: F) -> F::Output {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -356,14 +390,14 @@ mod tests {
             let (token, again) = outer
                 .run(inner.run(async {
                     let again = locker.lock("tenant").try_lock().await;
-                    (fencing_token(), again)
+                    (scope_token().await, again)
                 }))
                 .await;
-            assert_eq!(token, Some(order.fencing_token()));
+            assert_eq!(token, Some(token_of(&order).await));
             let again = again
                 .unwrap_or_else(|e| panic!("{e}"))
                 .unwrap_or_else(|| panic!("the outer hold was not re-entered"));
-            assert_eq!(again.fencing_token(), tenant.fencing_token());
+            assert_eq!(token_of(&again).await, token_of(&tenant).await);
             assert!(again.release().await.is_released());
             // Still linked after its first run; `enter` sees the outer hold too.
             let found = inner.enter(|| find(locker.id(), &tenant.state.keys.lock).is_some());
@@ -386,7 +420,7 @@ mod tests {
             let (token, again) = outer
                 .run(LockScope::new().run(async {
                     let again = locker.lock("tenant").try_lock().await;
-                    (fencing_token(), again)
+                    (scope_token().await, again)
                 }))
                 .await;
             assert_eq!(token, None);
@@ -407,7 +441,7 @@ mod tests {
                         .run(async { locker.lock("order").await })
                         .await
                         .unwrap_or_else(|e| panic!("{e}"));
-                    let seen = fencing_token();
+                    let seen = scope_token().await;
                     assert!(order.release().await.is_released());
                     seen
                 })
@@ -429,10 +463,11 @@ mod tests {
                 .run(async { locker.lock("x").await })
                 .await
                 .unwrap_or_else(|e| panic!("{e}"));
-            assert_eq!(
-                a.enter(held_lock).map(|h| h.fencing_token()),
-                Some(guard.fencing_token())
-            );
+            let held = a
+                .enter(held_lock)
+                .unwrap_or_else(|| panic!("no lock in scope"));
+            let seen = held.fencing_token().await.unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(seen, token_of(&guard).await);
             b.run(async {
                 assert!(find(locker.id(), &guard.state.keys.lock).is_none());
             })

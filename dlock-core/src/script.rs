@@ -4,7 +4,7 @@
 //!
 //! | key | type | holds |
 //! | --- | --- | --- |
-//! | `<prefix>{<name>}` | hash | `<owner token> -> 1`, `#f -> fencing token`, `#s -> sequence number of the last lease change`, `#w -> "<waiting since> <ms> <locker id>"`, the `Locker` next in turn (plain locks); lease = PTTL; after a release that keeps the name taken (`at_least`): only `#k -> released owner`, until it expires; after a release with a `Locker` next in turn: only `#r -> its id` (and a `#w` claimed since), for its `<ms>` |
+//! | `<prefix>{<name>}` | hash | `<owner token> -> 1`, `#f -> fencing token` (once minted), `#s -> sequence number of the last lease change`, `#w -> "<waiting since> <ms> <locker id>"`, the `Locker` next in turn (plain locks); lease = PTTL; after a release that keeps the name taken (`at_least`): only `#k -> released owner`, until it expires; after a release with a `Locker` next in turn: only `#r -> its id` (and a `#w` claimed since), for its `<ms>` |
 //! | `<prefix>{<name>}:fence` | hash | `n -> last fencing token`, `r -> last released owner` |
 //! | `<prefix>{<name>}:wake` | channel | a message on every final release (sharded on a cluster) |
 //! | `<prefix>{<name>}:queue` | sorted set | fair locks: `waiter -> place in line` |
@@ -19,8 +19,11 @@
 //! | `<prefix>{<name>}:read` | sorted set | read-write locks: `reader id -> expiry` (server ms) |
 //! | `<prefix>{<name>}:rw:wake` | channel | read-write locks: a message when the writer or the last reader leaves |
 //!
-//! Fencing tokens: every fresh acquisition takes the server's clock in microseconds (`TIME`), or
-//! the last token + 1 when that is not below it, and stores it as the last token. So tokens
+//! Fencing tokens: a plain lock's hold gets its token when its holder first asks for it
+//! ([`FENCE`], owner-checked; the token is kept on the hold as `#f`); the other kinds' holds
+//! (fair, writer, all-or-none, hand-over) get theirs with the grant. Minting takes the server's
+//! clock in microseconds (`TIME`), or the last token + 1 when that is not below it, and stores it
+//! as the last token. So tokens
 //! strictly increase on one server, and they also keep increasing when the last token is gone:
 //! after the counter key expired, and after a failover to a replica that never received the
 //! latest tokens (asynchronous replication). The second needs only that the new master's clock
@@ -156,49 +159,73 @@ pub(crate) use sorted_sets::*;
 
 /// Acquire.
 ///
-/// `KEYS[1]` lock, `KEYS[2]` fence; `ARGV[1]` owner (a fresh token), `ARGV[2]` lease ms,
-/// `ARGV[3]` fence TTL ms (0 = none), `ARGV[4]` (plain locks) `0`, or the ms a release should
-/// keep the lock for the attempt's `Locker` if it finds it taken: it claims the next turn for
-/// it, unless a claim as old as this one or older is there (`ARGV[5]`: since when its waiter
-/// waits, wall-clock ms);
-/// `ARGV[6]` the id of that `Locker`, `ARGV[7]` `1` if the attempt comes from the waiter at the
-/// head of its local queue (which alone takes a lock kept for its `Locker`). Returns `{1, token}` acquired (also when `ARGV[1]` holds it
-/// already: it was handed the lock, or this is a retry; also when the lock was kept for
-/// `ARGV[6]`, another `Locker`'s claim made since kept on the new hold), `{0, pttl}` busy.
+/// `KEYS[1]` lock; `ARGV[1]` owner (a fresh token), `ARGV[2]` lease ms, `ARGV[3]` (plain locks)
+/// `0`, or the ms a release should keep the lock for the attempt's `Locker` if it finds it taken:
+/// it claims the next turn for it, unless a claim as old as this one or older is there
+/// (`ARGV[4]`: since when its waiter waits, wall-clock ms); `ARGV[5]` the id of that `Locker`,
+/// `ARGV[6]` `1` if the attempt comes from the waiter at the head of its local queue (which alone
+/// takes a lock kept for its `Locker`). Returns `{1, token}` acquired (also when `ARGV[1]` holds
+/// it already: it was handed the lock, or this is a retry; also when the lock was kept for
+/// `ARGV[5]`, another `Locker`'s claim made since kept on the new hold), `{0, pttl}` busy.
+///
+/// No fencing token is minted here: `token` is `-1` until the holder asks for one ([`FENCE`]), so
+/// an acquisition costs no clock read and no write to the counter.
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_LUA));
 
-pub(crate) const ACQUIRE_LUA: &str = concat!(
-    next_fence_lua!(),
-    r#"
+pub(crate) const ACQUIRE_LUA: &str = r#"
 local next_up
 if redis.call('EXISTS', KEYS[1]) == 1 then
   local fields = redis.call('HMGET', KEYS[1], ARGV[1], '#r', '#w')
   if fields[1] then
-    return {1, tonumber(redis.call('HGET', KEYS[1], '#f'))}
+    return {1, tonumber(redis.call('HGET', KEYS[1], '#f') or '-1')}
   end
-  if ARGV[7] ~= '1' or fields[2] ~= ARGV[6] then
-    if ARGV[4] and ARGV[4] ~= '0' then
+  if ARGV[6] ~= '1' or fields[2] ~= ARGV[5] then
+    if ARGV[3] ~= '0' then
       local marked = fields[3] and tonumber(string.match(fields[3], '^(%d+)'))
-      if not marked or marked > tonumber(ARGV[5]) then
-        redis.call('HSET', KEYS[1], '#w', ARGV[5] .. ' ' .. ARGV[4] .. ' ' .. ARGV[6])
+      if not marked or marked > tonumber(ARGV[4]) then
+        redis.call('HSET', KEYS[1], '#w', ARGV[4] .. ' ' .. ARGV[3] .. ' ' .. ARGV[5])
       end
     end
     return {0, redis.call('PTTL', KEYS[1])}
   end
   -- Kept for this Locker: its waiter takes the lock, and another Locker that claimed a turn
   -- since stays next.
-  if fields[3] and string.match(fields[3], '^%d+ %d+ (%x+)$') ~= ARGV[6] then
+  if fields[3] and string.match(fields[3], '^%d+ %d+ (%x+)$') ~= ARGV[5] then
     next_up = fields[3]
   end
   redis.call('DEL', KEYS[1])
 end
-local f = next_fence(KEYS[2], ARGV[3])
-redis.call('HSET', KEYS[1], ARGV[1], 1, '#f', string.format('%d', f))
 if next_up then
-  redis.call('HSET', KEYS[1], '#w', next_up)
+  redis.call('HSET', KEYS[1], ARGV[1], 1, '#w', next_up)
+else
+  redis.call('HSET', KEYS[1], ARGV[1], 1)
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
-return {1, f}
+return {1, -1}
+"#;
+
+/// The fencing token of a hold, minted when its holder first asks for it.
+///
+/// `KEYS[1]` lock, `KEYS[2]` fence; `ARGV[1]` owner, `ARGV[2]` fence TTL ms (0 = none). Returns the
+/// hold's token — the one minted for it before, or a fresh one (see the module docs), stored on
+/// the hold — or `-1` when `ARGV[1]` does not hold the lock. A token minted only while its owner
+/// holds the lock orders holds as one minted at the grant would: every earlier hold minted its
+/// own before this one began, every later one will mint after it ends.
+pub(crate) static FENCE: LazyLock<Script> = LazyLock::new(|| Script::new(FENCE_LUA));
+
+pub(crate) const FENCE_LUA: &str = concat!(
+    next_fence_lua!(),
+    r#"
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then
+  return -1
+end
+local f = redis.call('HGET', KEYS[1], '#f')
+if f then
+  return tonumber(f)
+end
+f = next_fence(KEYS[2], ARGV[2])
+redis.call('HSET', KEYS[1], '#f', string.format('%d', f))
+return f
 "#
 );
 
@@ -239,12 +266,13 @@ return out
 
 /// Re-entry check, read-only: does `ARGV[1]` still hold `KEYS[1]`?
 ///
-/// Returns `{1, token}` held, `{0, pttl}` not held by this owner (`pttl` -2 when nobody holds it).
+/// Returns `{1, token}` held (`token` -1 while none was minted), `{0, pttl}` not held by this
+/// owner (`pttl` -2 when nobody holds it).
 pub(crate) static HOLDS: LazyLock<Script> = LazyLock::new(|| Script::new(HOLDS_LUA));
 
 pub(crate) const HOLDS_LUA: &str = r#"
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
-  return {1, tonumber(redis.call('HGET', KEYS[1], '#f'))}
+  return {1, tonumber(redis.call('HGET', KEYS[1], '#f') or '-1')}
 end
 return {0, redis.call('PTTL', KEYS[1])}
 "#;

@@ -22,7 +22,7 @@ async fn fixed_lease_expires_and_the_next_holder_gets_a_higher_token() {
     assert_eq!(first.remaining(), Duration::ZERO);
 
     let second = locker.lock("job").try_lock().await.unwrap().unwrap();
-    assert!(second.fencing_token() > first.fencing_token());
+    assert!(second.fencing_token().await.unwrap() > first.fencing_token().await.unwrap());
     assert!(matches!(first.release().await, ReleaseOutcome::TakenOver));
     assert!(second.release().await.is_released());
 }
@@ -133,7 +133,7 @@ async fn local_waiters_queue_and_each_gets_the_lock_once() {
         tasks.push(tokio::spawn(async move {
             let guard = locker.lock("q").wait(Duration::from_secs(60)).await?;
             sleep(Duration::from_millis(10)).await;
-            let token = guard.fencing_token();
+            let token = guard.fencing_token().await.unwrap();
             assert!(guard.release().await.is_released());
             Ok::<_, LockError>(token)
         }));
@@ -154,10 +154,16 @@ async fn reentrancy_is_scoped_to_the_task() {
     let locker = Locker::memory();
     dlock_core::scope(async {
         let outer = locker.lock("r").await.unwrap();
-        assert_eq!(dlock_core::fencing_token(), Some(outer.fencing_token()));
+        assert_eq!(
+            dlock_core::fencing_token().await.map(Result::unwrap),
+            Some(outer.fencing_token().await.unwrap())
+        );
         let inner = locker.lock("r").await.unwrap();
         assert!(inner.is_reentrant());
-        assert_eq!(inner.fencing_token(), outer.fencing_token());
+        assert_eq!(
+            inner.fencing_token().await.unwrap(),
+            outer.fencing_token().await.unwrap()
+        );
 
         // Another task, even inside its own scope, does not share the hold.
         let other = locker.clone();
@@ -368,7 +374,7 @@ async fn at_least_keeps_the_name_taken_after_an_early_release() {
     let first = (locker.lock("job").at_least(Duration::from_secs(30)))
         .await
         .unwrap();
-    let token = first.fencing_token();
+    let token = first.fencing_token().await.unwrap();
     advance(Duration::from_secs(1)).await;
     assert!(first.release().await.is_released());
     assert!(rival.lock("job").try_lock().await.unwrap().is_none());
@@ -376,7 +382,7 @@ async fn at_least_keeps_the_name_taken_after_an_early_release() {
     assert!(rival.lock("job").try_lock().await.unwrap().is_none());
     advance(Duration::from_secs(2)).await;
     let second = rival.lock("job").try_lock().await.unwrap().unwrap();
-    assert!(second.fencing_token() > token);
+    assert!(second.fencing_token().await.unwrap() > token);
     assert!(second.release().await.is_released());
     // Without a period, free at once.
     assert!(locker.lock("job").try_lock().await.unwrap().is_some());
@@ -403,10 +409,15 @@ async fn a_fair_release_within_at_least_wakes_the_head_of_the_line() {
     let started = Instant::now();
     let waiting = tokio::spawn(async move {
         let got = waiter.fair_lock("job").wait(Duration::from_secs(100)).await;
-        (got.map(|g| g.fencing_token()), Instant::now())
+        let at = Instant::now();
+        let token = match got {
+            Ok(guard) => Ok(guard.fencing_token().await.unwrap()),
+            Err(err) => Err(err),
+        };
+        (token, at)
     });
     sleep(Duration::from_millis(500)).await;
-    let first_token = first.fencing_token();
+    let first_token = first.fencing_token().await.unwrap();
     assert!(first.release().await.is_released());
     let (token, at) = waiting.await.unwrap();
     assert!(token.unwrap() > first_token);
@@ -438,7 +449,10 @@ async fn inspect_and_force_release_in_memory() {
     assert_eq!(info.holders.len(), 1);
     assert_eq!(info.holders[0].label.as_deref(), Some("memory-a"));
     assert_eq!(info.holders[0].token_prefix.len(), 8);
-    assert_eq!(info.fencing_token, Some(guard.fencing_token()));
+    assert_eq!(
+        info.fencing_token,
+        Some(guard.fencing_token().await.unwrap())
+    );
     assert_eq!(info.ttl, Some(Duration::from_secs(9)));
     assert!(rival.force_release("job").await.unwrap());
     assert!(!rival.inspect("job").await.unwrap().is_taken());

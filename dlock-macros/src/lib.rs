@@ -19,7 +19,9 @@
 //! #[distributed_lock(key = "order:<user_id>:<voucher_id>", wait = "3s")]
 //! async fn create_order(user_id: u64, voucher_id: u64) -> Result<u64, AppError> {
 //!     // At most one call per (user, voucher) runs at a time, across every process.
-//!     let token = dlock_core::fencing_token().expect("inside the lock");
+//!     // The token is minted by Redis at the first ask: a lost lock or an unreachable Redis is
+//!     // an `Err`, and the write must not happen.
+//!     let token = dlock_core::fencing_token().await.expect("inside the lock")?;
 //!     Ok(token.get())
 //! }
 //! ```
@@ -207,11 +209,15 @@ use proc_macro::TokenStream;
 ///
 /// # Fencing token
 ///
-/// The body reads the fencing token of its lock with `dlock_core::fencing_token()` (its own
+/// The body reads the fencing token of its lock with `dlock_core::fencing_token().await` (its own
 /// call's lock, even while calls beside it in the task hold others) and hands it to the resource
-/// it writes, which refuses tokens older than the
-/// newest it has seen. With several names, it is the token of the last name taken (names are
-/// taken in sorted order); `dlock_core::held_lock()` gives that lock's name as well.
+/// it writes, which refuses tokens older than the newest it has seen. The first ask mints the
+/// token in Redis (one round trip; later asks for the same hold don't go to Redis): it comes back
+/// as `Some(Err(LockError::Lost { .. }))` if Redis no longer has the hold, and as
+/// `Some(Err(LockError::Backend(..)))` if Redis can't be asked; either way the body must not
+/// write, and `?` hands the error to the caller. It is `None` only outside any lock. With
+/// several names, it is the token of the last name taken (names are taken in sorted order);
+/// `dlock_core::held_lock()` gives that lock's name as well.
 ///
 /// # Equivalent code without the macro
 ///

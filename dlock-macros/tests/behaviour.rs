@@ -63,7 +63,10 @@ async fn hold_until(
     entered: oneshot::Sender<u64>,
     leave: oneshot::Receiver<()>,
 ) -> Result<(), AppError> {
-    let token = dlock_core::fencing_token().map(|t| t.get()).unwrap_or(0);
+    let token = dlock_core::fencing_token()
+        .await
+        .expect("inside the lock")?
+        .get();
     let _ = entered.send(token);
     let _ = leave.await;
     Ok(())
@@ -71,7 +74,10 @@ async fn hold_until(
 
 #[distributed_lock(key = "job:<id>", locker = locker, wait = "0s")]
 async fn try_job(locker: &Locker, id: &str) -> Result<u64, AppError> {
-    Ok(dlock_core::fencing_token().map(|t| t.get()).unwrap_or(0))
+    Ok(dlock_core::fencing_token()
+        .await
+        .expect("inside the lock")?
+        .get())
 }
 
 #[tokio::test]
@@ -157,14 +163,20 @@ async fn the_lock_is_released_on_every_exit_path() {
 
 #[distributed_lock(key = "nested:<id>", locker = locker, wait = "200ms")]
 async fn outer(locker: &Locker, id: &str) -> Result<(u64, u64), AppError> {
-    let mine = dlock_core::fencing_token().map(|t| t.get()).unwrap_or(0);
+    let mine = dlock_core::fencing_token()
+        .await
+        .expect("inside the lock")?
+        .get();
     let inner = inner(locker, id).await?;
     Ok((mine, inner))
 }
 
 #[distributed_lock(key = "nested:<id>", locker = locker, wait = "200ms")]
 async fn inner(locker: &Locker, id: &str) -> Result<u64, AppError> {
-    Ok(dlock_core::fencing_token().map(|t| t.get()).unwrap_or(0))
+    Ok(dlock_core::fencing_token()
+        .await
+        .expect("inside the lock")?
+        .get())
 }
 
 #[distributed_lock(key = "nested:<id>", locker = locker, wait = "200ms", reentrant = false)]
@@ -384,7 +396,10 @@ async fn several_keys_are_locked_all_or_none() {
 
 #[distributed_lock(key = "default:<id>")]
 async fn uses_the_default_locker(id: &str) -> Result<u64, AppError> {
-    Ok(dlock_core::fencing_token().map(|t| t.get()).unwrap_or(0))
+    Ok(dlock_core::fencing_token()
+        .await
+        .expect("inside the lock")?
+        .get())
 }
 
 #[tokio::test]

@@ -54,7 +54,10 @@ type ApiResult<T> = Result<T, LockError>;
 /// A `Result` alias whose name ends in `Result`.
 #[distributed_lock(key = "job:<id>")]
 async fn returns_an_alias(id: u64) -> ApiResult<u64> {
-    assert!(dlock_core::fencing_token().is_some(), "inside the lock");
+    // Inside the lock: there is a token, and it is minted.
+    dlock_core::fencing_token()
+        .await
+        .expect("inside the lock")?;
     Ok(id + 3)
 }
 

@@ -90,7 +90,10 @@ type Belief = (String, u64);
 async fn write_resource(locker: &Locker, name: &str, delay: Duration) -> Result<Belief, LockError> {
     tokio::time::sleep(delay).await;
     let held = dlock_core::held_lock().expect("inside the lock");
-    let token = dlock_core::fencing_token().expect("inside the lock").get();
+    let token = dlock_core::fencing_token()
+        .await
+        .expect("inside the lock")?
+        .get();
     Ok((held.name().to_string(), token))
 }
 

@@ -63,7 +63,7 @@ impl Held {
         {
             Some(guard) => LockError::Lost {
                 name: guard.name().to_string(),
-                fencing_token: guard.fencing_token(),
+                fencing_token: guard.minted_fencing_token(),
             },
             None => LockError::Config("no lock is held".to_owned()),
         }
@@ -76,10 +76,7 @@ impl Held {
     }
 
     fn info(&self) -> HeldLocks {
-        HeldLocks::new(
-            self.guards().iter().map(|g| g.name().to_string()).collect(),
-            self.guards().iter().map(LockGuard::fencing_token).collect(),
-        )
+        HeldLocks::new(self.guards().iter().map(LockGuard::held_lock).collect())
     }
 }
 

@@ -270,7 +270,7 @@ mod tests {
     fn a_lost_lock_ends_the_stream_with_aborted_trailers() {
         let lost = LockRejection::Lost {
             name: "order:7".into(),
-            fencing_token: dlock_core::FencingToken::new(3),
+            fencing_token: Some(dlock_core::FencingToken::new(3)),
         };
         let frame = trailers(&lost, false, Grpc::Http2);
         let headers = frame

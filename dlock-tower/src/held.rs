@@ -1,6 +1,8 @@
 //! `HeldLocks`: what a handler learns about the locks held for its request.
 
-use dlock_core::FencingToken;
+use std::fmt;
+
+use dlock_core::{FencingToken, HeldLock, LockError};
 
 /// The locks held for this request, in request extensions (and, with the `axum` feature, an
 /// extractor): hand the fencing token to the resource the handler writes.
@@ -11,14 +13,22 @@ use dlock_core::FencingToken;
 /// Under stacked layers it lists the outer layer's locks first, then the inner layer's (a name
 /// both took, the inner one re-entering the outer hold, is listed once).
 ///
+/// The fencing tokens are the holds' own, as `dlock_core::LockGuard::fencing_token` gives them:
+/// a plain lock's first ask, from here or from the guards of the same hold, asks Redis for it
+/// (one round trip), and every later ask gets the same token without one. An ask fails with
+/// [`LockError::Lost`] if Redis no longer has the hold and with [`LockError::Backend`] if Redis
+/// can't be asked; either way the handler must not go on with the lock's authority.
+///
 /// ```
 /// use axum::{Router, extract::Path, routing::post};
+/// use dlock_core::LockError;
 /// use dlock_tower::{HeldLocks, LockLayer};
 ///
-/// async fn pay(Path(id): Path<u64>, held: HeldLocks) -> String {
+/// async fn pay(Path(id): Path<u64>, held: HeldLocks) -> Result<String, LockError> {
 ///     // `UPDATE invoices SET paid = true, fence = $token WHERE id = $id AND fence < $token`
-///     let token = held.fencing_token().map_or(0, |t| t.get());
-///     format!("invoice {id} paid under token {token}")
+///     // (a lost lock answers 503, as the layer does, and nothing is written)
+///     let token = held.fencing_token().await.transpose()?.map_or(0, |t| t.get());
+///     Ok(format!("invoice {id} paid under token {token}"))
 /// }
 ///
 /// let app: Router = Router::new()
@@ -32,27 +42,45 @@ use dlock_core::FencingToken;
 ///
 /// A gRPC service behind the layer finds it in its request's extensions:
 /// `request.extensions().get::<HeldLocks>()`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+///
+/// It is a view of the holds and neither holds nor releases anything: the locks are released
+/// when the response is produced (or its body sent), whatever becomes of a clone kept longer.
+#[derive(Clone, Default)]
 #[non_exhaustive]
 pub struct HeldLocks {
+    /// The holds' names, in the same order as `locks`.
     names: Vec<String>,
-    fencing_tokens: Vec<FencingToken>,
+    locks: Vec<HeldLock>,
+}
+
+impl fmt::Debug for HeldLocks {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let minted: Vec<Option<FencingToken>> = self
+            .locks
+            .iter()
+            .map(HeldLock::minted_fencing_token)
+            .collect();
+        f.debug_struct("HeldLocks")
+            .field("names", &self.names)
+            .field("minted_fencing_tokens", &minted)
+            .finish()
+    }
 }
 
 impl HeldLocks {
-    pub(crate) fn new(names: Vec<String>, fencing_tokens: Vec<FencingToken>) -> Self {
-        Self {
-            names,
-            fencing_tokens,
-        }
+    /// The holds, in acquisition order.
+    pub(crate) fn new(locks: Vec<HeldLock>) -> Self {
+        let names = locks.iter().map(|lock| lock.name().to_string()).collect();
+        Self { names, locks }
     }
 
-    /// These locks, then those of `inner` that are not among them already.
+    /// These locks, then those of `inner` whose names are not among them already: an inner
+    /// layer that locked a name the outer one holds re-entered the outer hold.
     pub(crate) fn followed_by(mut self, inner: HeldLocks) -> Self {
-        for (name, token) in inner.names.into_iter().zip(inner.fencing_tokens) {
-            if self.fencing_token_of(&name) != Some(token) {
+        for (name, lock) in inner.names.into_iter().zip(inner.locks) {
+            if !self.names.contains(&name) {
                 self.names.push(name);
-                self.fencing_tokens.push(token);
+                self.locks.push(lock);
             }
         }
         self
@@ -64,28 +92,35 @@ impl HeldLocks {
     }
 
     /// Their fencing tokens, in the same order as [`names`](HeldLocks::names).
-    pub fn fencing_tokens(&self) -> &[FencingToken] {
-        &self.fencing_tokens
+    ///
+    /// Fails as soon as one of them can't be had (see [`HeldLocks`]): the lock is lost, or Redis
+    /// can't be asked.
+    pub async fn fencing_tokens(&self) -> Result<Vec<FencingToken>, LockError> {
+        let mut tokens = Vec::with_capacity(self.locks.len());
+        for lock in &self.locks {
+            tokens.push(lock.fencing_token().await?);
+        }
+        Ok(tokens)
     }
 
-    /// Each name held with its fencing token, in acquisition order.
-    pub fn iter(&self) -> impl ExactSizeIterator<Item = (&str, FencingToken)> + '_ {
-        self.names
-            .iter()
-            .map(String::as_str)
-            .zip(self.fencing_tokens.iter().copied())
+    /// The holds, in acquisition order, as [`HeldLock`] views: each one's name, fencing token
+    /// (awaited, as from [`fencing_tokens`](HeldLocks::fencing_tokens)) and loss.
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = &HeldLock> + '_ {
+        self.locks.iter()
     }
 
     /// The fencing token of the first (for a single lock: the only) lock; under stacked layers,
-    /// the outer layer's first lock.
-    pub fn fencing_token(&self) -> Option<FencingToken> {
-        self.fencing_tokens.first().copied()
+    /// the outer layer's first lock. `None` when no lock is held.
+    pub async fn fencing_token(&self) -> Option<Result<FencingToken, LockError>> {
+        let lock = self.locks.first()?;
+        Some(lock.fencing_token().await)
     }
 
     /// The fencing token of the lock called `name`, if this request holds it.
-    pub fn fencing_token_of(&self, name: &str) -> Option<FencingToken> {
+    pub async fn fencing_token_of(&self, name: &str) -> Option<Result<FencingToken, LockError>> {
         let index = self.names.iter().position(|n| n == name)?;
-        self.fencing_tokens.get(index).copied()
+        let lock = self.locks.get(index)?;
+        Some(lock.fencing_token().await)
     }
 }
 
@@ -159,44 +194,104 @@ impl<S: Send + Sync> axum_core::extract::OptionalFromRequestParts<S> for HeldLoc
 
 #[cfg(test)]
 mod tests {
+    use dlock_core::{LockGuard, LockScope, Locker};
+
     use super::*;
 
-    #[test]
-    fn accessors_pair_names_with_their_tokens() {
-        let held = HeldLocks::new(
-            vec!["sku:1".into(), "sku:2".into()],
-            vec![FencingToken::new(4), FencingToken::new(9)],
-        );
-        assert_eq!(held.names(), ["sku:1", "sku:2"]);
-        assert_eq!(
-            held.fencing_tokens(),
-            [FencingToken::new(4), FencingToken::new(9)]
-        );
-        assert_eq!(
-            held.iter().collect::<Vec<_>>(),
-            [
-                ("sku:1", FencingToken::new(4)),
-                ("sku:2", FencingToken::new(9))
-            ]
-        );
-        assert_eq!(held.fencing_token(), Some(FencingToken::new(4)));
-        assert_eq!(held.fencing_token_of("sku:2"), Some(FencingToken::new(9)));
-        assert_eq!(held.fencing_token_of("sku:3"), None);
-        assert_eq!(HeldLocks::default().fencing_token(), None);
+    async fn lock(locker: &Locker, name: &str) -> LockGuard {
+        locker
+            .lock(name)
+            .await
+            .unwrap_or_else(|e| panic!("lock {name}: {e}"))
     }
 
-    #[test]
-    fn an_outer_layers_locks_come_first_and_a_re_entered_one_once() {
-        let outer = HeldLocks::new(vec!["tenant:1".into()], vec![FencingToken::new(3)]);
-        let inner = HeldLocks::new(
-            vec!["tenant:1".into(), "order:2".into()],
-            vec![FencingToken::new(3), FencingToken::new(8)],
-        );
-        let held = outer.followed_by(inner);
-        assert_eq!(held.names(), ["tenant:1", "order:2"]);
+    /// Takes and releases `name` `times` times: each name's tokens count up on their own, so
+    /// this tells its tokens from another name's.
+    async fn advance(locker: &Locker, name: &str, times: usize) {
+        for _ in 0..times {
+            assert!(lock(locker, name).await.release().await.is_released());
+        }
+    }
+
+    async fn token(guard: &LockGuard) -> FencingToken {
+        guard
+            .fencing_token()
+            .await
+            .unwrap_or_else(|e| panic!("token of {}: {e}", guard.name()))
+    }
+
+    #[tokio::test]
+    async fn accessors_pair_names_with_their_tokens() {
+        let locker = Locker::memory();
+        advance(&locker, "sku:2", 3).await;
+        let (one, two) = (lock(&locker, "sku:1").await, lock(&locker, "sku:2").await);
+        let (t1, t2) = (token(&one).await, token(&two).await);
+        assert_ne!(t1, t2);
+
+        let held = HeldLocks::new(vec![one.held_lock(), two.held_lock()]);
+        assert_eq!(held.names(), ["sku:1", "sku:2"]);
+        assert_eq!(held.fencing_tokens().await.ok(), Some(vec![t1, t2]));
         assert_eq!(
-            held.fencing_tokens(),
-            [FencingToken::new(3), FencingToken::new(8)]
+            held.iter()
+                .map(|lock| (lock.name().to_string(), lock.minted_fencing_token()))
+                .collect::<Vec<_>>(),
+            [
+                ("sku:1".to_owned(), Some(t1)),
+                ("sku:2".to_owned(), Some(t2))
+            ]
         );
+        assert_eq!(held.fencing_token().await.transpose().ok(), Some(Some(t1)));
+        assert_eq!(
+            held.fencing_token_of("sku:2").await.transpose().ok(),
+            Some(Some(t2))
+        );
+        assert!(held.fencing_token_of("sku:3").await.is_none());
+        assert!(format!("{held:?}").contains("sku:2"));
+
+        let none = HeldLocks::default();
+        assert!(none.names().is_empty());
+        assert!(none.fencing_token().await.is_none());
+        assert_eq!(none.fencing_tokens().await.ok(), Some(Vec::new()));
+        assert_eq!(none.iter().len(), 0);
+    }
+
+    #[tokio::test]
+    async fn an_outer_layers_locks_come_first_and_a_re_entered_one_once() {
+        let locker = Locker::memory();
+        advance(&locker, "order:2", 2).await;
+        let scope = LockScope::new();
+        scope
+            .run(async {
+                let tenant = lock(&locker, "tenant:1").await;
+                let again = lock(&locker, "tenant:1").await;
+                assert!(again.is_reentrant());
+                let order = lock(&locker, "order:2").await;
+                let (tenant_token, order_token) = (token(&tenant).await, token(&order).await);
+                assert_eq!(token(&again).await, tenant_token);
+                assert_ne!(order_token, tenant_token);
+
+                let outer = HeldLocks::new(vec![tenant.held_lock()]);
+                let inner = HeldLocks::new(vec![again.held_lock(), order.held_lock()]);
+                let held = outer.followed_by(inner);
+                assert_eq!(held.names(), ["tenant:1", "order:2"]);
+                assert_eq!(
+                    held.fencing_tokens().await.ok(),
+                    Some(vec![tenant_token, order_token])
+                );
+                assert_eq!(
+                    held.fencing_token_of("order:2").await.transpose().ok(),
+                    Some(Some(order_token))
+                );
+
+                // Under an outer layer that locked nothing of its own, the inner layer's locks.
+                let only_inner =
+                    HeldLocks::default().followed_by(HeldLocks::new(vec![order.held_lock()]));
+                assert_eq!(only_inner.names(), ["order:2"]);
+                assert_eq!(
+                    only_inner.fencing_token().await.transpose().ok(),
+                    Some(Some(order_token))
+                );
+            })
+            .await;
     }
 }

@@ -7,9 +7,13 @@
 //! use axum::{Router, extract::Path, routing::post};
 //! use dlock_tower::{HeldLocks, LockLayer};
 //!
-//! async fn place_order(Path(id): Path<u64>, held: HeldLocks) -> String {
-//!     // Hand the fencing token to the database write.
-//!     format!("order for voucher {id}, token {:?}", held.fencing_token())
+//! async fn place_order(
+//!     Path(id): Path<u64>,
+//!     held: HeldLocks,
+//! ) -> Result<String, dlock_core::LockError> {
+//!     // Hand the fencing token to the database write (a lost lock answers 503).
+//!     let token = held.fencing_token().await.transpose()?;
+//!     Ok(format!("order for voucher {id}, token {token:?}"))
 //! }
 //!
 //! # async fn demo() -> Result<(), dlock_core::LockError> {
@@ -277,14 +281,16 @@
 //!
 //! The handler runs inside a `dlock_core` lock scope that holds the lock, so a
 //! `#[distributed_lock]` function it calls with the same key re-enters instead of deadlocking,
-//! and `dlock_core::fencing_token()` answers there. [`HeldLocks`] (a request extension, and an
-//! extractor) carries the names and fencing tokens. With
+//! and `dlock_core::fencing_token().await` answers there. [`HeldLocks`] (a request extension,
+//! and an extractor) carries the names and gives the fencing tokens (`.await`ed: a plain lock's
+//! token is minted by Redis at the first ask, from there or from the guard). With
 //! [`LockLayer::hold_until_body_ends`], the body is produced inside the same scope: a stream
 //! that does the guarded work sees the fencing token and re-enters the lock as the handler does.
 //!
 //! Layers stack: under an outer `LockLayer`, an inner layer's scope keeps the outer one's holds
-//! (the handler re-enters the outer key too, and `dlock_core::fencing_token()` is the innermost
-//! lock's token), and [`HeldLocks`] lists the outer layer's locks, then the inner layer's.
+//! (the handler re-enters the outer key too, and `dlock_core::fencing_token().await` gives the
+//! innermost lock's token), and [`HeldLocks`] lists the outer layer's locks, then the inner
+//! layer's.
 //!
 //! If the lock is lost while the handler runs (its lease ran out without renewal, someone
 //! deleted it), the handler's future is dropped at its next `.await` and the lost response is

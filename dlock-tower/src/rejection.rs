@@ -58,8 +58,8 @@ pub enum LockRejection {
     Lost {
         /// The lock's name.
         name: String,
-        /// The fencing token of the lost hold.
-        fencing_token: FencingToken,
+        /// The fencing token of the lost hold (`None`: it never asked for one).
+        fencing_token: Option<FencingToken>,
     },
     /// The lock could not be taken for another reason, such as a lease the core refuses (a
     /// fixed lease under 10 ms): a server-side problem, answered 500.
@@ -230,7 +230,7 @@ mod tests {
             LockRejection::Unavailable(LockError::Config("x".into())),
             LockRejection::Lost {
                 name: "a".into(),
-                fencing_token: FencingToken::new(1),
+                fencing_token: Some(FencingToken::new(1)),
             },
             LockRejection::Internal(LockError::Config("x".into())),
         ];
@@ -246,5 +246,40 @@ mod tests {
         }
         assert_eq!(rejections[0].to_string(), "lock `a` is busy");
         assert_eq!(rejections[1].outcome(), "invalid_key");
+    }
+
+    #[test]
+    fn a_lost_error_keeps_its_token_or_its_absence() {
+        for fencing_token in [Some(FencingToken::new(7)), None] {
+            let rejection = LockRejection::from(LockError::Lost {
+                name: "order:7".into(),
+                fencing_token,
+            });
+            match &rejection {
+                LockRejection::Lost {
+                    name,
+                    fencing_token: token,
+                } => {
+                    assert_eq!(name, "order:7");
+                    assert_eq!(*token, fencing_token);
+                }
+                other => panic!("not a lost rejection: {other:?}"),
+            }
+            assert_eq!(rejection.outcome(), "lost");
+            assert_eq!(
+                rejection.to_string(),
+                "lock `order:7` was lost while the request ran"
+            );
+            let response = rejection.render(&ErrorResponses::new());
+            assert_eq!(
+                response.status(),
+                ErrorResponses::new()
+                    .to_response(&LockError::Lost {
+                        name: "order:7".into(),
+                        fencing_token,
+                    })
+                    .status()
+            );
+        }
     }
 }

@@ -128,9 +128,13 @@ impl tonic::server::UnaryService<OrderRequest> for Place {
             let _on_drop = SetOnDrop(orders.dropped.clone());
             orders.started.notify_one();
             tokio::time::sleep(orders.hold).await;
-            let token = held
-                .and_then(|held| held.fencing_token())
-                .ok_or_else(|| Status::internal("no lock held"))?;
+            let token = match held {
+                Some(held) => held.fencing_token().await,
+                None => None,
+            };
+            let token = token
+                .ok_or_else(|| Status::internal("no lock held"))?
+                .map_err(|e| Status::aborted(e.to_string()))?;
             Ok(tonic::Response::new(OrderReply {
                 fencing_token: token.get(),
             }))

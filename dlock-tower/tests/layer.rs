@@ -82,7 +82,7 @@ fn slow_router(locker: &Locker, prefix: &str, gauge: Gauge, hold: Duration) -> R
                 let gauge = gauge.clone();
                 async move {
                     gauge.during(hold).await;
-                    format!("{:?}", held.fencing_token())
+                    format!("{:?}", held.fencing_token().await)
                 }
             }),
         )
@@ -367,7 +367,8 @@ async fn redis_down_is_a_503_within_the_timeout() {
 
 #[distributed_lock(key = "order:<id>", locker = locker)]
 async fn save_order(locker: &Locker, id: u64) -> Result<u64, LockError> {
-    Ok(dlock_core::fencing_token().map(|t| t.get()).unwrap_or(0))
+    let token = dlock_core::fencing_token().await.transpose()?;
+    Ok(token.map(|t| t.get()).unwrap_or(0))
 }
 
 #[tokio::test]
@@ -379,8 +380,10 @@ async fn a_nested_macro_call_on_the_same_key_re_enters() {
             "/orders/{id}",
             get(
                 |State(locker): State<Locker>, Path(id): Path<u64>, held: HeldLocks| async move {
-                    match save_order(&locker, id).await {
-                        Ok(token) if Some(token) == held.fencing_token().map(|t| t.get()) => {
+                    let saved = save_order(&locker, id).await;
+                    let held_token = held.fencing_token().await;
+                    match (saved, held_token) {
+                        (Ok(token), Some(Ok(held_token))) if token == held_token.get() => {
                             (StatusCode::OK, "re-entered".to_owned())
                         }
                         other => (StatusCode::INTERNAL_SERVER_ERROR, format!("{other:?}")),
@@ -709,7 +712,10 @@ async fn several_names_are_locked_all_or_none() {
         .route(
             "/carts/checkout",
             post(|held: HeldLocks| async move {
-                format!("{}:{}", held.names().len(), held.fencing_tokens().len())
+                match held.fencing_tokens().await {
+                    Ok(tokens) => format!("{}:{}", held.names().len(), tokens.len()),
+                    Err(err) => format!("no tokens: {err}"),
+                }
             }),
         )
         .route_layer(LockLayer::new(locker.clone()).sync_key({
@@ -872,8 +878,17 @@ async fn a_nested_lock_on_the_same_key_re_enters_inside_the_handler() {
                         .lock(name.as_str())
                         .await
                         .map_err(|e| e.to_string())?;
-                    let same = Some(inner.fencing_token()) == held.fencing_token()
-                        && dlock_core::fencing_token() == held.fencing_token();
+                    let inner_token = inner.fencing_token().await.map_err(|e| e.to_string())?;
+                    let held_token = held
+                        .fencing_token()
+                        .await
+                        .transpose()
+                        .map_err(|e| e.to_string())?;
+                    let scope_token = dlock_core::fencing_token()
+                        .await
+                        .transpose()
+                        .map_err(|e| e.to_string())?;
+                    let same = Some(inner_token) == held_token && scope_token == held_token;
                     assert!(inner.release().await.is_released());
                     Ok::<_, String>(if same { "re-entered" } else { "other token" })
                 }

@@ -15,7 +15,7 @@ mod common;
 use common::{fixed_key, locker, oneshot};
 
 // Two stacked layers: the handler sees both locks (the outer layer's first), re-enters the outer
-// one, and `fencing_token()` is the inner (innermost) lock's.
+// one, and `fencing_token().await` gives the inner (innermost) lock's.
 #[tokio::test]
 async fn stacked_layers_keep_the_outer_lock_for_the_handler() {
     let server = RedisServer::start();
@@ -29,12 +29,18 @@ async fn stacked_layers_keep_the_outer_lock_for_the_handler() {
                 let (locker, outer) = (locker.clone(), outer.clone());
                 move |held: HeldLocks| async move {
                     let names = held.names().to_vec();
-                    let innermost =
-                        dlock_core::fencing_token() == held.fencing_tokens().get(1).copied();
+                    let tokens = held.fencing_tokens().await.ok();
+                    let in_scope = dlock_core::fencing_token().await.and_then(Result::ok);
+                    let innermost = in_scope.is_some()
+                        && in_scope == tokens.and_then(|tokens| tokens.get(1).copied());
                     // Same task, outer layer's name: re-enters, not busy.
                     let reentered = match locker.lock(outer.as_str()).try_lock().await {
                         Ok(Some(guard)) => {
-                            let same = held.fencing_token() == Some(guard.fencing_token());
+                            let same =
+                                match (held.fencing_token().await, guard.fencing_token().await) {
+                                    (Some(Ok(held)), Ok(reentered)) => held == reentered,
+                                    _ => false,
+                                };
                             assert!(guard.release().await.is_released());
                             same
                         }
@@ -101,7 +107,7 @@ async fn an_inner_layer_without_a_key_keeps_the_outer_lock_for_the_handler() {
 }
 
 // With `hold_until_body_ends`, the body is produced inside the request's lock scope, as the
-// handler is: `fencing_token()` answers there, and the key re-enters.
+// handler is: `fencing_token().await` answers there, and the key re-enters.
 #[tokio::test]
 async fn a_held_body_is_produced_inside_the_lock_scope() {
     let server = RedisServer::start();
@@ -113,9 +119,9 @@ async fn a_held_body_is_produced_inside_the_lock_scope() {
             get({
                 let (locker, name) = (locker.clone(), name.clone());
                 move |held: HeldLocks| async move {
-                    let token = held.fencing_token();
+                    let token = held.fencing_token().await;
                     let chunk = futures_util::stream::once(async move {
-                        let in_scope = dlock_core::fencing_token();
+                        let in_scope = dlock_core::fencing_token().await;
                         let reentered = locker
                             .lock(name.as_str())
                             .try_lock()
@@ -138,7 +144,9 @@ async fn a_held_body_is_produced_inside_the_lock_scope() {
     let (status, body) = oneshot(&app, "/s").await;
     assert_eq!(status, StatusCode::OK);
     assert!(
-        !body.contains("body=None") && body.contains("reentered=true"),
+        body.contains("handler=Some(Ok(")
+            && body.contains("body=Some(Ok(")
+            && body.contains("reentered=true"),
         "{body}"
     );
     let (handler, rest) = body.split_once(" body=").unwrap();

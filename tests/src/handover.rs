@@ -19,14 +19,11 @@ pub async fn release_to_waiter(
     let name = guard.name().clone();
     let waiter = waiter.clone();
     let waiting = tokio::spawn(async move {
-        waiter
-            .lock(name)
-            .wait(Duration::from_secs(10))
-            .await
-            .map(|g| g.fencing_token())
+        let guard = waiter.lock(name).wait(Duration::from_secs(10)).await?;
+        guard.fencing_token().await
     });
     tokio::time::sleep(settle).await;
-    let first = guard.fencing_token();
+    let first = guard.fencing_token().await.unwrap();
     assert!(guard.release().await.is_released(), "the holder's release");
     let got = waiting.await.expect("the waiting task");
     if let Ok(second) = &got {

@@ -77,7 +77,7 @@ async fn a_held_lock_survives_a_coordinated_failover_of_its_master() {
     let replica = cluster.replica_of(&master);
 
     let guard = locker.lock(name.as_str()).await.expect("lock");
-    let first = guard.fencing_token();
+    let first = guard.fencing_token().await.unwrap();
     block_in_place(|| cluster.failover(replica.port));
     assert_eq!(cluster.node_for_key(&key).port, replica.port);
     tokio::time::sleep(lease * 2).await;
@@ -96,7 +96,7 @@ async fn a_held_lock_survives_a_coordinated_failover_of_its_master() {
         .wait(Duration::from_secs(5))
         .await
         .expect("free again");
-    assert!(guard.fencing_token() > first);
+    assert!(guard.fencing_token().await.unwrap() > first);
     assert!(guard.release().await.is_released());
 }
 

@@ -193,7 +193,7 @@ async fn fencing_tokens_strictly_increase_across_lockers() {
             .wait(Duration::from_secs(5))
             .await
             .unwrap();
-        let token = guard.fencing_token().get();
+        let token = guard.fencing_token().await.unwrap().get();
         assert!(token > last, "token {token} after {last}");
         last = token;
         assert!(guard.release().await.is_released());
@@ -230,12 +230,15 @@ async fn release_after_expiry_and_after_takeover_are_distinct_and_harmless() {
         .lease(Duration::from_millis(100))
         .await
         .unwrap();
+    let old_token = old.fencing_token().await.unwrap();
     let new = b
         .lock(taken.as_str())
         .wait(Duration::from_secs(2))
         .await
         .unwrap();
-    assert!(new.fencing_token() > old.fencing_token());
+    assert!(new.fencing_token().await.unwrap() > old_token);
+    // Asked again, the old holder's token is the one it had (no round trip, no new token).
+    assert_eq!(old.fencing_token().await.unwrap(), old_token);
     assert!(matches!(old.release().await, ReleaseOutcome::TakenOver));
     // The new holder's lock is untouched.
     let key = b.key_of(taken.as_str()).unwrap();
@@ -390,8 +393,14 @@ async fn reentrancy_inside_a_scope_but_never_across_tasks() {
         let outer = locker.lock(name.as_str()).await.unwrap();
         let inner = locker.lock(name.as_str()).await.unwrap();
         assert!(inner.is_reentrant());
-        assert_eq!(inner.fencing_token(), outer.fencing_token());
-        assert_eq!(dlock_core::fencing_token(), Some(outer.fencing_token()));
+        assert_eq!(
+            inner.fencing_token().await.unwrap(),
+            outer.fencing_token().await.unwrap()
+        );
+        assert_eq!(
+            dlock_core::fencing_token().await.map(Result::unwrap),
+            Some(outer.fencing_token().await.unwrap())
+        );
         let other = locker.clone();
         let name2 = name.clone();
         let other_task = tokio::spawn(dlock_core::scope(async move {
@@ -586,7 +595,7 @@ async fn fencing_tokens_keep_rising_after_the_counter_expires() {
     let locker = locker(&server).await;
     let name = unique_name("fence-expiry");
     let first = locker.lock(name.as_str()).await.unwrap();
-    let t1 = first.fencing_token();
+    let t1 = first.fencing_token().await.unwrap();
     assert!(first.release().await.is_released());
     // An idle counter expiring is the same as it being deleted.
     let mut con = server.connection().await;
@@ -595,9 +604,9 @@ async fn fencing_tokens_keep_rising_after_the_counter_expires() {
     assert_eq!(removed, 1);
     let second = locker.lock(name.as_str()).await.unwrap();
     assert!(
-        second.fencing_token() > t1,
+        second.fencing_token().await.unwrap() > t1,
         "{} after {t1}",
-        second.fencing_token()
+        second.fencing_token().await.unwrap()
     );
     // The counter carries a TTL, so an idle one does not stay forever.
     let ttl: i64 = con.pttl(&fence_key).await.unwrap();

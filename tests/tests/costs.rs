@@ -64,6 +64,7 @@ async fn warm_locker(server: &RedisServer) -> Locker {
     let locker = Locker::connect(&server.url()).await.expect("connect");
     let warm = unique_name("warm-up");
     let plain = locker.lock(format!("{warm}-plain")).await.expect("plain");
+    plain.fencing_token().await.expect("a token");
     assert!(plain.release().await.is_released());
     let fair = locker
         .fair_lock(format!("{warm}-fair"))
@@ -103,13 +104,31 @@ async fn a_plain_lock_costs_one_round_trip_to_take_and_one_to_give_back() {
     let name = unique_name("cost-plain");
     let (guard, taken) = measure(&server, locker.lock(name.as_str()).into_future()).await;
     let guard = guard.expect("lock");
-    // EVALSHA; EXISTS, TIME, HGET (last token), HSET (counter), PTTL + PEXPIRE (a new counter's
-    // TTL), HSET (owner and token), PEXPIRE (lease).
-    assert_eq!(taken, cost_of(1, 9));
+    // EVALSHA; EXISTS, HSET (owner), PEXPIRE (lease). No fencing work until asked.
+    assert_eq!(taken, cost_of(1, 4));
+    let (token, minted) = measure(&server, guard.fencing_token()).await;
+    let token = token.expect("a token");
+    // EVALSHA; HEXISTS (still the owner?), HGET (minted already?), TIME, HGET (last token), HSET
+    // (counter), PTTL + PEXPIRE (a new counter's TTL), HSET (the hold's token).
+    assert_eq!(minted, cost_of(1, 9));
+    let (again, asked_again) = measure(&server, guard.fencing_token()).await;
+    assert_eq!(again.expect("the same token"), token);
+    assert_eq!(
+        asked_again,
+        cost_of(0, 0),
+        "a token is asked for once per hold"
+    );
     let (_, released) = measure(&server, guard.release()).await;
-    // EVALSHA; HMGET (the owner, and a claim to the next turn), DEL, HSET (released owner) and PTTL (the counter has its TTL: no
-    // PEXPIRE; a later release of the name finds the field there and skips the PTTL), PUBLISH.
+    // EVALSHA; HMGET (the owner, and a claim to the next turn), DEL, HSET (released owner) and
+    // PTTL (the counter has its TTL: no PEXPIRE), PUBLISH.
     assert_eq!(released, cost_of(1, 6));
+
+    // The cycle of a holder that never asks for a token, on a name used before.
+    let (guard, taken) = measure(&server, locker.lock(name.as_str()).into_future()).await;
+    assert_eq!(taken, cost_of(1, 4));
+    let (_, released) = measure(&server, guard.expect("lock").release()).await;
+    // EVALSHA; HMGET, DEL, HSET (the released owner's field is there: no PTTL), PUBLISH.
+    assert_eq!(released, cost_of(1, 5));
 }
 
 /// Until a local waiter has tried (more than `calls` scripts ran) and waits for a hand-over.
@@ -179,9 +198,9 @@ async fn a_release_past_local_waiters_to_another_process_is_one_round_trip() {
     let (outcome, released) = measure(&server, guard.release()).await;
     assert!(outcome.is_released());
     // One script: EVALSHA; HMGET, PUBSUB NUMSUB (the claim came first: Lua's `or` stops there,
-    // so no), DEL, HSET (released owner) and PTTL, HSET + PEXPIRE (kept for the claimant),
-    // PUBLISH.
-    assert_eq!(released, cost_of(1, 8));
+    // so no), DEL, HSET (released owner) with PTTL + PEXPIRE (the counter key is new: nothing
+    // asked for a token), HSET + PEXPIRE (kept for the claimant), PUBLISH.
+    assert_eq!(released, cost_of(1, 9));
     let kept: Option<String> = con.hget(&key, "#r").await.expect("HGET");
     assert_eq!(kept.as_deref(), Some(other));
     // The turn passes unused; the local waiter gets the lock on its next try.
@@ -257,8 +276,9 @@ async fn an_at_least_release_keeps_the_key_in_the_same_round_trip() {
         .await
         .expect("lock");
     let (_, released) = measure(&server, guard.release()).await;
-    // The plain release's, and HSET + PEXPIRE to keep the name taken.
-    assert_eq!(released, cost_of(1, 8));
+    // The plain release's on a new name (EVALSHA; HMGET, DEL, HSET + PTTL + PEXPIRE: the
+    // counter key is created here, PUBLISH), and HSET + PEXPIRE to keep the name taken.
+    assert_eq!(released, cost_of(1, 9));
 }
 
 #[tokio::test]
@@ -334,9 +354,10 @@ async fn replica_acknowledgement_adds_a_wait_in_the_same_round_trip() {
     let (guard, taken) = measure(&master, locker.lock(name.as_str()).into_future()).await;
     let guard = guard.expect("lock");
     // The plain acquisition, and a WAIT pipelined behind it: one round trip.
-    assert_eq!(taken, cost_of(2, 9 + 1));
+    assert_eq!(taken, cost_of(2, 4 + 1));
     let (_, released) = measure(&master, guard.release()).await;
-    assert_eq!(released, cost_of(2, 6 + 1));
+    // The plain release on a new name (the counter key created here), and a WAIT.
+    assert_eq!(released, cost_of(2, 7 + 1));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

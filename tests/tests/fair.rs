@@ -172,16 +172,19 @@ async fn a_fair_lock_is_fenced_and_reentrant_in_its_scope() {
     let locker = locker(&server, Duration::from_secs(5)).await;
     let name = unique_name("fair-reentry");
     let first = (locker.fair_lock(name.as_str()).await).expect("first");
-    let token = first.fencing_token();
+    let token = first.fencing_token().await.unwrap();
     assert!(first.release().await.is_released());
     dlock_core::scope(async {
         let outer = (locker.fair_lock(name.as_str()).await).expect("outer");
-        assert!(outer.fencing_token() > token);
+        assert!(outer.fencing_token().await.unwrap() > token);
         let inner = (locker.fair_lock(name.as_str()).try_lock().await)
             .expect("inner")
             .expect("re-entered");
         assert!(inner.is_reentrant());
-        assert_eq!(inner.fencing_token(), outer.fencing_token());
+        assert_eq!(
+            inner.fencing_token().await.unwrap(),
+            outer.fencing_token().await.unwrap()
+        );
         assert!(inner.release().await.is_released());
         assert!(outer.release().await.is_released());
     })

@@ -144,9 +144,9 @@ async fn a_killed_holder_process_frees_its_lock_within_a_lease_and_a_tick() {
         ms(granted_at.saturating_duration_since(key_expired)),
     );
     assert!(
-        guard.fencing_token().get() > token,
+        guard.fencing_token().await.unwrap().get() > token,
         "the rival's token {} is not above the dead holder's {token}",
-        guard.fencing_token()
+        guard.fencing_token().await.unwrap()
     );
     assert!(
         granted_at >= key_expired,
@@ -185,7 +185,7 @@ async fn a_stopped_holder_resumes_to_a_lost_lock_and_refused_writes() {
         .await
         .expect("the rival did not get the stopped holder's lock");
     let taken_after = stopped_at.elapsed();
-    let new_token = guard.fencing_token().get();
+    let new_token = guard.fencing_token().await.unwrap().get();
     assert!(
         new_token > old_token,
         "new token {new_token} is not above the stopped holder's {old_token}"
@@ -309,7 +309,7 @@ async fn a_partitioned_holder_gives_up_by_its_own_deadline_before_a_rival_is_gra
                 let guard = holder.lock(name.as_str()).await.expect("the holder's lock");
                 tokio::time::sleep(PARTITION_LEASE).await;
                 assert!(!guard.is_lost(), "lost before the partition");
-                let _ = held_tx.send(guard.fencing_token());
+                let _ = held_tx.send(guard.fencing_token().await.unwrap());
                 // This runtime runs nothing but the holder's Locker and this wait.
                 guard.lost().await;
                 let lost_at = Instant::now();
@@ -349,7 +349,7 @@ async fn a_partitioned_holder_gives_up_by_its_own_deadline_before_a_rival_is_gra
         .expect("the partitioned holder never reported the loss")
         .expect("the holder's thread panicked");
     // A fresh grant's token is the server's clock at the grant, in microseconds.
-    let granted_at = instant_of_redis_micros(rival_guard.fencing_token().get());
+    let granted_at = instant_of_redis_micros(rival_guard.fencing_token().await.unwrap().get());
     eprintln!(
         "partition -> holder reports the loss: {:.1} ms (its deadline: {:.1} ms); partition -> \
          rival granted: {:.1} ms; loss reported {:.1} ms before the grant",
@@ -391,7 +391,7 @@ async fn a_partitioned_holder_gives_up_by_its_own_deadline_before_a_rival_is_gra
         ms(lost_at - stalled_at)
     );
     assert!(is_lost);
-    assert!(rival_guard.fencing_token() > holder_token);
+    assert!(rival_guard.fencing_token().await.unwrap() > holder_token);
     proxy.unstall();
     release_tx.send(()).expect("the holder's thread ended");
     let outcome = tokio::task::spawn_blocking(move || holder.join())
@@ -501,9 +501,9 @@ async fn restart_under_holders(down: Duration) {
             .expect("lock after the restart")
             .unwrap_or_else(|| panic!("{name} is still taken after the restart"));
         assert!(
-            guard.fencing_token().get() > *old,
+            guard.fencing_token().await.unwrap().get() > *old,
             "{name}: token {} after the restart is not above {old}",
-            guard.fencing_token()
+            guard.fencing_token().await.unwrap()
         );
         assert!(guard.release().await.is_released());
     }

@@ -34,6 +34,14 @@ async fn inspect_shows_the_holder_its_label_tokens_and_ttl_as_redis_has_them() {
     );
 
     let guard = locker.lock(name.as_str()).await.expect("lock");
+    // No token until the holder asks for one.
+    let unasked = locker.inspect(name.as_str()).await.expect("inspect");
+    assert_eq!(
+        (unasked.fencing_token, unasked.last_fencing_token),
+        (None, None),
+        "{unasked:?}"
+    );
+    let token = guard.fencing_token().await.expect("a token");
     let info = locker.inspect(name.as_str()).await.expect("inspect");
     let mut con = server.connection().await;
     let pttl: u64 = con.pttl(&key).await.expect("PTTL");
@@ -44,8 +52,8 @@ async fn inspect_shows_the_holder_its_label_tokens_and_ttl_as_redis_has_them() {
     assert_eq!(info.holders.len(), 1);
     assert_eq!(info.holders[0].label.as_deref(), Some("web-3:4711"));
     assert_eq!(info.holders[0].token_prefix, owner[..8]);
-    assert_eq!(info.fencing_token, Some(guard.fencing_token()));
-    assert_eq!(info.last_fencing_token, Some(guard.fencing_token()));
+    assert_eq!(info.fencing_token, Some(token));
+    assert_eq!(info.last_fencing_token, Some(token));
     let ttl = info.ttl.expect("a TTL").as_millis() as u64;
     // Read first, then PTTL: at most a moment apart.
     assert!(
@@ -60,7 +68,7 @@ async fn inspect_shows_the_holder_its_label_tokens_and_ttl_as_redis_has_them() {
     // Released within a period: kept, by nobody; the last token stays readable.
     let guard = (locker.lock(name.as_str()).at_least(Duration::from_secs(2))).await;
     let guard = guard.expect("lock");
-    let token = guard.fencing_token();
+    let token = guard.fencing_token().await.unwrap();
     assert!(guard.release().await.is_released());
     let kept = locker.inspect(name.as_str()).await.expect("inspect");
     assert!(
@@ -128,7 +136,7 @@ async fn force_release_frees_a_name_and_its_holder_learns_within_a_tick() {
     let waiter_locker = labelled(&server, "waiter", Duration::from_secs(30)).await;
     let name = unique_name("force");
     let guard = holder.lock(name.as_str()).await.expect("lock");
-    let first = guard.fencing_token();
+    let first = guard.fencing_token().await.unwrap();
     let waiter = tokio::spawn({
         let name = name.clone();
         async move {
@@ -151,7 +159,7 @@ async fn force_release_frees_a_name_and_its_holder_learns_within_a_tick() {
         "granted {:?} after",
         at - forced
     );
-    assert!(next.fencing_token() > first);
+    assert!(next.fencing_token().await.unwrap() > first);
     // The holder learns at its next renewal: a third of its lease.
     tokio::time::timeout(lease / 3 + Duration::from_millis(200), guard.lost())
         .await

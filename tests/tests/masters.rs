@@ -46,10 +46,10 @@ async fn a_majority_set_grants_with_one_of_three_down_and_refuses_a_rival() {
     let guard = set.lock(name.as_str()).await.expect("lock");
     assert_eq!(guard.granted(), vec![0, 1, 2]);
     assert!(
-        guard.fencing_token().is_none(),
+        guard.fencing_token().await.is_none(),
         "no single token for a majority set"
     );
-    assert_eq!(guard.fencing_tokens().len(), 3);
+    assert_eq!(guard.fencing_tokens().await.len(), 3);
     assert!(
         rival
             .lock(name.as_str())
@@ -246,10 +246,12 @@ async fn an_all_masters_set_needs_every_master_and_its_token_rises() {
     let first = set.lock(name.as_str()).await.expect("lock");
     let token = first
         .fencing_token()
-        .expect("one token for an all-masters set");
+        .await
+        .expect("one token for an all-masters set")
+        .unwrap();
     first.release().await;
     let second = set.lock(name.as_str()).await.expect("lock");
-    assert!(second.fencing_token().unwrap() > token);
+    assert!(second.fencing_token().await.unwrap().unwrap() > token);
     second.release().await;
 
     masters[2].kill();

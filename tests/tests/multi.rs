@@ -35,7 +35,7 @@ async fn free_names_are_taken_in_one_script_with_a_token_each() {
     tokio::time::sleep(Duration::from_millis(100)).await;
 
     let earlier = (locker.lock(names[3].as_str()).await).expect("one name alone");
-    let earlier_token = earlier.fencing_token();
+    let earlier_token = earlier.fencing_token().await.unwrap();
     assert!(earlier.release().await.is_released());
 
     let before = scripts(&server);
@@ -51,7 +51,7 @@ async fn free_names_are_taken_in_one_script_with_a_token_each() {
     assert_eq!(all.len(), 5);
     // A token per lock, rising per name (names taken in one script may share a value: the
     // server's clock does not move within a script on every server).
-    let tokens = all.fencing_tokens();
+    let tokens = all.fencing_tokens().await.unwrap();
     assert_eq!(tokens.len(), 5);
     assert!(
         tokens[3] > earlier_token,
@@ -186,8 +186,8 @@ async fn inside_a_scope_a_held_name_is_re_entered_and_the_rest_taken() {
         assert_eq!(all.len(), 3);
         assert!(all.guards()[1].is_reentrant());
         assert_eq!(
-            all.guards()[1].fencing_token(),
-            outer.fencing_token(),
+            all.guards()[1].fencing_token().await.unwrap(),
+            outer.fencing_token().await.unwrap(),
             "the re-entered hold keeps its token"
         );
         assert!(all.release().await.iter().all(|o| o.is_released()));

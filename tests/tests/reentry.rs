@@ -77,7 +77,10 @@ async fn releasing_an_inner_guard_while_redis_times_out_keeps_the_outer_hold() {
         let outer = locker.lock(name.as_str()).await.expect("outer");
         let inner = locker.lock(name.as_str()).await.expect("inner");
         assert!(inner.is_reentrant());
-        assert_eq!(inner.fencing_token(), outer.fencing_token());
+        assert_eq!(
+            inner.fencing_token().await.unwrap(),
+            outer.fencing_token().await.unwrap()
+        );
         pause_writes(&mut admin, 200).await;
         let outcome = inner.release().await;
         assert!(outcome.is_released(), "{outcome:?}");

@@ -207,11 +207,14 @@ async fn a_writer_reads_in_its_scope_and_a_reader_cannot_upgrade() {
     let name = unique_name("rw-scope");
     let lock = locker.read_write_lock(name.as_str());
     let first = lock.write().await.expect("write");
-    let token = first.fencing_token();
+    let token = first.fencing_token().await.unwrap();
     assert!(first.release().await.is_released());
     dlock_core::scope(async {
         let write = lock.write().await.expect("write");
-        assert!(write.fencing_token() > token, "writers are fenced");
+        assert!(
+            write.fencing_token().await.unwrap() > token,
+            "writers are fenced"
+        );
         let read = lock
             .read()
             .try_lock()

@@ -136,12 +136,17 @@ async fn every_source_wakes_its_waiter_on_release() {
                 .lock(name.as_str())
                 .wait(Duration::from_secs(10))
                 .await;
-            (got.map(|g| g.fencing_token()), started.elapsed())
+            let elapsed = started.elapsed();
+            let token = match got {
+                Ok(guard) => guard.fencing_token().await,
+                Err(err) => Err(err),
+            };
+            (token, elapsed)
         });
         // Let the waiter subscribe and find the lock busy.
         tokio::time::sleep(Duration::from_millis(150)).await;
         let released_at = tokio::time::Instant::now();
-        let first = guard.fencing_token();
+        let first = guard.fencing_token().await.unwrap();
         assert!(guard.release().await.is_released());
         let (got, _) = waiter.await.expect("waiter");
         let token = got.unwrap_or_else(|e| panic!("{source}: {e}"));

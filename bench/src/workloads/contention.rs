@@ -102,11 +102,22 @@ pub(super) async fn w2(settings: &Settings, server: &Server) -> Vec<Row> {
                                 continue;
                             }
                         };
-                        waits.push(asked.elapsed());
+                        let waited = asked.elapsed();
+                        // Asked for before the write, as a fenced writer would: for dlock, a
+                        // round trip that mints the token. No token, no write.
+                        let fence = match held.fence().await {
+                            Ok(fence) => fence,
+                            Err(e) => {
+                                errors.record("W2", lib, &e);
+                                let _ = client.release(held).await;
+                                continue;
+                            }
+                        };
+                        waits.push(waited);
                         if holder.swap(true, Ordering::SeqCst) {
                             violations.fetch_add(1, Ordering::SeqCst);
                         }
-                        if let Some(fence) = held.fence()
+                        if let Some(fence) = fence
                             && last_fence.swap(fence, Ordering::SeqCst) >= fence
                         {
                             violations.fetch_add(1, Ordering::SeqCst);

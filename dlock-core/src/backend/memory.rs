@@ -189,7 +189,7 @@ impl MemoryBackend {
         }
         match self.acquire_all(&[(keys, owner)], lease) {
             AcquireAllReply::Acquired { fences } => AcquireReply::Acquired {
-                fence: fences.first().copied().unwrap_or_default(),
+                fence: fences.first().copied(),
             },
             AcquireAllReply::Busy { pttl, .. } => AcquireReply::Busy { pttl },
         }
@@ -232,7 +232,7 @@ impl MemoryBackend {
         let mut held = Held::new(owner, fence, clock::after(now, lease));
         held.next = next;
         state.locks.insert(keys.lock.clone(), held);
-        Some(AcquireReply::Acquired { fence })
+        Some(AcquireReply::Acquired { fence: Some(fence) })
     }
 
     /// A waiter of `locker` that claimed the next turn stops waiting (as the leave-turn script).
@@ -345,6 +345,15 @@ impl MemoryBackend {
         removed
     }
 
+    /// `owner`'s fencing token, if it holds the lock (the memory store mints every token with
+    /// its grant).
+    pub(crate) fn fence(&self, keys: &LockKeys, owner: &str) -> Option<u64> {
+        match self.holds(keys, owner) {
+            AcquireReply::Acquired { fence } => fence,
+            AcquireReply::Busy { .. } => None,
+        }
+    }
+
     pub(crate) fn holds(&self, keys: &LockKeys, owner: &str) -> AcquireReply {
         let now = Instant::now();
         let mut state = self.store.state();
@@ -353,13 +362,15 @@ impl MemoryBackend {
                 .and_then(|p| p.get(owner))
                 .is_some_and(|expiry| *expiry > now);
             return if held {
-                AcquireReply::Acquired { fence: 0 }
+                AcquireReply::Acquired { fence: Some(0) }
             } else {
                 AcquireReply::Busy { pttl: None }
             };
         }
         match Self::live(&mut state, &keys.lock, now) {
-            Some(held) if held.owner == owner => AcquireReply::Acquired { fence: held.fence },
+            Some(held) if held.owner == owner => AcquireReply::Acquired {
+                fence: Some(held.fence),
+            },
             Some(held) => AcquireReply::Busy {
                 pttl: Some(held.expires - now),
             },

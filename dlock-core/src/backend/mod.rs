@@ -19,8 +19,9 @@ pub use memory::MemoryStore;
 /// The answer to one acquisition attempt, or to a re-entry check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum AcquireReply {
-    /// Held by this owner now, with this fencing token.
-    Acquired { fence: u64 },
+    /// Held by this owner now, with this fencing token (`None`: none minted yet, see
+    /// [`Session::fence`]; `Some(0)` for the kinds that have none: permits, read locks).
+    Acquired { fence: Option<u64> },
     /// Not held by this owner; the holder, if any, has this much lease left (`None`: unknown,
     /// no expiry, or nobody holds it).
     Busy { pttl: Option<Duration> },
@@ -317,6 +318,20 @@ impl Session {
         match self {
             Self::Redis(r, c) => r.force_release(c, keys).await,
             Self::Memory(m) => Ok(m.force_release(keys)),
+        }
+    }
+
+    /// The fencing token of `owner`'s hold, minted now if it has none yet; `None` when `owner`
+    /// does not hold the lock.
+    pub(crate) async fn fence(
+        &self,
+        keys: &LockKeys,
+        owner: &str,
+        fence_ttl: Option<Duration>,
+    ) -> Result<Option<u64>, BackendError> {
+        match self {
+            Self::Redis(r, c) => r.fence(c, keys, owner, fence_ttl).await,
+            Self::Memory(m) => Ok(m.fence(keys, owner)),
         }
     }
 

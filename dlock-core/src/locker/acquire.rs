@@ -117,7 +117,7 @@ impl Locker {
             AcquireReply::Acquired { .. } => {
                 tracing::debug!(
                     name = hold.name.for_logs(),
-                    fencing_token = hold.fence.get(),
+                    fencing_token = hold.known_fence(),
                     "dlock: re-entered"
                 );
                 Ok(Some(LockGuard {
@@ -356,7 +356,7 @@ impl Locker {
         Ok(TriedAll::Taken(
             grants
                 .map(|(((name, keys), owner), fence)| {
-                    self.acquired(name, keys, owner, fence, lease, sent_at, started)
+                    self.acquired(name, keys, owner, Some(fence), lease, sent_at, started)
                 })
                 .collect(),
         ))
@@ -382,7 +382,7 @@ impl Locker {
         name: LockName,
         keys: Arc<LockKeys>,
         owner: Arc<str>,
-        fence: u64,
+        fence: Option<u64>,
         lease: Lease,
         sent_at: Instant,
         started: Instant,
@@ -403,7 +403,8 @@ impl Locker {
             name,
             keys,
             owner,
-            FencingToken::new(fence),
+            fence.map(FencingToken::new),
+            Arc::downgrade(&self.inner),
             watchdog,
             lease.duration(),
             sent_at,

@@ -140,7 +140,7 @@ impl Locker {
                 Some((fence, sent_at)) = handed(rx) => {
                     leave.disarm();
                     return Ok(Attempted::Held(
-                        self.acquired(name, keys, handoff_owner, fence, lease, sent_at, started),
+                        self.acquired(name, keys, handoff_owner, Some(fence), lease, sent_at, started),
                     ));
                 }
             }

@@ -198,7 +198,7 @@ fn log_release(hold: &HoldState, outcome: &ReleaseOutcome) {
             metrics::count(metrics::RELEASED, hold.label.as_deref(), 1);
             tracing::debug!(
                 name = hold.name.for_logs(),
-                fencing_token = hold.fence.get(),
+                fencing_token = hold.known_fence(),
                 "dlock: released"
             );
         }
@@ -214,7 +214,7 @@ fn log_release(hold: &HoldState, outcome: &ReleaseOutcome) {
                 outcome_label,
                 hold.label.as_deref(),
             );
-            tracing::warn!(name = hold.name.for_logs(), fencing_token = hold.fence.get(), outcome = ?outcome, "dlock: released a lock that was no longer held");
+            tracing::warn!(name = hold.name.for_logs(), fencing_token = hold.known_fence(), outcome = ?outcome, "dlock: released a lock that was no longer held");
         }
         ReleaseOutcome::Unreachable(err) => {
             metrics::count_with(

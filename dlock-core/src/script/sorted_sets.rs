@@ -43,7 +43,7 @@ local function join()
 end
 if redis.call('EXISTS', KEYS[1]) == 1 then
   if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
-    return {1, tonumber(redis.call('HGET', KEYS[1], '#f'))}
+    return {1, tonumber(redis.call('HGET', KEYS[1], '#f') or '-1')}
   end
   local pttl = redis.call('PTTL', KEYS[1])
   return {0, pttl, join()}
@@ -169,7 +169,7 @@ local function waits()
 end
 if redis.call('EXISTS', KEYS[1]) == 1 then
   if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
-    return {1, tonumber(redis.call('HGET', KEYS[1], '#f'))}
+    return {1, tonumber(redis.call('HGET', KEYS[1], '#f') or '-1')}
   end
   waits()
   return {0, redis.call('PTTL', KEYS[1])}

@@ -174,11 +174,13 @@ async fn checkout(
         app.counters.ran_locked(waited);
         tracing::info!(
             locks = ?held.names(),
-            fencing_tokens = ?held.fencing_tokens().iter().map(|t| t.get()).collect::<Vec<_>>(),
             waited_ms = waited.as_millis() as u64,
             "locks acquired"
         );
-        Some(Fences::from_held(&held))
+        // The tokens, asked for before anything is written (a plain lock's is minted by Redis
+        // at its first ask; the log line above asks for none). A lost lock or an unreachable
+        // Redis is answered as the lock's error, and nothing is bought.
+        Some(Fences::from_held(&held).await?)
     } else {
         None
     };

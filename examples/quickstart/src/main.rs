@@ -68,10 +68,18 @@ async fn worker(who: &str) -> Result<(), String> {
             }
             Err(err) => return Err(format!("{who}: {err}")),
         };
+        // The token to hand to whatever the lock protects: minted by Redis at this first ask.
+        // Lost (Redis no longer has the hold) or Redis unreachable: this round must not go on.
+        let token = match guard.fencing_token().await {
+            Ok(token) => token,
+            Err(err) => {
+                let _ = guard.release().await;
+                return Err(format!("{who}: no fencing token: {err}"));
+            }
+        };
         println!(
-            "[{:>5} ms] {who} holds {NAME} (round {round}, fencing token {})",
+            "[{:>5} ms] {who} holds {NAME} (round {round}, fencing token {token})",
             started.elapsed().as_millis(),
-            guard.fencing_token()
         );
         tokio::time::sleep(Duration::from_millis(300)).await;
         // Printed before releasing: the other process can only print its `holds` after this.

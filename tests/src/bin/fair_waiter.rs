@@ -39,7 +39,7 @@ async fn main() -> ExitCode {
         .wait(Duration::from_secs(30));
     match request.await {
         Ok(guard) => {
-            println!("acquired token={}", guard.fencing_token());
+            println!("acquired token={}", guard.fencing_token().await.unwrap());
             tokio::time::sleep(Duration::from_millis(hold_ms)).await;
             println!("released outcome={:?}", guard.release().await);
             ExitCode::SUCCESS

@@ -97,7 +97,7 @@ async fn main() -> ExitCode {
         }
     };
     let acquired_at = Instant::now();
-    let token = guard.fencing_token().get();
+    let token = guard.fencing_token().await.unwrap().get();
     println!("acquired token={token} lease_ms={lease_ms}");
 
     let lost = guard.lost();

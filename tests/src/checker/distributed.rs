@@ -286,7 +286,7 @@ fn figures(history: &History, finish: Instant) -> Figures {
             .filter(|g| g.name == name && !g.reentrant && g.share != Share::Permit)
             .map(|g| {
                 let exclusive = g.share != Share::Read;
-                (g.start, g.belief_end(finish), g.token, g.call, exclusive)
+                (g.start, g.belief_end(finish), g.token(), g.call, exclusive)
             })
             .filter(|h| h.0 < h.1)
             .collect();

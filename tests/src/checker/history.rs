@@ -3,7 +3,7 @@
 //! fault, and the rendering of a minimal history around a violation.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
 
@@ -144,7 +144,7 @@ pub enum EventKind {
     Acquired {
         /// The guard's id in the history.
         guard: u32,
-        /// Its fencing token.
+        /// Its fencing token, if it had one with the grant (0: none yet).
         token: u64,
         /// Whether it re-entered a hold.
         reentrant: bool,
@@ -212,6 +212,13 @@ pub enum EventKind {
         /// Whether it returned `Ok`.
         ok: bool,
     },
+    /// `fencing_token()` asked of the guard returned.
+    Fenced {
+        /// The guard.
+        guard: u32,
+        /// The token, or `None` if the ask failed.
+        token: Option<u64>,
+    },
     /// `HGET <lock key> '#f'` right after a final release.
     Hget {
         /// The guard.
@@ -278,8 +285,9 @@ pub struct GuardRec {
     pub locker: u8,
     /// The name.
     pub name: u8,
-    /// The fencing token.
-    pub token: u64,
+    /// The fencing token, once known (0 until then): with the grant, or when the guard asked
+    /// for it (see [`GuardRec::token`]).
+    pub fencing_token: AtomicU64,
     /// Whether it re-entered a hold.
     pub reentrant: bool,
     /// What it holds.
@@ -305,6 +313,12 @@ pub struct GuardRec {
 }
 
 impl GuardRec {
+    /// The hold's fencing token, once known (0: not yet, or never: a permit, a read lock, a
+    /// plain lock whose holder never asked or whose ask failed).
+    pub fn token(&self) -> u64 {
+        self.fencing_token.load(Ordering::Acquire)
+    }
+
     /// The end of its belief interval: the earliest of the release call or drop, the observed
     /// loss, and the last `valid_until`; `finish` for a guard that never ended.
     pub fn belief_end(&self, finish: Instant) -> Instant {

@@ -132,7 +132,7 @@ fn describe(history: &History, g: &GuardRec, finish: Instant) -> String {
         g.id,
         history.lockers[usize::from(g.locker)],
         g.worker,
-        g.token,
+        g.token(),
         if g.reentrant { ", re-entered" } else { "" },
         history.rel(g.call),
         history.rel(g.start),
@@ -173,7 +173,7 @@ fn holds(
     for g in guards.iter().filter(|g| !g.reentrant) {
         let holds = by_name.entry(g.name).or_default();
         fresh
-            .entry((g.name, g.token, g.locker))
+            .entry((g.name, g.token(), g.locker))
             .or_default()
             .push(holds.len());
         holds.push(Hold {
@@ -186,7 +186,7 @@ fn holds(
     for r in guards.iter().filter(|g| g.reentrant) {
         let holds = by_name.entry(r.name).or_default();
         let parent = fresh
-            .get(&(r.name, r.token, r.locker))
+            .get(&(r.name, r.token(), r.locker))
             .into_iter()
             .flatten()
             .copied()
@@ -242,17 +242,20 @@ fn mutual_exclusion(
     for b in holds {
         active.retain(|a| a.end > b.start);
         for a in &active {
-            if a.guard.token == b.guard.token {
+            let (ta, tb) = (a.guard.token(), b.guard.token());
+            if ta != 0 && ta == tb {
                 continue;
             }
-            // The hold minted first (the smaller token) must have vanished from Redis before the
-            // other was granted: excused only if a destructive fault may have removed it, at or
-            // after its acquisition was called and before the other's belief began.
-            let (first, second) = if a.guard.token < b.guard.token {
-                (a, b)
+            // The hold granted first (the smaller token, or the earlier belief where a token is
+            // unknown) must have vanished from Redis before the other was granted: excused only
+            // if a destructive fault may have removed it, at or after its acquisition was called
+            // and before the other's belief began.
+            let a_first = if ta != 0 && tb != 0 {
+                ta < tb
             } else {
-                (b, a)
+                a.start <= b.start
             };
+            let (first, second) = if a_first { (a, b) } else { (b, a) };
             if destroyed_within(faults, name, first.guard.call, second.start) {
                 continue;
             }
@@ -311,7 +314,7 @@ fn at_least(
         // Granted after A (a higher token): a hold granted before A and destroyed by a fault
         // may come to believe it holds only after A's release, but Redis never kept it.
         let early = holds.iter().filter(|b| {
-            b.guard.token > a.guard.token
+            b.guard.token() > a.guard.token()
                 && b.start >= end.at
                 && b.start + PERIOD_TOLERANCE < until
                 && !faults.iter().any(|f| {
@@ -349,22 +352,26 @@ fn fencing_order(
     out: &mut Vec<Violation>,
 ) {
     // A before B when A's belief ended before B's acquisition was even called: B's token was
-    // minted after A's, whatever happened in between.
-    let mut by_end: Vec<&Hold> = holds.to_vec();
+    // minted after A's, whatever happened in between (a token minted at the first ask, during
+    // the hold, too). Holds whose token is unknown (never asked for) are left out.
+    let holds: Vec<&Hold> = (holds.iter().copied())
+        .filter(|h| h.guard.token() != 0)
+        .collect();
+    let mut by_end: Vec<&Hold> = holds.clone();
     by_end.sort_by_key(|h| h.end);
-    let mut by_call: Vec<&Hold> = holds.to_vec();
+    let mut by_call: Vec<&Hold> = holds;
     by_call.sort_by_key(|h| h.guard.call);
     let mut max: Option<&Hold> = None;
     let mut i = 0;
     for b in by_call {
         while i < by_end.len() && by_end[i].end <= b.guard.call {
-            if max.is_none_or(|m| by_end[i].guard.token > m.guard.token) {
+            if max.is_none_or(|m| by_end[i].guard.token() > m.guard.token()) {
                 max = Some(by_end[i]);
             }
             i += 1;
         }
         if let Some(a) = max
-            && a.guard.token >= b.guard.token
+            && a.guard.token() >= b.guard.token()
         {
             out.push(Violation {
                 invariant: Invariant::FencingOrder,
@@ -376,6 +383,40 @@ fn fencing_order(
                     describe(history, &b.guard, finish)
                 ),
                 window: Some((name, a.guard.call, a.last.max(b.last))),
+                hint: "",
+            });
+        }
+    }
+}
+
+/// (b) A guard's token never changes: `fencing_token()` answers the token the guard had with
+/// its grant or from an earlier ask (of any guard of its hold).
+fn tokens_kept(
+    history: &History,
+    events: &[Event],
+    guards: &[Arc<GuardRec>],
+    finish: Instant,
+    out: &mut Vec<Violation>,
+) {
+    for e in events {
+        let EventKind::Fenced {
+            guard,
+            token: Some(token),
+        } = e.kind
+        else {
+            continue;
+        };
+        let Some(g) = guards.iter().find(|g| g.id == guard) else {
+            continue;
+        };
+        if g.token() != token {
+            out.push(Violation {
+                invariant: Invariant::FencingOrder,
+                summary: format!(
+                    "fencing_token() answered {token}, another token than its guard's: {}",
+                    describe(history, g, finish)
+                ),
+                window: Some((g.name, g.call, e.at)),
                 hint: "",
             });
         }
@@ -444,7 +485,7 @@ fn release_truth(
         let window = Some((g.name, g.call, last_of(g, finish)));
         if outcome == Outcome::Released
             && end.final_of_hold
-            && end.hget.is_some_and(|(_, found)| found == Some(g.token))
+            && end.hget.is_some_and(|(_, found)| found == Some(g.token()))
         {
             let dropped_reentry = events.iter().any(|e| {
                 e.worker == g.worker
@@ -461,7 +502,7 @@ fn release_truth(
                 summary: format!(
                     "the last release of a hold said Released, but Redis still holds it \
                      (HGET #f = {}): {}",
-                    g.token,
+                    g.token(),
                     describe(history, g, finish)
                 ),
                 window,
@@ -609,8 +650,8 @@ pub fn check(history: &History, finish: Instant, unreliable: &[u8]) -> Vec<Viola
         fencing_order(history, name, &holds, finish, &mut out);
         // A token handed out twice (as fresh holds) is a fencing failure whatever the times.
         let mut seen: HashMap<u64, &Hold> = HashMap::new();
-        for h in &by_name[&name] {
-            if let Some(first) = seen.insert(h.guard.token, h) {
+        for h in by_name[&name].iter().filter(|h| h.guard.token() != 0) {
+            if let Some(first) = seen.insert(h.guard.token(), h) {
                 out.push(Violation {
                     invariant: Invariant::FencingOrder,
                     summary: format!(
@@ -625,6 +666,7 @@ pub fn check(history: &History, finish: Instant, unreliable: &[u8]) -> Vec<Viola
         }
     }
     let events = history.events();
+    tokens_kept(history, &events, &guards, finish, &mut out);
     unasked_reentry(history, &events, &guards, finish, &mut out);
     release_truth(history, &events, &guards, &faults, finish, &mut out);
     watchdog_keeps(history, &guards, &faults, unreliable, finish, &mut out);

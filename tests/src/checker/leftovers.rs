@@ -109,7 +109,7 @@ pub(super) async fn redis_leftovers(
         let token: Option<u64> = fields.get("#f").and_then(|f| f.parse().ok());
         let holder = guards
             .iter()
-            .filter(|g| Some(usize::from(g.name)) == name && Some(g.token) == token)
+            .filter(|g| Some(usize::from(g.name)) == name && Some(g.token()) == token)
             .min_by_key(|g| g.call);
         let window = holder.map(|g| {
             let end = g.end();

@@ -409,6 +409,7 @@ async fn steps(guard: &Tracked, steps: &[Step]) {
             Step::Hold(d) => tokio::time::sleep(d).await,
             Step::Extend(d) => guard.extend(d).await,
             Step::Run(work) => guard.run(work).await,
+            Step::Fence => guard.fence().await,
         }
     }
 }
@@ -453,12 +454,14 @@ pub(crate) async fn run_session(ctx: Arc<Ctx>, worker: u16, session: Session) {
                 let Some(outer) = outer else {
                     return;
                 };
+                // The outer hold's token, asked for first: the re-entered guard must carry it.
+                outer.fence().await;
                 tokio::time::sleep(gap).await;
                 let inner = if nested == Nested::Same {
                     let kind = AcquireKind::Reenter;
                     acquire_one(&ctx, worker, locker, name, &inner, kind).await
                 } else {
-                    let in_write = (nested == Nested::ReadInWrite).then_some(outer.rec.token);
+                    let in_write = (nested == Nested::ReadInWrite).then_some(outer.rec.token());
                     acquire_shared(&ctx, worker, locker, &inner, Shared::Read { in_write }).await
                 };
                 tokio::time::sleep(hold).await;
@@ -466,7 +469,7 @@ pub(crate) async fn run_session(ctx: Arc<Ctx>, worker: u16, session: Session) {
                     outer.end(ends[0], true).await;
                     return;
                 };
-                let shared = inner.rec.reentrant && inner.rec.token == outer.rec.token;
+                let shared = inner.rec.reentrant && inner.rec.token() == outer.rec.token();
                 if !shared {
                     outer.end(ends[0], true).await;
                     inner.end(ends[1], true).await;

@@ -43,6 +43,8 @@ pub(crate) enum Step {
     Extend(Duration),
     /// `guard.run(sleep(work))`.
     Run(Duration),
+    /// `guard.fencing_token()` (minted at the first ask for a plain lock).
+    Fence,
 }
 
 /// How a guard ends.
@@ -315,6 +317,13 @@ fn single(rng: &mut StdRng, shape: Shape, default_lease: Duration) -> Session {
                 steps.push(Step::Extend(Duration::MAX));
             }
         }
+        _ => {}
+    }
+    // Most holders ask for their token: right after the grant (so the samples and the release
+    // check see it), or last, just before letting go; the rest never ask.
+    match rng.random_range(0..10) {
+        0..6 => steps.insert(0, Step::Fence),
+        6..9 => steps.push(Step::Fence),
         _ => {}
     }
     Session::Single {

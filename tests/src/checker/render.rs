@@ -165,6 +165,10 @@ fn describe(kind: &EventKind, tokens: &dyn Fn(u32) -> u64) -> String {
             )),
             if ok { "Ok" } else { "failed" }
         ),
+        EventKind::Fenced { guard, token } => match token {
+            Some(token) => format!("fencing_token() g{guard} -> {token}"),
+            None => format!("fencing_token() g{guard} -> error"),
+        },
         EventKind::Hget { guard, found } => {
             format!("  HGET #f after release of g{guard}: {found:?}")
         }
@@ -179,7 +183,7 @@ pub(super) fn render(history: &History, violations: &[Violation], per_invariant:
     let guards = history.guards();
     let mut tokens = vec![0u64; guards.len()];
     for g in &guards {
-        tokens[g.id as usize] = g.token;
+        tokens[g.id as usize] = g.token();
     }
     let token = |id: u32| tokens.get(id as usize).copied().unwrap_or(0);
     let mut by_inv: HashMap<(Invariant, &str), Vec<&Violation>> = HashMap::new();

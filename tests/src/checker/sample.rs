@@ -54,7 +54,7 @@ pub(crate) async fn sample(ctx: &Ctx, rec: &Arc<GuardRec>, guard: &LockGuard, af
         return;
     };
     let read_by = Instant::now();
-    if token == Some(rec.token) && pttl_ms >= 0 {
+    if token == Some(rec.token()) && pttl_ms >= 0 {
         ctx.history.sample(SampleRec {
             guard: rec.clone(),
             after,
@@ -78,7 +78,7 @@ pub(crate) fn check(history: &History, out: &mut Vec<Violation>) {
                      lets it go by {} ({} earlier)",
                     s.after,
                     g.id,
-                    g.token,
+                    g.token(),
                     history.rel(s.valid_until),
                     history.rel(expires_by),
                     ms(s.valid_until - expires_by)

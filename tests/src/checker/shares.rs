@@ -152,8 +152,8 @@ fn describe(history: &History, g: &GuardRec, finish: Instant) -> String {
         history.rel(g.call),
         history.rel(g.start),
         history.rel(g.belief_end(finish)),
-        if g.token != 0 {
-            format!(", token {}", g.token)
+        if g.token() != 0 {
+            format!(", token {}", g.token())
         } else {
             String::new()
         }
@@ -247,7 +247,7 @@ fn read_write(
             _ => continue,
         }
         if g.reentrant {
-            let end = inside.entry((g.token, g.locker)).or_insert(g.start);
+            let end = inside.entry((g.token(), g.locker)).or_insert(g.start);
             *end = (*end).max(g.belief_end(finish));
         } else {
             writes.push(Span {
@@ -258,7 +258,7 @@ fn read_write(
         }
     }
     for w in &mut writes {
-        if let Some(end) = inside.get(&(w.guard.token, w.guard.locker)) {
+        if let Some(end) = inside.get(&(w.guard.token(), w.guard.locker)) {
             w.end = w.end.max(*end);
         }
     }

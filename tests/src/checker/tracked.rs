@@ -2,6 +2,7 @@
 //! future, and the calls made on it (`extend`, `run`, release, drop), each recorded.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use dlock_core::redis::AsyncCommands as _;
@@ -33,6 +34,13 @@ impl Held {
             Self::Read(g) => g.name().as_str(),
             Self::Permit(p) => p.name().as_str(),
         }
+    }
+
+    /// The token a lock's guard has without asking (a read lock or a permit has none).
+    fn minted_token(&self) -> Option<u64> {
+        self.lock()
+            .and_then(LockGuard::minted_fencing_token)
+            .map(|t| t.get())
     }
 
     fn lock(&self) -> Option<&LockGuard> {
@@ -123,13 +131,13 @@ impl Tracked {
     ) -> Self {
         let start = Instant::now();
         let name = ctx.name_index(guard.name());
-        let token = token.or_else(|| guard.lock().map(|g| g.fencing_token().get()));
+        let token = token.or_else(|| guard.minted_token());
         let rec = Arc::new(GuardRec {
             id: ctx.history.next_guard_id(),
             worker,
             locker,
             name,
-            token: token.unwrap_or(0),
+            fencing_token: AtomicU64::new(token.unwrap_or(0)),
             reentrant: guard.is_reentrant(),
             share,
             watchdog: guard.is_watchdog(),
@@ -150,7 +158,7 @@ impl Tracked {
             name,
             EventKind::Acquired {
                 guard: rec.id,
-                token: rec.token,
+                token: rec.token(),
                 reentrant: rec.reentrant,
             },
         );
@@ -230,6 +238,39 @@ impl Tracked {
             },
         );
         self.bounded("extend", call, ret, self.command_timeout() + SLACK);
+    }
+
+    /// `fencing_token()`, recorded (a lock's guard only): the token becomes the guard's (it must
+    /// be the one the guard had already, if it had one: see the fencing check).
+    pub(super) async fn fence(&self) {
+        let Some(guard) = self.guard().lock() else {
+            return;
+        };
+        bump(&self.ctx.stats.calls);
+        let call = Instant::now();
+        let result = guard.fencing_token().await;
+        let ret = Instant::now();
+        let token = result.as_ref().ok().map(|t| t.get());
+        if let Some(token) = token {
+            // A token other than the one the guard had already is reported from the event.
+            let _ = (self.rec.fencing_token).compare_exchange(
+                0,
+                token,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            );
+        }
+        if result.as_ref().is_err_and(LockError::is_backend) {
+            bump(&self.ctx.stats.backend_errors);
+        }
+        self.event(
+            ret,
+            EventKind::Fenced {
+                guard: self.rec.id,
+                token,
+            },
+        );
+        self.bounded("fencing_token", call, ret, self.command_timeout() + SLACK);
     }
 
     /// `run(sleep(work))`, recorded.

@@ -35,7 +35,11 @@ pub async fn free_function(user_id: u64, voucher_id: u64) -> Result<u64, AppErro
     if user_id == 0 {
         return Err(AppError::Other);
     }
-    let token = dlock_core::fencing_token().map(|t| t.get()).unwrap_or(0);
+    // Minted by Redis at the first ask: a lost hold or an unreachable Redis is an error.
+    let token = match dlock_core::fencing_token().await {
+        Some(token) => token?.get(),
+        None => 0,
+    };
     Ok(voucher_id + token)
 }
 

@@ -63,7 +63,9 @@ impl MemoryBackend {
         if let Some(held) = Self::live(&mut state, &keys.lock, now) {
             if held.owner == owner {
                 return FairReply {
-                    reply: AcquireReply::Acquired { fence: held.fence },
+                    reply: AcquireReply::Acquired {
+                        fence: Some(held.fence),
+                    },
                     place: None,
                 };
             }
@@ -90,7 +92,7 @@ impl MemoryBackend {
                 let held = Held::new(owner, fence, clock::after(now, lease));
                 state.locks.insert(keys.lock.clone(), held);
                 FairReply {
-                    reply: AcquireReply::Acquired { fence },
+                    reply: AcquireReply::Acquired { fence: Some(fence) },
                     place: None,
                 }
             }
@@ -111,7 +113,7 @@ impl MemoryBackend {
         permits.retain(|_, expiry| *expiry > now);
         let reply = if permits.contains_key(owner) || permits.len() < limit as usize {
             permits.insert(owner.to_owned(), clock::after(now, lease));
-            AcquireReply::Acquired { fence: 0 }
+            AcquireReply::Acquired { fence: Some(0) }
         } else {
             let first = permits.values().min().map(|e| *e - now);
             AcquireReply::Busy { pttl: first }
@@ -169,7 +171,9 @@ impl MemoryBackend {
         };
         if let Some(held) = Self::live(state, &keys.lock, now) {
             if held.owner == owner {
-                return AcquireReply::Acquired { fence: held.fence };
+                return AcquireReply::Acquired {
+                    fence: Some(held.fence),
+                };
             }
             let pttl = Some(held.expires - now);
             return busy(state, pttl);
@@ -183,7 +187,7 @@ impl MemoryBackend {
         let fence = Self::next_fence(state, &keys.lock);
         let held = Held::new(owner, fence, clock::after(now, lease));
         state.locks.insert(keys.lock.clone(), held);
-        AcquireReply::Acquired { fence }
+        AcquireReply::Acquired { fence: Some(fence) }
     }
 
     /// A reader's attempt, as the read script.
@@ -199,7 +203,7 @@ impl MemoryBackend {
         let readers = state.permits.entry(rw.readers.clone()).or_default();
         readers.retain(|_, expiry| *expiry > now);
         if readers.contains_key(owner) {
-            return AcquireReply::Acquired { fence: 0 };
+            return AcquireReply::Acquired { fence: Some(0) };
         }
         if let Some(held) = Self::live(state, &rw.write, now) {
             return AcquireReply::Busy {
@@ -213,7 +217,7 @@ impl MemoryBackend {
         }
         let readers = state.permits.entry(rw.readers.clone()).or_default();
         readers.insert(owner.to_owned(), clock::after(now, lease));
-        AcquireReply::Acquired { fence: 0 }
+        AcquireReply::Acquired { fence: Some(0) }
     }
 
     /// Sets (or, with `None`, removes) a semaphore's count and wakes its waiters.

@@ -35,10 +35,9 @@ impl RedisBackend {
             KeyKind::Lock | KeyKind::Fair(_) => {}
         }
         let claim = turn.claim.filter(|_| keys.hands_over());
-        let call = ScriptCall::new(&script::ACQUIRE, &[&keys.lock, &keys.fence])
+        let call = ScriptCall::new(&script::ACQUIRE, &[&keys.lock])
             .arg(owner)
             .arg(millis(lease))
-            .arg(fence_ttl.map_or(0, millis))
             .arg(claim.map_or(0, |c| millis_up(c.window)))
             .arg(claim.map_or(0, |c| c.since))
             .arg(turn.locker)
@@ -152,6 +151,22 @@ impl RedisBackend {
                 None
             }
         }
+    }
+
+    pub(crate) async fn fence(
+        &self,
+        conn: &OpConn,
+        keys: &LockKeys,
+        owner: &str,
+        fence_ttl: Option<Duration>,
+    ) -> Result<Option<u64>, BackendError> {
+        // Nothing to acknowledge: a token is worth as much after a failover that lost it (the
+        // next one minted is above it still, see the `script` module).
+        let call = ScriptCall::new(&script::FENCE, &[&keys.lock, &keys.fence])
+            .arg(owner)
+            .arg(fence_ttl.map_or(0, millis));
+        let (token, _): (i64, _) = self.invoke(conn, &call, true, None).await?;
+        Ok(u64::try_from(token).ok())
     }
 
     pub(crate) async fn holds(
@@ -372,8 +387,7 @@ fn acquire_all_reply(reply: &[i64], n: usize) -> Result<AcquireAllReply, Backend
 fn acquire_reply((code, value): (i64, i64)) -> Result<AcquireReply, BackendError> {
     match code {
         1 => Ok(AcquireReply::Acquired {
-            fence: u64::try_from(value)
-                .map_err(|_| BackendError::protocol("negative fencing token"))?,
+            fence: super::sorted_sets::minted(value)?,
         }),
         0 => Ok(AcquireReply::Busy {
             pttl: u64::try_from(value).ok().map(Duration::from_millis),

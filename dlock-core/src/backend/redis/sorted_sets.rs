@@ -29,7 +29,7 @@ impl RedisBackend {
         if code == 1 {
             // Not acknowledged in time: the caller's clean-up gives the permit back.
             self.acknowledged(acknowledged)?;
-            return Ok(AcquireReply::Acquired { fence: 0 });
+            return Ok(AcquireReply::Acquired { fence: Some(0) });
         }
         Ok(AcquireReply::Busy {
             pttl: u64::try_from(ms).ok().map(Duration::from_millis),
@@ -58,9 +58,9 @@ impl RedisBackend {
             self.invoke(conn, &call, true, self.ack).await?;
         if code == 1 {
             self.acknowledged(acknowledged)?;
-            let fence = u64::try_from(value)
-                .map_err(|_| BackendError::protocol("negative fencing token"))?;
-            return Ok(AcquireReply::Acquired { fence });
+            return Ok(AcquireReply::Acquired {
+                fence: minted(value)?,
+            });
         }
         Ok(AcquireReply::Busy {
             pttl: u64::try_from(value).ok().map(Duration::from_millis),
@@ -86,7 +86,7 @@ impl RedisBackend {
             self.invoke(conn, &call, true, self.ack).await?;
         if code == 1 {
             self.acknowledged(acknowledged)?;
-            return Ok(AcquireReply::Acquired { fence: 0 });
+            return Ok(AcquireReply::Acquired { fence: Some(0) });
         }
         Ok(AcquireReply::Busy {
             pttl: u64::try_from(value).ok().map(Duration::from_millis),
@@ -153,8 +153,7 @@ impl RedisBackend {
         let reply = match reply.as_slice() {
             [1, fence] => FairReply {
                 reply: AcquireReply::Acquired {
-                    fence: u64::try_from(*fence)
-                        .map_err(|_| BackendError::protocol("negative fencing token"))?,
+                    fence: minted(*fence)?,
                 },
                 place: None,
             },
@@ -180,4 +179,14 @@ fn semaphore_limit(keys: &LockKeys) -> Result<&str, BackendError> {
         Some(sem) => Ok(&sem.limit),
         None => Err(BackendError::protocol("a semaphore command on a lock")),
     }
+}
+
+/// A grant's fencing token as a script answers it: `-1` none minted yet.
+pub(super) fn minted(value: i64) -> Result<Option<u64>, BackendError> {
+    if value == -1 {
+        return Ok(None);
+    }
+    u64::try_from(value)
+        .map(Some)
+        .map_err(|_| BackendError::protocol("negative fencing token"))
 }

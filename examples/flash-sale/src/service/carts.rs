@@ -107,7 +107,18 @@ impl App {
             .lock(cart_lock_name(user)?)
             .wait(LOCK_WAIT)
             .await?;
-        let token = super::db_token(guard.fencing_token());
+        // Minted by Redis at this first ask. Lost, or Redis unreachable: the edit must not run,
+        // and the lock's error is the answer (problem+json, as every lock error).
+        let token = match guard.fencing_token().await {
+            Ok(token) => super::db_token(token),
+            Err(err) => {
+                let released = guard.release().await;
+                if !released.is_released() {
+                    tracing::debug!(?released, "cart lock given up without its token");
+                }
+                return Err(err.into());
+            }
+        };
         let edited = edit(Some(token)).await;
         let released = guard.release().await;
         if !released.is_released() {

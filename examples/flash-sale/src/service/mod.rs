@@ -19,13 +19,19 @@ use crate::{App, AppError, Counter, validate};
 pub struct Fences(HashMap<String, i64>);
 
 impl Fences {
-    /// The tokens of the locks a `LockLayer` holds for the request.
-    pub fn from_held(held: &HeldLocks) -> Self {
-        Self(
-            held.iter()
-                .map(|(name, token)| (name.to_owned(), db_token(token)))
+    /// The tokens of the locks a `LockLayer` holds for the request, asked for now: a plain
+    /// lock's token is minted by Redis at its first ask. Fails with [`LockError::Lost`] if Redis
+    /// no longer has one of the holds, and with [`LockError::Backend`] if Redis can't be asked;
+    /// either way the request must not write with these locks' authority.
+    pub async fn from_held(held: &HeldLocks) -> Result<Self, LockError> {
+        let tokens = held.fencing_tokens().await?;
+        Ok(Self(
+            held.names()
+                .iter()
+                .cloned()
+                .zip(tokens.into_iter().map(db_token))
                 .collect(),
-        )
+        ))
     }
 
     /// Adds the token of `name`.

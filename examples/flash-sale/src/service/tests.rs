@@ -1,7 +1,7 @@
 //! The fences, deterministically: a holder paused past its lease is refused, whichever of it
 //! and its successor reaches the row first — and a refused checkout writes nothing at all.
 
-use dlock_core::FencingToken;
+use dlock_core::{FencingToken, Locker};
 
 use super::*;
 use crate::model::{CartItem, NewSku, NewVoucher};
@@ -184,4 +184,88 @@ async fn a_stale_cart_claim_is_refused() {
     app.claim_cart(user, 9).await.unwrap();
     let err = app.claim_cart(user, 8).await.unwrap_err();
     assert!(matches!(err, AppError::Stale(_)), "{err:?}");
+}
+
+/// A shop locking on a real Redis, and another `Locker` on it: an operator's.
+async fn shop_on_redis() -> (App, Locker, dlock_tests::RedisServer, tempfile::TempDir) {
+    let redis = dlock_tests::RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
+    let locker = crate::server::locker(&redis.url()).await.unwrap();
+    let app = crate::app(&url, locker, true).await.unwrap();
+    let operator = crate::server::locker(&redis.url()).await.unwrap();
+    (app, operator, redis, dir)
+}
+
+/// The fencing counter of lock `name` (`<lock key>:fence`, a hash), replaced with a string
+/// (`broken`) or removed: while it is broken, a lock of that name is still granted but Redis
+/// answers the ask for its token with an error, as an unreachable Redis would fail it.
+async fn fencing_counter(redis: &dlock_tests::RedisServer, app: &App, name: &str, broken: bool) {
+    let key = format!("{}:fence", app.locker.key_of(name).unwrap());
+    let mut con = redis.connection().await;
+    let mut cmd = dlock_core::redis::cmd(if broken { "SET" } else { "DEL" });
+    cmd.arg(&key);
+    if broken {
+        cmd.arg("not a counter");
+    }
+    cmd.query_async::<()>(&mut con).await.unwrap();
+}
+
+/// A voucher order that can't have its fencing token writes nothing — no slot claimed, no
+/// stock taken, no order — and is answered 503, not 500.
+#[tokio::test]
+async fn an_order_without_its_fencing_token_writes_nothing() {
+    let (app, operator, redis, _dir) = shop_on_redis().await;
+    let user = app.login("u").await.unwrap().id;
+    let voucher = open_voucher(&app, 10).await;
+    let name = format!("order:{user}:{}", voucher.id);
+    fencing_counter(&redis, &app, &name, true).await;
+    let err = app.buy(user, voucher.id).await.unwrap_err();
+    assert!(
+        matches!(&err, AppError::Lock(lock) if lock.is_backend()),
+        "{err:?}"
+    );
+    assert_eq!(err.status(), axum::http::StatusCode::SERVICE_UNAVAILABLE);
+    let slots: i64 = sqlx::query("SELECT COUNT(*) AS n FROM order_slots")
+        .fetch_one(&app.db)
+        .await
+        .unwrap()
+        .try_get("n")
+        .unwrap();
+    assert_eq!(slots, 0);
+    assert_eq!(app.voucher(voucher.id).await.unwrap().stock, 10);
+    assert_eq!(app.stats().await.unwrap().voucher_orders, 0);
+    // Mended (the failed release left the lock to its lease: freed by the operator), the same
+    // order goes through under a minted token.
+    fencing_counter(&redis, &app, &name, false).await;
+    operator.force_release(name.as_str()).await.unwrap();
+    let order = app.buy(user, voucher.id).await.unwrap();
+    assert!(order.fencing_token > 0, "{order:?}");
+}
+
+/// A cart edit that can't have its fencing token changes nothing, and is answered 503.
+#[tokio::test]
+async fn a_cart_edit_without_its_fencing_token_writes_nothing() {
+    let (app, operator, redis, _dir) = shop_on_redis().await;
+    let user = app.login("u").await.unwrap().id;
+    let sku_id = sku(&app, "mug", 5).await;
+    let name = cart_lock_name(user).unwrap().to_string();
+    fencing_counter(&redis, &app, &name, true).await;
+    let err = app
+        .add_to_cart(user, &CartItem { sku_id, qty: 1 })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, AppError::Lock(lock) if lock.is_backend()),
+        "{err:?}"
+    );
+    assert_eq!(err.status(), axum::http::StatusCode::SERVICE_UNAVAILABLE);
+    assert!(app.cart(user).await.unwrap().items.is_empty());
+    fencing_counter(&redis, &app, &name, false).await;
+    operator.force_release(name.as_str()).await.unwrap();
+    let cart = app
+        .add_to_cart(user, &CartItem { sku_id, qty: 1 })
+        .await
+        .unwrap();
+    assert_eq!(cart.items.len(), 1);
 }

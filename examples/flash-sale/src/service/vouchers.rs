@@ -2,7 +2,7 @@
 
 use std::time::Instant;
 
-use dlock_core::{LockError, LockName, distributed_lock};
+use dlock_core::{LockName, distributed_lock};
 use sqlx::Row as _;
 use sqlx::any::AnyRow;
 
@@ -114,8 +114,17 @@ impl App {
     ) -> Result<Order, AppError> {
         let waited = asked.elapsed();
         self.counters.ran_locked(waited);
-        let token = dlock_core::fencing_token()
-            .ok_or_else(|| LockError::Config("no fencing token in the lock scope".to_owned()))?;
+        // Minted by Redis at this first ask. A lost lock (`LockError::Lost`) or an unreachable
+        // Redis (`LockError::Backend`) is answered as the lock's own error, and nothing is
+        // written: without a token this request has no authority over the order.
+        let token = match dlock_core::fencing_token().await {
+            Some(token) => token?,
+            None => {
+                return Err(AppError::Internal(
+                    "the order ran outside its lock's scope".to_owned(),
+                ));
+            }
+        };
         tracing::info!(
             lock = "order",
             fencing_token = token.get(),

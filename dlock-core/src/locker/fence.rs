@@ -1,0 +1,40 @@
+//! Fencing tokens minted at the first ask (see the `script` module).
+
+use std::sync::Arc;
+
+use super::*;
+use crate::guard::{FencingToken, HoldState, LossReason};
+
+impl Locker {
+    /// `hold`'s fencing token: the one it got with its grant or an earlier ask, or one Redis
+    /// mints now after checking that the hold is still there. A hold Redis no longer has is
+    /// marked lost.
+    pub(crate) async fn fencing_token(
+        &self,
+        hold: &Arc<HoldState>,
+    ) -> Result<FencingToken, LockError> {
+        if let Some(token) = hold.fence.get() {
+            return Ok(*token);
+        }
+        if hold.is_lost() {
+            return Err(hold.lost_error());
+        }
+        let session = (self.inner.backend.session().await).map_err(LockError::Backend)?;
+        let minted = session
+            .fence(&hold.keys, &hold.owner, self.inner.config.fence_ttl)
+            .await
+            .map_err(LockError::Backend)?;
+        match minted {
+            Some(token) => Ok(*hold.fence.get_or_init(|| FencingToken::new(token))),
+            None => {
+                hold.mark_lost(LossReason::Gone);
+                Err(hold.lost_error())
+            }
+        }
+    }
+
+    /// The `Locker` behind `inner`, if it still lives.
+    pub(crate) fn from_inner(inner: &std::sync::Weak<LockerInner>) -> Option<Locker> {
+        inner.upgrade().map(|inner| Locker { inner })
+    }
+}
