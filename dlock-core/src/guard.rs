@@ -23,11 +23,13 @@ use crate::name::{LockKeys, LockName};
 /// a holder that was paused past its lease (GC, `SIGSTOP`, swap) from corrupting the resource:
 /// a lease alone cannot.
 ///
-/// A plain lock's token is minted when its holder first asks for it
-/// ([`LockGuard::fencing_token`], one round trip, owner-checked): an acquisition that never asks
-/// costs Redis no clock read and no counter write. Minted only while the hold is held, it orders
-/// holds as a token minted at the grant would. Fair locks, writers, [`lock_all`] and hand-overs
-/// mint theirs with the grant; permits and read locks have none (`0`).
+/// A plain lock taken at its first attempt gets its token when its holder first asks for it
+/// ([`LockGuard::fencing_token`], one round trip, owner-checked): an uncontended acquisition
+/// that never asks costs Redis no clock read and no counter write. Minted only while the hold is
+/// held, it orders holds as a token minted at the grant would. A plain lock taken after a wait
+/// (the name is contended: a round trip in its critical section would hold others up), fair
+/// locks, writers, [`lock_all`] and hand-overs mint theirs with the grant; permits and read
+/// locks have none (`0`).
 ///
 /// [`lock_all`]: crate::Locker::lock_all
 ///

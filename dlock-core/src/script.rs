@@ -19,9 +19,10 @@
 //! | `<prefix>{<name>}:read` | sorted set | read-write locks: `reader id -> expiry` (server ms) |
 //! | `<prefix>{<name>}:rw:wake` | channel | read-write locks: a message when the writer or the last reader leaves |
 //!
-//! Fencing tokens: a plain lock's hold gets its token when its holder first asks for it
-//! ([`FENCE`], owner-checked; the token is kept on the hold as `#f`); the other kinds' holds
-//! (fair, writer, all-or-none, hand-over) get theirs with the grant. Minting takes the server's
+//! Fencing tokens: a plain lock's hold taken at a first attempt gets its token when its holder
+//! first asks for it ([`FENCE`], owner-checked; the token is kept on the hold as `#f`); one taken
+//! after a wait, and the other kinds' holds (fair, writer, all-or-none, hand-over), get theirs
+//! with the grant. Minting takes the server's
 //! clock in microseconds (`TIME`), or the last token + 1 when that is not below it, and stores it
 //! as the last token. So tokens
 //! strictly increase on one server, and they also keep increasing when the last token is gone:
@@ -159,20 +160,24 @@ pub(crate) use sorted_sets::*;
 
 /// Acquire.
 ///
-/// `KEYS[1]` lock; `ARGV[1]` owner (a fresh token), `ARGV[2]` lease ms, `ARGV[3]` (plain locks)
+/// `KEYS[1]` lock, `KEYS[2]` fence; `ARGV[1]` owner (a fresh token), `ARGV[2]` lease ms, `ARGV[3]` (plain locks)
 /// `0`, or the ms a release should keep the lock for the attempt's `Locker` if it finds it taken:
 /// it claims the next turn for it, unless a claim as old as this one or older is there
 /// (`ARGV[4]`: since when its waiter waits, wall-clock ms); `ARGV[5]` the id of that `Locker`,
 /// `ARGV[6]` `1` if the attempt comes from the waiter at the head of its local queue (which alone
-/// takes a lock kept for its `Locker`). Returns `{1, token}` acquired (also when `ARGV[1]` holds
-/// it already: it was handed the lock, or this is a retry; also when the lock was kept for
-/// `ARGV[5]`, another `Locker`'s claim made since kept on the new hold), `{0, pttl}` busy.
+/// takes a lock kept for its `Locker`), `ARGV[7]` fence TTL ms (0 = none). Returns `{1, token}`
+/// acquired (also when `ARGV[1]` holds it already: it was handed the lock, or this is a retry;
+/// also when the lock was kept for `ARGV[5]`, another `Locker`'s claim made since kept on the
+/// new hold), `{0, pttl}` busy.
 ///
-/// No fencing token is minted here: `token` is `-1` until the holder asks for one ([`FENCE`]), so
-/// an acquisition costs no clock read and no write to the counter.
+/// A first attempt mints no fencing token: `token` is `-1` until the holder asks for one
+/// ([`FENCE`]), so an uncontended acquisition costs no clock read and no write to the counter.
+/// An attempt from the head of a local line (it waited: the name is contended, and its holder's
+/// token is likely to be asked for while others wait) mints with the grant.
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_LUA));
 
-pub(crate) const ACQUIRE_LUA: &str = r#"
+pub(crate) const ACQUIRE_LUA: &str = concat!(
+    r#"
 local next_up
 if redis.call('EXISTS', KEYS[1]) == 1 then
   local fields = redis.call('HMGET', KEYS[1], ARGV[1], '#r', '#w')
@@ -195,14 +200,24 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
   end
   redis.call('DEL', KEYS[1])
 end
-if next_up then
-  redis.call('HSET', KEYS[1], ARGV[1], 1, '#w', next_up)
+local f = -1
+if ARGV[6] == '1' then
+  -- Defined here, not for every call: a first attempt has no use for it.
+"#,
+    next_fence_lua!(),
+    r#"
+  f = next_fence(KEYS[2], ARGV[7])
+  redis.call('HSET', KEYS[1], ARGV[1], 1, '#f', string.format('%d', f))
 else
   redis.call('HSET', KEYS[1], ARGV[1], 1)
 end
+if next_up then
+  redis.call('HSET', KEYS[1], '#w', next_up)
+end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
-return {1, -1}
-"#;
+return {1, f}
+"#
+);
 
 /// The fencing token of a hold, minted when its holder first asks for it.
 ///

@@ -131,6 +131,28 @@ async fn a_plain_lock_costs_one_round_trip_to_take_and_one_to_give_back() {
     assert_eq!(released, cost_of(1, 5));
 }
 
+#[tokio::test]
+async fn a_lock_taken_after_a_wait_has_its_token_with_the_grant() {
+    let server = RedisServer::start();
+    let (holder, waiter) = (warm_locker(&server).await, warm_locker(&server).await);
+    let name = unique_name("cost-waited");
+    let held = holder.lock(name.as_str()).await.expect("lock");
+    let held_token = held.fencing_token().await.expect("a token");
+    let waiting = tokio::spawn({
+        let (waiter, name) = (waiter.clone(), name.clone());
+        async move { waiter.lock(name).wait(Duration::from_secs(10)).await }
+    });
+    dlock_tests::until_waiting(&holder, name.as_str(), 1).await;
+    assert!(held.release().await.is_released());
+    let guard = waiting.await.expect("waiter task").expect("granted");
+    // Taken after a wait (another process's release woke it): its holder is in a contended
+    // critical section, so the token came with the grant and asking costs nothing.
+    let (token, asked) = measure(&server, guard.fencing_token()).await;
+    assert_eq!(asked, cost_of(0, 0));
+    assert!(token.expect("a token") > held_token);
+    assert!(guard.release().await.is_released());
+}
+
 /// Until a local waiter has tried (more than `calls` scripts ran) and waits for a hand-over.
 async fn tried(server: &RedisServer, calls: u64) {
     let until = std::time::Instant::now() + Duration::from_secs(5);

@@ -35,13 +35,14 @@ impl RedisBackend {
             KeyKind::Lock | KeyKind::Fair(_) => {}
         }
         let claim = turn.claim.filter(|_| keys.hands_over());
-        let call = ScriptCall::new(&script::ACQUIRE, &[&keys.lock])
+        let call = ScriptCall::new(&script::ACQUIRE, &[&keys.lock, &keys.fence])
             .arg(owner)
             .arg(millis(lease))
             .arg(claim.map_or(0, |c| millis_up(c.window)))
             .arg(claim.map_or(0, |c| c.since))
             .arg(turn.locker)
-            .arg(if turn.head { "1" } else { "0" });
+            .arg(if turn.head { "1" } else { "0" })
+            .arg(fence_ttl.map_or(0, millis));
         let (reply, acknowledged) = self.invoke(conn, &call, true, self.ack).await?;
         let reply = acquire_reply(reply)?;
         if matches!(reply, AcquireReply::Acquired { .. }) {
