@@ -87,6 +87,11 @@ impl Meter {
 }
 
 fn client_commands(info: &str) -> u64 {
+    // A replica runs what its master sends it, scripts' effects wrapped in MULTI/EXEC: none of
+    // it was sent by a client.
+    if info.lines().any(|l| l.trim() == "role:slave") {
+        return 0;
+    }
     let stats = crate::parse_commandstats(info);
     CLIENT_COMMANDS.iter().filter_map(|c| stats.get(*c)).sum()
 }
