@@ -515,18 +515,23 @@ fn release_truth(
         }
         // A fixed lease, never extended, ends on the server by `lease` after the grant's reply
         // came back: a guard that let go later than that (and the ms rounding of leases and
-        // server clocks) held nothing when it let go, whatever its kind.
+        // server clocks) held nothing when it let go, whatever its kind. A re-entered guard
+        // joined a hold taken earlier, with that hold's lease (the one it asked for does not
+        // apply): its end is bounded by the hold's deadline it saw when it let go (which the
+        // samples check against the server's PTTL).
         let never_changed = !g.watchdog && locked(&g.extends).is_empty();
-        if outcome == Outcome::Released
-            && never_changed
-            && end.at > g.start + g.lease + LEASE_ROUNDING
-        {
+        let lease_end = if g.reentrant {
+            end.valid_until
+        } else {
+            g.start + g.lease
+        };
+        if outcome == Outcome::Released && never_changed && end.at > lease_end + LEASE_ROUNDING {
             out.push(Violation {
                 invariant: Invariant::ReleaseTruth,
                 summary: format!(
                     "release said Released for a hold that let go {} after its fixed lease \
                      had run out: {}",
-                    ms(end.at - (g.start + g.lease)),
+                    ms(end.at - lease_end),
                     describe(history, g, finish)
                 ),
                 window,
