@@ -401,9 +401,10 @@ impl LockGuard {
     /// A plain lock's first call asks Redis for it (one round trip, owner-checked): an
     /// acquisition that never asks pays nothing for fencing. Later calls, and the guards that
     /// re-entered this hold, get the same token without a round trip. Fails with
-    /// [`LockError::Lost`] if Redis no longer has the hold (which marks it lost), and with
-    /// [`LockError::Backend`] if Redis can't be asked; either way the work must not go on with
-    /// this hold's authority.
+    /// [`LockError::Lost`] once the hold is known lost (its lease ran out here, a renewal found
+    /// it gone), or if Redis no longer has it when the token is minted (which marks it lost);
+    /// with [`LockError::Backend`] if Redis can't be asked. Either way the work must not go on
+    /// with this hold's authority.
     pub async fn fencing_token(&self) -> Result<FencingToken, LockError> {
         self.locker.fencing_token(&self.state).await
     }

@@ -282,9 +282,6 @@ impl HeldLock {
     /// The fencing token of the hold, as
     /// [`LockGuard::fencing_token`](crate::LockGuard::fencing_token) gives it.
     pub async fn fencing_token(&self) -> Result<FencingToken, LockError> {
-        if let Some(token) = self.hold.fence.get() {
-            return Ok(*token);
-        }
         match Locker::from_inner(&self.hold.locker) {
             Some(locker) => locker.fencing_token(&self.hold).await,
             None => Err(self.hold.lost_error()),

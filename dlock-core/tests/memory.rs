@@ -15,14 +15,16 @@ async fn fixed_lease_expires_and_the_next_holder_gets_a_higher_token() {
         .await
         .unwrap();
     assert!(!first.is_watchdog());
+    let first_token = first.fencing_token().await.unwrap();
     assert!(locker.lock("job").try_lock().await.unwrap().is_none());
 
     advance(Duration::from_secs(6)).await;
     assert!(first.is_lost());
     assert_eq!(first.remaining(), Duration::ZERO);
+    assert!(first.fencing_token().await.unwrap_err().is_lost());
 
     let second = locker.lock("job").try_lock().await.unwrap().unwrap();
-    assert!(second.fencing_token().await.unwrap() > first.fencing_token().await.unwrap());
+    assert!(second.fencing_token().await.unwrap() > first_token);
     assert!(matches!(first.release().await, ReleaseOutcome::TakenOver));
     assert!(second.release().await.is_released());
 }

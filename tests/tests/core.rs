@@ -237,8 +237,8 @@ async fn release_after_expiry_and_after_takeover_are_distinct_and_harmless() {
         .await
         .unwrap();
     assert!(new.fencing_token().await.unwrap() > old_token);
-    // Asked again, the old holder's token is the one it had (no round trip, no new token).
-    assert_eq!(old.fencing_token().await.unwrap(), old_token);
+    // The old holder's lease ran out: its token is no authority any more.
+    assert!(old.fencing_token().await.unwrap_err().is_lost());
     assert!(matches!(old.release().await, ReleaseOutcome::TakenOver));
     // The new holder's lock is untouched.
     let key = b.key_of(taken.as_str()).unwrap();
@@ -612,4 +612,51 @@ async fn fencing_tokens_keep_rising_after_the_counter_expires() {
     let ttl: i64 = con.pttl(&fence_key).await.unwrap();
     assert!(ttl > 0, "fence counter ttl {ttl}");
     assert!(second.release().await.is_released());
+}
+
+/// A holder gets no token for a lock it no longer holds: asked first after the hold was deleted
+/// from Redis (the hold is then marked lost), or after its lease ran out — on Redis, and on the
+/// memory store, whose tokens come with the grant.
+#[tokio::test]
+async fn a_lost_hold_gets_no_fencing_token() {
+    let server = RedisServer::start();
+    let redis = locker(&server).await;
+    let mut con = server.connection().await;
+
+    // Gone from Redis before the first ask: the ask finds it out.
+    let name = unique_name("token-deleted");
+    let guard = redis.lock(name.as_str()).await.expect("lock");
+    let _: i64 = con
+        .del(redis.key_of(name.as_str()).unwrap())
+        .await
+        .expect("DEL");
+    let err = guard.fencing_token().await.unwrap_err();
+    assert!(err.is_lost(), "{err}");
+    assert!(guard.is_lost(), "the failed ask marks the hold lost");
+    assert!(matches!(
+        err,
+        LockError::Lost {
+            fencing_token: None,
+            ..
+        }
+    ));
+
+    // Past its fixed lease, with a token already known (the memory store's comes with the
+    // grant; on Redis one asked for while held): no token any more.
+    for locker in [redis.clone(), Locker::memory()] {
+        let name = unique_name("token-expired");
+        let guard = locker
+            .lock(name.as_str())
+            .lease(Duration::from_millis(100))
+            .await
+            .expect("lock");
+        let token = guard.fencing_token().await.expect("a token while held");
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let err = guard.fencing_token().await.unwrap_err();
+        assert!(err.is_lost(), "{err}");
+        assert!(matches!(
+            err,
+            LockError::Lost { fencing_token: Some(t), .. } if t == token
+        ));
+    }
 }

@@ -7,17 +7,18 @@ use crate::guard::{FencingToken, HoldState, LossReason};
 
 impl Locker {
     /// `hold`'s fencing token: the one it got with its grant or an earlier ask, or one Redis
-    /// mints now after checking that the hold is still there. A hold Redis no longer has is
-    /// marked lost.
+    /// mints now after checking that the hold is still there. A hold known to be lost gets
+    /// `Lost`; one Redis no longer has is marked lost.
     pub(crate) async fn fencing_token(
         &self,
         hold: &Arc<HoldState>,
     ) -> Result<FencingToken, LockError> {
-        if let Some(token) = hold.fence.get() {
-            return Ok(*token);
-        }
+        // Lost here first: a token known from the grant is no authority once the hold is gone.
         if hold.is_lost() {
             return Err(hold.lost_error());
+        }
+        if let Some(token) = hold.fence.get() {
+            return Ok(*token);
         }
         let session = (self.inner.backend.session().await).map_err(LockError::Backend)?;
         let minted = session
