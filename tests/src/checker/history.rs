@@ -218,6 +218,8 @@ pub enum EventKind {
         guard: u32,
         /// The token, or `None` if the ask failed.
         token: Option<u64>,
+        /// The guard said it was lost when the ask was made.
+        lost_before: bool,
     },
     /// `HGET <lock key> '#f'` right after a final release.
     Hget {

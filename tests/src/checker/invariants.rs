@@ -390,7 +390,8 @@ fn fencing_order(
 }
 
 /// (b) A guard's token never changes: `fencing_token()` answers the token the guard had with
-/// its grant or from an earlier ask (of any guard of its hold).
+/// its grant or from an earlier ask (of any guard of its hold); and a guard that knew itself
+/// lost when it asked gets no token at all.
 fn tokens_kept(
     history: &History,
     events: &[Event],
@@ -402,6 +403,7 @@ fn tokens_kept(
         let EventKind::Fenced {
             guard,
             token: Some(token),
+            lost_before,
         } = e.kind
         else {
             continue;
@@ -409,6 +411,17 @@ fn tokens_kept(
         let Some(g) = guards.iter().find(|g| g.id == guard) else {
             continue;
         };
+        if lost_before {
+            out.push(Violation {
+                invariant: Invariant::FencingOrder,
+                summary: format!(
+                    "fencing_token() answered {token} to a guard that knew it was lost: {}",
+                    describe(history, g, finish)
+                ),
+                window: Some((g.name, g.call, e.at)),
+                hint: "",
+            });
+        }
         if g.token() != token {
             out.push(Violation {
                 invariant: Invariant::FencingOrder,

@@ -165,7 +165,7 @@ fn describe(kind: &EventKind, tokens: &dyn Fn(u32) -> u64) -> String {
             )),
             if ok { "Ok" } else { "failed" }
         ),
-        EventKind::Fenced { guard, token } => match token {
+        EventKind::Fenced { guard, token, .. } => match token {
             Some(token) => format!("fencing_token() g{guard} -> {token}"),
             None => format!("fencing_token() g{guard} -> error"),
         },

@@ -247,6 +247,7 @@ impl Tracked {
             return;
         };
         bump(&self.ctx.stats.calls);
+        let lost_before = guard.is_lost();
         let call = Instant::now();
         let result = guard.fencing_token().await;
         let ret = Instant::now();
@@ -268,6 +269,7 @@ impl Tracked {
             EventKind::Fenced {
                 guard: self.rec.id,
                 token,
+                lost_before,
             },
         );
         self.bounded("fencing_token", call, ret, self.command_timeout() + SLACK);
