@@ -227,9 +227,11 @@ async fn bench_measures_both_runs_and_leaves_no_key() {
         keys.starts_with("dlock:{bench:") && keys.ends_with(":*}"),
         "{keys}"
     );
-    // One fencing counter per name (4); the locks themselves were released.
+    // The contended name's fencing counter (its holders that took it after a wait got their
+    // tokens with the grant; uncontended holds that never ask mint none); the locks themselves
+    // were released.
     assert!(
-        json["keys_removed"].as_u64().expect("keys_removed") >= 4,
+        json["keys_removed"].as_u64().expect("keys_removed") >= 1,
         "{json}"
     );
     let runs = json["runs"].as_array().expect("runs");

@@ -4,8 +4,8 @@
 //!
 //! | key | type | holds |
 //! | --- | --- | --- |
-//! | `<prefix>{<name>}` | hash | `<owner token> -> 1`, `#f -> fencing token` (once minted), `#s -> sequence number of the last lease change`, `#w -> "<waiting since> <ms> <locker id>"`, the `Locker` next in turn (plain locks); lease = PTTL; after a release that keeps the name taken (`at_least`): only `#k -> released owner`, until it expires; after a release with a `Locker` next in turn: only `#r -> its id` (and a `#w` claimed since), for its `<ms>` |
-//! | `<prefix>{<name>}:fence` | hash | `n -> last fencing token`, `r -> last released owner` |
+//! | `<prefix>{<name>}` | string | the hold (see below); lease = PTTL |
+//! | `<prefix>{<name>}:fence` | hash | `n -> last fencing token` |
 //! | `<prefix>{<name>}:wake` | channel | a message on every final release (sharded on a cluster) |
 //! | `<prefix>{<name>}:queue` | sorted set | fair locks: `waiter -> place in line` |
 //! | `<prefix>{<name>}:alive` | sorted set | fair locks: `waiter -> until when it counts as alive` (server ms) |
@@ -13,14 +13,28 @@
 //! | `<prefix>{<name>}:permits` | sorted set | semaphores: `permit id -> expiry` (server ms) |
 //! | `<prefix>{<name>}:permits:limit` | string | semaphores: the permit count set at run time |
 //! | `<prefix>{<name>}:permits:wake` | channel | semaphores: a message on every release |
-//! | `<prefix>{<name>}:write` | hash | read-write locks: the writer, as a lock's owner hash |
+//! | `<prefix>{<name>}:write` | string | read-write locks: the writer's hold, as a lock's |
 //! | `<prefix>{<name>}:write:fence` | hash | read-write locks: the writers' fencing counter |
 //! | `<prefix>{<name>}:write:waiting` | sorted set | read-write locks: `writer -> until when its wait counts` (server ms) |
 //! | `<prefix>{<name>}:read` | sorted set | read-write locks: `reader id -> expiry` (server ms) |
 //! | `<prefix>{<name>}:rw:wake` | channel | read-write locks: a message when the writer or the last reader leaves |
 //!
+//! A lock's key holds one string, its first word saying what it is:
+//!
+//! - `<owner token>`: held by that owner (plain, fair, all-or-none locks, a writer);
+//! - `#k:<owner token>`: kept taken after that owner's release (`at_least`), until it expires;
+//! - `#r:<locker id>`: kept for the `Locker` next in turn after a release, for the time it asked.
+//!
+//! Then fields, each one word after a space: ` f<token>` the hold's fencing token (once minted),
+//! ` s<n>` the sequence number of the last lease change, ` w<waiting since>:<ms>:<locker id>`
+//! the `Locker` next in turn (plain locks), ` l` a waiter found the hold taken (so a release
+//! wakes the waiters; one nobody waits for publishes nothing). A plain lock taken at a first
+//! attempt is `SET NX PX` of its owner token: no script runs for an uncontended acquisition.
+//! Scripts write a hold with `PSETEX` (the same as `SET .. PX`), so `SET` in `INFO
+//! commandstats` counts first attempts only.
+//!
 //! Fencing tokens: a plain lock's hold taken at a first attempt gets its token when its holder
-//! first asks for it ([`FENCE`], owner-checked; the token is kept on the hold as `#f`); one taken
+//! first asks for it ([`FENCE`], owner-checked; the token is kept on the hold as ` f`); one taken
 //! after a wait, and the other kinds' holds (fair, writer, all-or-none, hand-over), get theirs
 //! with the grant. Minting takes the server's
 //! clock in microseconds (`TIME`), or the last token + 1 when that is not below it, and stores it
@@ -32,8 +46,8 @@
 //! the new one's first — a failover takes seconds; NTP keeps clocks within milliseconds — and
 //! that tokens do not run ahead of the clock, which takes more than one acquisition of one name
 //! per microsecond. The counter key gets the configured TTL when it is created and is not
-//! refreshed, so no counter key outlives its use by more than the TTL: a release that finds the
-//! counter gone re-creates it (to remember the released owner) with the TTL again.
+//! refreshed, so no counter key outlives its use by more than the TTL; only minting creates it
+//! (a name whose holders never ask for a token has none).
 //!
 //! Holds are not counted in Redis: one owner token is one hold, and re-entry inside a lock scope
 //! counts guards in the process (see `scope`). A re-entry only checks, read-only, that Redis still
@@ -48,12 +62,12 @@
 //! so no key outlives the line.
 //!
 //! Turns across processes (plain locks): a waiter that finds the lock taken claims the next turn
-//! for its `Locker` (`#w` on the hold), unless a claim from a waiter that has waited as long or
+//! for its `Locker` (` w` on the hold), unless a claim from a waiter that has waited as long or
 //! longer is there (by wall clock: hosts whose clocks are apart favour one by that much). So a
 //! process farther from Redis, which loses every race to a nearer one, still gets its turn. A
 //! `Locker` hands the lock from task to task only while no other `Locker`
 //! listens for its release and no other `Locker` claimed the turn; otherwise it releases. A
-//! release with a claim on the hold keeps the key for the claimant's `Locker` (`#r`) for the time
+//! release with a claim on the hold keeps the key for the claimant's `Locker` (`#r:`) for the time
 //! it asked for (a few of its round trips), and wakes the waiters as usual: a waiter of that
 //! `Locker` takes it, the others find it taken and claim the next turn. A claimant that never
 //! comes delays the lock by that time only; the kept key's PTTL is what the others wait for.
@@ -129,24 +143,51 @@ end
     };
 }
 
-/// `let_go(lock, fence, owner, fence_ttl, claim)`: deletes the hold `lock`, remembers `owner` as
-/// the last released one in `fence` (a new counter key gets the TTL in `fence_ttl`), and keeps
-/// the lock for the `Locker` that claimed the next turn, if `claim` (the hold's `#w`) names one,
-/// for the time it asked for.
+/// The helpers that read and write a hold's string (see the module docs): `who(v)`, its first
+/// word (the owner, or `#k:`/`#r:` and whom a kept key is kept for); `field(v, tag)`, the field
+/// `tag` (`nil` when absent; a flag answers `''`); `without(v, tag)`, the string without it;
+/// `rewrite(key, v)`, stores `v` at `key` and keeps its expiry; `flagged(v)`, `v` with the
+/// ` l` flag (a waiter found it taken).
+macro_rules! hold_lua {
+    () => {
+        r#"
+local function who(v)
+  return string.match(v, '^[^ ]+')
+end
+local function field(v, tag)
+  return string.match(v, ' ' .. tag .. '([^ ]*)')
+end
+local function without(v, tag)
+  return (string.gsub(v, ' ' .. tag .. '[^ ]*', ''))
+end
+local function rewrite(key, v)
+  local pttl = redis.call('PTTL', key)
+  if pttl > 0 then
+    redis.call('PSETEX', key, pttl, v)
+  end
+end
+local function flagged(v)
+  if field(v, 'l') then
+    return v
+  end
+  return v .. ' l'
+end
+"#
+    };
+}
+
+/// `let_go(lock, claim)`: deletes the hold `lock`, and keeps the lock for the `Locker` that
+/// claimed the next turn, if `claim` (the hold's ` w` field) names one, for the time it asked
+/// for.
 macro_rules! let_go_lua {
     () => {
         r#"
-local function let_go(lock, fence, owner, fence_ttl, claim)
+local function let_go(lock, claim)
   redis.call('DEL', lock)
-  if redis.call('HSET', fence, 'r', owner) == 1 and fence_ttl ~= '0'
-    and redis.call('PTTL', fence) == -1 then
-    redis.call('PEXPIRE', fence, fence_ttl)
-  end
   if claim then
-    local ms, locker = string.match(claim, '^%d+ (%d+) (%x+)$')
+    local ms, locker = string.match(claim, '^%d+:(%d+):(%x+)$')
     if locker then
-      redis.call('HSET', lock, '#r', locker)
-      redis.call('PEXPIRE', lock, ms)
+      redis.call('PSETEX', lock, ms, '#r:' .. locker)
     end
   end
 end
@@ -158,7 +199,8 @@ mod sorted_sets;
 
 pub(crate) use sorted_sets::*;
 
-/// Acquire.
+/// Acquire, when a first `SET NX PX` of the owner found the lock taken (or the attempt is the
+/// head of a local line's, which mints its token with the grant).
 ///
 /// `KEYS[1]` lock, `KEYS[2]` fence; `ARGV[1]` owner (a fresh token), `ARGV[2]` lease ms, `ARGV[3]` (plain locks)
 /// `0`, or the ms a release should keep the lock for the attempt's `Locker` if it finds it taken:
@@ -166,9 +208,10 @@ pub(crate) use sorted_sets::*;
 /// (`ARGV[4]`: since when its waiter waits, wall-clock ms); `ARGV[5]` the id of that `Locker`,
 /// `ARGV[6]` `1` if the attempt comes from the waiter at the head of its local queue (which alone
 /// takes a lock kept for its `Locker`), `ARGV[7]` fence TTL ms (0 = none). Returns `{1, token}`
-/// acquired (also when `ARGV[1]` holds it already: it was handed the lock, or this is a retry;
-/// also when the lock was kept for `ARGV[5]`, another `Locker`'s claim made since kept on the
-/// new hold), `{0, pttl}` busy.
+/// acquired (also when `ARGV[1]` holds it already: it was handed the lock, or this is a retry —
+/// of this script or of the `SET`; also when the lock was kept for `ARGV[5]`, another `Locker`'s
+/// claim made since kept on the new hold), `{0, pttl}` busy: the hold is then flagged as waited
+/// for, so its release wakes the waiters.
 ///
 /// A first attempt mints no fencing token: `token` is `-1` until the holder asks for one
 /// ([`FENCE`]), so an uncontended acquisition costs no clock read and no write to the counter.
@@ -177,28 +220,39 @@ pub(crate) use sorted_sets::*;
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_LUA));
 
 pub(crate) const ACQUIRE_LUA: &str = concat!(
+    hold_lua!(),
     r#"
-local next_up
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  local fields = redis.call('HMGET', KEYS[1], ARGV[1], '#r', '#w')
-  if fields[1] then
-    return {1, tonumber(redis.call('HGET', KEYS[1], '#f') or '-1')}
+local v = redis.call('GET', KEYS[1])
+local value = ARGV[1]
+if v then
+  local holder = who(v)
+  if holder == ARGV[1] then
+    return {1, tonumber(field(v, 'f') or '-1')}
   end
-  if ARGV[6] ~= '1' or fields[2] ~= ARGV[5] then
+  if ARGV[6] ~= '1' or holder ~= '#r:' .. ARGV[5] then
+    local changed = flagged(v)
     if ARGV[3] ~= '0' then
-      local marked = fields[3] and tonumber(string.match(fields[3], '^(%d+)'))
+      local claim = field(v, 'w')
+      local marked = claim and tonumber(string.match(claim, '^(%d+)'))
       if not marked or marked > tonumber(ARGV[4]) then
-        redis.call('HSET', KEYS[1], '#w', ARGV[4] .. ' ' .. ARGV[3] .. ' ' .. ARGV[5])
+        changed = without(changed, 'w') .. ' w' .. ARGV[4] .. ':' .. ARGV[3] .. ':' .. ARGV[5]
       end
     end
-    return {0, redis.call('PTTL', KEYS[1])}
+    local pttl = redis.call('PTTL', KEYS[1])
+    if changed ~= v and pttl > 0 then
+      redis.call('PSETEX', KEYS[1], pttl, changed)
+    end
+    return {0, pttl}
   end
   -- Kept for this Locker: its waiter takes the lock, and another Locker that claimed a turn
-  -- since stays next.
-  if fields[3] and string.match(fields[3], '^%d+ %d+ (%x+)$') ~= ARGV[5] then
-    next_up = fields[3]
+  -- since stays next (and is woken at the release).
+  local claim = field(v, 'w')
+  if claim and string.match(claim, '^%d+:%d+:(%x+)$') ~= ARGV[5] then
+    value = value .. ' w' .. claim
   end
-  redis.call('DEL', KEYS[1])
+  if field(v, 'l') then
+    value = value .. ' l'
+  end
 end
 local f = -1
 if ARGV[6] == '1' then
@@ -207,14 +261,9 @@ if ARGV[6] == '1' then
     next_fence_lua!(),
     r#"
   f = next_fence(KEYS[2], ARGV[7])
-  redis.call('HSET', KEYS[1], ARGV[1], 1, '#f', string.format('%d', f))
-else
-  redis.call('HSET', KEYS[1], ARGV[1], 1)
+  value = value .. ' f' .. string.format('%d', f)
 end
-if next_up then
-  redis.call('HSET', KEYS[1], '#w', next_up)
-end
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('PSETEX', KEYS[1], ARGV[2], value)
 return {1, f}
 "#
 );
@@ -230,16 +279,18 @@ pub(crate) static FENCE: LazyLock<Script> = LazyLock::new(|| Script::new(FENCE_L
 
 pub(crate) const FENCE_LUA: &str = concat!(
     next_fence_lua!(),
+    hold_lua!(),
     r#"
-if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then
+local v = redis.call('GET', KEYS[1])
+if not v or who(v) ~= ARGV[1] then
   return -1
 end
-local f = redis.call('HGET', KEYS[1], '#f')
+local f = field(v, 'f')
 if f then
   return tonumber(f)
 end
 f = next_fence(KEYS[2], ARGV[2])
-redis.call('HSET', KEYS[1], '#f', string.format('%d', f))
+redis.call('APPEND', KEYS[1], ' f' .. string.format('%d', f))
 return f
 "#
 );
@@ -250,28 +301,35 @@ return f
 /// (0 = none), `ARGV[2+i]` the owner for lock `i` (a fresh token each). Returns
 /// `{1, token_1, .., token_n}` when every lock is held by its owner now (one its owner held
 /// already counts: a retry), or `{0, i, pttl}` when lock `i` is busy — and then nothing was
-/// written.
+/// written but the busy hold's flag that it is waited for.
 pub(crate) static ACQUIRE_ALL: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_ALL_LUA));
 
 pub(crate) const ACQUIRE_ALL_LUA: &str = concat!(
     next_fence_lua!(),
+    hold_lua!(),
     r#"
 local n = #KEYS / 2
+local held = {}
 for i = 1, n do
   local lock = KEYS[2 * i - 1]
-  if redis.call('EXISTS', lock) == 1 and redis.call('HEXISTS', lock, ARGV[2 + i]) == 0 then
+  local v = redis.call('GET', lock)
+  if v and who(v) ~= ARGV[2 + i] then
+    local changed = flagged(v)
+    if changed ~= v then
+      rewrite(lock, changed)
+    end
     return {0, i, redis.call('PTTL', lock)}
   end
+  held[i] = v
 end
 local out = {1}
 for i = 1, n do
   local lock = KEYS[2 * i - 1]
-  if redis.call('EXISTS', lock) == 1 then
-    out[i + 1] = tonumber(redis.call('HGET', lock, '#f'))
+  if held[i] then
+    out[i + 1] = tonumber(field(held[i], 'f'))
   else
     local f = next_fence(KEYS[2 * i], ARGV[2])
-    redis.call('HSET', lock, ARGV[2 + i], 1, '#f', string.format('%d', f))
-    redis.call('PEXPIRE', lock, ARGV[1])
+    redis.call('PSETEX', lock, ARGV[1], ARGV[2 + i] .. ' f' .. string.format('%d', f))
     out[i + 1] = f
   end
 end
@@ -285,78 +343,93 @@ return out
 /// owner (`pttl` -2 when nobody holds it).
 pub(crate) static HOLDS: LazyLock<Script> = LazyLock::new(|| Script::new(HOLDS_LUA));
 
-pub(crate) const HOLDS_LUA: &str = r#"
-if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
-  return {1, tonumber(redis.call('HGET', KEYS[1], '#f') or '-1')}
+pub(crate) const HOLDS_LUA: &str = concat!(
+    hold_lua!(),
+    r#"
+local v = redis.call('GET', KEYS[1])
+if v and who(v) == ARGV[1] then
+  return {1, tonumber(field(v, 'f') or '-1')}
 end
 return {0, redis.call('PTTL', KEYS[1])}
-"#;
+"#
+);
 
 /// Owner-checked release.
 ///
-/// `KEYS[1]` lock, `KEYS[2]` fence, `KEYS[3]` wake channel; `ARGV[1]` owner, `ARGV[2]` the owner a
-/// hand-over of `ARGV[1]`'s hold may have gone to (empty: none), `ARGV[3]` fence TTL ms (0 = none),
-/// `ARGV[4]` the command that wakes waiters (`PUBLISH`, or `SPUBLISH` on a cluster), `ARGV[5]`
-/// how long the name stays taken after the release, in ms (`0`: free at once; otherwise the key
-/// is kept, without an owner and with `#k` naming the released one, for that long — a hold that
-/// must last at least some time). Waiters are woken either way (they learn the new expiry).
-/// Returns `{code, woken}`: code `0` released (`woken` subscribers got the wake-up), `-1` expired,
-/// `-2` taken over. A retry of a release whose reply was lost answers `0` again: the last released
-/// owner is remembered next to the fencing counter.
+/// `KEYS[1]` lock, `KEYS[2]` wake channel; `ARGV[1]` owner, `ARGV[2]` the owner a hand-over of
+/// `ARGV[1]`'s hold may have gone to (empty: none), `ARGV[3]` the command that wakes waiters
+/// (`PUBLISH`, or `SPUBLISH` on a cluster), `ARGV[4]` how long the name stays taken after the
+/// release, in ms (`0`: free at once; otherwise the key is kept, without an owner, as
+/// `#k:<released owner>`, for that long — a hold that must last at least some time). Waiters are
+/// woken either way (they learn the new expiry) — of a plain lock, only if one found the hold
+/// taken (its ` l` flag) or claimed the next turn: a release nobody waits for publishes nothing.
+/// Returns `{code, woken}`: code `0` released (`woken` subscribers got the wake-up), `-1` gone
+/// (expired, or released by an earlier try of this release whose answer was lost: the caller
+/// tells them apart by when its guard let go), `-2` taken by another owner.
 ///
-/// For a fair lock, `ARGV[6]` is `1`, `KEYS[4]` the queue and `KEYS[5]` alive: `ARGV[1]` also
+/// For a fair lock, `ARGV[5]` is `1`, `KEYS[3]` the queue and `KEYS[4]` alive: `ARGV[1]` also
 /// leaves the line (a waiter giving up sends this too), and whenever the lock is left free only
-/// the head of the line is woken, on its own channel. For a read-write lock's writer, `ARGV[6]`
-/// is `2` and `KEYS[4]` the writers waiting: `ARGV[1]` stops waiting too (a writer giving up
+/// the head of the line is woken, on its own channel. For a read-write lock's writer, `ARGV[5]`
+/// is `2` and `KEYS[3]` the writers waiting: `ARGV[1]` stops waiting too (a writer giving up
 /// sends this), and readers held back by its wait are woken when the lock is free.
 ///
-/// A plain lock whose hold a waiter marked as next in turn (`#w`, see [`ACQUIRE`]) and that is not
-/// kept (`ARGV[5]` is `0`) stays reserved for that waiter (`#r`) for the time it asked for.
+/// A plain lock whose hold a waiter marked as next in turn (` w`, see [`ACQUIRE`]) and that is not
+/// kept (`ARGV[4]` is `0`) stays reserved for that waiter's `Locker` (`#r:`) for the time it asked for.
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_LUA));
 
 pub(crate) const RELEASE_LUA: &str = concat!(
+    // The common case first, before any helper is defined: a plain hold with nothing on it
+    // (no token, no lease change, nobody waiting) is deleted, and that is all.
+    r#"
+local v = redis.call('GET', KEYS[1])
+if v == ARGV[1] and ARGV[5] == '0' and ARGV[4] == '0' then
+  redis.call('DEL', KEYS[1])
+  return {0, 0}
+end
+"#,
     fair_lua!(),
+    hold_lua!(),
     let_go_lua!(),
     r#"
-local fair = ARGV[6] == '1'
-local writer = ARGV[6] == '2'
+local fair = ARGV[5] == '1'
+local writer = ARGV[5] == '2'
 local function wake()
   if not fair then
-    return redis.call(ARGV[4], KEYS[3], '1')
+    return redis.call(ARGV[3], KEYS[2], '1')
   end
-  local head = fair_head(KEYS[4], KEYS[5], now_ms())
+  local head = fair_head(KEYS[3], KEYS[4], now_ms())
   if head then
-    return redis.call(ARGV[4], KEYS[3] .. ':' .. head, '1')
+    return redis.call(ARGV[3], KEYS[2] .. ':' .. head, '1')
   end
   return 0
 end
 local left = 0
 if fair then
+  redis.call('ZREM', KEYS[3], ARGV[1])
   redis.call('ZREM', KEYS[4], ARGV[1])
-  redis.call('ZREM', KEYS[5], ARGV[1])
 elseif writer then
-  left = redis.call('ZREM', KEYS[4], ARGV[1])
+  left = redis.call('ZREM', KEYS[3], ARGV[1])
 end
-local fields = redis.call('HMGET', KEYS[1], ARGV[1], ARGV[2], '#w')
-if fields[1] or (ARGV[2] ~= '' and fields[2]) then
-  local keep = ARGV[5] ~= '0'
-  let_go(KEYS[1], KEYS[2], ARGV[1], ARGV[3], not keep and fields[3])
+local holder = v and who(v)
+if holder and (holder == ARGV[1] or (ARGV[2] ~= '' and holder == ARGV[2])) then
+  local keep = ARGV[4] ~= '0'
+  local claim = field(v, 'w')
+  let_go(KEYS[1], not keep and claim)
   if keep then
-    redis.call('HSET', KEYS[1], '#k', ARGV[1])
-    redis.call('PEXPIRE', KEYS[1], ARGV[5])
+    redis.call('PSETEX', KEYS[1], ARGV[4], '#k:' .. ARGV[1])
+  end
+  if ARGV[5] == '0' and not claim and not field(v, 'l') then
+    return {0, 0}
   end
   return {0, wake()}
 end
-local code = -1
-if redis.call('HGET', KEYS[2], 'r') == ARGV[1] then
-  code = 0
-elseif redis.call('EXISTS', KEYS[1]) == 1 then
-  code = -2
-end
-if (fair or left == 1) and redis.call('EXISTS', KEYS[1]) == 0 then
+if (fair or left == 1) and not v then
   wake()
 end
-return {code, 0}
+if v then
+  return {-2, 0}
+end
+return {-1, 0}
 "#
 );
 
@@ -370,6 +443,7 @@ pub(crate) static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(RENEW_L
 
 pub(crate) const RENEW_LUA: &str = concat!(
     fair_lua!(),
+    hold_lua!(),
     r#"
 local out = {}
 local now
@@ -384,18 +458,19 @@ for i = 1, #KEYS do
     else
       out[i] = 0
     end
-  elseif redis.pcall('HEXISTS', KEYS[i], ARGV[3 * i - 2]) == 1 then
-    local seq = tonumber(ARGV[3 * i])
-    local last = tonumber(redis.call('HGET', KEYS[i], '#s') or '0')
-    if seq > last then
-      redis.call('PEXPIRE', KEYS[i], ARGV[3 * i - 1])
-      redis.call('HSET', KEYS[i], '#s', ARGV[3 * i])
-      out[i] = 1
-    else
-      out[i] = 2
-    end
   else
-    out[i] = 0
+    local v = redis.pcall('GET', KEYS[i])
+    if type(v) == 'string' and who(v) == ARGV[3 * i - 2] then
+      local seq = tonumber(ARGV[3 * i])
+      if seq > tonumber(field(v, 's') or '0') then
+        redis.call('PSETEX', KEYS[i], ARGV[3 * i - 1], without(v, 's') .. ' s' .. ARGV[3 * i])
+        out[i] = 1
+      else
+        out[i] = 2
+      end
+    else
+      out[i] = 0
+    end
   end
 end
 return out
@@ -405,7 +480,7 @@ return out
 /// Hand-over inside one process: release `ARGV[1]`'s hold and, in the same step, acquire for
 /// `ARGV[2]` with a fresh fencing token, so a local waiter takes over without a wake-up round trip.
 ///
-/// `KEYS` as for [`RELEASE`]; `ARGV[1]` old owner, `ARGV[2]` new owner, `ARGV[3]` lease ms,
+/// `KEYS[1]` lock, `KEYS[2]` fence, `KEYS[3]` wake channel; `ARGV[1]` old owner, `ARGV[2]` new owner, `ARGV[3]` lease ms,
 /// `ARGV[4]` fence TTL ms, `ARGV[5]` the `PUBSUB` subcommand that counts a channel's subscribers
 /// (`NUMSUB`, or `SHARDNUMSUB` on a cluster), `ARGV[6]` the id of the `Locker` handing over,
 /// `ARGV[7]` the command that wakes waiters (`PUBLISH`, or `SPUBLISH` on a cluster).
@@ -417,25 +492,24 @@ pub(crate) static HANDOFF: LazyLock<Script> = LazyLock::new(|| Script::new(HANDO
 
 pub(crate) const HANDOFF_LUA: &str = concat!(
     next_fence_lua!(),
+    hold_lua!(),
     let_go_lua!(),
     r#"
-local fields = redis.call('HMGET', KEYS[1], ARGV[1], '#w')
-if not fields[1] then
-  if redis.call('EXISTS', KEYS[1]) == 1 then
+local v = redis.call('GET', KEYS[1])
+if not v or who(v) ~= ARGV[1] then
+  if v then
     return {0, -2}
   end
   return {0, -1}
 end
-local next_in = fields[2] and string.match(fields[2], '^%d+ %d+ (%x+)$')
+local claim = field(v, 'w')
+local next_in = claim and string.match(claim, '^%d+:%d+:(%x+)$')
 if (next_in and next_in ~= ARGV[6]) or redis.call('PUBSUB', ARGV[5], KEYS[3])[2] > 1 then
-  let_go(KEYS[1], KEYS[2], ARGV[1], ARGV[4], fields[2])
+  let_go(KEYS[1], claim)
   return {2, redis.call(ARGV[7], KEYS[3], '1')}
 end
 local f = next_fence(KEYS[2], ARGV[4])
-redis.call('HSET', KEYS[2], 'r', ARGV[1])
-redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[1], ARGV[2], 1, '#f', string.format('%d', f))
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
+redis.call('PSETEX', KEYS[1], ARGV[3], ARGV[2] .. ' f' .. string.format('%d', f))
 return {1, f}
 "#
 );
@@ -451,34 +525,41 @@ return {1, f}
 /// is freed; waiters are woken. Returns 1 if it removed anything, else 0.
 pub(crate) static LEAVE_TURN: LazyLock<Script> = LazyLock::new(|| Script::new(LEAVE_TURN_LUA));
 
-pub(crate) const LEAVE_TURN_LUA: &str = r#"
-local fields = redis.call('HMGET', KEYS[1], '#w', '#r')
+pub(crate) const LEAVE_TURN_LUA: &str = concat!(
+    hold_lua!(),
+    r#"
+local v = redis.call('GET', KEYS[1])
+if not v then
+  return 0
+end
+local claim = field(v, 'w')
 local left = 0
-if fields[1] then
-  local since, locker = string.match(fields[1], '^(%d+) %d+ (%x+)$')
+if claim then
+  local since, locker = string.match(claim, '^(%d+):%d+:(%x+)$')
   if locker == ARGV[2] and (since == ARGV[1] or ARGV[3] == '1') then
-    redis.call('HDEL', KEYS[1], '#w')
-    fields[1] = false
+    claim = nil
     left = 1
   end
 end
-if fields[2] == ARGV[2] and ARGV[3] == '1' then
+if who(v) == '#r:' .. ARGV[2] and ARGV[3] == '1' then
   local ms, locker = nil, nil
-  if fields[1] then
-    ms, locker = string.match(fields[1], '^%d+ (%d+) (%x+)$')
+  if claim then
+    ms, locker = string.match(claim, '^%d+:(%d+):(%x+)$')
   end
   if locker then
-    redis.call('HDEL', KEYS[1], '#w')
-    redis.call('HSET', KEYS[1], '#r', locker)
-    redis.call('PEXPIRE', KEYS[1], ms)
+    redis.call('PSETEX', KEYS[1], ms, '#r:' .. locker)
   else
     redis.call('DEL', KEYS[1])
   end
   redis.call(ARGV[4], KEYS[2], '1')
-  left = 1
+  return 1
+end
+if left == 1 then
+  rewrite(KEYS[1], without(v, 'w'))
 end
 return left
-"#;
+"#
+);
 
 /// What a name holds, for operators (read-only).
 ///
@@ -486,29 +567,32 @@ return left
 /// channel's subscribers (`NUMSUB`, or `SHARDNUMSUB` on a cluster). Returns `{pttl, holders,
 /// token, kept, foreign, last, subscribers, queued}`: the lock key's PTTL (-2 gone), each holder as its owner token's
 /// first 8 characters and its label (the part after `@`, or `''`) — never the whole token —, the
-/// current hold's fencing token (`''`: none), 1 if the key is kept after a release (`#k`), 1 if
+/// current hold's fencing token (`''`: none), 1 if the key is kept after a release (`#k:`), 1 if
 /// the key holds something other than a lock, the last fencing token handed out (`''`: none),
 /// the wake-up channel's subscribers (one per waiting `Locker`), and the number of waiters in a
 /// fair lock's line (`KEYS[4]`, the queue).
 pub(crate) static INSPECT: LazyLock<Script> = LazyLock::new(|| Script::new(INSPECT_LUA));
 
-pub(crate) const INSPECT_LUA: &str = r#"
+pub(crate) const INSPECT_LUA: &str = concat!(
+    hold_lua!(),
+    r#"
 local pttl = redis.call('PTTL', KEYS[1])
 local holders = {}
 local token = ''
 local kept = 0
 local foreign = 0
 if pttl ~= -2 then
-  if redis.call('TYPE', KEYS[1])['ok'] == 'hash' then
-    for _, field in ipairs(redis.call('HKEYS', KEYS[1])) do
-      if string.sub(field, 1, 1) ~= '#' then
-        holders[#holders + 1] = string.sub(field, 1, 8)
-        holders[#holders + 1] = string.match(field, '@(.*)$') or ''
-      elseif field == '#k' then
-        kept = 1
-      end
-    end
-    token = redis.call('HGET', KEYS[1], '#f') or ''
+  local v = redis.call('TYPE', KEYS[1])['ok'] == 'string' and redis.call('GET', KEYS[1])
+  local holder = v and who(v) or ''
+  local hex = string.match(holder, '^%x+')
+  if string.sub(holder, 1, 3) == '#k:' then
+    kept = 1
+  elseif string.sub(holder, 1, 3) == '#r:' then
+    kept = 0
+  elseif hex and #hex == 32 and (#holder == 32 or string.sub(holder, 33, 33) == '@') then
+    holders[1] = string.sub(holder, 1, 8)
+    holders[2] = string.match(holder, '@(.*)$') or ''
+    token = field(v, 'f') or ''
   else
     foreign = 1
   end
@@ -523,7 +607,8 @@ if redis.call('TYPE', KEYS[4])['ok'] == 'zset' then
   queued = redis.call('ZCARD', KEYS[4])
 end
 return {pttl, holders, token, kept, foreign, last, subscribers, queued}
-"#;
+"#
+);
 
 /// An operator's release of whatever holds a name, owner or not (its holders learn of the loss
 /// at their next renewal); wakes waiters — those of a plain lock on the name's channel, and the

@@ -33,6 +33,7 @@ pub mod checker;
 pub mod cluster;
 pub mod fenced;
 pub mod handover;
+pub mod hold;
 pub mod holder;
 mod proxy;
 pub mod sentinel;

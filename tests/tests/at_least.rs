@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use dlock_core::redis::AsyncCommands as _;
 use dlock_core::{LockError, Locker};
+use dlock_tests::hold::RawHold;
 use dlock_tests::{RedisServer, pause_writes, unique_name, unpause};
 use tokio::time::Instant;
 
@@ -22,11 +23,15 @@ async fn an_early_release_keeps_the_name_taken_until_the_period_ends() {
     let granted = Instant::now();
     assert!(guard.release().await.is_released());
 
-    // Taken by nobody: no owner in the hash, only the released one under `#k`, until the
-    // period ends.
+    // Taken by nobody: no owner on the key, only the released one (`#k:`), until the period
+    // ends.
     let mut con = server.connection().await;
-    let fields: Vec<String> = con.hkeys(&key).await.expect("HKEYS");
-    assert_eq!(fields, vec!["#k".to_owned()], "{fields:?}");
+    let hold = RawHold::read(&mut con, &key).await.expect("GET");
+    assert!(
+        hold.as_ref()
+            .is_some_and(|h| h.owner.is_none() && h.kept_after.is_some()),
+        "{hold:?}"
+    );
     let pttl: i64 = con.pttl(&key).await.expect("PTTL");
     assert!(pttl > 0 && pttl <= PERIOD.as_millis() as i64, "PTTL {pttl}");
     let busy = rival.lock(name.as_str()).try_lock().await.expect("try");
@@ -115,8 +120,12 @@ async fn a_release_dropped_mid_flight_still_keeps_the_period() {
     assert!(dropped.is_err(), "the release waited in the paused server");
     unpause(&mut admin).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let fields: Vec<String> = admin.hkeys(&key).await.expect("HKEYS");
-    assert_eq!(fields, vec!["#k".to_owned()], "{fields:?}");
+    let hold = RawHold::read(&mut admin, &key).await.expect("GET");
+    assert!(
+        hold.as_ref()
+            .is_some_and(|h| h.owner.is_none() && h.kept_after.is_some()),
+        "{hold:?}"
+    );
     let pttl: i64 = admin.pttl(&key).await.expect("PTTL");
     assert!(pttl > 1_000, "kept for the rest of the period, PTTL {pttl}");
 }

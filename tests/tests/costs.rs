@@ -6,50 +6,79 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use dlock_core::Locker;
+use dlock_tests::hold::RawHold;
 use dlock_tests::{RedisServer, unique_name};
 
-/// Commands a client sends itself; everything else in `commandstats` ran inside a script.
-const SENT: &[&str] = &[
-    "evalsha",
-    "eval",
-    "subscribe",
-    "unsubscribe",
-    "ping",
-    "wait",
-];
-
-/// What one operation cost: commands sent (one round trip each, unless pipelined), and every
-/// command Redis ran (those sent included).
+/// What one operation cost: commands clients sent (one round trip each, unless pipelined), and
+/// every command Redis ran (those sent included).
 #[derive(Debug, PartialEq, Eq)]
 struct Cost {
     round_trips: u64,
     commands: u64,
 }
 
-/// The cost of what ran between two `commandstats` readings (the readings themselves aside).
-fn cost(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>) -> Cost {
-    let delta =
-        |name: &str| after.get(name).copied().unwrap_or(0) - before.get(name).copied().unwrap_or(0);
-    // The readings' own connections (`INFO`, and `CLIENT SETINFO` where the server knows it),
-    // and a replica's acknowledgements of what it received (`REPLCONF ACK`, every second).
-    let reading = |k: &str| {
-        k == "info" || k == "script|load" || k.starts_with("client|") || k.starts_with("replconf")
-    };
-    let names = after.keys().filter(|k| !reading(k));
-    let commands = names.map(|k| delta(k)).sum();
-    let round_trips = SENT.iter().map(|k| delta(k)).sum();
-    Cost {
-        round_trips,
-        commands,
-    }
+/// Commands that only take the readings: `INFO`, a new connection's `CLIENT SETINFO` and
+/// `HELLO`, the end marker's `ECHO`, a script loaded after a first `NOSCRIPT`, and a replica's
+/// acknowledgements of what it received (`REPLCONF ACK`, every second).
+fn reading(command: &str) -> bool {
+    matches!(
+        command,
+        "info" | "echo" | "hello" | "script" | "client" | "replconf"
+    ) || command.starts_with("script|")
+        || command.starts_with("client|")
+        || command.starts_with("replconf")
 }
 
-/// Runs `op` and returns what it cost.
+/// The commands Redis ran between two `commandstats` readings (the readings themselves aside).
+fn ran(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>) -> u64 {
+    let delta =
+        |name: &str| after.get(name).copied().unwrap_or(0) - before.get(name).copied().unwrap_or(0);
+    after.keys().filter(|k| !reading(k)).map(|k| delta(k)).sum()
+}
+
+/// Runs `op` and returns what it cost: every command from `commandstats`, the ones clients sent
+/// from `MONITOR` (which shows a script's own commands as coming from `lua`).
 async fn measure<F: std::future::Future<Output = T>, T>(server: &RedisServer, op: F) -> (T, Cost) {
+    use futures_util::StreamExt as _;
+    let client = dlock_core::redis::Client::open(server.url()).expect("client");
+    let mut monitor = client.get_async_monitor().await.expect("MONITOR");
     let before = server.info_commandstats();
     let out = op.await;
     let after = server.info_commandstats();
-    (out, cost(&before, &after))
+    let marker = unique_name("costs-end");
+    let mut con = server.connection().await;
+    let _: String = dlock_core::redis::cmd("ECHO")
+        .arg(&marker)
+        .query_async(&mut con)
+        .await
+        .expect("ECHO");
+    let mut lines = monitor.on_message::<String>();
+    let mut round_trips = 0;
+    loop {
+        let line = tokio::time::timeout(Duration::from_secs(5), lines.next())
+            .await
+            .expect("MONITOR showed the end marker")
+            .expect("MONITOR stream");
+        if line.contains(&marker) {
+            break;
+        }
+        // `<time> [<db> <client address, or lua>] "<COMMAND>" "<arg>" ...`
+        let Some((source, command)) = line.split_once("] \"").map(|(head, rest)| {
+            let source = head.rsplit(' ').next().unwrap_or_default().to_owned();
+            let command = rest.split('"').next().unwrap_or_default().to_lowercase();
+            (source, command)
+        }) else {
+            continue;
+        };
+        if source != "lua" && !reading(&command) {
+            round_trips += 1;
+        }
+    }
+    let cost = Cost {
+        round_trips,
+        commands: ran(&before, &after),
+    };
+    (out, cost)
 }
 
 const fn cost_of(round_trips: u64, commands: u64) -> Cost {
@@ -104,13 +133,13 @@ async fn a_plain_lock_costs_one_round_trip_to_take_and_one_to_give_back() {
     let name = unique_name("cost-plain");
     let (guard, taken) = measure(&server, locker.lock(name.as_str()).into_future()).await;
     let guard = guard.expect("lock");
-    // EVALSHA; EXISTS, HSET (owner), PEXPIRE (lease). No fencing work until asked.
-    assert_eq!(taken, cost_of(1, 4));
+    // `SET NX PX`: no script, no fencing work until asked.
+    assert_eq!(taken, cost_of(1, 1));
     let (token, minted) = measure(&server, guard.fencing_token()).await;
     let token = token.expect("a token");
-    // EVALSHA; HEXISTS (still the owner?), HGET (minted already?), TIME, HGET (last token), HSET
-    // (counter), PTTL + PEXPIRE (a new counter's TTL), HSET (the hold's token).
-    assert_eq!(minted, cost_of(1, 9));
+    // EVALSHA; GET (still the owner? minted already?), TIME, HGET (last token), HSET (counter),
+    // PTTL + PEXPIRE (a new counter's TTL), APPEND (the hold's token).
+    assert_eq!(minted, cost_of(1, 8));
     let (again, asked_again) = measure(&server, guard.fencing_token()).await;
     assert_eq!(again.expect("the same token"), token);
     assert_eq!(
@@ -119,16 +148,16 @@ async fn a_plain_lock_costs_one_round_trip_to_take_and_one_to_give_back() {
         "a token is asked for once per hold"
     );
     let (_, released) = measure(&server, guard.release()).await;
-    // EVALSHA; HMGET (the owner, and a claim to the next turn), DEL, HSET (released owner) and
-    // PTTL (the counter has its TTL: no PEXPIRE), PUBLISH.
-    assert_eq!(released, cost_of(1, 6));
+    // EVALSHA; GET (the owner, a claim to the next turn, a waiter's flag), DEL. Nobody waited:
+    // no PUBLISH.
+    assert_eq!(released, cost_of(1, 3));
 
     // The cycle of a holder that never asks for a token, on a name used before.
     let (guard, taken) = measure(&server, locker.lock(name.as_str()).into_future()).await;
-    assert_eq!(taken, cost_of(1, 4));
+    assert_eq!(taken, cost_of(1, 1));
     let (_, released) = measure(&server, guard.expect("lock").release()).await;
-    // EVALSHA; HMGET, DEL, HSET (the released owner's field is there: no PTTL), PUBLISH.
-    assert_eq!(released, cost_of(1, 5));
+    // The same: EVALSHA; GET, DEL.
+    assert_eq!(released, cost_of(1, 3));
 }
 
 #[tokio::test]
@@ -212,19 +241,24 @@ async fn a_release_past_local_waiters_to_another_process_is_one_round_trip() {
     // A waiter of another process claims the next turn.
     let mut con = server.connection().await;
     let other = "0123456789abcdef0123456789abcdef";
-    let _: i64 = con
-        .hset(&key, "#w", format!("1 300 {other}"))
+    let hold: String = con.get(&key).await.expect("GET");
+    // Its claim takes the place of any other (the local waiter's own, if it made one).
+    let fields: Vec<&str> = hold.split(' ').filter(|f| !f.starts_with('w')).collect();
+    let () = dlock_core::redis::cmd("SET")
+        .arg(&key)
+        .arg(format!("{} w1:300:{other}", fields.join(" ")))
+        .arg("KEEPTTL")
+        .query_async(&mut con)
         .await
-        .expect("HSET");
+        .expect("SET");
 
     let (outcome, released) = measure(&server, guard.release()).await;
     assert!(outcome.is_released());
-    // One script: EVALSHA; HMGET, PUBSUB NUMSUB (the claim came first: Lua's `or` stops there,
-    // so no), DEL, HSET (released owner) with PTTL + PEXPIRE (the counter key is new: nothing
-    // asked for a token), HSET + PEXPIRE (kept for the claimant), PUBLISH.
-    assert_eq!(released, cost_of(1, 9));
-    let kept: Option<String> = con.hget(&key, "#r").await.expect("HGET");
-    assert_eq!(kept.as_deref(), Some(other));
+    // One script: EVALSHA; GET, PUBSUB NUMSUB (the claim came first: Lua's `or` stops there,
+    // so no), DEL, PSETEX (kept for the claimant), PUBLISH.
+    assert_eq!(released, cost_of(1, 5));
+    let kept = RawHold::read(&mut con, &key).await.expect("GET");
+    assert_eq!(kept.and_then(|h| h.kept_for).as_deref(), Some(other));
     // The turn passes unused; the local waiter gets the lock on its next try.
     assert!(
         tokio::time::timeout(Duration::from_secs(15), waiter)
@@ -242,12 +276,13 @@ async fn a_fair_lock_costs_one_round_trip_each_way_when_nobody_waits() {
     let name = unique_name("cost-fair");
     let (guard, taken) = measure(&server, locker.fair_lock(name.as_str()).into_future()).await;
     let guard = guard.expect("lock");
-    // The plain lock's, plus TIME and a look at the (empty) line.
-    assert_eq!(taken, cost_of(1, 11));
+    // EVALSHA; TIME, GET, a look at the (empty) line, the fencing work (TIME, HGET, HSET, PTTL,
+    // PEXPIRE), PSETEX.
+    assert_eq!(taken, cost_of(1, 10));
     let (_, released) = measure(&server, guard.release()).await;
     // The plain release's, with two ZREMs (leaving the line) and a look for its head (TIME,
-    // ZRANGE) instead of a PUBLISH to all: nobody in line, nobody woken.
-    assert_eq!(released, cost_of(1, 9));
+    // ZRANGE) before any PUBLISH: nobody in line, nobody woken.
+    assert_eq!(released, cost_of(1, 7));
 }
 
 #[tokio::test]
@@ -258,11 +293,11 @@ async fn a_multi_lock_on_one_server_costs_one_round_trip_to_take_them_all() {
     let names: Vec<String> = (0..3).map(|i| format!("{base}-{i}")).collect();
     let (guard, taken) = measure(&server, locker.lock_all(names.clone()).into_future()).await;
     let guard = guard.expect("lock all");
-    // EVALSHA; per name EXISTS twice (check, then take), and the plain acquisition's writes.
-    assert_eq!(taken, cost_of(1, 1 + 3 * 9));
+    // EVALSHA; per name GET, the fencing work (TIME, HGET, HSET, PTTL, PEXPIRE) and PSETEX.
+    assert_eq!(taken, cost_of(1, 1 + 3 * 7));
     let (_, released) = measure(&server, guard.release()).await;
     // One release per name, all at once.
-    assert_eq!(released, cost_of(3, 3 * 6));
+    assert_eq!(released, cost_of(3, 3 * 3));
 }
 
 #[tokio::test]
@@ -275,8 +310,8 @@ async fn a_reentry_costs_one_read_only_round_trip() {
         let (inner, taken) = measure(&server, locker.lock(name.as_str()).into_future()).await;
         let inner = inner.expect("inner");
         assert!(inner.is_reentrant());
-        // EVALSHA; HEXISTS, HGET (token).
-        assert_eq!(taken, cost_of(1, 3));
+        // EVALSHA; GET.
+        assert_eq!(taken, cost_of(1, 2));
         let (_, released) = measure(&server, inner.release()).await;
         assert_eq!(
             released,
@@ -298,9 +333,9 @@ async fn an_at_least_release_keeps_the_key_in_the_same_round_trip() {
         .await
         .expect("lock");
     let (_, released) = measure(&server, guard.release()).await;
-    // The plain release's on a new name (EVALSHA; HMGET, DEL, HSET + PTTL + PEXPIRE: the
-    // counter key is created here, PUBLISH), and HSET + PEXPIRE to keep the name taken.
-    assert_eq!(released, cost_of(1, 9));
+    // The plain release's (EVALSHA; GET, DEL), and PSETEX to keep the name taken. Nobody
+    // waited: no PUBLISH.
+    assert_eq!(released, cost_of(1, 4));
 }
 
 #[tokio::test]
@@ -334,13 +369,13 @@ async fn a_read_write_lock_costs_one_round_trip_each_way() {
     assert_eq!(released, cost_of(1, 6));
     let (write, taken) = measure(&server, lock.write().into_future()).await;
     let write = write.expect("write");
-    // EVALSHA; TIME, two ZREMRANGEBYSCOREs, EXISTS, ZRANGE (a reader?), ZREM (its wait), and
-    // the plain acquisition's fencing (TIME, HGET, HSET, PTTL, PEXPIRE) and writes (HSET,
-    // PEXPIRE).
-    assert_eq!(taken, cost_of(1, 14));
+    // EVALSHA; TIME, two ZREMRANGEBYSCOREs, GET, ZRANGE (a reader?), ZREM (its wait), the
+    // fencing work (TIME, HGET, HSET, PTTL, PEXPIRE) and PSETEX.
+    assert_eq!(taken, cost_of(1, 13));
     let (_, released) = measure(&server, write.release()).await;
-    // The plain release's, and a ZREM (its wait, if any).
-    assert_eq!(released, cost_of(1, 7));
+    // EVALSHA; ZREM (its wait, if any), GET, DEL, PUBLISH (readers may wait without having
+    // flagged the hold: a writer's release always wakes).
+    assert_eq!(released, cost_of(1, 5));
 }
 
 #[tokio::test]
@@ -376,10 +411,10 @@ async fn replica_acknowledgement_adds_a_wait_in_the_same_round_trip() {
     let (guard, taken) = measure(&master, locker.lock(name.as_str()).into_future()).await;
     let guard = guard.expect("lock");
     // The plain acquisition, and a WAIT pipelined behind it: one round trip.
-    assert_eq!(taken, cost_of(2, 4 + 1));
+    assert_eq!(taken, cost_of(2, 1 + 1));
     let (_, released) = measure(&master, guard.release()).await;
-    // The plain release on a new name (the counter key created here), and a WAIT.
-    assert_eq!(released, cost_of(2, 7 + 1));
+    // The plain release, and a WAIT.
+    assert_eq!(released, cost_of(2, 3 + 1));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

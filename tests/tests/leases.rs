@@ -250,7 +250,7 @@ fn a_locker_first_used_on_a_runtime_that_is_gone_keeps_renewing_and_waking() {
 }
 
 #[tokio::test]
-async fn a_fencing_counter_that_expires_while_held_comes_back_with_a_ttl() {
+async fn a_fencing_counter_that_expires_comes_back_with_a_ttl_at_the_next_token() {
     let server = RedisServer::start();
     let mut con = server.connection().await;
     let locker = Locker::builder()
@@ -263,10 +263,21 @@ async fn a_fencing_counter_that_expires_while_held_comes_back_with_a_ttl() {
     let key = locker.key_of(name.as_str()).unwrap();
     let fence_key = format!("{key}:fence");
     let guard = locker.lock(name.as_str()).await.expect("lock");
+    let first = guard.fencing_token().await.expect("a token");
+    assert!(
+        pttl(&mut con, &fence_key).await > 0,
+        "a new counter has a TTL"
+    );
     tokio::time::sleep(Duration::from_millis(500)).await;
     let exists: bool = con.exists(&fence_key).await.expect("EXISTS");
     assert!(!exists, "the counter should have expired by now");
     assert!(guard.release().await.is_released());
+    // A release writes no counter; the next token does, with its TTL, and still rises.
+    assert!(!con.exists::<_, bool>(&fence_key).await.expect("EXISTS"));
+    let again = locker.lock(name.as_str()).await.expect("lock again");
+    let second = again.fencing_token().await.expect("a token");
+    assert!(second > first, "{second:?} after {first:?}");
     let ttl = pttl(&mut con, &fence_key).await;
     assert!(ttl > 0, "the counter came back without a TTL ({ttl})");
+    assert!(again.release().await.is_released());
 }

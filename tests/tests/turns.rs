@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use dlock_core::redis::{self, AsyncCommands as _};
 use dlock_core::{Locker, LockerBuilder};
+use dlock_tests::hold::RawHold;
 use dlock_tests::{Proxy, RedisServer, unique_name};
 
 /// Wakes the waiters of `name` as a release would, while the lock stays held: each finds it
@@ -25,8 +26,8 @@ async fn wake(con: &mut redis::aio::MultiplexedConnection, key: &str) {
 async fn marked(con: &mut redis::aio::MultiplexedConnection, key: &str) -> bool {
     let until = Instant::now() + Duration::from_secs(1);
     while Instant::now() < until {
-        let mark: Option<String> = con.hget(key, "#w").await.expect("HGET");
-        if mark.is_some() {
+        let hold = RawHold::read(con, key).await.expect("GET");
+        if hold.is_some_and(|h| h.claim.is_some()) {
             return true;
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -127,9 +128,9 @@ async fn a_marked_waiter_that_died_delays_the_lock_by_its_turn_only() {
     // Kept for the one that left, for a few of its round trips only.
     let pttl: i64 = con.pttl(&key).await.expect("PTTL");
     assert!((1..=1_000).contains(&pttl), "kept for {pttl} ms");
-    let reserved: Option<String> = con.hget(&key, "#r").await.expect("HGET");
+    let reserved = RawHold::read(&mut con, &key).await.expect("GET");
     assert!(
-        reserved.is_some(),
+        reserved.is_some_and(|h| h.kept_for.is_some()),
         "the release did not keep the lock for the waiter"
     );
     assert!(
@@ -171,8 +172,12 @@ async fn a_waiter_that_gives_up_or_is_dropped_takes_its_claim_back() {
         .await
         .expect_err("the lock is held");
     assert!(err.is_timeout(), "{err}");
-    let mark: Option<String> = con.hget(&key, "#w").await.expect("HGET");
-    assert_eq!(mark, None, "the claim outlived the request");
+    let mark = RawHold::read(&mut con, &key).await.expect("GET");
+    assert_eq!(
+        mark.and_then(|h| h.claim),
+        None,
+        "the claim outlived the request"
+    );
     assert!(held.release().await.is_released());
     let exists: bool = con.exists(&key).await.expect("EXISTS");
     assert!(
@@ -199,8 +204,8 @@ async fn a_waiter_that_gives_up_or_is_dropped_takes_its_claim_back() {
     let _ = waiting.await;
     let until = Instant::now() + Duration::from_secs(2);
     loop {
-        let mark: Option<String> = con.hget(&key, "#w").await.expect("HGET");
-        if mark.is_none() {
+        let hold = RawHold::read(&mut con, &key).await.expect("GET");
+        if hold.is_none_or(|h| h.claim.is_none()) {
             break;
         }
         assert!(Instant::now() < until, "the dropped waiter's claim stayed");

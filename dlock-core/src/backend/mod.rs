@@ -354,11 +354,10 @@ impl Session {
         keys: &LockKeys,
         owner: &str,
         handed_to: Option<&str>,
-        fence_ttl: Option<Duration>,
         keep: Option<Duration>,
     ) -> Result<ReleaseReply, BackendError> {
         match self {
-            Self::Redis(r, c) => r.release(c, keys, owner, handed_to, fence_ttl, keep).await,
+            Self::Redis(r, c) => r.release(c, keys, owner, handed_to, keep).await,
             Self::Memory(m) => Ok(m.release(keys, owner, handed_to, keep)),
         }
     }
@@ -369,11 +368,10 @@ impl Session {
         &self,
         keys: &LockKeys,
         owner: &str,
-        fence_ttl: Option<Duration>,
         keep: Option<Duration>,
     ) -> Result<ReleaseReply, BackendError> {
         match self {
-            Self::Redis(r, c) => r.clean_up(c, keys, owner, fence_ttl, keep).await,
+            Self::Redis(r, c) => r.clean_up(c, keys, owner, keep).await,
             Self::Memory(m) => Ok(m.release(keys, owner, None, keep)),
         }
     }

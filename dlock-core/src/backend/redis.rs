@@ -538,9 +538,9 @@ impl RedisBackend {
 }
 
 /// One script call: `EVALSHA` with its keys and arguments, and the script to load when the
-/// server does not have it.
+/// server does not have it — or a plain command, with no script behind it.
 struct ScriptCall {
-    script: &'static Script,
+    script: Option<&'static Script>,
     cmd: redis::Cmd,
 }
 
@@ -554,7 +554,22 @@ impl ScriptCall {
         for key in keys {
             cmd.arg(*key);
         }
-        Self { script, cmd }
+        Self {
+            script: Some(script),
+            cmd,
+        }
+    }
+
+    /// `SET key value NX PX ms`: a plain lock's first attempt (see the `script` module).
+    fn set_nx(key: &str, value: &str, ms: u64) -> Self {
+        let mut cmd = redis::Cmd::with_capacity(6, key.len() + value.len() + 32);
+        cmd.arg("SET")
+            .arg(key)
+            .arg(value)
+            .arg("NX")
+            .arg("PX")
+            .arg(ms);
+        Self { script: None, cmd }
     }
 
     fn arg(mut self, arg: impl ToRedisArgs) -> Self {
@@ -571,9 +586,10 @@ impl ScriptCall {
     ) -> RedisResult<(T, Option<u32>)> {
         match self.once(c, ack).await {
             Err(err)
-                if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+                if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
+                    && let Some(script) = self.script =>
             {
-                self.script.prepare_invoke().load_async(c).await?;
+                script.prepare_invoke().load_async(c).await?;
                 self.once(c, ack).await
             }
             other => other,

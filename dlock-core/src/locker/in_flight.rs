@@ -2,7 +2,6 @@
 //! release cancellation-safe.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio::time::Instant;
 
@@ -18,7 +17,6 @@ pub(super) struct InFlight {
     pub(super) session: Option<Session>,
     /// The locks the command was for, each with its owner.
     holds: Vec<(Arc<LockKeys>, Arc<str>)>,
-    fence_ttl: Option<Duration>,
     /// For a release: until when it keeps the name taken (`at_least`).
     keep_until: Option<Instant>,
     armed: bool,
@@ -35,7 +33,6 @@ impl InFlight {
             backend: locker.inner.backend.clone(),
             session: None,
             holds,
-            fence_ttl: locker.inner.config.fence_ttl,
             keep_until: None,
             armed: true,
         }
@@ -58,7 +55,7 @@ impl Drop for InFlight {
             return;
         }
         let (backend, session) = (self.backend.clone(), self.session.take());
-        let (holds, fence_ttl) = (std::mem::take(&mut self.holds), self.fence_ttl);
+        let holds = std::mem::take(&mut self.holds);
         let keep_until = self.keep_until;
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             handle.spawn(async move {
@@ -73,7 +70,7 @@ impl Drop for InFlight {
                     .map(|until| until.saturating_duration_since(Instant::now()))
                     .filter(|left| !left.is_zero());
                 for (keys, owner) in holds {
-                    let _ = session.clean_up(&keys, &owner, fence_ttl, keep).await;
+                    let _ = session.clean_up(&keys, &owner, keep).await;
                 }
             });
         }

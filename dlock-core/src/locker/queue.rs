@@ -181,9 +181,7 @@ impl Locker {
                 queue.streak.fetch_add(1, Ordering::Relaxed);
                 if slot.tx.send((fence, sent_at)).is_err() {
                     // The waiter left meanwhile: release what it was given.
-                    let _ = session
-                        .clean_up(&hold.keys, &slot.owner, fence_ttl, None)
-                        .await;
+                    let _ = session.clean_up(&hold.keys, &slot.owner, None).await;
                 }
                 Some(ReleaseOutcome::Released)
             }

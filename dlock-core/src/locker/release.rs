@@ -108,33 +108,24 @@ impl Locker {
         handed_to: Option<&str>,
         retry: bool,
     ) -> ReleaseOutcome {
-        let fence_ttl = self.inner.config.fence_ttl;
         let release = || async {
             let session = self.inner.backend.session().await?;
-            session
-                .release(
-                    &hold.keys,
-                    &hold.owner,
-                    handed_to,
-                    fence_ttl,
-                    hold.keep_for(),
-                )
-                .await
+            (session.release(&hold.keys, &hold.owner, handed_to, hold.keep_for())).await
         };
         // When the holder let go, and what it believed then.
         let (let_go, deadline, lost) = hold.let_go();
         let mut reply = release().await;
         let mut retried = false;
         if reply.is_err() && retry {
-            // One retry: if the first try ran, the script remembers its owner as released.
+            // One retry: the first try may have run.
             reply = release().await;
             retried = true;
         }
         let gone = matches!(reply, Ok(ReleaseReply::Expired | ReleaseReply::TakenOver));
         if gone && retried && !lost && let_go < deadline {
-            // Neither our hold nor our marker: the first try released it and a later release
-            // overwrote the marker, or the lease ran out after the guard let go (see
-            // `judged_at_let_go`). Either way the lock was this guard's until it let go.
+            // Not our hold any more: the first try released it (and someone may have taken it
+            // since), or the lease ran out after the guard let go (see `judged_at_let_go`).
+            // Either way the lock was this guard's until it let go.
             reply = Ok(ReleaseReply::Released { woke: 0 });
         }
         match reply {

@@ -6,11 +6,11 @@ use super::LockName;
 /// The Redis keys of one hold's name.
 #[derive(Debug, Clone)]
 pub(crate) struct LockKeys {
-    /// What is held: the owner hash of a lock (`owner token -> 1`, plus the fencing token and
-    /// the lease sequence number of the current hold), or the sorted set of a semaphore's
-    /// permits or a read-write lock's readers (`id -> expiry`).
+    /// What is held: a lock's hold (a string: the owner token, then the hold's fencing token,
+    /// lease sequence number and turn fields; see the `script` module), or the sorted set of a
+    /// semaphore's permits or a read-write lock's readers (`id -> expiry`).
     pub(crate) lock: String,
-    /// The fencing counter (and the last released owner, for idempotent release retries).
+    /// The fencing counter.
     pub(crate) fence: String,
     /// The wake-up channel (for a fair lock, each waiter's channel is this one, `:`, and the
     /// waiter's owner token).
@@ -169,7 +169,7 @@ impl LockKeys {
     }
 
     /// Whether the hold is a member of a sorted set with its own expiry (a permit, a reader),
-    /// not a lock's owner hash.
+    /// not a lock's hold.
     pub(crate) fn is_member(&self) -> bool {
         matches!(self.kind, KeyKind::Semaphore(_) | KeyKind::Read(_))
     }

@@ -20,6 +20,7 @@ pub(crate) static ACQUIRE_FAIR: LazyLock<Script> = LazyLock::new(|| Script::new(
 pub(crate) const ACQUIRE_FAIR_LUA: &str = concat!(
     next_fence_lua!(),
     fair_lua!(),
+    hold_lua!(),
     r#"
 local now = now_ms()
 local function join()
@@ -41,9 +42,10 @@ local function join()
   end
   return redis.call('ZRANK', KEYS[4], ARGV[1])
 end
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
-    return {1, tonumber(redis.call('HGET', KEYS[1], '#f') or '-1')}
+local v = redis.call('GET', KEYS[1])
+if v then
+  if who(v) == ARGV[1] then
+    return {1, tonumber(field(v, 'f') or '-1')}
   end
   local pttl = redis.call('PTTL', KEYS[1])
   return {0, pttl, join()}
@@ -55,8 +57,7 @@ if head == nil or head == ARGV[1] then
     redis.call('ZREM', KEYS[5], ARGV[1])
   end
   local f = next_fence(KEYS[2], ARGV[3])
-  redis.call('HSET', KEYS[1], ARGV[1], 1, '#f', string.format('%d', f))
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  redis.call('PSETEX', KEYS[1], ARGV[2], ARGV[1] .. ' f' .. string.format('%d', f))
   return {1, f}
 end
 redis.call(ARGV[5], KEYS[3] .. ':' .. head, '1')
@@ -158,6 +159,7 @@ pub(crate) static ACQUIRE_WRITE: LazyLock<Script> =
 pub(crate) const ACQUIRE_WRITE_LUA: &str = concat!(
     next_fence_lua!(),
     fair_lua!(),
+    hold_lua!(),
     r#"
 local now = now_ms()
 redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
@@ -167,9 +169,10 @@ local function waits()
     add_until(KEYS[4], ARGV[1], now, tonumber(ARGV[4]))
   end
 end
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
-    return {1, tonumber(redis.call('HGET', KEYS[1], '#f') or '-1')}
+local v = redis.call('GET', KEYS[1])
+if v then
+  if who(v) == ARGV[1] then
+    return {1, tonumber(field(v, 'f') or '-1')}
   end
   waits()
   return {0, redis.call('PTTL', KEYS[1])}
@@ -181,8 +184,7 @@ if first[2] then
 end
 redis.call('ZREM', KEYS[4], ARGV[1])
 local f = next_fence(KEYS[2], ARGV[3])
-redis.call('HSET', KEYS[1], ARGV[1], 1, '#f', string.format('%d', f))
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('PSETEX', KEYS[1], ARGV[2], ARGV[1] .. ' f' .. string.format('%d', f))
 return {1, f}
 "#
 );

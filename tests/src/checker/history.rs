@@ -221,7 +221,7 @@ pub enum EventKind {
         /// The guard said it was lost when the ask was made.
         lost_before: bool,
     },
-    /// `HGET <lock key> '#f'` right after a final release.
+    /// The fencing token on the lock key (`GET`) right after a final release.
     Hget {
         /// The guard.
         guard: u32,

@@ -514,7 +514,7 @@ fn release_truth(
                 invariant: Invariant::ReleaseTruth,
                 summary: format!(
                     "the last release of a hold said Released, but Redis still holds it \
-                     (HGET #f = {}): {}",
+                     (its token {} on the key): {}",
                     g.token(),
                     describe(history, g, finish)
                 ),

@@ -2,7 +2,7 @@
 //! place in line ran out: keys in Redis, waiters in a memory store's fair line, holds a locker
 //! still renews or names it still watches.
 
-use std::collections::BTreeMap;
+use crate::hold::RawHold;
 use std::time::Duration;
 
 use dlock_core::redis::{self, AsyncCommands as _};
@@ -104,9 +104,11 @@ pub(super) async fn redis_leftovers(
             });
             continue;
         }
-        let fields: BTreeMap<String, String> = con.hgetall(&key).await.unwrap_or_default();
+        let fields: Option<String> = con.get(&key).await.unwrap_or_default();
         let name = ctx.keys.iter().position(|k| *k == key);
-        let token: Option<u64> = fields.get("#f").and_then(|f| f.parse().ok());
+        let token = (fields.as_deref())
+            .and_then(|v| RawHold::try_parse(v).ok())
+            .and_then(|h| h.token);
         let holder = guards
             .iter()
             .filter(|g| Some(usize::from(g.name)) == name && Some(g.token()) == token)

@@ -170,7 +170,7 @@ fn describe(kind: &EventKind, tokens: &dyn Fn(u32) -> u64) -> String {
             None => format!("fencing_token() g{guard} -> error"),
         },
         EventKind::Hget { guard, found } => {
-            format!("  HGET #f after release of g{guard}: {found:?}")
+            format!("  token on the key after release of g{guard}: {found:?}")
         }
     }
 }

@@ -1,7 +1,7 @@
 //! A guard never believes it holds its lock past the moment Redis will let the lock go.
 //!
 //! After every `extend` that returns `Ok`, and just before every release, the lock key is read
-//! (`HGET #f` and `PTTL` in one round trip): while it still holds this guard's token, Redis keeps
+//! (`GET` for its fencing token and `PTTL`, in one round trip): while it still holds this guard's token, Redis keeps
 //! it until at most `read + PTTL`, and the guard's `valid_until()` must not lie beyond that.
 //! This is what catches a belief that outlives the lease before anyone else acquires (a lease
 //! shortened by `extend`, a renewal landing after it) — the overlap check (a) sees it only when
@@ -17,6 +17,7 @@ use tokio::time::Instant;
 use super::history::{GuardRec, History, ms};
 use super::invariants::{Invariant, Violation};
 use super::ops::Ctx;
+use crate::hold::RawHold;
 
 /// PTTL is read in whole milliseconds, and two clocks are read around it.
 const TOLERANCE: Duration = Duration::from_millis(3);
@@ -47,12 +48,15 @@ pub(crate) async fn sample(ctx: &Ctx, rec: &Arc<GuardRec>, guard: &LockGuard, af
     }
     let key = &ctx.keys[usize::from(rec.name)];
     let mut pipe = redis::pipe();
-    pipe.cmd("HGET").arg(key).arg("#f").cmd("PTTL").arg(key);
+    pipe.cmd("GET").arg(key).cmd("PTTL").arg(key);
     let mut con = admin.clone();
-    let read = pipe.query_async::<(Option<u64>, i64)>(&mut con);
-    let Ok(Ok((token, pttl_ms))) = tokio::time::timeout(Duration::from_secs(2), read).await else {
+    let read = pipe.query_async::<(Option<String>, i64)>(&mut con);
+    let Ok(Ok((hold, pttl_ms))) = tokio::time::timeout(Duration::from_secs(2), read).await else {
         return;
     };
+    let token = hold
+        .and_then(|v| RawHold::try_parse(&v).ok())
+        .and_then(|h| h.token);
     let read_by = Instant::now();
     if token == Some(rec.token()) && pttl_ms >= 0 {
         ctx.history.sample(SampleRec {

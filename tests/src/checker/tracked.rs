@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use dlock_core::redis::AsyncCommands as _;
 use dlock_core::{LockError, LockGuard, Lost, Permit, ReadGuard, ReleaseOutcome};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -15,6 +14,7 @@ use super::history::{
 };
 use super::ops::{Ctx, SLACK, bump};
 use super::plan::End;
+use crate::hold::RawHold;
 
 /// How long an admin command (`HGET`) may take before its check is skipped.
 const ADMIN_TIMEOUT: Duration = Duration::from_secs(1);
@@ -356,7 +356,7 @@ impl Tracked {
             (Some(admin), true, Outcome::Released) => {
                 let key = &self.ctx.keys[usize::from(self.rec.name)];
                 let mut con = admin.clone();
-                let read = con.hget::<_, _, Option<u64>>(key, "#f");
+                let read = RawHold::token_on(&mut con, key);
                 match tokio::time::timeout(ADMIN_TIMEOUT, read).await {
                     Ok(Ok(found)) => {
                         let at = Instant::now();

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use redis::RedisResult;
+use redis::{RedisResult, Value};
 
 use super::{OpConn, RedisBackend, ScriptCall, millis, millis_up};
 use crate::backend::{
@@ -33,6 +33,20 @@ impl RedisBackend {
             }
             KeyKind::Read(rw) => return self.acquire_read(conn, rw, owner, lease).await,
             KeyKind::Lock | KeyKind::Fair(_) => {}
+        }
+        if matches!(keys.kind, KeyKind::Lock) && !turn.head {
+            // A first attempt: most find the lock free, and `SET NX PX` takes it without a
+            // script. Found taken (or taken by an earlier send of this very command, whose
+            // answer was lost), the script below answers: it knows the owner, claims the next
+            // turn, and says how long the holder has.
+            let call = ScriptCall::set_nx(&keys.lock, owner, millis(lease));
+            let (reply, acknowledged): (Value, _) =
+                self.invoke(conn, &call, true, self.ack).await?;
+            if matches!(reply, Value::Okay) {
+                // Not acknowledged in time: the caller's clean-up releases the grant.
+                self.acknowledged(acknowledged)?;
+                return Ok(AcquireReply::Acquired { fence: None });
+            }
         }
         let claim = turn.claim.filter(|_| keys.hands_over());
         let call = ScriptCall::new(&script::ACQUIRE, &[&keys.lock, &keys.fence])
@@ -193,10 +207,9 @@ impl RedisBackend {
         keys: &LockKeys,
         owner: &str,
         handed_to: Option<&str>,
-        fence_ttl: Option<Duration>,
         keep: Option<Duration>,
     ) -> Result<ReleaseReply, BackendError> {
-        let release = self.release_of(keys, owner, handed_to, fence_ttl, keep);
+        let release = self.release_of(keys, owner, handed_to, keep);
         let mut call = ScriptCall::new(release.script, &release.keys);
         for arg in release.args {
             call = call.arg(arg);
@@ -219,10 +232,9 @@ impl RedisBackend {
         conn: &OpConn,
         keys: &LockKeys,
         owner: &str,
-        fence_ttl: Option<Duration>,
         keep: Option<Duration>,
     ) -> Result<ReleaseReply, BackendError> {
-        let release = self.release_of(keys, owner, None, fence_ttl, keep);
+        let release = self.release_of(keys, owner, None, keep);
         let mut cmd = redis::cmd("EVAL");
         cmd.arg(release.lua)
             .arg(release.keys.len())
@@ -255,7 +267,6 @@ impl RedisBackend {
         keys: &'k LockKeys,
         owner: &'k str,
         handed_to: Option<&'k str>,
-        fence_ttl: Option<Duration>,
         keep: Option<Duration>,
     ) -> Release<'k> {
         let member = |script, lua| Release {
@@ -264,11 +275,7 @@ impl RedisBackend {
             keys: vec![keys.lock.as_str(), keys.channel.as_str()],
             args: vec![Arg::Text(owner), Arg::Text(self.publish())],
         };
-        let mut lock_keys = vec![
-            keys.lock.as_str(),
-            keys.fence.as_str(),
-            keys.channel.as_str(),
-        ];
+        let mut lock_keys = vec![keys.lock.as_str(), keys.channel.as_str()];
         let mode = match &keys.kind {
             KeyKind::Semaphore(_) => {
                 return member(&script::RELEASE_PERMIT, script::RELEASE_PERMIT_LUA);
@@ -292,7 +299,6 @@ impl RedisBackend {
             args: vec![
                 Arg::Text(owner),
                 Arg::Text(handed_to.unwrap_or("")),
-                Arg::Number(fence_ttl.map_or(0, millis)),
                 Arg::Text(self.publish()),
                 Arg::Number(keep.map_or(0, millis_up)),
                 Arg::Text(mode),
