@@ -331,3 +331,43 @@ async fn a_wait_over_a_dead_multiplexed_connection_gives_up_at_once() {
         other => panic!("not a backend error: {other}"),
     }
 }
+
+/// A release wakes the waiters of a plain lock only when one of them found the hold taken (the
+/// attempt flags the hold): any attempt does, a claim to the next turn or not — here a
+/// `try_lock`, which claims nothing. One nobody tried publishes nothing.
+#[tokio::test]
+async fn a_release_publishes_once_an_attempt_found_the_hold_taken() {
+    use futures_util::StreamExt as _;
+    let server = RedisServer::start();
+    let holder = Locker::connect(&server.url()).await.expect("connect");
+    let other = Locker::connect(&server.url()).await.expect("connect");
+    let name = unique_name("flagged");
+    let channel = format!("{}:wake", holder.key_of(name.as_str()).expect("key"));
+    let client = redis::Client::open(server.url()).expect("client");
+    let mut listener = client.get_async_pubsub().await.expect("pub/sub");
+    listener.subscribe(&channel).await.expect("SUBSCRIBE");
+    let mut messages = listener.into_on_message();
+
+    // Nobody tried: the release says nothing.
+    let guard = holder.lock(name.as_str()).await.expect("lock");
+    assert!(guard.release().await.is_released());
+    let quiet = tokio::time::timeout(Duration::from_millis(300), messages.next()).await;
+    assert!(quiet.is_err(), "a release nobody waited for published");
+
+    // Another `Locker` found it taken: the release wakes whoever listens.
+    let guard = holder.lock(name.as_str()).await.expect("lock");
+    assert!(
+        other
+            .lock(name.as_str())
+            .try_lock()
+            .await
+            .expect("try")
+            .is_none()
+    );
+    assert!(guard.release().await.is_released());
+    let woken = tokio::time::timeout(Duration::from_secs(2), messages.next()).await;
+    assert!(
+        woken.is_ok_and(|m| m.is_some()),
+        "the release of a hold found taken published nothing"
+    );
+}

@@ -76,8 +76,14 @@ impl LockKeys {
         lock.push('{');
         lock.push_str(name.as_str());
         lock.push('}');
-        let fence = format!("{lock}:fence");
-        let channel = format!("{lock}:wake");
+        // Every acquisition builds these: plain copies, not the formatting machinery.
+        let with = |suffix: &str| {
+            let mut key = String::with_capacity(lock.len() + suffix.len());
+            key.push_str(&lock);
+            key.push_str(suffix);
+            key
+        };
+        let (fence, channel) = (with(":fence"), with(":wake"));
         Self {
             lock,
             fence,
