@@ -2,8 +2,8 @@
 //! `DEBUG SLEEP` so the release sits in its socket, and the proxy in front of it closes every
 //! connection; when the server wakes it still runs the buffered release, and the client, its
 //! connection gone, sends it again. A hold properly held until it let go must still hear
-//! `Released` — for a plain lock (its release remembers the released owner), a permit and a
-//! read lock (the release's own retry knows the hold was valid when it let go).
+//! `Released` — for a plain lock, a permit and a read lock alike (the release's own retry knows
+//! the hold was valid when it let go).
 
 use std::time::Duration;
 
