@@ -3,13 +3,12 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 
 use crate::clock;
 use crate::error::{LockError, ReleaseOutcome};
@@ -104,10 +103,10 @@ pub(crate) struct HoldState {
     pub(crate) acquired_at: Instant,
     /// The `name` label of this hold's metrics, if the `Locker` asked for one.
     pub(crate) label: Option<String>,
-    lost: CancellationToken,
+    lost: Signal,
     loss: OnceLock<LossReason>,
     /// Set by the last release: a released hold is never reported lost.
-    released: CancellationToken,
+    released: Signal,
     /// When the last guard let go, the deadline it believed then, and whether it was lost then.
     let_go: OnceLock<(Instant, Instant, bool)>,
     /// Until when a release must keep the name taken (`LockRequest::at_least`).
@@ -203,9 +202,9 @@ impl HoldState {
             deadline_moved: tokio::sync::Notify::new(),
             acquired_at: Instant::now(),
             label,
-            lost: CancellationToken::new(),
+            lost: Signal::default(),
             loss: OnceLock::new(),
-            released: CancellationToken::new(),
+            released: Signal::default(),
             let_go: OnceLock::new(),
             keep_until: OnceLock::new(),
         }
@@ -275,7 +274,7 @@ impl HoldState {
     }
 
     pub(crate) fn is_lost(&self) -> bool {
-        if self.lost.is_cancelled() {
+        if self.lost.is_raised() {
             return true;
         }
         if Instant::now() >= self.deadline() {
@@ -287,7 +286,7 @@ impl HoldState {
 
     /// Records the last release: from now on the hold is over, not lost.
     pub(crate) fn mark_released(&self) {
-        self.released.cancel();
+        self.released.raise();
     }
 
     /// Records that the last guard lets go now (with what it believed at that moment).
@@ -306,11 +305,11 @@ impl HoldState {
 
     /// Marks the hold lost (once): `lost()` resolves and guarded futures are cancelled.
     pub(crate) fn mark_lost(&self, reason: LossReason) {
-        if self.released.is_cancelled() {
+        if self.released.is_raised() {
             return;
         }
         if self.loss.set(reason).is_ok() {
-            self.lost.cancel();
+            self.lost.raise();
             let reason_label = match reason {
                 LossReason::Expired => "expired",
                 LossReason::Gone => "gone",
@@ -351,8 +350,8 @@ impl HoldState {
             moved.as_mut().enable();
             let deadline = self.deadline();
             tokio::select! {
-                () = self.lost.cancelled() => return,
-                () = self.released.cancelled() => std::future::pending::<()>().await,
+                () = self.lost.raised() => return,
+                () = self.released.raised() => std::future::pending::<()>().await,
                 () = &mut moved => {}
                 () = tokio::time::sleep_until(deadline) => {
                     if Instant::now() >= self.deadline() {
@@ -533,5 +532,39 @@ impl Future for Lost {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         self.inner.as_mut().poll(cx)
+    }
+}
+
+/// A flag set once and never cleared, that tasks can wait for: a hold's loss, its release. Kept
+/// inline (a cancellation token allocates, and every hold has two).
+#[derive(Debug, Default)]
+struct Signal {
+    raised: AtomicBool,
+    notify: tokio::sync::Notify,
+}
+
+impl Signal {
+    fn raise(&self) {
+        if !self.raised.swap(true, Ordering::AcqRel) {
+            self.notify.notify_waiters();
+        }
+    }
+
+    fn is_raised(&self) -> bool {
+        self.raised.load(Ordering::Acquire)
+    }
+
+    /// Resolves once the flag is raised (at once if it is).
+    async fn raised(&self) {
+        loop {
+            let notified = self.notify.notified();
+            tokio::pin!(notified);
+            // Registered before the flag is read: a raise after the read wakes this waiter.
+            notified.as_mut().enable();
+            if self.is_raised() {
+                return;
+            }
+            notified.await;
+        }
     }
 }

@@ -203,8 +203,7 @@ impl Locker {
             // attempt) waits its turn behind them without a first attempt of its own: the lock
             // passes to them first anyway, and ten thousand waiters on a thousand names send a
             // thousand first attempts, not ten thousand.
-            let early =
-                (!wait.is_zero() && keys.hands_over()).then(|| self.queue_counted(&keys.lock));
+            let early = (!wait.is_zero() && keys.hands_over()).then(|| self.queue_counted(&keys));
             let behind_others = early.as_ref().is_some_and(|(_, before)| *before > 0);
             // A first attempt, ahead of the local queue — unless it waits behind others, or local
             // waiters are holding back for other processes right now.
@@ -250,7 +249,7 @@ impl Locker {
             // Queue behind local waiters for the same name; only the head waits in Redis.
             let ticket = match early {
                 Some((ticket, _)) => ticket,
-                None => self.queue(&keys.lock),
+                None => self.queue(&keys),
             };
             let Ok(_turn) = tokio::time::timeout_at(deadline, ticket.queue.turn.lock()).await
             else {

@@ -15,8 +15,10 @@ use crate::name::LockKeys;
 pub(super) struct InFlight {
     backend: Backend,
     pub(super) session: Option<Session>,
-    /// The locks the command was for, each with its owner.
-    holds: Vec<(Arc<LockKeys>, Arc<str>)>,
+    /// The lock the command was for, with its owner (a command for one lock needs no `Vec`)...
+    one: Option<(Arc<LockKeys>, Arc<str>)>,
+    /// ...or the locks of a command for several.
+    many: Vec<(Arc<LockKeys>, Arc<str>)>,
     /// For a release: until when it keeps the name taken (`at_least`).
     keep_until: Option<Instant>,
     armed: bool,
@@ -24,7 +26,14 @@ pub(super) struct InFlight {
 
 impl InFlight {
     pub(super) fn new(locker: &Locker, keys: &Arc<LockKeys>, owner: &Arc<str>) -> Self {
-        Self::many(locker, vec![(keys.clone(), owner.clone())])
+        Self {
+            backend: locker.inner.backend.clone(),
+            session: None,
+            one: Some((keys.clone(), owner.clone())),
+            many: Vec::new(),
+            keep_until: None,
+            armed: true,
+        }
     }
 
     /// For a command that took (or may have taken) several locks.
@@ -32,7 +41,8 @@ impl InFlight {
         Self {
             backend: locker.inner.backend.clone(),
             session: None,
-            holds,
+            one: None,
+            many: holds,
             keep_until: None,
             armed: true,
         }
@@ -55,7 +65,7 @@ impl Drop for InFlight {
             return;
         }
         let (backend, session) = (self.backend.clone(), self.session.take());
-        let holds = std::mem::take(&mut self.holds);
+        let (one, many) = (self.one.take(), std::mem::take(&mut self.many));
         let keep_until = self.keep_until;
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             handle.spawn(async move {
@@ -69,7 +79,7 @@ impl Drop for InFlight {
                 let keep = keep_until
                     .map(|until| until.saturating_duration_since(Instant::now()))
                     .filter(|left| !left.is_zero());
-                for (keys, owner) in holds {
+                for (keys, owner) in one.into_iter().chain(many) {
                     let _ = session.clean_up(&keys, &owner, keep).await;
                 }
             });

@@ -87,15 +87,15 @@ impl Locker {
         self.inner.queues.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub(super) fn queue(&self, lock_key: &str) -> QueueTicket {
-        self.queue_counted(lock_key).0
+    pub(super) fn queue(&self, keys: &Arc<LockKeys>) -> QueueTicket {
+        self.queue_counted(keys).0
     }
 
-    /// A place in the queue of `lock_key`, and how many places were out before it.
-    pub(super) fn queue_counted(&self, lock_key: &str) -> (QueueTicket, usize) {
+    /// A place in the queue of `keys`' lock, and how many places were out before it.
+    pub(super) fn queue_counted(&self, keys: &Arc<LockKeys>) -> (QueueTicket, usize) {
         let mut queues = self.queues();
         let entry = queues
-            .entry(lock_key.to_owned())
+            .entry(keys.lock.clone())
             .or_insert_with(|| QueueEntry {
                 queue: Arc::default(),
                 users: 0,
@@ -104,7 +104,7 @@ impl Locker {
         entry.users += 1;
         let ticket = QueueTicket {
             locker: self.clone(),
-            key: lock_key.to_owned(),
+            keys: keys.clone(),
             queue: entry.queue.clone(),
         };
         (ticket, before)
@@ -291,7 +291,7 @@ impl Drop for HeadWait<'_> {
             drop(InFlight::new(self.locker, &self.keys, &self.handoff_owner));
         }
         // Other local waiters remain: the next head takes over the subscription.
-        if self.locker.queue_users(&self.ticket.key) > 1 {
+        if self.locker.queue_users(&self.ticket.keys.lock) > 1 {
             *self.queue.watch.lock().unwrap_or_else(|e| e.into_inner()) = Some(self.watch.clone());
         }
     }
@@ -321,17 +321,18 @@ pub(super) async fn handed(
 /// A place in a local queue; removes the queue from the map when its last user leaves.
 pub(super) struct QueueTicket {
     locker: Locker,
-    pub(super) key: String,
+    /// The name's keys: the queue is the one of `keys.lock`.
+    pub(super) keys: Arc<LockKeys>,
     pub(super) queue: Arc<LocalQueue>,
 }
 
 impl Drop for QueueTicket {
     fn drop(&mut self) {
         let mut queues = self.locker.queues();
-        if let Some(entry) = queues.get_mut(&self.key) {
+        if let Some(entry) = queues.get_mut(&self.keys.lock) {
             entry.users -= 1;
             if entry.users == 0 {
-                queues.remove(&self.key);
+                queues.remove(&self.keys.lock);
             }
         }
     }

@@ -210,8 +210,8 @@ impl RedisBackend {
         keep: Option<Duration>,
     ) -> Result<ReleaseReply, BackendError> {
         let release = self.release_of(keys, owner, handed_to, keep);
-        let mut call = ScriptCall::new(release.script, &release.keys);
-        for arg in release.args {
+        let mut call = ScriptCall::new(release.script, release.keys());
+        for arg in release.args() {
             call = call.arg(arg);
         }
         let ((code, woke), acknowledged): ((i64, i64), _) =
@@ -237,9 +237,9 @@ impl RedisBackend {
         let release = self.release_of(keys, owner, None, keep);
         let mut cmd = redis::cmd("EVAL");
         cmd.arg(release.lua)
-            .arg(release.keys.len())
-            .arg(&release.keys);
-        for arg in release.args {
+            .arg(release.keys().len())
+            .arg(release.keys());
+        for arg in release.args() {
             cmd.arg(arg);
         }
         let (code, woke): (i64, i64) = self
@@ -269,40 +269,45 @@ impl RedisBackend {
         handed_to: Option<&'k str>,
         keep: Option<Duration>,
     ) -> Release<'k> {
+        let (lock, channel) = (keys.lock.as_str(), keys.channel.as_str());
         let member = |script, lua| Release {
             script,
             lua,
-            keys: vec![keys.lock.as_str(), keys.channel.as_str()],
-            args: vec![Arg::Text(owner), Arg::Text(self.publish())],
+            keys: ([lock, channel, "", ""], 2),
+            args: (
+                [
+                    Arg::Text(owner),
+                    Arg::Text(self.publish()),
+                    Arg::Text(""),
+                    Arg::Text(""),
+                    Arg::Text(""),
+                ],
+                2,
+            ),
         };
-        let mut lock_keys = vec![keys.lock.as_str(), keys.channel.as_str()];
-        let mode = match &keys.kind {
+        let (mode, keys) = match &keys.kind {
             KeyKind::Semaphore(_) => {
                 return member(&script::RELEASE_PERMIT, script::RELEASE_PERMIT_LUA);
             }
             KeyKind::Read(_) => return member(&script::RELEASE_READ, script::RELEASE_READ_LUA),
-            KeyKind::Lock => "0",
-            KeyKind::Fair(fair) => {
-                lock_keys.push(&fair.queue);
-                lock_keys.push(&fair.alive);
-                "1"
-            }
-            KeyKind::Write(rw) => {
-                lock_keys.push(&rw.waiting);
-                "2"
-            }
+            KeyKind::Lock => ("0", ([lock, channel, "", ""], 2)),
+            KeyKind::Fair(fair) => ("1", ([lock, channel, &fair.queue, &fair.alive], 4)),
+            KeyKind::Write(rw) => ("2", ([lock, channel, &rw.waiting, ""], 3)),
         };
         Release {
             script: &script::RELEASE,
             lua: script::RELEASE_LUA,
-            keys: lock_keys,
-            args: vec![
-                Arg::Text(owner),
-                Arg::Text(handed_to.unwrap_or("")),
-                Arg::Text(self.publish()),
-                Arg::Number(keep.map_or(0, millis_up)),
-                Arg::Text(mode),
-            ],
+            keys,
+            args: (
+                [
+                    Arg::Text(owner),
+                    Arg::Text(handed_to.unwrap_or("")),
+                    Arg::Text(self.publish()),
+                    Arg::Number(keep.map_or(0, millis_up)),
+                    Arg::Text(mode),
+                ],
+                5,
+            ),
         }
     }
 
@@ -343,12 +348,23 @@ impl RedisBackend {
 }
 
 /// A release's script, as `EVALSHA` ([`script`](Release::script)) or `EVAL` (its `lua`), with
-/// its keys and arguments.
+/// its keys and arguments — the first so many of each, kept in place (a release is on every
+/// lock's path, and needs no `Vec` for them).
 struct Release<'k> {
     script: &'static redis::Script,
     lua: &'static str,
-    keys: Vec<&'k str>,
-    args: Vec<Arg<'k>>,
+    keys: ([&'k str; 4], usize),
+    args: ([Arg<'k>; 5], usize),
+}
+
+impl<'k> Release<'k> {
+    fn keys(&self) -> &[&'k str] {
+        &self.keys.0[..self.keys.1]
+    }
+
+    fn args(&self) -> &[Arg<'k>] {
+        &self.args.0[..self.args.1]
+    }
 }
 
 /// An argument of a release: borrowed text or a number, written into the command as it is
