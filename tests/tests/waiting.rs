@@ -371,3 +371,60 @@ async fn a_release_publishes_once_an_attempt_found_the_hold_taken() {
         "the release of a hold found taken published nothing"
     );
 }
+
+/// As above, with a waiter of another `Locker` too: the hand-over that times out releases the
+/// lock instead (someone else waits), and the release sent after it finds the lock gone, or
+/// already taken — the lock was the guard's until it let go all the same: `Released`.
+#[tokio::test]
+async fn a_release_after_a_lost_hand_over_that_released_instead_says_released() {
+    let server = RedisServer::start();
+    let mut admin = server.connection().await;
+    let connect = || {
+        Locker::builder()
+            .url(server.url())
+            .command_timeout(Duration::from_millis(300))
+            .build()
+    };
+    let (locker, other) = (
+        connect().await.expect("connect"),
+        connect().await.expect("connect"),
+    );
+    let name = unique_name("handoff-released-instead");
+    // Load the scripts first: a command stuck in the pause must find them there.
+    let warm = locker.lock(name.as_str()).await.expect("lock");
+    let warm_waiter = tokio::spawn({
+        let (locker, name) = (locker.clone(), name.clone());
+        async move {
+            locker
+                .lock(name.as_str())
+                .wait(Duration::from_secs(10))
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(warm.release().await.is_released());
+    let guard = warm_waiter.await.expect("task").expect("handed over");
+
+    let wait = |locker: &Locker| {
+        let (locker, name) = (locker.clone(), name.clone());
+        tokio::spawn(async move {
+            locker
+                .lock(name.as_str())
+                .wait(Duration::from_secs(10))
+                .await
+        })
+    };
+    let (local, elsewhere) = (wait(&locker), wait(&other));
+    // Both become heads of their lines and subscribe: the hand-over sees another listener.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    pause_writes(&mut admin, 450).await;
+    let outcome = guard.release().await;
+    assert!(outcome.is_released(), "{outcome:?}");
+    for waiter in [local, elsewhere] {
+        let got = waiter
+            .await
+            .expect("task")
+            .expect("each waiter gets the lock in turn");
+        assert!(got.release().await.is_released());
+    }
+}

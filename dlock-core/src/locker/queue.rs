@@ -204,7 +204,8 @@ impl Locker {
                 // still be on its way), and the waiter goes on waiting.
                 let handed_to = slot.owner.clone();
                 queue.offer_again(slot);
-                Some(self.release_in_redis(hold, Some(&handed_to), false).await)
+                let after = super::release::Try::AfterHandoff;
+                Some(self.release_in_redis(hold, Some(&handed_to), after).await)
             }
         }
     }

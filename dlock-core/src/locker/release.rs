@@ -89,7 +89,7 @@ impl Locker {
         async {
             let outcome = match self.try_handoff(&hold).await {
                 Some(outcome) => outcome,
-                None => self.release_in_redis(&hold, None, true).await,
+                None => self.release_in_redis(&hold, None, Try::First).await,
             };
             let outcome = judged_at_let_go(&hold, outcome);
             log_release(&hold, &outcome);
@@ -100,13 +100,14 @@ impl Locker {
     }
 
     /// Releases `hold` in Redis (or the hold of `handed_to`, if a hand-over to it may have
-    /// happened), once more if the answer was lost and `retry` allows (a release takes at most
-    /// two command timeouts, whatever went before it).
+    /// happened): as a first try with `Try::First` (sent once more if its answer was lost), or
+    /// after a hand-over whose answer was lost with `Try::AfterHandoff` (which may have let the
+    /// lock go already; a release takes at most two command timeouts, whatever went before it).
     pub(super) async fn release_in_redis(
         &self,
         hold: &HoldState,
         handed_to: Option<&str>,
-        retry: bool,
+        first: Try,
     ) -> ReleaseOutcome {
         let release = || async {
             let session = self.inner.backend.session().await?;
@@ -115,17 +116,18 @@ impl Locker {
         // When the holder let go, and what it believed then.
         let (let_go, deadline, lost) = hold.let_go();
         let mut reply = release().await;
-        let mut retried = false;
-        if reply.is_err() && retry {
+        let mut retried = first == Try::AfterHandoff;
+        if reply.is_err() && first == Try::First {
             // One retry: the first try may have run.
             reply = release().await;
             retried = true;
         }
         let gone = matches!(reply, Ok(ReleaseReply::Expired | ReleaseReply::TakenOver));
         if gone && retried && !lost && let_go < deadline {
-            // Not our hold any more: the first try released it (and someone may have taken it
-            // since), or the lease ran out after the guard let go (see `judged_at_let_go`).
-            // Either way the lock was this guard's until it let go.
+            // Not our hold any more: the command before this one (the first try, or a hand-over
+            // that released instead) let it go, and someone may have taken it since; or the
+            // lease ran out after the guard let go (see `judged_at_let_go`). Either way the lock
+            // was this guard's until it let go.
             reply = Ok(ReleaseReply::Released { woke: 0 });
         }
         match reply {
@@ -217,4 +219,14 @@ fn log_release(hold: &HoldState, outcome: &ReleaseOutcome) {
             tracing::warn!(name = hold.name.for_logs(), error = %err, "dlock: release failed; the lock expires at the end of its lease");
         }
     }
+}
+
+/// What went before a release in Redis (see [`Locker::release_in_redis`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Try {
+    /// Nothing: the release is the first command to let the hold go.
+    First,
+    /// A hand-over whose answer was lost: it may have let the hold go (handed to the waiter, or
+    /// released because others wait), and someone may have taken the lock since.
+    AfterHandoff,
 }
