@@ -405,13 +405,15 @@ async fn a_release_after_a_lost_hand_over_that_released_instead_says_released() 
     assert!(warm.release().await.is_released());
     let guard = warm_waiter.await.expect("task").expect("handed over");
 
+    // Each waiter lets go as soon as it has the lock, so the other gets it next.
     let wait = |locker: &Locker| {
         let (locker, name) = (locker.clone(), name.clone());
         tokio::spawn(async move {
-            locker
+            let got = locker
                 .lock(name.as_str())
                 .wait(Duration::from_secs(10))
-                .await
+                .await?;
+            Ok::<_, dlock_core::LockError>(got.release().await)
         })
     };
     let (local, elsewhere) = (wait(&locker), wait(&other));
@@ -421,10 +423,9 @@ async fn a_release_after_a_lost_hand_over_that_released_instead_says_released() 
     let outcome = guard.release().await;
     assert!(outcome.is_released(), "{outcome:?}");
     for waiter in [local, elsewhere] {
-        let got = waiter
-            .await
+        let released = (waiter.await)
             .expect("task")
             .expect("each waiter gets the lock in turn");
-        assert!(got.release().await.is_released());
+        assert!(released.is_released(), "{released:?}");
     }
 }
