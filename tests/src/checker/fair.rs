@@ -144,14 +144,15 @@ impl fmt::Display for FairFigures {
     }
 }
 
-/// Every acquisition call on `name`, paired with its end (a worker makes one call at a time).
+/// Every acquisition call on `name`, paired with its end by the call's id (a worker may make two
+/// calls on one name at once, in scopes beside each other).
 fn waits_of(events: &[Event], name: u8) -> Vec<Wait> {
     let mut out: Vec<Wait> = Vec::new();
-    let mut pending: HashMap<u16, usize> = HashMap::new();
+    let mut pending: HashMap<u32, usize> = HashMap::new();
     for e in events.iter().filter(|e| e.name == name) {
         let ended = match e.kind {
             EventKind::AcquireCall { kind, wait, .. } => {
-                pending.insert(e.worker, out.len());
+                pending.insert(e.call, out.len());
                 out.push(Wait {
                     worker: e.worker,
                     locker: e.locker,
@@ -169,7 +170,7 @@ fn waits_of(events: &[Event], name: u8) -> Vec<Wait> {
             EventKind::AcquireFailed(_) | EventKind::AcquireDropped => Ended::Failed { at: e.at },
             _ => continue,
         };
-        if let Some(i) = pending.remove(&e.worker) {
+        if let Some(i) = pending.remove(&e.call) {
             out[i].ended = Some(ended);
         }
     }
@@ -298,4 +299,51 @@ pub(crate) fn check(
         });
     }
     (figures, out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checker::history::LeaseSpec;
+
+    fn at(origin: Instant, ms: u64) -> Instant {
+        origin + Duration::from_millis(ms)
+    }
+
+    /// Two acquisitions of one name by one worker, under way at once (scopes beside each
+    /// other): each end answers its own call, whichever came last.
+    #[test]
+    fn ends_pair_with_their_own_calls() {
+        let t = Instant::now();
+        let event = |ms: u64, call: u32, kind: EventKind| Event {
+            at: at(t, ms),
+            worker: 15,
+            locker: 1,
+            name: 3,
+            call,
+            kind,
+        };
+        let asked = EventKind::AcquireCall {
+            kind: AcquireKind::Lock,
+            wait: Duration::from_millis(100),
+            lease: LeaseSpec::LockerDefault,
+        };
+        let granted = EventKind::Acquired {
+            guard: 7,
+            token: 0,
+            reentrant: false,
+        };
+        let events = [
+            event(0, 1, asked),
+            event(10, 2, asked),
+            event(100, 1, EventKind::Busy),
+            event(170, 2, granted),
+        ];
+        let waits = waits_of(&events, 3);
+        assert_eq!(waits.len(), 2);
+        assert!(matches!(waits[0].ended, Some(Ended::Busy { at: a }) if a == at(t, 100)));
+        assert!(
+            matches!(waits[1].ended, Some(Ended::Granted { guard: 7, at: a }) if a == at(t, 170))
+        );
+    }
 }

@@ -241,6 +241,11 @@ pub struct Event {
     pub locker: u8,
     /// Which name.
     pub name: u8,
+    /// The acquisition call this event makes or answers (its `AcquireCall` and the event that
+    /// ends it share the id), or 0 for an event of no acquisition. A worker may have two
+    /// acquisitions of one name under way at once (two scopes beside each other), so an end is
+    /// paired with its call by this id, never by the worker.
+    pub call: u32,
     /// What.
     pub kind: EventKind,
 }
@@ -298,6 +303,9 @@ pub struct GuardRec {
     pub watchdog: bool,
     /// When its acquisition was called.
     pub call: Instant,
+    /// Whether a multi-lock took it: it took its names one after another once one was busy,
+    /// so Redis may have granted this one long before the call returned.
+    pub multi: bool,
     /// When its acquisition returned: its belief starts.
     pub start: Instant,
     /// `valid_until()` when it was handed out.
@@ -453,6 +461,7 @@ pub struct History {
     pub(crate) lags: super::lag::LagLog,
     panics: Mutex<Vec<String>>,
     next_guard: AtomicU32,
+    next_call: AtomicU32,
 }
 
 /// Milliseconds with three decimals.
@@ -488,16 +497,31 @@ impl History {
             runs: Mutex::default(),
             panics: Mutex::default(),
             next_guard: AtomicU32::new(0),
+            next_call: AtomicU32::new(1),
         }
     }
 
     /// Records an event at `at`.
     pub fn event(&self, at: Instant, worker: u16, locker: u8, name: u8, kind: EventKind) {
+        self.acquisition_event(at, worker, locker, name, 0, kind);
+    }
+
+    /// Records an event at `at` of the acquisition call `call` (see [`Event::call`]).
+    pub fn acquisition_event(
+        &self,
+        at: Instant,
+        worker: u16,
+        locker: u8,
+        name: u8,
+        call: u32,
+        kind: EventKind,
+    ) {
         locked(&self.events).push(Event {
             at,
             worker,
             locker,
             name,
+            call,
             kind,
         });
     }
@@ -530,6 +554,11 @@ impl History {
     /// A fresh guard id.
     pub fn next_guard_id(&self) -> u32 {
         self.next_guard.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// A fresh acquisition call id (never 0).
+    pub fn next_call_id(&self) -> u32 {
+        self.next_call.fetch_add(1, Ordering::Relaxed)
     }
 
     /// Records a guard.

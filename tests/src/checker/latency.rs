@@ -82,16 +82,16 @@ impl Latencies {
     /// Reads them from a finished history.
     pub fn of(history: &History) -> Self {
         let (mut try_lock, mut waits, mut releases) = (Vec::new(), Vec::new(), Vec::new());
-        // A worker makes one call at a time: each return answers that worker's last call.
-        let mut calls: HashMap<u16, (Instant, AcquireKind)> = HashMap::new();
+        // Each return answers the call with its id.
+        let mut calls: HashMap<u32, (Instant, AcquireKind)> = HashMap::new();
         let mut release_calls: HashMap<u32, Instant> = HashMap::new();
         for e in history.events() {
             match e.kind {
                 EventKind::AcquireCall { kind, .. } => {
-                    calls.insert(e.worker, (e.at, kind));
+                    calls.insert(e.call, (e.at, kind));
                 }
                 EventKind::Acquired { .. } | EventKind::Busy => {
-                    let Some((at, kind)) = calls.remove(&e.worker) else {
+                    let Some((at, kind)) = calls.remove(&e.call) else {
                         continue;
                     };
                     let took = e.at.saturating_duration_since(at);
@@ -102,7 +102,7 @@ impl Latencies {
                     }
                 }
                 EventKind::AcquireFailed(_) | EventKind::AcquireDropped => {
-                    calls.remove(&e.worker);
+                    calls.remove(&e.call);
                 }
                 EventKind::ReleaseCall { guard } => {
                     release_calls.insert(guard, e.at);

@@ -119,14 +119,14 @@ fn record_acquired(
     locker: u8,
     names: &[u8],
     result: Option<Result<Option<Vec<Held>>, LockError>>,
-    (call, lease, at_least, bound): (Instant, Duration, Option<Duration>, Duration),
+    ((call, id), lease, at_least, bound): ((Instant, u32), Duration, Option<Duration>, Duration),
     share: ShareOf<'_>,
 ) -> Vec<Tracked> {
     let ret = Instant::now();
     let history = &ctx.history;
     let each = |kind: EventKind| {
         for &name in names {
-            history.event(ret, worker, locker, name, kind);
+            history.acquisition_event(ret, worker, locker, name, id, kind);
         }
     };
     let Some(result) = result else {
@@ -155,6 +155,7 @@ fn record_acquired(
             .map(|g| {
                 let (share, token) = share(&g);
                 let held = (g, share, token);
+                let call = (call, id, names.len() > 1);
                 Tracked::new(ctx, worker, locker, call, (lease, at_least), held)
             })
             .collect(),
@@ -178,7 +179,8 @@ fn record_acquired(
     }
 }
 
-/// Counts an acquisition call and records it (a `try_lock` as such), returning when it was made.
+/// Counts an acquisition call and records it (a `try_lock` as such), returning when it was made
+/// and its id.
 fn record_call(
     ctx: &Ctx,
     worker: u16,
@@ -186,7 +188,7 @@ fn record_call(
     name: u8,
     acq: &Acquire,
     kind: AcquireKind,
-) -> Instant {
+) -> (Instant, u32) {
     bump(&ctx.stats.calls);
     let kind = if acq.try_lock {
         AcquireKind::TryLock
@@ -199,8 +201,10 @@ fn record_call(
         wait: acq.wait,
         lease: acq.lease,
     };
-    ctx.history.event(call, worker, locker, name, event);
-    call
+    let id = ctx.history.next_call_id();
+    ctx.history
+        .acquisition_event(call, worker, locker, name, id, event);
+    (call, id)
 }
 
 async fn acquire_one(
@@ -361,14 +365,14 @@ async fn acquire_all(
     bump(&ctx.stats.calls);
     let actor = &ctx.actors[usize::from(locker)];
     let l: Locker = actor.locker();
-    let call = Instant::now();
+    let call = (Instant::now(), ctx.history.next_call_id());
     for &name in names {
         let event = EventKind::AcquireCall {
             kind: AcquireKind::LockAll,
             wait: acq.wait,
             lease: acq.lease,
         };
-        ctx.history.event(call, worker, locker, name, event);
+        (ctx.history).acquisition_event(call.0, worker, locker, name, call.1, event);
     }
     let request = l
         .lock_all(names.iter().map(|&n| ctx.name(n)))

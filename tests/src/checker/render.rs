@@ -58,23 +58,23 @@ impl History {
             .collect();
         let mut hidden = vec![false; window.len()];
         if compact {
-            // A worker makes one acquisition at a time: its call is the last one it made.
-            let mut pending: std::collections::HashMap<u16, usize> = Default::default();
+            // An end and its call share the call's id.
+            let mut pending: std::collections::HashMap<u32, usize> = Default::default();
             for (i, e) in window.iter().enumerate() {
                 match e.kind {
                     EventKind::AcquireCall { .. } => {
-                        pending.insert(e.worker, i);
+                        pending.insert(e.call, i);
                     }
                     EventKind::Busy | EventKind::AcquireFailed(ErrKind::Timeout) => {
                         hidden[i] = true;
-                        if let Some(call) = pending.remove(&e.worker) {
+                        if let Some(call) = pending.remove(&e.call) {
                             hidden[call] = true;
                         }
                     }
                     EventKind::Acquired { .. }
                     | EventKind::AcquireFailed(_)
                     | EventKind::AcquireDropped => {
-                        pending.remove(&e.worker);
+                        pending.remove(&e.call);
                     }
                     _ => {}
                 }

@@ -125,7 +125,7 @@ impl Tracked {
         ctx: &Arc<Ctx>,
         worker: u16,
         locker: u8,
-        call: Instant,
+        (call, call_id, multi): (Instant, u32, bool),
         (lease, at_least): (Duration, Option<Duration>),
         (guard, share, token): (Held, Share, Option<u64>),
     ) -> Self {
@@ -142,6 +142,7 @@ impl Tracked {
             share,
             watchdog: guard.is_watchdog(),
             call,
+            multi,
             start,
             granted_until: guard.valid_until(),
             lost_at: Default::default(),
@@ -151,11 +152,12 @@ impl Tracked {
             end: Default::default(),
         });
         ctx.history.guard(rec.clone());
-        ctx.history.event(
+        ctx.history.acquisition_event(
             start,
             worker,
             locker,
             name,
+            call_id,
             EventKind::Acquired {
                 guard: rec.id,
                 token: rec.token(),
