@@ -246,17 +246,26 @@ fn mutual_exclusion(
             if ta != 0 && ta == tb {
                 continue;
             }
-            // The hold granted first (the smaller token, or the earlier belief where a token is
-            // unknown) must have vanished from Redis before the other was granted: excused only
-            // if a destructive fault may have removed it, at or after its acquisition was called
-            // and before the other's belief began.
-            let a_first = if ta != 0 && tb != 0 {
-                ta < tb
-            } else {
-                a.start <= b.start
+            // The hold granted first must have vanished from Redis before the other was
+            // granted: excused only if a destructive fault may have removed it, at or after its
+            // acquisition was called and before the other's belief began. With both tokens known
+            // the smaller one was granted first; where a token is unknown, the earlier belief —
+            // except that a multi-lock's name may have been granted long before its belief
+            // began (it went on to take its other names), so the later belief may be the earlier
+            // grant, and a fault that may have removed it excuses the pair too.
+            let removed = |first: &Hold, second: &Hold| {
+                destroyed_within(faults, name, first.guard.call, second.start)
             };
-            let (first, second) = if a_first { (a, b) } else { (b, a) };
-            if destroyed_within(faults, name, first.guard.call, second.start) {
+            let (first, second) = if ta != 0 && tb != 0 {
+                if ta < tb { (a, b) } else { (b, a) }
+            } else if b.guard.multi && removed(b, a) {
+                continue;
+            } else if a.start <= b.start {
+                (a, b)
+            } else {
+                (b, a)
+            };
+            if removed(first, second) {
                 continue;
             }
             out.push(Violation {
@@ -446,20 +455,20 @@ fn unasked_reentry(
     finish: Instant,
     out: &mut Vec<Violation>,
 ) {
-    let mut asked: HashMap<(u16, u8), AcquireKind> = HashMap::new();
+    let mut asked: HashMap<u32, AcquireKind> = HashMap::new();
     let mut ordered: Vec<&Event> = events.iter().collect();
     ordered.sort_by_key(|e| e.at);
     for e in ordered {
         match e.kind {
             EventKind::AcquireCall { kind, .. } => {
-                asked.insert((e.worker, e.name), kind);
+                asked.insert(e.call, kind);
             }
             EventKind::Acquired {
                 guard,
                 reentrant: true,
                 ..
             } => {
-                let kind = asked.get(&(e.worker, e.name)).copied();
+                let kind = asked.get(&e.call).copied();
                 if matches!(kind, Some(AcquireKind::Reenter | AcquireKind::Read)) {
                     continue;
                 }
@@ -692,4 +701,76 @@ pub fn check(history: &History, finish: Instant, unreliable: &[u8]) -> Vec<Viola
     out.extend(super::shares::check(history, finish).1);
     super::bounded::check(history, &faults, &mut out);
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicU64;
+    use std::sync::{Mutex, OnceLock};
+
+    use super::*;
+    use crate::checker::history::Special;
+
+    fn rec(id: u32, t: Instant, (call, start, end): (u64, u64, u64), token: u64) -> Hold {
+        let at = |ms: u64| t + Duration::from_millis(ms);
+        let guard = Arc::new(GuardRec {
+            id,
+            worker: 0,
+            locker: 0,
+            name: 0,
+            fencing_token: AtomicU64::new(token),
+            reentrant: false,
+            share: Share::Exclusive,
+            watchdog: false,
+            call: at(call),
+            multi: false,
+            start: at(start),
+            granted_until: at(end + 500),
+            lost_at: OnceLock::new(),
+            lease: Duration::from_millis(600),
+            at_least: None,
+            extends: Mutex::default(),
+            end: Mutex::default(),
+        });
+        Hold {
+            guard,
+            start: at(start),
+            end: at(end),
+            last: at(end),
+        }
+    }
+
+    fn overlaps(a: &Hold, b: &Hold, faults: &[FaultRec], t: Instant) -> usize {
+        let history = History::new(
+            vec!["n".to_owned()],
+            vec!["l".to_owned()],
+            Special::default(),
+            Duration::from_secs(1),
+        );
+        let mut out = Vec::new();
+        let finish = t + Duration::from_secs(5);
+        mutual_exclusion(&history, 0, &[a, b], faults, finish, &mut out);
+        out.len()
+    }
+
+    /// A plain lock with no token granted right after a `DEL`, and a multi-lock whose name Redis
+    /// had granted before the `DEL` (its token says so) but that returned later, once it had
+    /// its other names: the `DEL` explains the overlap. The same seen from a plain lock, whose
+    /// grant comes with its last round trip, does not.
+    #[test]
+    fn a_multi_lock_may_have_been_granted_before_its_belief() {
+        let t = Instant::now();
+        let del = FaultRec {
+            kind: FaultKind::Del,
+            name: Some(0),
+            from: t + Duration::from_millis(90),
+            to: t + Duration::from_millis(91),
+        };
+        let plain = rec(1, t, (95, 100, 200), 0);
+        let mut multi = rec(2, t, (0, 150, 250), 77);
+        assert_eq!(overlaps(&plain, &multi, &[del], t), 1);
+        Arc::get_mut(&mut multi.guard).expect("one owner").multi = true;
+        assert_eq!(overlaps(&plain, &multi, &[del], t), 0);
+        assert_eq!(overlaps(&plain, &multi, &[], t), 1);
+    }
 }
