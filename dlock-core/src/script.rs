@@ -358,16 +358,20 @@ return {0, redis.call('PTTL', KEYS[1])}
 
 /// Owner-checked release.
 ///
-/// `KEYS[1]` lock, `KEYS[2]` wake channel; `ARGV[1]` owner, `ARGV[2]` the owner a hand-over of
-/// `ARGV[1]`'s hold may have gone to (empty: none), `ARGV[3]` the command that wakes waiters
-/// (`PUBLISH`, or `SPUBLISH` on a cluster), `ARGV[4]` how long the name stays taken after the
-/// release, in ms (`0`: free at once; otherwise the key is kept, without an owner, as
-/// `#k:<released owner>`, for that long — a hold that must last at least some time). Waiters are
-/// woken either way (they learn the new expiry) — of a plain lock, only if one found the hold
-/// taken (its ` l` flag) or claimed the next turn: a release nobody waits for publishes nothing.
-/// Returns `{code, woken}`: code `0` released (`woken` subscribers got the wake-up), `-1` gone
-/// (expired, or released by an earlier try of this release whose answer was lost: the caller
-/// tells them apart by when its guard let go), `-2` taken by another owner.
+/// `KEYS[1]` lock, `KEYS[2]` wake channel; `ARGV[1]` owner, and, when any of them is not its
+/// default (the common release of a plain lock sends the owner alone): `ARGV[2]` the owner a
+/// hand-over of `ARGV[1]`'s hold may have gone to (default empty: none), `ARGV[3]` the command
+/// that wakes waiters (default `PUBLISH`; `SPUBLISH` on a cluster), `ARGV[4]` how long the name
+/// stays taken after the release, in ms (default `0`: free at once; otherwise the key is kept,
+/// without an owner, as `#k:<released owner>`, for that long — a hold that must last at least
+/// some time), `ARGV[5]` the mode (default `0`, see below). Waiters are woken either way (they
+/// learn the new expiry) — of a plain lock, only if one found the hold taken (its ` l` flag) or
+/// claimed the next turn: a release nobody waits for publishes nothing.
+///
+/// Returns one integer (an array would cost the server a table per release): `n >= 0` released,
+/// `n` subscribers got the wake-up; `-1` gone (expired, or released by an earlier try of this
+/// release whose answer was lost: the caller tells them apart by when its guard let go); `-2`
+/// taken by another owner.
 ///
 /// For a fair lock, `ARGV[5]` is `1`, `KEYS[3]` the queue and `KEYS[4]` alive: `ARGV[1]` also
 /// leaves the line (a waiter giving up sends this too), and whenever the lock is left free only
@@ -384,24 +388,26 @@ pub(crate) const RELEASE_LUA: &str = concat!(
     // (no token, no lease change, nobody waiting) is deleted, and that is all.
     r#"
 local v = redis.call('GET', KEYS[1])
-if v == ARGV[1] and ARGV[5] == '0' and ARGV[4] == '0' then
+local keep_ms, mode = ARGV[4] or '0', ARGV[5] or '0'
+if v == ARGV[1] and mode == '0' and keep_ms == '0' then
   redis.call('DEL', KEYS[1])
-  return {0, 0}
+  return 0
 end
 "#,
     fair_lua!(),
     hold_lua!(),
     let_go_lua!(),
     r#"
-local fair = ARGV[5] == '1'
-local writer = ARGV[5] == '2'
+local handed_to, publish = ARGV[2] or '', ARGV[3] or 'PUBLISH'
+local fair = mode == '1'
+local writer = mode == '2'
 local function wake()
   if not fair then
-    return redis.call(ARGV[3], KEYS[2], '1')
+    return redis.call(publish, KEYS[2], '1')
   end
   local head = fair_head(KEYS[3], KEYS[4], now_ms())
   if head then
-    return redis.call(ARGV[3], KEYS[2] .. ':' .. head, '1')
+    return redis.call(publish, KEYS[2] .. ':' .. head, '1')
   end
   return 0
 end
@@ -413,25 +419,25 @@ elseif writer then
   left = redis.call('ZREM', KEYS[3], ARGV[1])
 end
 local holder = v and who(v)
-if holder and (holder == ARGV[1] or (ARGV[2] ~= '' and holder == ARGV[2])) then
-  local keep = ARGV[4] ~= '0'
+if holder and (holder == ARGV[1] or (handed_to ~= '' and holder == handed_to)) then
+  local keep = keep_ms ~= '0'
   local claim = field(v, 'w')
   let_go(KEYS[1], not keep and claim)
   if keep then
-    redis.call('PSETEX', KEYS[1], ARGV[4], '#k:' .. ARGV[1])
+    redis.call('PSETEX', KEYS[1], keep_ms, '#k:' .. ARGV[1])
   end
-  if ARGV[5] == '0' and not claim and not field(v, 'l') then
-    return {0, 0}
+  if mode == '0' and not claim and not field(v, 'l') then
+    return 0
   end
-  return {0, wake()}
+  return wake()
 end
 if (fair or left == 1) and not v then
   wake()
 end
 if v then
-  return {-2, 0}
+  return -2
 end
-return {-1, 0}
+return -1
 "#
 );
 

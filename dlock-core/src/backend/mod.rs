@@ -81,11 +81,13 @@ pub(crate) enum ReleaseReply {
 }
 
 impl ReleaseReply {
-    pub(crate) fn from_code(code: i64, woke: i64) -> Self {
-        match code {
+    /// A release script's answer: `n >= 0` released (`n` subscribers woken), `-1` gone, `-2`
+    /// taken by another owner.
+    pub(crate) fn from_reply(reply: i64) -> Self {
+        match reply {
             -1 => Self::Expired,
             -2 => Self::TakenOver,
-            _ => Self::Released {
+            woke => Self::Released {
                 woke: u32::try_from(woke).unwrap_or(0),
             },
         }

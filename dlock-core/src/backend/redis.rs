@@ -175,12 +175,18 @@ impl RedisBackend {
         self
     }
 
-    /// The command a release wakes waiters with: sharded pub/sub on a cluster, so the wake-up
-    /// stays on the lock's shard.
+    /// The bound on each command.
     pub(crate) fn command_timeout(&self) -> Duration {
         self.timeout
     }
 
+    /// Whether wake-ups go by sharded pub/sub (a cluster), not the scripts' default `PUBLISH`.
+    fn sharded(&self) -> bool {
+        self.publish() != "PUBLISH"
+    }
+
+    /// The command a release wakes waiters with: sharded pub/sub on a cluster, so the wake-up
+    /// stays on the lock's shard.
     fn publish(&self) -> &'static str {
         match self.conn {
             #[cfg(feature = "cluster")]

@@ -98,9 +98,10 @@ return {0, -1}
 /// Gives a permit back and wakes waiters.
 ///
 /// `KEYS[1]` permits, `KEYS[2]` wake channel; `ARGV[1]` the permit id, `ARGV[2]` the command that
-/// wakes waiters. Returns `{0, woken}` given back, `{-1, 0}` it was gone: expired (an expired
-/// permit stays in the set until an acquisition sweeps it; it is removed here, and counts as
-/// gone), or given back by an earlier try of the same release.
+/// wakes waiters. Returns, as [`RELEASE`](crate::script::RELEASE) does, `woken >= 0` given back,
+/// `-1` it was gone: expired (an expired permit stays in the set until an acquisition sweeps
+/// it; it is removed here, and counts as gone), or given back by an earlier try of the same
+/// release.
 pub(crate) static RELEASE_PERMIT: LazyLock<Script> =
     LazyLock::new(|| Script::new(RELEASE_PERMIT_LUA));
 
@@ -109,13 +110,13 @@ pub(crate) const RELEASE_PERMIT_LUA: &str = concat!(
     r#"
 local expiry = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if not expiry then
-  return {-1, 0}
+  return -1
 end
 redis.call('ZREM', KEYS[1], ARGV[1])
 if tonumber(expiry) <= now_ms() then
-  return {-1, 0}
+  return -1
 end
-return {0, redis.call(ARGV[2], KEYS[2], '1')}
+return redis.call(ARGV[2], KEYS[2], '1')
 "#
 );
 
@@ -222,9 +223,10 @@ return {1, 0}
 /// A reader leaves; the last one wakes the waiters (writers).
 ///
 /// `KEYS[1]` readers, `KEYS[2]` wake channel; `ARGV[1]` reader id, `ARGV[2]` the command that
-/// wakes waiters. Returns `{0, woken}` left, `{-1, woken}` it was gone: expired (an expired
-/// reader stays in the set until an acquisition sweeps it; it is removed here, counts as gone,
-/// and wakes the writers if it was the last), or an earlier try of the same release.
+/// wakes waiters. Returns, as [`RELEASE`](crate::script::RELEASE) does, `woken >= 0` left, `-1`
+/// it was gone: expired (an expired reader stays in the set until an acquisition sweeps it; it
+/// is removed here, counts as gone, and wakes the writers if it was the last), or an earlier try
+/// of the same release.
 pub(crate) static RELEASE_READ: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_READ_LUA));
 
 pub(crate) const RELEASE_READ_LUA: &str = concat!(
@@ -232,17 +234,17 @@ pub(crate) const RELEASE_READ_LUA: &str = concat!(
     r#"
 local expiry = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if not expiry then
-  return {-1, 0}
+  return -1
 end
 redis.call('ZREM', KEYS[1], ARGV[1])
-local code = 0
-if tonumber(expiry) <= now_ms() then
-  code = -1
-end
+local woken = 0
 if redis.call('EXISTS', KEYS[1]) == 0 then
-  return {code, redis.call(ARGV[2], KEYS[2], '1')}
+  woken = redis.call(ARGV[2], KEYS[2], '1')
 end
-return {code, 0}
+if tonumber(expiry) <= now_ms() then
+  return -1
+end
+return woken
 "#
 );
 

@@ -214,14 +214,13 @@ impl RedisBackend {
         for arg in release.args() {
             call = call.arg(arg);
         }
-        let ((code, woke), acknowledged): ((i64, i64), _) =
-            self.invoke(conn, &call, true, self.ack).await?;
+        let (reply, acknowledged): (i64, _) = self.invoke(conn, &call, true, self.ack).await?;
         if let Err(err) = self.acknowledged(acknowledged) {
             // Released all the same: a failover could only bring the lock back until its
             // lease ends (see `ReplicaAck`).
             tracing::debug!(error = %err, "dlock: release not acknowledged by replicas");
         }
-        Ok(ReleaseReply::from_code(code, woke))
+        Ok(ReleaseReply::from_reply(reply))
     }
 
     /// A release sent after a command whose answer didn't come (it may still run): sent as
@@ -242,9 +241,9 @@ impl RedisBackend {
         for arg in release.args() {
             cmd.arg(arg);
         }
-        let (code, woke): (i64, i64) = self
+        let reply: i64 = self
             .bounded(async {
-                let res: RedisResult<(i64, i64)> = match conn {
+                let res: RedisResult<i64> = match conn {
                     OpConn::Manager(c) => cmd.query_async(&mut c.clone()).await,
                     #[cfg(feature = "sentinel")]
                     OpConn::Sentinel(c) => cmd.query_async(&mut c.clone()).await,
@@ -257,7 +256,7 @@ impl RedisBackend {
                 res.map_err(BackendError::redis)
             })
             .await?;
-        Ok(ReleaseReply::from_code(code, woke))
+        Ok(ReleaseReply::from_reply(reply))
     }
 
     /// The release of `owner`'s hold, for its kind: a lock's (plain, fair, a writer's), a
@@ -290,6 +289,24 @@ impl RedisBackend {
                 return member(&script::RELEASE_PERMIT, script::RELEASE_PERMIT_LUA);
             }
             KeyKind::Read(_) => return member(&script::RELEASE_READ, script::RELEASE_READ_LUA),
+            // The common release: the owner alone, every other argument its default.
+            KeyKind::Lock if handed_to.is_none() && keep.is_none() && !self.sharded() => {
+                return Release {
+                    script: &script::RELEASE,
+                    lua: script::RELEASE_LUA,
+                    keys: ([lock, channel, "", ""], 2),
+                    args: (
+                        [
+                            Arg::Text(owner),
+                            Arg::Number(0),
+                            Arg::Number(0),
+                            Arg::Number(0),
+                            Arg::Number(0),
+                        ],
+                        1,
+                    ),
+                };
+            }
             KeyKind::Lock => ("0", ([lock, channel, "", ""], 2)),
             KeyKind::Fair(fair) => ("1", ([lock, channel, &fair.queue, &fair.alive], 4)),
             KeyKind::Write(rw) => ("2", ([lock, channel, &rw.waiting, ""], 3)),
@@ -340,9 +357,7 @@ impl RedisBackend {
                 woke: u32::try_from(value).unwrap_or(0),
             })
         } else {
-            Ok(HandoffReply::NotHandedOver(ReleaseReply::from_code(
-                value, 0,
-            )))
+            Ok(HandoffReply::NotHandedOver(ReleaseReply::from_reply(value)))
         }
     }
 }
