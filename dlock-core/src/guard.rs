@@ -180,7 +180,7 @@ impl HoldState {
         locker: Weak<LockerInner>,
         watchdog: bool,
         lease: Duration,
-        sent_at: Instant,
+        (sent_at, acquired_at): (Instant, Instant),
         label: Option<String>,
     ) -> Self {
         Self {
@@ -200,7 +200,7 @@ impl HoldState {
                 pending: Vec::new(),
             }),
             deadline_moved: tokio::sync::Notify::new(),
-            acquired_at: Instant::now(),
+            acquired_at,
             label,
             lost: Signal::default(),
             loss: OnceLock::new(),
@@ -274,10 +274,16 @@ impl HoldState {
     }
 
     pub(crate) fn is_lost(&self) -> bool {
+        self.is_lost_at(Instant::now(), self.deadline())
+    }
+
+    /// Whether the hold is lost, at `now`, with the deadline as `deadline` (marking it lost if
+    /// that has passed).
+    fn is_lost_at(&self, now: Instant, deadline: Instant) -> bool {
         if self.lost.is_raised() {
             return true;
         }
-        if Instant::now() >= self.deadline() {
+        if now >= deadline {
             self.mark_lost(LossReason::Expired);
             return true;
         }
@@ -289,10 +295,13 @@ impl HoldState {
         self.released.raise();
     }
 
-    /// Records that the last guard lets go now (with what it believed at that moment).
-    pub(crate) fn mark_let_go(&self) {
-        let lost = self.is_lost();
-        let _ = self.let_go.set((Instant::now(), self.deadline(), lost));
+    /// Records that the last guard lets go now (with what it believed at that moment); returns
+    /// when that was and whether the hold was lost then.
+    pub(crate) fn mark_let_go(&self) -> (Instant, bool) {
+        let (now, deadline) = (Instant::now(), self.deadline());
+        let lost = self.is_lost_at(now, deadline);
+        let _ = self.let_go.set((now, deadline, lost));
+        (now, lost)
     }
 
     /// When the last guard let go, the deadline it believed then, and whether it was lost then.

@@ -43,7 +43,6 @@ impl Locker {
             .map_err(LockError::Backend)?;
         let mut in_flight = InFlight::new(self, keys, owner);
         in_flight.session = Some(session.clone());
-        let sent_at = Instant::now();
         let res = session
             .acquire(
                 keys,
@@ -56,10 +55,15 @@ impl Locker {
         // Answered: the caller turns a grant into a guard before its next `.await`.
         if res.is_ok() {
             in_flight.disarm();
-            let us = u64::try_from(sent_at.elapsed().as_micros()).unwrap_or(u64::MAX);
-            self.inner.round_trip_us.store(us, Ordering::Relaxed);
         }
         res.map_err(LockError::Backend)
+    }
+
+    /// Notes how long an answered attempt, sent at `sent_at`, took to come back at `came_back`
+    /// (claims size their window by it).
+    pub(super) fn note_round_trip(&self, sent_at: Instant, came_back: Instant) {
+        let us = u64::try_from((came_back - sent_at).as_micros()).unwrap_or(u64::MAX);
+        self.inner.round_trip_us.store(us, Ordering::Relaxed);
     }
 
     /// An attempt's turn: from this `Locker`, by its head waiter or not, with `claim`.
@@ -158,15 +162,12 @@ impl Locker {
         // answering takes its claim back before it returns, still within its wait plus one
         // command timeout; one that failed leaves that to the background (the claim's `Drop`).
         let mut turn: Option<LeaveTurn> = None;
-        let bound = clock::after(
-            clock::after(Instant::now(), wait),
-            self.inner.backend.command_timeout(),
-        );
+        let started = Instant::now();
+        let deadline = clock::after(started, wait);
+        let bound = clock::after(deadline, self.inner.backend.command_timeout());
         // One block rather than an `async fn` of its own: each layer of `async fn` keeps its
         // arguments beside the future it awaits, and thousands of waiters hold this one.
         let attempted: Result<Attempted, LockError> = 'body: {
-            let started = Instant::now();
-            let deadline = clock::after(started, wait);
             let labelled = self.inner.config.metrics_name_label;
 
             // Re-entry inside a lock scope: a hold this task has (even a lost one, whose loss is
@@ -224,7 +225,11 @@ impl Locker {
                 let sent_at = Instant::now();
                 let reply =
                     Box::pin(self.attempt(&keys, &owner, lease.duration(), false, claim)).await;
-                came_back = Some(Instant::now());
+                let back = Instant::now();
+                came_back = Some(back);
+                if reply.is_ok() {
+                    self.note_round_trip(sent_at, back);
+                }
                 match reply {
                     Ok(AcquireReply::Acquired { fence }) => {
                         leave.disarm();
@@ -386,7 +391,8 @@ impl Locker {
         sent_at: Instant,
         started: Instant,
     ) -> LockGuard {
-        let waited = started.elapsed();
+        let now = Instant::now();
+        let waited = now.saturating_duration_since(started);
         let label = metrics::name_label(self.inner.config.metrics_name_label, &name);
         metrics::count(metrics::ACQUIRED, label.as_deref(), 1);
         metrics::seconds(metrics::WAIT_SECONDS, label.as_deref(), waited);
@@ -406,7 +412,7 @@ impl Locker {
             Arc::downgrade(&self.inner),
             watchdog,
             lease.duration(),
-            sent_at,
+            (sent_at, now),
             label,
         ));
         if watchdog {

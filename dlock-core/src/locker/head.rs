@@ -89,7 +89,11 @@ impl Locker {
             }
             let sent_at = Instant::now();
             let reply = Box::pin(self.attempt(&keys, &owner, lease.duration(), true, claim)).await;
-            came_back = Some(Instant::now());
+            let back = Instant::now();
+            came_back = Some(back);
+            if reply.is_ok() {
+                self.note_round_trip(sent_at, back);
+            }
             match reply {
                 Ok(AcquireReply::Acquired { fence }) => {
                     leave.disarm();

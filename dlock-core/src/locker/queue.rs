@@ -122,8 +122,8 @@ impl Locker {
     /// After a release that broke a hand-over streak: if the wake-up reached another process
     /// (more subscribers than this `Locker`'s own), local waiters hold back briefly so that one
     /// of those can take the lock.
-    pub(super) fn yield_to_other_processes(&self, hold: &HoldState, woke: u32) {
-        let Some(queue) = self.existing_queue(&hold.keys.lock) else {
+    pub(super) fn yield_to_other_processes(queue: Option<&Arc<LocalQueue>>, woke: u32) {
+        let Some(queue) = queue else {
             return;
         };
         if queue.yield_pending.swap(false, Ordering::Relaxed) && woke > 1 {
@@ -131,11 +131,16 @@ impl Locker {
         }
     }
 
-    /// Hands the lock straight to the local head waiter, if there is one; `None` when the lock
-    /// is to be released normally.
-    pub(super) async fn try_handoff(&self, hold: &HoldState) -> Option<ReleaseOutcome> {
+    /// Hands the lock straight to the local head waiter of `queue` (the name's local line, if
+    /// it has one), if there is one; `None` when the lock is to be released normally.
+    pub(super) async fn try_handoff(
+        &self,
+        hold: &HoldState,
+        queue: Option<&Arc<LocalQueue>>,
+    ) -> Option<ReleaseOutcome> {
         // A name kept taken after the release (`at_least`) is handed to nobody.
         // Only a plain lock is handed over (see `LockKeys::hands_over`).
+        let queue = queue?;
         if !self.inner.config.handoff
             || hold.is_lost()
             || hold.keep_for().is_some()
@@ -143,7 +148,6 @@ impl Locker {
         {
             return None;
         }
-        let queue = self.existing_queue(&hold.keys.lock)?;
         if queue.streak.load(Ordering::Relaxed) >= MAX_HANDOFF_STREAK {
             // This one goes through Redis; if it wakes waiters of other processes, local
             // waiters hold back for them (see `yield_to_other_processes`).
@@ -195,7 +199,7 @@ impl Locker {
                 // with them.
                 queue.streak.store(0, Ordering::Relaxed);
                 queue.offer_again(slot);
-                self.yield_to_other_processes(hold, woke);
+                Self::yield_to_other_processes(Some(queue), woke);
                 Some(ReleaseOutcome::Released)
             }
             Err(_) => {
@@ -205,7 +209,10 @@ impl Locker {
                 let handed_to = slot.owner.clone();
                 queue.offer_again(slot);
                 let after = super::release::Try::AfterHandoff;
-                Some(self.release_in_redis(hold, Some(&handed_to), after).await)
+                Some(
+                    self.release_in_redis(hold, Some(&handed_to), after, Some(queue))
+                        .await,
+                )
             }
         }
     }

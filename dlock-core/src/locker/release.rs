@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 use tokio::time::Instant;
 use tracing::Instrument as _;
 
+use super::queue::LocalQueue;
 use super::*;
 use crate::backend::ReleaseReply;
 use crate::error::{BackendError, LockError, ReleaseOutcome};
@@ -20,23 +21,24 @@ impl Locker {
         if !self.count_down(&hold) {
             return inner_outcome(&hold);
         }
+        let queue = self.existing_queue(&hold.keys.lock);
         if !self.inner.backend.is_remote() {
-            return self.finish_release(hold).await;
+            return self.finish_release(hold, queue).await;
         }
-        if self.existing_queue(&hold.keys.lock).is_none() {
+        if queue.is_none() {
             // Nobody local waits, so no hand-over: release inline. If this future is dropped
             // half-way, the same release is sent again in the background (a repeated release is
             // recognised by the script).
             let mut in_flight =
                 InFlight::new(self, &hold.keys, &hold.owner).keeping(hold.keep_until.get());
-            let outcome = self.finish_release(hold.clone()).await;
+            let outcome = self.finish_release(hold.clone(), None).await;
             in_flight.disarm();
             return outcome;
         }
         // A hand-over is a two-party exchange that must not stop half-way: it runs in a task of
         // its own, which finishes even if the caller stops waiting.
         let this = self.clone();
-        match tokio::spawn(async move { this.finish_release(hold).await }).await {
+        match tokio::spawn(async move { this.finish_release(hold, queue).await }).await {
             Ok(outcome) => outcome,
             Err(err) => ReleaseOutcome::Unreachable(LockError::Backend(BackendError::protocol(
                 format!("release task failed: {err}"),
@@ -71,25 +73,31 @@ impl Locker {
             return false;
         }
         self.inner.watchdog.deregister(hold.id);
-        hold.mark_let_go();
-        if !hold.is_lost() {
+        let (let_go, lost) = hold.mark_let_go();
+        if !lost {
             hold.mark_released();
         }
         metrics::seconds(
             metrics::HOLD_SECONDS,
             hold.label.as_deref(),
-            hold.acquired_at.elapsed(),
+            let_go.saturating_duration_since(hold.acquired_at),
         );
         true
     }
 
-    /// The Redis part of a final release: a hand-over to the local head waiter, or a release.
-    async fn finish_release(&self, hold: Arc<HoldState>) -> ReleaseOutcome {
+    /// The Redis part of a final release: a hand-over to the local head waiter (in `queue`, the
+    /// name's local line as it was when the last guard let go), or a release.
+    async fn finish_release(
+        &self,
+        hold: Arc<HoldState>,
+        queue: Option<Arc<LocalQueue>>,
+    ) -> ReleaseOutcome {
         let span = tracing::debug_span!("dlock.release", name = hold.name.for_logs());
         async {
-            let outcome = match self.try_handoff(&hold).await {
+            let queue = queue.as_ref();
+            let outcome = match self.try_handoff(&hold, queue).await {
                 Some(outcome) => outcome,
-                None => self.release_in_redis(&hold, None, Try::First).await,
+                None => self.release_in_redis(&hold, None, Try::First, queue).await,
             };
             let outcome = judged_at_let_go(&hold, outcome);
             log_release(&hold, &outcome);
@@ -103,11 +111,13 @@ impl Locker {
     /// happened): as a first try with `Try::First` (sent once more if its answer was lost), or
     /// after a hand-over whose answer was lost with `Try::AfterHandoff` (which may have let the
     /// lock go already; a release takes at most two command timeouts, whatever went before it).
+    /// `queue`: the name's local line, whose waiters may hold back for other processes.
     pub(super) async fn release_in_redis(
         &self,
         hold: &HoldState,
         handed_to: Option<&str>,
         first: Try,
+        queue: Option<&Arc<LocalQueue>>,
     ) -> ReleaseOutcome {
         let release = || async {
             let session = self.inner.backend.session().await?;
@@ -133,7 +143,7 @@ impl Locker {
         match reply {
             Ok(reply) => {
                 if let ReleaseReply::Released { woke } = reply {
-                    self.yield_to_other_processes(hold, woke);
+                    Self::yield_to_other_processes(queue, woke);
                 }
                 release_outcome(hold, reply)
             }
