@@ -358,8 +358,9 @@ return {0, redis.call('PTTL', KEYS[1])}
 
 /// Owner-checked release.
 ///
-/// `KEYS[1]` lock, `KEYS[2]` wake channel; `ARGV[1]` owner, and, when any of them is not its
-/// default (the common release of a plain lock sends the owner alone): `ARGV[2]` the owner a
+/// `KEYS[1]` lock, `KEYS[2]` wake channel (default: the lock's key and `:wake`, a plain lock's);
+/// `ARGV[1]` owner, and, when any of them is not its default (the common release of a plain
+/// lock sends its key and owner alone): `ARGV[2]` the owner a
 /// hand-over of `ARGV[1]`'s hold may have gone to (default empty: none), `ARGV[3]` the command
 /// that wakes waiters (default `PUBLISH`; `SPUBLISH` on a cluster), `ARGV[4]` how long the name
 /// stays taken after the release, in ms (default `0`: free at once; otherwise the key is kept,
@@ -399,15 +400,16 @@ end
     let_go_lua!(),
     r#"
 local handed_to, publish = ARGV[2] or '', ARGV[3] or 'PUBLISH'
+local channel = KEYS[2] or (KEYS[1] .. ':wake')
 local fair = mode == '1'
 local writer = mode == '2'
 local function wake()
   if not fair then
-    return redis.call(publish, KEYS[2], '1')
+    return redis.call(publish, channel, '1')
   end
   local head = fair_head(KEYS[3], KEYS[4], now_ms())
   if head then
-    return redis.call(publish, KEYS[2] .. ':' .. head, '1')
+    return redis.call(publish, channel .. ':' .. head, '1')
   end
   return 0
 end

@@ -263,7 +263,7 @@ impl RedisBackend {
     async fn invoke<T: FromRedisValue>(
         &self,
         conn: &OpConn,
-        call: &ScriptCall,
+        call: ScriptCall,
         idempotent: bool,
         ack: Option<ReplicaAck>,
     ) -> Result<(T, Option<u32>), BackendError> {
@@ -272,10 +272,10 @@ impl RedisBackend {
             OpConn::Pooled(_, until) => (*until).min(started + self.timeout),
             _ => started + self.timeout,
         };
-        // Boxed: the call's future is the largest part of every acquisition and release
-        // future, and it is needed only while the command is in flight, not while a waiter
-        // sleeps (10,000 waiters each keep their futures for as long as they wait).
-        let run = Box::pin(async {
+        // Boxed, with the command: the call's future is the largest part of every acquisition
+        // and release future, and it is needed only while the command is in flight, not while a
+        // waiter sleeps (10,000 waiters each keep their futures for as long as they wait).
+        let run = Box::pin(async move {
             let res: RedisResult<(T, Option<u32>)> = match conn {
                 OpConn::Manager(c) => {
                     let first = call.run(&mut c.clone(), ack).await;

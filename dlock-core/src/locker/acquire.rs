@@ -42,8 +42,8 @@ impl Locker {
             .await
             .map_err(LockError::Backend)?;
         let mut in_flight = InFlight::new(self, keys, owner);
-        in_flight.session = Some(session.clone());
-        let res = session
+        // The one session the command goes out on, kept where the in-flight guard needs it.
+        let res = (in_flight.session.insert(session))
             .acquire(
                 keys,
                 owner,

@@ -95,7 +95,12 @@ impl Locker {
         let span = tracing::debug_span!("dlock.release", name = hold.name.for_logs());
         async {
             let queue = queue.as_ref();
-            let outcome = match self.try_handoff(&hold, queue).await {
+            // The hand-over, boxed: only a name with local waiters needs its larger future.
+            let handed = match queue {
+                Some(_) => Box::pin(self.try_handoff(&hold, queue)).await,
+                None => None,
+            };
+            let outcome = match handed {
                 Some(outcome) => outcome,
                 None => self.release_in_redis(&hold, None, Try::First, queue).await,
             };

@@ -23,15 +23,17 @@ impl RedisBackend {
         fence_ttl: Option<Duration>,
         turn: Turn<'_>,
     ) -> Result<AcquireReply, BackendError> {
+        // The other kinds boxed: their larger futures would size every lock's attempt too.
         match &keys.kind {
             KeyKind::Semaphore(sem) => {
-                return (self.acquire_permit(conn, keys, &sem.limit, sem.permits, owner, lease))
-                    .await;
+                let permit = self.acquire_permit(conn, keys, &sem.limit, sem.permits, owner, lease);
+                return Box::pin(permit).await;
             }
             KeyKind::Write(rw) => {
-                return (self.acquire_write(conn, keys, rw, owner, lease, fence_ttl)).await;
+                let write = self.acquire_write(conn, keys, rw, owner, lease, fence_ttl);
+                return Box::pin(write).await;
             }
-            KeyKind::Read(rw) => return self.acquire_read(conn, rw, owner, lease).await,
+            KeyKind::Read(rw) => return Box::pin(self.acquire_read(conn, rw, owner, lease)).await,
             KeyKind::Lock | KeyKind::Fair(_) => {}
         }
         if matches!(keys.kind, KeyKind::Lock) && !turn.head {
@@ -40,8 +42,7 @@ impl RedisBackend {
             // answer was lost), the script below answers: it knows the owner, claims the next
             // turn, and says how long the holder has.
             let call = ScriptCall::set_nx(&keys.lock, owner, millis(lease));
-            let (reply, acknowledged): (Value, _) =
-                self.invoke(conn, &call, true, self.ack).await?;
+            let (reply, acknowledged): (Value, _) = self.invoke(conn, call, true, self.ack).await?;
             if matches!(reply, Value::Okay) {
                 // Not acknowledged in time: the caller's clean-up releases the grant.
                 self.acknowledged(acknowledged)?;
@@ -57,7 +58,7 @@ impl RedisBackend {
             .arg(turn.locker)
             .arg(if turn.head { "1" } else { "0" })
             .arg(fence_ttl.map_or(0, millis));
-        let (reply, acknowledged) = self.invoke(conn, &call, true, self.ack).await?;
+        let (reply, acknowledged) = self.invoke(conn, call, true, self.ack).await?;
         let reply = acquire_reply(reply)?;
         if matches!(reply, AcquireReply::Acquired { .. }) {
             // Not acknowledged in time: the caller's clean-up releases the grant.
@@ -82,7 +83,7 @@ impl RedisBackend {
         for (_, owner) in locks {
             call = call.arg(*owner);
         }
-        let (reply, acknowledged): (Vec<i64>, _) = self.invoke(conn, &call, true, self.ack).await?;
+        let (reply, acknowledged): (Vec<i64>, _) = self.invoke(conn, call, true, self.ack).await?;
         let reply = acquire_all_reply(&reply, locks.len())?;
         if matches!(reply, AcquireAllReply::Acquired { .. }) {
             // Not acknowledged in time: the caller's clean-up releases every grant.
@@ -104,7 +105,7 @@ impl RedisBackend {
         .arg(self.numsub());
         type Reply = (i64, Vec<String>, String, i64, i64, String, i64, i64);
         let ((pttl, holders, token, kept, foreign, last, waiting, queued), _): (Reply, _) =
-            self.invoke(conn, &call, true, None).await?;
+            self.invoke(conn, call, true, None).await?;
         let number = |s: String| (!s.is_empty()).then(|| s.parse::<u64>()).transpose();
         let bad = |_| BackendError::protocol("inspect script answered a bad fencing token");
         Ok(RawInfo {
@@ -135,7 +136,7 @@ impl RedisBackend {
             &[&keys.lock, &keys.channel, &fair.queue, &fair.alive],
         )
         .arg(self.publish());
-        let (removed, _): (i64, _) = self.invoke(conn, &call, true, self.ack).await?;
+        let (removed, _): (i64, _) = self.invoke(conn, call, true, self.ack).await?;
         Ok(removed == 1)
     }
 
@@ -152,7 +153,7 @@ impl RedisBackend {
             .arg(locker)
             .arg(if last { "1" } else { "0" })
             .arg(self.publish());
-        let (_left, _): (i64, _) = self.invoke(conn, &call, true, self.ack).await?;
+        let (_left, _): (i64, _) = self.invoke(conn, call, true, self.ack).await?;
         Ok(())
     }
 
@@ -180,7 +181,7 @@ impl RedisBackend {
         let call = ScriptCall::new(&script::FENCE, &[&keys.lock, &keys.fence])
             .arg(owner)
             .arg(fence_ttl.map_or(0, millis));
-        let (token, _): (i64, _) = self.invoke(conn, &call, true, None).await?;
+        let (token, _): (i64, _) = self.invoke(conn, call, true, None).await?;
         Ok(u64::try_from(token).ok())
     }
 
@@ -197,7 +198,7 @@ impl RedisBackend {
             &script::HOLDS
         };
         let call = ScriptCall::new(check, &[&keys.lock]).arg(owner);
-        let (reply, _) = self.invoke(conn, &call, true, None).await?;
+        let (reply, _) = self.invoke(conn, call, true, None).await?;
         acquire_reply(reply)
     }
 
@@ -209,12 +210,16 @@ impl RedisBackend {
         handed_to: Option<&str>,
         keep: Option<Duration>,
     ) -> Result<ReleaseReply, BackendError> {
-        let release = self.release_of(keys, owner, handed_to, keep);
-        let mut call = ScriptCall::new(release.script, release.keys());
-        for arg in release.args() {
-            call = call.arg(arg);
-        }
-        let (reply, acknowledged): (i64, _) = self.invoke(conn, &call, true, self.ack).await?;
+        // Built in a block of its own: the release's parts are not kept across the `.await`.
+        let call = {
+            let release = self.release_of(keys, owner, handed_to, keep);
+            let mut call = ScriptCall::new(release.script, release.keys());
+            for arg in release.args() {
+                call = call.arg(arg);
+            }
+            call
+        };
+        let (reply, acknowledged): (i64, _) = self.invoke(conn, call, true, self.ack).await?;
         if let Err(err) = self.acknowledged(acknowledged) {
             // Released all the same: a failover could only bring the lock back until its
             // lease ends (see `ReplicaAck`).
@@ -289,12 +294,14 @@ impl RedisBackend {
                 return member(&script::RELEASE_PERMIT, script::RELEASE_PERMIT_LUA);
             }
             KeyKind::Read(_) => return member(&script::RELEASE_READ, script::RELEASE_READ_LUA),
-            // The common release: the owner alone, every other argument its default.
+            // The common release: the lock's key and owner alone, every other key and argument
+            // its default (on a cluster, the channel is named: it must be in the key's slot).
             KeyKind::Lock if handed_to.is_none() && keep.is_none() && !self.sharded() => {
+                debug_assert_eq!(channel.strip_suffix(":wake"), Some(lock));
                 return Release {
                     script: &script::RELEASE,
                     lua: script::RELEASE_LUA,
-                    keys: ([lock, channel, "", ""], 2),
+                    keys: ([lock, "", "", ""], 1),
                     args: (
                         [
                             Arg::Text(owner),
@@ -346,7 +353,7 @@ impl RedisBackend {
             .arg(to.locker)
             .arg(self.publish());
         // Hand-over is off when replicas must acknowledge (see `ReplicaAck`).
-        let ((code, value), _): ((i64, i64), _) = self.invoke(conn, &call, false, self.ack).await?;
+        let ((code, value), _): ((i64, i64), _) = self.invoke(conn, call, false, self.ack).await?;
         if code == 1 {
             Ok(HandoffReply::HandedOver {
                 fence: u64::try_from(value)

@@ -25,7 +25,7 @@ impl RedisBackend {
             .arg(millis(lease))
             .arg(permits);
         let ((code, ms), acknowledged): ((i64, i64), _) =
-            self.invoke(conn, &call, true, self.ack).await?;
+            self.invoke(conn, call, true, self.ack).await?;
         if code == 1 {
             // Not acknowledged in time: the caller's clean-up gives the permit back.
             self.acknowledged(acknowledged)?;
@@ -55,7 +55,7 @@ impl RedisBackend {
         .arg(fence_ttl.map_or(0, millis))
         .arg(rw.wait_counts.map_or(0, millis));
         let ((code, value), acknowledged): ((i64, i64), _) =
-            self.invoke(conn, &call, true, self.ack).await?;
+            self.invoke(conn, call, true, self.ack).await?;
         if code == 1 {
             self.acknowledged(acknowledged)?;
             return Ok(AcquireReply::Acquired {
@@ -83,7 +83,7 @@ impl RedisBackend {
         .arg(millis(lease))
         .arg(u8::from(rw.prefer_writers));
         let ((code, value), acknowledged): ((i64, i64), _) =
-            self.invoke(conn, &call, true, self.ack).await?;
+            self.invoke(conn, call, true, self.ack).await?;
         if code == 1 {
             self.acknowledged(acknowledged)?;
             return Ok(AcquireReply::Acquired { fence: Some(0) });
@@ -103,7 +103,7 @@ impl RedisBackend {
         let call = ScriptCall::new(&script::SET_PERMITS, &[limit, &keys.channel])
             .arg(permits.map_or(String::new(), |n| n.to_string()))
             .arg(self.publish());
-        let (_, acknowledged): (i64, _) = self.invoke(conn, &call, true, self.ack).await?;
+        let (_, acknowledged): (i64, _) = self.invoke(conn, call, true, self.ack).await?;
         self.acknowledged(acknowledged)
     }
 
@@ -114,7 +114,7 @@ impl RedisBackend {
     ) -> Result<(u32, Option<u32>), BackendError> {
         let limit = semaphore_limit(keys)?;
         let call = ScriptCall::new(&script::PERMITS, &[&keys.lock, limit]);
-        let ((held, set), _): ((i64, i64), _) = self.invoke(conn, &call, true, None).await?;
+        let ((held, set), _): ((i64, i64), _) = self.invoke(conn, call, true, None).await?;
         Ok((
             u32::try_from(held).unwrap_or(u32::MAX),
             u32::try_from(set).ok(),
@@ -149,7 +149,7 @@ impl RedisBackend {
         .arg(fence_ttl.map_or(0, millis))
         .arg(alive.map_or(0, millis))
         .arg(self.publish());
-        let (reply, acknowledged): (Vec<i64>, _) = self.invoke(conn, &call, true, self.ack).await?;
+        let (reply, acknowledged): (Vec<i64>, _) = self.invoke(conn, call, true, self.ack).await?;
         let reply = match reply.as_slice() {
             [1, fence] => FairReply {
                 reply: AcquireReply::Acquired {
