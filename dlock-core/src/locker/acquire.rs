@@ -211,7 +211,7 @@ impl Locker {
             let holding_back = behind_others
                 || (!wait.is_zero()
                     && match &early {
-                        Some((ticket, _)) => ticket.queue.deferred().is_some(),
+                        Some((ticket, _)) => ticket.made().is_some_and(|q| q.deferred().is_some()),
                         None => (self.existing_queue(&keys.lock))
                             .is_some_and(|q| q.deferred().is_some()),
                     });
@@ -256,7 +256,7 @@ impl Locker {
                 Some((ticket, _)) => ticket,
                 None => self.queue(&keys),
             };
-            let Ok(_turn) = tokio::time::timeout_at(deadline, ticket.queue.turn.lock()).await
+            let Ok(_turn) = tokio::time::timeout_at(deadline, ticket.queue().turn.lock()).await
             else {
                 break 'body gave_up(&name, labelled, started, pttl, failed);
             };

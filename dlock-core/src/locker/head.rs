@@ -74,7 +74,7 @@ impl Locker {
             let notified = watch.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if let Some(until) = ticket.queue.deferred() {
+            if let Some(until) = ticket.queue().deferred() {
                 tokio::time::sleep_until(until.min(deadline)).await;
             }
             if came_back.is_some_and(|at| at >= deadline) {

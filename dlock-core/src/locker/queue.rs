@@ -16,7 +16,7 @@ use crate::name::LockKeys;
 use crate::wait::Watch;
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU32;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard, OnceLock};
 
 /// After this many hand-overs in a row inside one process, a release goes through Redis so
 /// waiters in other processes get their chance.
@@ -75,10 +75,11 @@ impl LocalQueue {
 
 /// A queue in the `Locker`'s map, with the number of tickets out for it: the queue leaves the
 /// map when the last one is returned (counted under the map's lock, never guessed from
-/// reference counts).
+/// reference counts). The queue itself is made when a ticket first needs it: a request that
+/// takes the lock at its first attempt only counts itself in.
 #[derive(Debug)]
 pub(super) struct QueueEntry {
-    queue: Arc<LocalQueue>,
+    queue: Option<Arc<LocalQueue>>,
     users: usize,
 }
 
@@ -97,7 +98,7 @@ impl Locker {
         let entry = queues
             .entry(keys.lock.clone())
             .or_insert_with(|| QueueEntry {
-                queue: Arc::default(),
+                queue: None,
                 users: 0,
             });
         let before = entry.users;
@@ -105,13 +106,14 @@ impl Locker {
         let ticket = QueueTicket {
             locker: self.clone(),
             keys: keys.clone(),
-            queue: entry.queue.clone(),
+            queue: entry.queue.clone().map(OnceLock::from).unwrap_or_default(),
         };
         (ticket, before)
     }
 
+    /// The local line of `lock_key`, if one was made (see [`QueueEntry`]).
     pub(super) fn existing_queue(&self, lock_key: &str) -> Option<Arc<LocalQueue>> {
-        self.queues().get(lock_key).map(|e| e.queue.clone())
+        self.queues().get(lock_key).and_then(|e| e.queue.clone())
     }
 
     /// How many local waiters (tickets) the queue of `lock_key` has.
@@ -244,7 +246,7 @@ impl<'a> HeadWait<'a> {
         lease: Duration,
         deadline: Instant,
     ) -> HeadWait<'a> {
-        let queue = &ticket.queue;
+        let queue = ticket.queue();
         // Subscribe before the retry, so a release in between is not missed.
         let kept = queue.watch.lock().unwrap_or_else(|e| e.into_inner()).take();
         let watch = match kept {
@@ -331,7 +333,27 @@ pub(super) struct QueueTicket {
     locker: Locker,
     /// The name's keys: the queue is the one of `keys.lock`.
     pub(super) keys: Arc<LockKeys>,
-    pub(super) queue: Arc<LocalQueue>,
+    queue: OnceLock<Arc<LocalQueue>>,
+}
+
+impl QueueTicket {
+    /// The queue, made now if no ticket needed it before.
+    pub(super) fn queue(&self) -> &Arc<LocalQueue> {
+        self.queue.get_or_init(|| {
+            let mut queues = self.locker.queues();
+            // The entry lives while this ticket does (it counts as one of its users).
+            match queues.get_mut(&self.keys.lock) {
+                Some(entry) => entry.queue.get_or_insert_with(Arc::default).clone(),
+                None => Arc::default(),
+            }
+        })
+    }
+
+    /// The queue, if it was made when this ticket was taken or a call to [`queue`](Self::queue)
+    /// made it since.
+    pub(super) fn made(&self) -> Option<&Arc<LocalQueue>> {
+        self.queue.get()
+    }
 }
 
 impl Drop for QueueTicket {
