@@ -173,7 +173,7 @@ pub(crate) struct LockerInner {
     pub(crate) backend: Backend,
     config: Config,
     pub(crate) watchdog: Watchdog,
-    queues: Mutex<HashMap<String, QueueEntry>>,
+    queues: Mutex<HashMap<queue::ByLock, QueueEntry>>,
     /// The last acquisition attempt's round trip, in µs (0: none yet): how long a turn kept for
     /// one of this `Locker`'s waiters must last.
     round_trip_us: std::sync::atomic::AtomicU64,

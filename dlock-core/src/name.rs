@@ -439,8 +439,8 @@ mod tests {
         let name = LockName::new("order:1").unwrap();
         let keys = LockKeys::new("dlock:", &name);
         assert_eq!(keys.lock, "dlock:{order:1}");
-        assert_eq!(keys.fence, "dlock:{order:1}:fence");
-        assert_eq!(keys.channel, "dlock:{order:1}:wake");
+        assert_eq!(keys.fence(), "dlock:{order:1}:fence");
+        assert_eq!(keys.channel(), "dlock:{order:1}:wake");
     }
 
     /// A template: literal text between value slots (possibly empty, so values can be adjacent).

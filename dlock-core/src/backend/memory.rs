@@ -258,7 +258,7 @@ impl MemoryBackend {
             }
         }
         drop(state);
-        self.store.inner.slots.wake(&keys.channel);
+        self.store.inner.slots.wake(keys.channel());
     }
 
     /// Every lock for its owner, or none, in one step (as the acquire-all script).
@@ -301,7 +301,7 @@ impl MemoryBackend {
         let mut info = RawInfo {
             last_token,
             queued: u64::try_from(queued).unwrap_or(u64::MAX),
-            waiting: u64::try_from(self.store.inner.slots.watchers(&keys.channel)).unwrap_or(0),
+            waiting: u64::try_from(self.store.inner.slots.watchers(keys.channel())).unwrap_or(0),
             ..RawInfo::default()
         };
         if let Some(held) = Self::live(&mut state, &keys.lock, now) {
@@ -336,7 +336,7 @@ impl MemoryBackend {
                 && state.locks.remove(&keys.lock).is_some()
         };
         if removed {
-            self.store.inner.slots.wake(&keys.channel);
+            self.store.inner.slots.wake(keys.channel());
             let head = Self::fair_head(&mut self.store.state(), &keys.lock, Instant::now());
             if let Some(head) = head {
                 self.store.inner.slots.wake(&keys.waiter_channel(&head));
@@ -439,7 +439,7 @@ impl MemoryBackend {
                 last
             };
             let woke = if wake {
-                self.store.inner.slots.wake(&keys.channel)
+                self.store.inner.slots.wake(keys.channel())
             } else {
                 0
             };
@@ -501,10 +501,10 @@ impl MemoryBackend {
         let free = Self::live(&mut state, &keys.lock, now).is_none();
         drop(state);
         if left && free && !releasing {
-            self.store.inner.slots.wake(&keys.channel);
+            self.store.inner.slots.wake(keys.channel());
         }
         if let ReleaseReply::Released { .. } = reply {
-            let woke = self.store.inner.slots.wake(&keys.channel);
+            let woke = self.store.inner.slots.wake(keys.channel());
             return ReleaseReply::Released {
                 woke: u32::try_from(woke).unwrap_or(u32::MAX),
             };
@@ -525,7 +525,7 @@ impl MemoryBackend {
             Some(held)
                 if held.owner == from
                     && (held.next.as_ref().is_some_and(|n| n.locker != to.locker)
-                        || self.store.inner.slots.watchers(&keys.channel) > 1) =>
+                        || self.store.inner.slots.watchers(keys.channel()) > 1) =>
             {
                 drop(state);
                 return match self.release(keys, from, None, None) {

@@ -83,8 +83,34 @@ pub(super) struct QueueEntry {
     users: usize,
 }
 
+/// A queue's place in the map: the name's keys, compared and hashed by the lock's key (so the
+/// map is looked up by `&str`, and an entry costs no copy of the key).
+#[derive(Debug)]
+pub(super) struct ByLock(Arc<LockKeys>);
+
+impl PartialEq for ByLock {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.lock == other.0.lock
+    }
+}
+
+impl Eq for ByLock {}
+
+impl std::hash::Hash for ByLock {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        // As the `str` it borrows as hashes: lookups by `&str` must find it.
+        self.0.lock.as_str().hash(state);
+    }
+}
+
+impl std::borrow::Borrow<str> for ByLock {
+    fn borrow(&self) -> &str {
+        &self.0.lock
+    }
+}
+
 impl Locker {
-    fn queues(&self) -> MutexGuard<'_, HashMap<String, QueueEntry>> {
+    fn queues(&self) -> MutexGuard<'_, HashMap<ByLock, QueueEntry>> {
         self.inner.queues.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -96,7 +122,7 @@ impl Locker {
     pub(super) fn queue_counted(&self, keys: &Arc<LockKeys>) -> (QueueTicket, usize) {
         let mut queues = self.queues();
         let entry = queues
-            .entry(keys.lock.clone())
+            .entry(ByLock(keys.clone()))
             .or_insert_with(|| QueueEntry {
                 queue: None,
                 users: 0,
@@ -251,7 +277,7 @@ impl<'a> HeadWait<'a> {
         let kept = queue.watch.lock().unwrap_or_else(|e| e.into_inner()).take();
         let watch = match kept {
             Some(watch) => watch,
-            None => Arc::new(locker.inner.backend.watch(&keys.channel, deadline).await),
+            None => Arc::new(locker.inner.backend.watch(keys.channel(), deadline).await),
         };
         // No `.await` from here until `HeadWait` exists: once the offer is out, only its `Drop`
         // can give back a lock handed over to a waiter that was dropped.
@@ -342,7 +368,7 @@ impl QueueTicket {
         self.queue.get_or_init(|| {
             let mut queues = self.locker.queues();
             // The entry lives while this ticket does (it counts as one of its users).
-            match queues.get_mut(&self.keys.lock) {
+            match queues.get_mut(self.keys.lock.as_str()) {
                 Some(entry) => entry.queue.get_or_insert_with(Arc::default).clone(),
                 None => Arc::default(),
             }
@@ -359,10 +385,10 @@ impl QueueTicket {
 impl Drop for QueueTicket {
     fn drop(&mut self) {
         let mut queues = self.locker.queues();
-        if let Some(entry) = queues.get_mut(&self.keys.lock) {
+        if let Some(entry) = queues.get_mut(self.keys.lock.as_str()) {
             entry.users -= 1;
             if entry.users == 0 {
-                queues.remove(&self.keys.lock);
+                queues.remove(self.keys.lock.as_str());
             }
         }
     }

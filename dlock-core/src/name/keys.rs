@@ -10,11 +10,11 @@ pub(crate) struct LockKeys {
     /// lease sequence number and turn fields; see the `script` module), or the sorted set of a
     /// semaphore's permits or a read-write lock's readers (`id -> expiry`).
     pub(crate) lock: String,
-    /// The fencing counter.
-    pub(crate) fence: String,
-    /// The wake-up channel (for a fair lock, each waiter's channel is this one, `:`, and the
-    /// waiter's owner token).
-    pub(crate) channel: String,
+    /// The fencing counter's key, then the wake-up channel, in one string (one allocation for
+    /// both): see [`fence`](Self::fence) and [`channel`](Self::channel).
+    fence_and_channel: String,
+    /// Where the channel starts in `fence_and_channel`.
+    channel_at: usize,
     /// What kind of hold, with the keys that kind needs besides.
     pub(crate) kind: KeyKind,
 }
@@ -77,19 +77,39 @@ impl LockKeys {
         lock.push_str(name.as_str());
         lock.push('}');
         // Every acquisition builds these: plain copies, not the formatting machinery.
-        let with = |suffix: &str| {
-            let mut key = String::with_capacity(lock.len() + suffix.len());
-            key.push_str(&lock);
-            key.push_str(suffix);
-            key
-        };
-        let (fence, channel) = (with(":fence"), with(":wake"));
+        let mut both = String::with_capacity(2 * lock.len() + 11);
+        both.push_str(&lock);
+        both.push_str(":fence");
+        let channel_at = both.len();
+        both.push_str(&lock);
+        both.push_str(":wake");
         Self {
             lock,
-            fence,
-            channel,
+            fence_and_channel: both,
+            channel_at,
             kind: KeyKind::Lock,
         }
+    }
+
+    /// Keys of `kind` with these lock, fencing counter and channel keys.
+    fn of(lock: String, fence: &str, channel: &str, kind: KeyKind) -> Self {
+        Self {
+            lock,
+            fence_and_channel: format!("{fence}{channel}"),
+            channel_at: fence.len(),
+            kind,
+        }
+    }
+
+    /// The fencing counter.
+    pub(crate) fn fence(&self) -> &str {
+        &self.fence_and_channel[..self.channel_at]
+    }
+
+    /// The wake-up channel (for a fair lock, each waiter's channel is this one, `:`, and the
+    /// waiter's owner token).
+    pub(crate) fn channel(&self) -> &str {
+        &self.fence_and_channel[self.channel_at..]
     }
 
     /// The keys of the semaphore `name` with `permits` permits unless a count was set: its
@@ -97,15 +117,15 @@ impl LockKeys {
     /// channel. They share the name's hash tag, but not a lock's keys.
     pub(crate) fn semaphore(prefix: &str, name: &LockName, permits: u32) -> Self {
         let base = Self::new(prefix, name).lock;
-        Self {
-            lock: format!("{base}:permits"),
-            fence: format!("{base}:permits:fence"),
-            channel: format!("{base}:permits:wake"),
-            kind: KeyKind::Semaphore(SemaphoreKeys {
+        Self::of(
+            format!("{base}:permits"),
+            &format!("{base}:permits:fence"),
+            &format!("{base}:permits:wake"),
+            KeyKind::Semaphore(SemaphoreKeys {
                 limit: format!("{base}:permits:limit"),
                 permits,
             }),
-        }
+        )
     }
 
     /// The keys of the fair lock `name`: the plain lock's, and its waiting line.
@@ -137,25 +157,17 @@ impl LockKeys {
         };
         let channel = format!("{base}:rw:wake");
         if write {
-            Self {
-                lock: rw.write.clone(),
-                fence: format!("{base}:write:fence"),
-                channel,
-                kind: KeyKind::Write(rw),
-            }
+            let fence = format!("{base}:write:fence");
+            Self::of(rw.write.clone(), &fence, &channel, KeyKind::Write(rw))
         } else {
-            Self {
-                lock: rw.readers.clone(),
-                fence: format!("{base}:read:fence"),
-                channel,
-                kind: KeyKind::Read(rw),
-            }
+            let fence = format!("{base}:read:fence");
+            Self::of(rw.readers.clone(), &fence, &channel, KeyKind::Read(rw))
         }
     }
 
     /// The channel that wakes the fair waiter `owner`.
     pub(crate) fn waiter_channel(&self, owner: &str) -> String {
-        format!("{}:{owner}", self.channel)
+        format!("{}:{owner}", self.channel())
     }
 
     /// A fair lock's line.

@@ -229,7 +229,7 @@ impl MemoryBackend {
                 None => state.limits.remove(&sem.limit),
             };
         }
-        self.store.inner.slots.wake(&keys.channel);
+        self.store.inner.slots.wake(keys.channel());
     }
 
     /// A semaphore's unexpired permits, and the count set at run time.

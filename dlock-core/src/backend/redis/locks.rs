@@ -50,7 +50,7 @@ impl RedisBackend {
             }
         }
         let claim = turn.claim.filter(|_| keys.hands_over());
-        let call = ScriptCall::new(&script::ACQUIRE, &[&keys.lock, &keys.fence])
+        let call = ScriptCall::new(&script::ACQUIRE, &[&keys.lock, keys.fence()])
             .arg(owner)
             .arg(millis(lease))
             .arg(claim.map_or(0, |c| millis_up(c.window)))
@@ -75,7 +75,7 @@ impl RedisBackend {
         fence_ttl: Option<Duration>,
     ) -> Result<AcquireAllReply, BackendError> {
         let keys: Vec<&str> = (locks.iter())
-            .flat_map(|(keys, _)| [keys.lock.as_str(), keys.fence.as_str()])
+            .flat_map(|(keys, _)| [keys.lock.as_str(), keys.fence()])
             .collect();
         let mut call = ScriptCall::new(&script::ACQUIRE_ALL, &keys)
             .arg(millis(lease))
@@ -100,7 +100,7 @@ impl RedisBackend {
         let queue = format!("{}:queue", keys.lock);
         let call = ScriptCall::new(
             &script::INSPECT,
-            &[&keys.lock, &keys.fence, &keys.channel, &queue],
+            &[&keys.lock, keys.fence(), keys.channel(), &queue],
         )
         .arg(self.numsub());
         type Reply = (i64, Vec<String>, String, i64, i64, String, i64, i64);
@@ -133,7 +133,7 @@ impl RedisBackend {
         let fair = fair_keys(keys)?;
         let call = ScriptCall::new(
             &script::FORCE_RELEASE,
-            &[&keys.lock, &keys.channel, &fair.queue, &fair.alive],
+            &[&keys.lock, keys.channel(), &fair.queue, &fair.alive],
         )
         .arg(self.publish());
         let (removed, _): (i64, _) = self.invoke(conn, call, true, self.ack).await?;
@@ -148,7 +148,7 @@ impl RedisBackend {
         since: u64,
         last: bool,
     ) -> Result<(), BackendError> {
-        let call = ScriptCall::new(&script::LEAVE_TURN, &[&keys.lock, &keys.channel])
+        let call = ScriptCall::new(&script::LEAVE_TURN, &[&keys.lock, keys.channel()])
             .arg(since)
             .arg(locker)
             .arg(if last { "1" } else { "0" })
@@ -178,7 +178,7 @@ impl RedisBackend {
     ) -> Result<Option<u64>, BackendError> {
         // Nothing to acknowledge: a token is worth as much after a failover that lost it (the
         // next one minted is above it still, see the `script` module).
-        let call = ScriptCall::new(&script::FENCE, &[&keys.lock, &keys.fence])
+        let call = ScriptCall::new(&script::FENCE, &[&keys.lock, keys.fence()])
             .arg(owner)
             .arg(fence_ttl.map_or(0, millis));
         let (token, _): (i64, _) = self.invoke(conn, call, true, None).await?;
@@ -273,7 +273,7 @@ impl RedisBackend {
         handed_to: Option<&'k str>,
         keep: Option<Duration>,
     ) -> Release<'k> {
-        let (lock, channel) = (keys.lock.as_str(), keys.channel.as_str());
+        let (lock, channel) = (keys.lock.as_str(), keys.channel());
         let member = |script, lua| Release {
             script,
             lua,
@@ -344,14 +344,17 @@ impl RedisBackend {
         lease: Duration,
         fence_ttl: Option<Duration>,
     ) -> Result<HandoffReply, BackendError> {
-        let call = ScriptCall::new(&script::HANDOFF, &[&keys.lock, &keys.fence, &keys.channel])
-            .arg(from)
-            .arg(to.owner)
-            .arg(millis(lease))
-            .arg(fence_ttl.map_or(0, millis))
-            .arg(self.numsub())
-            .arg(to.locker)
-            .arg(self.publish());
+        let call = ScriptCall::new(
+            &script::HANDOFF,
+            &[&keys.lock, keys.fence(), keys.channel()],
+        )
+        .arg(from)
+        .arg(to.owner)
+        .arg(millis(lease))
+        .arg(fence_ttl.map_or(0, millis))
+        .arg(self.numsub())
+        .arg(to.locker)
+        .arg(self.publish());
         // Hand-over is off when replicas must acknowledge (see `ReplicaAck`).
         let ((code, value), _): ((i64, i64), _) = self.invoke(conn, call, false, self.ack).await?;
         if code == 1 {

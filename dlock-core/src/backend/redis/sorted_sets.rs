@@ -48,7 +48,7 @@ impl RedisBackend {
     ) -> Result<AcquireReply, BackendError> {
         let call = ScriptCall::new(
             &script::ACQUIRE_WRITE,
-            &[&rw.write, &keys.fence, &rw.readers, &rw.waiting],
+            &[&rw.write, keys.fence(), &rw.readers, &rw.waiting],
         )
         .arg(owner)
         .arg(millis(lease))
@@ -100,7 +100,7 @@ impl RedisBackend {
         permits: Option<u32>,
     ) -> Result<(), BackendError> {
         let limit = semaphore_limit(keys)?;
-        let call = ScriptCall::new(&script::SET_PERMITS, &[limit, &keys.channel])
+        let call = ScriptCall::new(&script::SET_PERMITS, &[limit, keys.channel()])
             .arg(permits.map_or(String::new(), |n| n.to_string()))
             .arg(self.publish());
         let (_, acknowledged): (i64, _) = self.invoke(conn, call, true, self.ack).await?;
@@ -138,8 +138,8 @@ impl RedisBackend {
             &script::ACQUIRE_FAIR,
             &[
                 &keys.lock,
-                &keys.fence,
-                &keys.channel,
+                keys.fence(),
+                keys.channel(),
                 &fair.queue,
                 &fair.alive,
             ],
