@@ -506,7 +506,7 @@ impl History {
         self.acquisition_event(at, worker, locker, name, 0, kind);
     }
 
-    /// Records an event at `at` of the acquisition call `call` (see [`Event::call`]).
+    /// Records an event at `at` of the acquisition call `call` (see `Event::call`).
     pub fn acquisition_event(
         &self,
         at: Instant,
