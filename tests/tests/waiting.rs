@@ -7,6 +7,15 @@ use dlock_core::redis::{self, AsyncCommands as _};
 use dlock_core::{LockError, Locker, ReleaseOutcome};
 use dlock_tests::{RedisServer, pause_writes, unique_name};
 
+/// A task that waits up to 10 s for `name` on `locker`.
+fn waiting_task(
+    locker: &Locker,
+    name: &str,
+) -> tokio::task::JoinHandle<Result<dlock_core::LockGuard, LockError>> {
+    let (locker, name) = (locker.clone(), name.to_owned());
+    tokio::spawn(async move { locker.lock(name).wait(Duration::from_secs(10)).await })
+}
+
 /// A listener that accepts connections and never answers: a subscriber that can't confirm.
 async fn black_hole() -> (String, tokio::task::JoinHandle<()>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -145,15 +154,7 @@ async fn a_release_whose_hand_over_timed_out_reports_the_truth_and_leaks_nothing
     let key = locker.key_of(name.as_str()).unwrap();
     let mut guard = locker.lock(name.as_str()).await.expect("lock");
     for paused in [false, true] {
-        let waiter = tokio::spawn({
-            let (locker, name) = (locker.clone(), name.clone());
-            async move {
-                locker
-                    .lock(name.as_str())
-                    .wait(Duration::from_secs(10))
-                    .await
-            }
-        });
+        let waiter = waiting_task(&locker, &name);
         // Let the waiter become the head and offer to take a hand-over.
         tokio::time::sleep(Duration::from_millis(200)).await;
         if paused {
@@ -392,15 +393,7 @@ async fn a_release_after_a_lost_hand_over_that_released_instead_says_released() 
     let name = unique_name("handoff-released-instead");
     // Load the scripts first: a command stuck in the pause must find them there.
     let warm = locker.lock(name.as_str()).await.expect("lock");
-    let warm_waiter = tokio::spawn({
-        let (locker, name) = (locker.clone(), name.clone());
-        async move {
-            locker
-                .lock(name.as_str())
-                .wait(Duration::from_secs(10))
-                .await
-        }
-    });
+    let warm_waiter = waiting_task(&locker, &name);
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(warm.release().await.is_released());
     let guard = warm_waiter.await.expect("task").expect("handed over");
