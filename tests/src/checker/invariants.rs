@@ -320,12 +320,15 @@ fn at_least(
         if !kept || end.at >= until {
             continue;
         }
+        // The period starts when the library has the guard, a moment before the checker reads
+        // the call's return: that moment is as long as the machine was late to wake the task.
+        let tolerance = PERIOD_TOLERANCE + history.lags.max_within(a.guard.call, a.guard.start);
         // Granted after A (a higher token): a hold granted before A and destroyed by a fault
         // may come to believe it holds only after A's release, but Redis never kept it.
         let early = holds.iter().filter(|b| {
             b.guard.token() > a.guard.token()
                 && b.start >= end.at
-                && b.start + PERIOD_TOLERANCE < until
+                && b.start + tolerance < until
                 && !faults.iter().any(|f| {
                     (f.kind.destructive() || f.kind == FaultKind::AckedFailover)
                         && f.hits(name)
@@ -541,7 +544,10 @@ fn release_truth(
         // joined a hold taken earlier, with that hold's lease (the one it asked for does not
         // apply): its end is bounded by the hold's deadline it saw when it let go (which the
         // samples check against the server's PTTL).
-        let never_changed = !g.watchdog && locked(&g.extends).is_empty();
+        // An `extend` whose answer was lost (a backend error) may still have applied.
+        let never_changed = !g.watchdog
+            && locked(&g.extends).is_empty()
+            && !g.maybe_extended.load(std::sync::atomic::Ordering::Relaxed);
         let lease_end = if g.reentrant {
             end.valid_until
         } else {
@@ -730,6 +736,7 @@ mod tests {
             lease: Duration::from_millis(600),
             at_least: None,
             extends: Mutex::default(),
+            maybe_extended: Default::default(),
             end: Mutex::default(),
         });
         Hold {
