@@ -3,7 +3,7 @@
 //! fault, and the rendering of a minimal history around a violation.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
 
@@ -318,8 +318,6 @@ pub struct GuardRec {
     pub at_least: Option<Duration>,
     /// Every successful `extend`: when it was called and to what lease.
     pub extends: Mutex<Vec<(Instant, Duration)>>,
-    /// Whether an `extend` failed on the backend: its answer was lost, and it may have applied.
-    pub maybe_extended: AtomicBool,
     /// How it ended (`None`: never ended before the run's end).
     pub end: Mutex<Option<GuardEnd>>,
 }

@@ -502,6 +502,16 @@ fn release_truth(
     finish: Instant,
     out: &mut Vec<Violation>,
 ) {
+    // Guards with an `extend` whose answer was lost (a backend error): it may have applied.
+    let maybe_extended: std::collections::HashSet<u32> = (events.iter())
+        .filter_map(|e| match e.kind {
+            EventKind::ExtendDone {
+                guard,
+                result: Err(ErrKind::Backend),
+            } => Some(guard),
+            _ => None,
+        })
+        .collect();
     for g in guards {
         let Some(end) = g.end() else { continue };
         let Some((ret, outcome)) = end.returned else {
@@ -544,10 +554,8 @@ fn release_truth(
         // joined a hold taken earlier, with that hold's lease (the one it asked for does not
         // apply): its end is bounded by the hold's deadline it saw when it let go (which the
         // samples check against the server's PTTL).
-        // An `extend` whose answer was lost (a backend error) may still have applied.
-        let never_changed = !g.watchdog
-            && locked(&g.extends).is_empty()
-            && !g.maybe_extended.load(std::sync::atomic::Ordering::Relaxed);
+        let never_changed =
+            !g.watchdog && locked(&g.extends).is_empty() && !maybe_extended.contains(&g.id);
         let lease_end = if g.reentrant {
             end.valid_until
         } else {
@@ -736,7 +744,6 @@ mod tests {
             lease: Duration::from_millis(600),
             at_least: None,
             extends: Mutex::default(),
-            maybe_extended: Default::default(),
             end: Mutex::default(),
         });
         Hold {

@@ -149,7 +149,6 @@ impl Tracked {
             lease,
             at_least,
             extends: Default::default(),
-            maybe_extended: Default::default(),
             end: Default::default(),
         });
         ctx.history.guard(rec.clone());
@@ -232,7 +231,6 @@ impl Tracked {
         }
         if result.as_ref().is_err_and(LockError::is_backend) {
             bump(&self.ctx.stats.backend_errors);
-            self.rec.maybe_extended.store(true, Ordering::Relaxed);
         }
         self.event(
             ret,
