@@ -261,7 +261,7 @@ async fn the_demo_on_a_cluster_prints_the_table_and_leaves_no_node_running() {
             .map(str::to_owned)
             .collect()
     };
-    assert_eq!(row("other errors")[1], "0", "{stdout}");
+    assert_eq!(row("other errors")[1], "0", "{stdout}\n{stderr}");
     assert_eq!(row("users with duplicate orders")[1], "0", "{stdout}");
     assert_eq!(row("SKU units oversold")[1], "0", "{stdout}");
     assert_eq!(row("units lost (stock − orders)")[1], "0", "{stdout}");

@@ -93,7 +93,7 @@ async fn the_demo_command_prints_both_rounds_side_by_side() {
         .find(|l| l.trim_start().starts_with("without locks"))
         .unwrap_or_else(|| panic!("no table in:\n{stdout}"));
     assert!(header.trim_end().ends_with("with locks"), "{stdout}");
-    assert_eq!(row("other errors")[1], "0", "{stdout}");
+    assert_eq!(row("other errors")[1], "0", "{stdout}\n{stderr}");
     assert_eq!(row("users with duplicate orders")[1], "0", "{stdout}");
     assert_eq!(row("SKU units oversold")[1], "0", "{stdout}");
     assert_eq!(row("units lost (stock − orders)")[1], "0", "{stdout}");
