@@ -55,9 +55,14 @@
 //!   one of them waits in Redis, and a release hands the lock straight to the next local waiter
 //!   in the same round trip — while no other `Locker` waits for it. Across processes, a waiter
 //!   that finds the lock taken claims the next turn for its `Locker` (the one waiting longest
-//!   wins, by wall clock); the release keeps the lock for that `Locker` for a few of its round
-//!   trips, so a process farther from Redis gets its turn against nearer ones. A waiter that
-//!   gives up takes its claim back; one that dies delays the lock by that short turn only.
+//!   wins, by wall clock); the release grants the lock to that waiter in the same step, and its
+//!   wake-up tells the waiter, which then holds the lock without a round trip of its own and
+//!   extends it to its lease (a claim older than its grant window — the waiter's
+//!   [`command_timeout`](LockerBuilder::command_timeout), at most a third of its lease — has the
+//!   lock kept for its `Locker` for a few of its round trips instead), so a process farther from
+//!   Redis gets its turn against nearer ones. A waiter that gives up takes its claim back, and
+//!   lets go a grant it did not take; one that dies delays the lock by twice its grant window
+//!   at most (4 s with the defaults).
 //! - **Fair locks**: [`Locker::fair_lock`] gives the lock to waiters in the order they came,
 //!   across processes, from a line kept in Redis; a release wakes only the head of the line.
 //! - **Semaphores**: [`Locker::semaphore`] lets at most N holders in at once; each [`Permit`]

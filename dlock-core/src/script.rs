@@ -27,7 +27,9 @@
 //!
 //! Then fields, each one word after a space: ` f<token>` the hold's fencing token (once minted),
 //! ` s<n>` the sequence number of the last lease change, ` w<waiting since>:<ms>:<locker id>`
-//! the `Locker` next in turn (plain locks), ` l` a waiter found the hold taken (so a release
+//! the `Locker` next in turn (plain locks; a head waiter's claim goes on with
+//! `:<server ms>:<grant window ms>:<fence TTL ms>:<attempt>:<hand-over token>`), ` l` a waiter
+//! found the hold taken (so a release
 //! wakes the waiters; one nobody waits for publishes nothing). A plain lock taken at a first
 //! attempt is `SET NX PX` of its owner token: no script runs for an uncontended acquisition.
 //! Scripts write a hold with `PSETEX` (the same as `SET .. PX`), so `SET` in `INFO
@@ -71,6 +73,19 @@
 //! it asked for (a few of its round trips), and wakes the waiters as usual: a waiter of that
 //! `Locker` takes it, the others find it taken and claim the next turn. A claimant that never
 //! comes delays the lock by that time only; the kept key's PTTL is what the others wait for.
+//!
+//! A claim made by the head of a `Locker`'s local line carries that waiter's hand-over token,
+//! a grant window (its command timeout, at most a third of its lease, at least its claim's
+//! time), its fence TTL, the server's clock and the attempt's number. A release that finds such a claim no older than its
+//! window grants the lock to the token in the same step, for the claim's age plus the window
+//! (its fencing token minted with the grant), and says so in the wake-up
+//! (`g<attempt>:<ms>:<fencing token>:<token>`): the
+//! waiter has the lock without a round trip of its own, counts that lease from when it sent the
+//! attempt (before the grant), and extends it to its own lease at once (the window gives that
+//! extension the time any command has). A claimant that died delays the lock by twice its
+//! window at most; an older claim gets the kept key instead. A
+//! waiter that leaves lets a grant to its token go, as a release would; one whose wake-up was
+//! lost finds the grant at its next attempt and takes it over (its own lease and owner token).
 //!
 //! Lease changes (watchdog renewals, `extend`) carry a per-hold sequence number and apply only
 //! if it is higher than the last one applied: a renewal that arrives late (a slow server, a
@@ -176,28 +191,54 @@ end
     };
 }
 
-/// `let_go(lock, claim)`: deletes the hold `lock`, and keeps the lock for the `Locker` that
-/// claimed the next turn, if `claim` (the hold's ` w` field) names one, for the time it asked
-/// for.
+/// `let_go(lock, claim, v)`: deletes the hold `lock` (whose string was `v`) and passes the lock
+/// on to the `Locker` that claimed the next turn, if `claim` (the hold's ` w` field) names one.
+/// A head waiter's claim made no longer ago than its grant window is granted: the lock is held
+/// for the claim's hand-over token (with `v`'s ` l` flag and a fencing token minted on the
+/// plain lock's counter, `lock` and `:fence`) for the claim's age plus that window — the waiter
+/// counts its hold from when it sent the claim, and extends it at once. Any other claim has the
+/// lock kept for its `Locker` (`#r:`) for the time it asked. Returns the wake-up message:
+/// `g<n>:<ms>:<fencing token>:<token>` for a grant (`n` the number of the attempt whose claim it
+/// was, `ms` the grant's lease), `1` otherwise. Needs `next_fence` and the hold helpers.
 macro_rules! let_go_lua {
     () => {
         r#"
-local function let_go(lock, claim)
+local function let_go(lock, claim, v)
   redis.call('DEL', lock)
-  if claim then
-    local ms, locker = string.match(claim, '^%d+:(%d+):(%x+)$')
-    if locker then
-      redis.call('PSETEX', lock, ms, '#r:' .. locker)
+  if not claim then
+    return '1'
+  end
+  local ms, locker, rest = string.match(claim, '^%d+:(%d+):(%x+)(.*)$')
+  if not locker then
+    return '1'
+  end
+  local at, window, fence_ttl, n, token = string.match(rest, '^:(%d+):(%d+):(%d+):(%d+):(.+)$')
+  if token then
+    local t = redis.call('TIME')
+    local age = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) - tonumber(at)
+    if age >= 0 and age <= tonumber(window) then
+      local f = string.format('%d', next_fence(lock .. ':fence', fence_ttl))
+      local held = token .. ' f' .. f
+      if field(v, 'l') then
+        held = held .. ' l'
+      end
+      local px = string.format('%d', age + tonumber(window))
+      redis.call('PSETEX', lock, px, held)
+      return 'g' .. n .. ':' .. px .. ':' .. f .. ':' .. token
     end
   end
+  redis.call('PSETEX', lock, ms, '#r:' .. locker)
+  return '1'
 end
 "#
     };
 }
 
+mod handover;
 mod operators;
 mod sorted_sets;
 
+pub(crate) use handover::*;
 pub(crate) use operators::*;
 pub(crate) use sorted_sets::*;
 
@@ -206,14 +247,17 @@ pub(crate) use sorted_sets::*;
 ///
 /// `KEYS[1]` lock, `KEYS[2]` fence; `ARGV[1]` owner (a fresh token), `ARGV[2]` lease ms, `ARGV[3]` (plain locks)
 /// `0`, or the ms a release should keep the lock for the attempt's `Locker` if it finds it taken:
-/// it claims the next turn for it, unless a claim as old as this one or older is there
-/// (`ARGV[4]`: since when its waiter waits, wall-clock ms); `ARGV[5]` the id of that `Locker`,
-/// `ARGV[6]` `1` if the attempt comes from the waiter at the head of its local queue (which alone
-/// takes a lock kept for its `Locker`), `ARGV[7]` fence TTL ms (0 = none). Returns `{1, token}`
-/// acquired (also when `ARGV[1]` holds it already: it was handed the lock, or this is a retry —
-/// of this script or of the `SET`; also when the lock was kept for `ARGV[5]`, another `Locker`'s
-/// claim made since kept on the new hold), `{0, pttl}` busy: the hold is then flagged as waited
-/// for, so its release wakes the waiters.
+/// it claims the next turn for it, unless another `Locker`'s claim as old as this one or older
+/// is there (`ARGV[4]`: since when its waiter waits, wall-clock ms; a claim of the same `Locker`
+/// is replaced); `ARGV[5]` the id of that `Locker`, `ARGV[6]` `1` if the attempt comes from the
+/// waiter at the head of its local queue (which alone takes a lock kept for its `Locker`),
+/// `ARGV[7]` fence TTL ms (0 = none), `ARGV[8]` (optional) the head waiter's hand-over token, to
+/// which a release may grant the lock (see `let_go`): the claim then also carries the server's
+/// clock, `ARGV[10]` the grant window (ms), the fence TTL and `ARGV[9]`, the attempt's number. Returns `{1, token}` acquired (also
+/// when `ARGV[1]` holds it already: it was handed the lock, or this is a retry — of this script or
+/// of the `SET`; also when the lock was kept for `ARGV[5]`, another `Locker`'s claim made since
+/// kept on the new hold; also when it was granted to `ARGV[8]`), `{0, pttl}` busy: the hold is
+/// then flagged as waited for, so its release wakes the waiters.
 ///
 /// A first attempt mints no fencing token: `token` is `-1` until the holder asks for one
 /// ([`FENCE`]), so an uncontended acquisition costs no clock read and no write to the counter.
@@ -231,13 +275,26 @@ if v then
   if holder == ARGV[1] then
     return {1, tonumber(field(v, 'f') or '-1')}
   end
-  if ARGV[6] ~= '1' or holder ~= '#r:' .. ARGV[5] then
+  local token = ARGV[8] or ''
+  if token ~= '' and holder == token then
+    -- A release granted the lock to this waiter's hand-over token (see `let_go`): it takes the
+    -- hold over, with its lease from now and a token of its own.
+    value = without(without(ARGV[1] .. string.sub(v, #holder + 1), 'f'), 's')
+  elseif ARGV[6] ~= '1' or holder ~= '#r:' .. ARGV[5] then
     local changed = flagged(v)
     if ARGV[3] ~= '0' then
       local claim = field(v, 'w')
       local marked = claim and tonumber(string.match(claim, '^(%d+)'))
-      if not marked or marked > tonumber(ARGV[4]) then
-        changed = without(changed, 'w') .. ' w' .. ARGV[4] .. ':' .. ARGV[3] .. ':' .. ARGV[5]
+      local mine = claim and string.match(claim, '^%d+:%d+:(%x+)') == ARGV[5]
+      if not marked or mine or marked > tonumber(ARGV[4]) then
+        local mark = ARGV[4] .. ':' .. ARGV[3] .. ':' .. ARGV[5]
+        if token ~= '' then
+          local t = redis.call('TIME')
+          local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+          mark = mark .. ':' .. string.format('%d', now) .. ':' .. ARGV[10] .. ':' .. ARGV[7]
+            .. ':' .. ARGV[9] .. ':' .. token
+        end
+        changed = without(changed, 'w') .. ' w' .. mark
       end
     end
     local pttl = redis.call('PTTL', KEYS[1])
@@ -245,15 +302,16 @@ if v then
       redis.call('PSETEX', KEYS[1], pttl, changed)
     end
     return {0, pttl}
-  end
-  -- Kept for this Locker: its waiter takes the lock, and another Locker that claimed a turn
-  -- since stays next (and is woken at the release).
-  local claim = field(v, 'w')
-  if claim and string.match(claim, '^%d+:%d+:(%x+)$') ~= ARGV[5] then
-    value = value .. ' w' .. claim
-  end
-  if field(v, 'l') then
-    value = value .. ' l'
+  else
+    -- Kept for this Locker: its waiter takes the lock, and another Locker that claimed a turn
+    -- since stays next (and is woken at the release).
+    local claim = field(v, 'w')
+    if claim and string.match(claim, '^%d+:%d+:(%x+)') ~= ARGV[5] then
+      value = value .. ' w' .. claim
+    end
+    if field(v, 'l') then
+      value = value .. ' l'
+    end
   end
 end
 local f = -1
@@ -396,6 +454,7 @@ if v == ARGV[1] and mode == '0' and keep_ms == '0' then
 end
 "#,
     fair_lua!(),
+    next_fence_lua!(),
     hold_lua!(),
     let_go_lua!(),
     r#"
@@ -403,9 +462,9 @@ local handed_to, publish = ARGV[2] or '', ARGV[3] or 'PUBLISH'
 local channel = KEYS[2] or (KEYS[1] .. ':wake')
 local fair = mode == '1'
 local writer = mode == '2'
-local function wake()
+local function wake(message)
   if not fair then
-    return redis.call(publish, channel, '1')
+    return redis.call(publish, channel, message or '1')
   end
   local head = fair_head(KEYS[3], KEYS[4], now_ms())
   if head then
@@ -424,14 +483,14 @@ local holder = v and who(v)
 if holder and (holder == ARGV[1] or (handed_to ~= '' and holder == handed_to)) then
   local keep = keep_ms ~= '0'
   local claim = field(v, 'w')
-  let_go(KEYS[1], not keep and claim)
+  local message = let_go(KEYS[1], not keep and claim, v)
   if keep then
     redis.call('PSETEX', KEYS[1], keep_ms, '#k:' .. ARGV[1])
   end
   if mode == '0' and not claim and not field(v, 'l') then
     return 0
   end
-  return wake()
+  return wake(message)
 end
 if (fair or left == 1) and not v then
   wake()
@@ -484,89 +543,5 @@ for i = 1, #KEYS do
   end
 end
 return out
-"#
-);
-
-/// Hand-over inside one process: release `ARGV[1]`'s hold and, in the same step, acquire for
-/// `ARGV[2]` with a fresh fencing token, so a local waiter takes over without a wake-up round trip.
-///
-/// `KEYS[1]` lock, `KEYS[2]` fence, `KEYS[3]` wake channel; `ARGV[1]` old owner, `ARGV[2]` new owner, `ARGV[3]` lease ms,
-/// `ARGV[4]` fence TTL ms, `ARGV[5]` the `PUBSUB` subcommand that counts a channel's subscribers
-/// (`NUMSUB`, or `SHARDNUMSUB` on a cluster), `ARGV[6]` the id of the `Locker` handing over,
-/// `ARGV[7]` the command that wakes waiters (`PUBLISH`, or `SPUBLISH` on a cluster).
-/// Returns `{1, token}` handed over, `{0, code}` not handed over (`code` as [`RELEASE`]'s: `-1`
-/// expired, `-2` taken over), or `{2, woken}`: waiters elsewhere want it — another `Locker`
-/// listens for its release, or a waiter of another `Locker` is next in turn —, so it was
-/// released instead, as [`RELEASE`] does (`woken` subscribers got the wake-up).
-pub(crate) static HANDOFF: LazyLock<Script> = LazyLock::new(|| Script::new(HANDOFF_LUA));
-
-pub(crate) const HANDOFF_LUA: &str = concat!(
-    next_fence_lua!(),
-    hold_lua!(),
-    let_go_lua!(),
-    r#"
-local v = redis.call('GET', KEYS[1])
-if not v or who(v) ~= ARGV[1] then
-  if v then
-    return {0, -2}
-  end
-  return {0, -1}
-end
-local claim = field(v, 'w')
-local next_in = claim and string.match(claim, '^%d+:%d+:(%x+)$')
-if (next_in and next_in ~= ARGV[6]) or redis.call('PUBSUB', ARGV[5], KEYS[3])[2] > 1 then
-  let_go(KEYS[1], claim)
-  return {2, redis.call(ARGV[7], KEYS[3], '1')}
-end
-local f = next_fence(KEYS[2], ARGV[4])
-redis.call('PSETEX', KEYS[1], ARGV[3], ARGV[2] .. ' f' .. string.format('%d', f))
-return {1, f}
-"#
-);
-
-/// A waiter that claimed the next turn (see [`ACQUIRE`]) stops waiting without the lock: its
-/// claim goes (any claim of its `Locker`'s, if it was the last waiter there), and so does a lock kept for its `Locker` if no other waiter of it is left, so
-/// nobody waits for a turn that will not be taken.
-///
-/// `KEYS[1]` lock, `KEYS[2]` wake channel; `ARGV[1]` since when the waiter waited (as in its
-/// claim), `ARGV[2]` the id of its `Locker`, `ARGV[3]` `1` if it was that `Locker`'s last
-/// waiter for the name, `ARGV[4]` the command that wakes waiters. A lock kept for the `Locker`
-/// passes to the claim of another one on it (kept for that one, for the time it asked for), or
-/// is freed; waiters are woken. Returns 1 if it removed anything, else 0.
-pub(crate) static LEAVE_TURN: LazyLock<Script> = LazyLock::new(|| Script::new(LEAVE_TURN_LUA));
-
-pub(crate) const LEAVE_TURN_LUA: &str = concat!(
-    hold_lua!(),
-    r#"
-local v = redis.call('GET', KEYS[1])
-if not v then
-  return 0
-end
-local claim = field(v, 'w')
-local left = 0
-if claim then
-  local since, locker = string.match(claim, '^(%d+):%d+:(%x+)$')
-  if locker == ARGV[2] and (since == ARGV[1] or ARGV[3] == '1') then
-    claim = nil
-    left = 1
-  end
-end
-if who(v) == '#r:' .. ARGV[2] and ARGV[3] == '1' then
-  local ms, locker = nil, nil
-  if claim then
-    ms, locker = string.match(claim, '^%d+:(%d+):(%x+)$')
-  end
-  if locker then
-    redis.call('PSETEX', KEYS[1], ms, '#r:' .. locker)
-  else
-    redis.call('DEL', KEYS[1])
-  end
-  redis.call(ARGV[4], KEYS[2], '1')
-  return 1
-end
-if left == 1 then
-  rewrite(KEYS[1], without(v, 'w'))
-end
-return left
 "#
 );

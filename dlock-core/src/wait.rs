@@ -33,6 +33,37 @@ struct SlotEntry {
 pub(crate) struct Slot {
     notify: Notify,
     confirmed: AtomicBool,
+    /// The last grant a wake-up announced on the channel (see [`Granted`]).
+    granted: Mutex<Option<Granted>>,
+}
+
+/// A wake-up that says a release granted the lock to a head waiter's hand-over token (message
+/// `g<attempt>:<ms>:<fencing token>:<token>`): the number of the attempt whose claim was
+/// granted, the grant's lease, its fencing token, and the hand-over token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Granted {
+    pub(crate) attempt: u64,
+    pub(crate) lease: Duration,
+    pub(crate) fence: u64,
+    pub(crate) token: Box<str>,
+}
+
+impl Granted {
+    /// The grant a wake-up message announces, if it announces one.
+    pub(crate) fn parse(message: &[u8]) -> Option<Self> {
+        let message = std::str::from_utf8(message.strip_prefix(b"g")?).ok()?;
+        let mut parts = message.splitn(4, ':');
+        let attempt = parts.next()?.parse().ok()?;
+        let ms = parts.next()?.parse().ok()?;
+        let fence = parts.next()?.parse().ok()?;
+        let token = parts.next().filter(|t| !t.is_empty())?;
+        Some(Self {
+            attempt,
+            lease: Duration::from_millis(ms),
+            fence,
+            token: token.into(),
+        })
+    }
 }
 
 impl Slots {
@@ -81,8 +112,17 @@ impl Slots {
 
     /// Wakes every watcher of `channel`; returns how many there were.
     pub(crate) fn wake(&self, channel: &str) -> usize {
+        self.wake_with(channel, None)
+    }
+
+    /// Wakes every watcher of `channel` with the wake-up `message` (a grant it announces is kept
+    /// for the head waiter to take); returns how many watchers there were.
+    pub(crate) fn wake_with(&self, channel: &str, message: Option<&[u8]>) -> usize {
         match self.lock().get(channel) {
             Some(entry) => {
+                if let Some(granted) = message.and_then(Granted::parse) {
+                    *entry.slot.granted.lock().unwrap_or_else(|e| e.into_inner()) = Some(granted);
+                }
                 entry.slot.notify.notify_waiters();
                 entry.refs
             }
@@ -160,6 +200,15 @@ impl Watch {
     /// polls on a short timer instead.
     pub(crate) fn is_reliable(&self) -> bool {
         self.slot.confirmed.load(Ordering::Acquire)
+    }
+
+    /// Takes the last grant announced on the channel if it went to `token`.
+    pub(crate) fn take_grant(&self, token: &str) -> Option<Granted> {
+        let mut granted = self.slot.granted.lock().unwrap_or_else(|e| e.into_inner());
+        match granted.as_ref() {
+            Some(g) if *g.token == *token => granted.take(),
+            _ => None,
+        }
     }
 
     pub(crate) fn mark_confirmed(&self) {
@@ -397,7 +446,10 @@ async fn run(
                     }
                     msg = stream.next() => match msg {
                         Some(msg) => {
-                            let _ = slots.wake(msg.get_channel_name());
+                            let _ = slots.wake_with(
+                                msg.get_channel_name(),
+                                Some(msg.get_payload_bytes()),
+                            );
                             None
                         }
                         None => {

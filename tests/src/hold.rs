@@ -14,7 +14,8 @@ pub struct RawHold {
     pub token: Option<u64>,
     /// The last lease change's sequence number.
     pub seq: Option<u64>,
-    /// The claim to the next turn: `<waiting since>:<ms>:<locker id>`.
+    /// The claim to the next turn: `<waiting since>:<ms>:<locker id>`, and for a head waiter's
+    /// claim `:<server ms>:<grant window ms>:<fence TTL ms>:<attempt>:<hand-over token>` after it.
     pub claim: Option<String>,
     /// The owner whose release keeps the key taken (`at_least`).
     pub kept_after: Option<String>,
@@ -25,6 +26,12 @@ pub struct RawHold {
 }
 
 impl RawHold {
+    /// The hand-over token a head waiter's claim offers to be granted the lock.
+    pub fn claim_token(&self) -> Option<&str> {
+        let claim = self.claim.as_deref()?;
+        claim.splitn(8, ':').nth(7)
+    }
+
     /// Parses a lock key's value; panics on a field it does not know.
     pub fn parse(value: &str) -> Self {
         Self::try_parse(value).unwrap_or_else(|err| panic!("{err}"))

@@ -174,6 +174,13 @@ async fn a_lock_taken_after_a_wait_has_its_token_with_the_grant() {
     dlock_tests::until_waiting(&holder, name.as_str(), 1).await;
     assert!(held.release().await.is_released());
     let guard = waiting.await.expect("waiter task").expect("granted");
+    // Granted by the release, the hold is extended to the waiter's lease in the background:
+    // once that is done, nothing else is on its way.
+    let until = std::time::Instant::now() + Duration::from_secs(5);
+    while guard.remaining() < Duration::from_secs(5) {
+        assert!(std::time::Instant::now() < until, "never extended");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     // Taken after a wait (another process's release woke it): its holder is in a contended
     // critical section, so the token came with the grant and asking costs nothing.
     let (token, asked) = measure(&server, guard.fencing_token()).await;

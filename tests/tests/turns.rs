@@ -100,7 +100,12 @@ async fn a_marked_waiter_that_died_delays_the_lock_by_its_turn_only() {
     let holder = locker(server.url()).build().await.expect("connect");
     // The process that will die, reached through a proxy that can cut it off.
     let line = Proxy::start(server.addr()).await;
-    let gone = locker(line.url()).build().await.expect("connect");
+    // A fresh claim is granted for its age plus the waiter's command timeout: that is the turn.
+    let gone = locker(line.url())
+        .command_timeout(Duration::from_millis(300))
+        .build()
+        .await
+        .expect("connect");
     let other = locker(server.url()).build().await.expect("connect");
     let name = unique_name("turn-left");
     let key = holder.key_of(name.as_str()).expect("key");
@@ -118,6 +123,11 @@ async fn a_marked_waiter_that_died_delays_the_lock_by_its_turn_only() {
         marked(&mut con, &key).await,
         "the waiter never marked the hold"
     );
+    let claim = RawHold::read(&mut con, &key).await.expect("GET");
+    let offered = claim
+        .as_ref()
+        .and_then(|h| h.claim_token())
+        .map(str::to_owned);
     // Its process dies (cut off, then gone): the mark stays.
     line.cut();
     waiting.abort();
@@ -125,13 +135,15 @@ async fn a_marked_waiter_that_died_delays_the_lock_by_its_turn_only() {
     drop(gone);
 
     assert!(held.release().await.is_released());
-    // Kept for the one that left, for a few of its round trips only.
+    // Kept for the one that left (or granted to its hand-over token, its claim being fresh),
+    // for a fraction of a second only (twice its command timeout at most).
     let pttl: i64 = con.pttl(&key).await.expect("PTTL");
     assert!((1..=1_000).contains(&pttl), "kept for {pttl} ms");
-    let reserved = RawHold::read(&mut con, &key).await.expect("GET");
+    let passed_on = RawHold::read(&mut con, &key).await.expect("GET");
     assert!(
-        reserved.is_some_and(|h| h.kept_for.is_some()),
-        "the release did not keep the lock for the waiter"
+        passed_on
+            .is_some_and(|h| h.kept_for.is_some() || (h.owner.is_some() && h.owner == offered)),
+        "the release did not keep the lock for the waiter nor grant it to its claim"
     );
     assert!(
         other
@@ -266,4 +278,204 @@ async fn a_process_farther_from_redis_gets_its_share_against_hand_overs() {
         "acquisitions per task {counts:?}: the far one got less than half its share"
     );
     assert!(longest < 1_000, "a wait took {longest} ms ({counts:?})");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_grants_the_lock_to_the_waiter_next_in_turn_in_its_wake_up() {
+    let server = RedisServer::start();
+    let mut con = server.connection().await;
+    let holder = locker(server.url()).build().await.expect("connect");
+    let waiter = locker(server.url()).build().await.expect("connect");
+    let name = unique_name("turn-grant");
+    let key = holder.key_of(name.as_str()).expect("key");
+
+    let held = holder.lock(name.as_str()).await.expect("lock");
+    let first = held.fencing_token().await.expect("token").get();
+    let (granted_tx, granted_rx) = tokio::sync::oneshot::channel();
+    let waiting = tokio::spawn({
+        let (waiter, name) = (waiter.clone(), name.clone());
+        async move {
+            let guard = waiter
+                .lock(name.as_str())
+                .wait(Duration::from_secs(5))
+                .await
+                .expect("waiter");
+            let _ = granted_tx.send(Instant::now());
+            guard
+        }
+    });
+    // The waiter's head offers its hand-over token with its claim.
+    let until = Instant::now() + Duration::from_secs(2);
+    let offered = loop {
+        let hold = RawHold::read(&mut con, &key).await.expect("GET");
+        if let Some(token) = hold.as_ref().and_then(|h| h.claim_token()) {
+            break token.to_owned();
+        }
+        assert!(Instant::now() < until, "no claim offered a hand-over token");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    let released_at = Instant::now();
+    assert!(held.release().await.is_released());
+    let granted_at = granted_rx.await.expect("granted");
+    let guard = waiting.await.expect("waiter task");
+    // The release granted it: the token the claim offered holds the lock (an attempt of the
+    // waiter's would have taken it with an owner of its own), its fencing token minted with the
+    // grant and known to the guard.
+    let hold = RawHold::read(&mut con, &key)
+        .await
+        .expect("GET")
+        .expect("held");
+    assert_eq!(hold.owner.as_deref(), Some(offered.as_str()));
+    let minted = guard.minted_fencing_token().map(|t| t.get());
+    assert!(
+        minted.is_some() && minted == hold.token,
+        "{minted:?} vs {hold:?}"
+    );
+    eprintln!(
+        "granted {:?} after the release began",
+        granted_at - released_at
+    );
+    // The guard extends the short grant to its own lease at once.
+    let until = Instant::now() + Duration::from_secs(2);
+    while guard.remaining() < Duration::from_secs(5) {
+        assert!(
+            Instant::now() < until,
+            "the granted hold was not extended: {:?} left",
+            guard.remaining()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let pttl: i64 = con.pttl(&key).await.expect("PTTL");
+    assert!(pttl > 5_000, "Redis keeps the granted hold for {pttl} ms");
+    // Its fencing token is above the last holder's.
+    let token = guard.fencing_token().await.expect("token").get();
+    assert!(token > first, "token {token} after {first}");
+    assert!(guard.release().await.is_released());
+    let exists: bool = con.exists(&key).await.expect("EXISTS");
+    assert!(!exists, "the lock key outlived its holders");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_whose_wake_up_was_lost_is_taken_over_by_the_next_attempt() {
+    let server = RedisServer::start();
+    let mut con = server.connection().await;
+    let holder = locker(server.url()).build().await.expect("connect");
+    // The waiter's wake-ups come through a line that can be cut; its commands go direct.
+    let line = Proxy::start(server.addr()).await;
+    let waiter = locker(server.url())
+        .subscriber(redis::Client::open(line.url()).expect("client"))
+        .poll_interval(Duration::from_millis(20))
+        .build()
+        .await
+        .expect("connect");
+    let name = unique_name("turn-lost");
+    let key = holder.key_of(name.as_str()).expect("key");
+
+    let held = holder.lock(name.as_str()).await.expect("lock");
+    let waiting = tokio::spawn({
+        let (waiter, name) = (waiter.clone(), name.clone());
+        async move {
+            waiter
+                .lock(name.as_str())
+                .wait(Duration::from_secs(5))
+                .await
+                .expect("waiter")
+        }
+    });
+    let until = Instant::now() + Duration::from_secs(2);
+    let offered = loop {
+        let hold = RawHold::read(&mut con, &key).await.expect("GET");
+        if let Some(token) = hold.as_ref().and_then(|h| h.claim_token()) {
+            break token.to_owned();
+        }
+        assert!(Instant::now() < until, "no claim offered a hand-over token");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    // The waiter's subscriber stalls: the release's wake-up is held back (the waiter sleeps on,
+    // its fallback timer the holder's lease away), then lost with the connection.
+    line.stall();
+    assert!(held.release().await.is_released());
+    let granted = RawHold::read(&mut con, &key)
+        .await
+        .expect("GET")
+        .expect("granted");
+    assert_eq!(granted.owner.as_deref(), Some(offered.as_str()));
+    let pttl: i64 = con.pttl(&key).await.expect("PTTL");
+    let started = Instant::now();
+    line.cut();
+    let guard = waiting.await.expect("waiter task");
+    // Its subscriber gone, the waiter tried again (and polls): that attempt took the grant
+    // over — its own owner, a token minted, its own lease.
+    let hold = RawHold::read(&mut con, &key)
+        .await
+        .expect("GET")
+        .expect("held");
+    assert_ne!(hold.owner, granted.owner, "the grant was not taken over");
+    assert!(hold.token.is_some(), "no token minted by the take-over");
+    assert!(
+        started.elapsed() < Duration::from_millis(u64::try_from(pttl).unwrap_or(0)),
+        "the waiter waited out the grant ({pttl} ms) instead of taking it over"
+    );
+    assert!(guard.remaining() > Duration::from_secs(5));
+    assert!(guard.release().await.is_released());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_that_leaves_lets_a_grant_to_it_go() {
+    let server = RedisServer::start();
+    let mut con = server.connection().await;
+    let holder = locker(server.url()).build().await.expect("connect");
+    let line = Proxy::start(server.addr()).await;
+    let waiter = locker(server.url())
+        .subscriber(redis::Client::open(line.url()).expect("client"))
+        .build()
+        .await
+        .expect("connect");
+    let name = unique_name("turn-leave-grant");
+    let key = holder.key_of(name.as_str()).expect("key");
+
+    let held = holder.lock(name.as_str()).await.expect("lock");
+    let waiting = tokio::spawn({
+        let (waiter, name) = (waiter.clone(), name.clone());
+        async move {
+            let _ = waiter
+                .lock(name.as_str())
+                .wait(Duration::from_secs(30))
+                .await;
+        }
+    });
+    let until = Instant::now() + Duration::from_secs(2);
+    let offered = loop {
+        let hold = RawHold::read(&mut con, &key).await.expect("GET");
+        if let Some(token) = hold.as_ref().and_then(|h| h.claim_token()) {
+            break token.to_owned();
+        }
+        assert!(Instant::now() < until, "no claim offered a hand-over token");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    // Its wake-ups stall: the waiter sleeps on (its fallback timer is the holder's lease away)
+    // and never hears of the grant.
+    line.stall();
+    assert!(held.release().await.is_released());
+    let granted = RawHold::read(&mut con, &key)
+        .await
+        .expect("GET")
+        .expect("granted");
+    assert_eq!(granted.owner.as_deref(), Some(offered.as_str()));
+    let pttl: i64 = con.pttl(&key).await.expect("PTTL");
+    // The waiter is dropped before it learns of the grant: the grant goes with its claim.
+    let dropped = Instant::now();
+    waiting.abort();
+    let _ = waiting.await;
+    loop {
+        let exists: bool = con.exists(&key).await.expect("EXISTS");
+        if !exists {
+            break;
+        }
+        assert!(
+            dropped.elapsed() < Duration::from_millis(u64::try_from(pttl).unwrap_or(0) / 2),
+            "the grant to a dropped waiter stayed (granted for {pttl} ms)"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
 }

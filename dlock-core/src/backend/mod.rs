@@ -102,6 +102,20 @@ pub(crate) struct Turn<'a> {
     pub(crate) locker: &'a str,
     pub(crate) head: bool,
     pub(crate) claim: Option<Claim>,
+    /// A head waiter's hand-over token, which a release may grant the lock to (with a claim)
+    /// and which the attempt takes a grant over from.
+    pub(crate) grant: Option<GrantTo<'a>>,
+}
+
+/// A head waiter's offer to be granted the lock by a release (see the `script` module): its
+/// hand-over token, and the number of the attempt that carries the claim (the wake-up names it,
+/// so the waiter knows when it sent the claim that was granted).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct GrantTo<'a> {
+    pub(crate) token: &'a str,
+    pub(crate) attempt: u64,
+    /// How old the claim may be when granted, and how long past that age the grant lasts.
+    pub(crate) window: Duration,
 }
 
 /// A claim to be next in turn: how long a release keeps the lock for the claimant's `Locker`,
@@ -379,17 +393,19 @@ impl Session {
     }
 
     /// A waiter of `locker` that claimed the next turn since `since` stops waiting without the
-    /// lock (`last`: no other waiter of `locker` is left for the name); see the `script`
-    /// module's `LEAVE_TURN`.
+    /// lock (`last`: no other waiter of `locker` is left for the name; `granted_to`: the
+    /// hand-over token its claims offered, whose grant goes too); see the `script` module's
+    /// `LEAVE_TURN`. The memory store grants nothing to claims.
     pub(crate) async fn leave_turn(
         &self,
         keys: &LockKeys,
         locker: &str,
         since: u64,
         last: bool,
+        granted_to: Option<&str>,
     ) -> Result<(), BackendError> {
         match self {
-            Self::Redis(r, c) => r.leave_turn(c, keys, locker, since, last).await,
+            Self::Redis(r, c) => r.leave_turn(c, keys, locker, since, last, granted_to).await,
             Self::Memory(m) => {
                 m.leave_turn(keys, locker, since, last);
                 Ok(())

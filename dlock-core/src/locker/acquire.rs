@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use super::head::Waiting;
 use super::leave::{Leave, LeaveTurn};
 use super::*;
-use crate::backend::{AcquireAllReply, AcquireReply, Claim, Turn};
+use crate::backend::{AcquireAllReply, AcquireReply, Claim, GrantTo, Turn};
 use crate::clock;
 use crate::error::LockError;
 use crate::guard::{FencingToken, HoldState, LockGuard, LossReason};
@@ -26,14 +26,15 @@ impl Locker {
     ///
     /// `head`: the attempt comes from the waiter at the head of the local queue (which may take
     /// a lock kept for this `Locker`); `claim`: a plain lock found taken is claimed as next in
-    /// turn for this `Locker` (see the `script` module).
+    /// turn for this `Locker` (see the `script` module), and, with `grant`, offered to be granted
+    /// to the head waiter's hand-over token by the release.
     pub(super) async fn attempt(
         &self,
         keys: &Arc<LockKeys>,
         owner: &Arc<str>,
         lease: Duration,
         head: bool,
-        claim: Option<Claim>,
+        (claim, grant): (Option<Claim>, Option<GrantTo<'_>>),
     ) -> Result<AcquireReply, LockError> {
         let session = self
             .inner
@@ -49,7 +50,12 @@ impl Locker {
                 owner,
                 lease,
                 self.inner.config.fence_ttl,
-                self.turn(head, claim),
+                Turn {
+                    locker: &self.inner.turn_id,
+                    head,
+                    claim,
+                    grant,
+                },
             )
             .await;
         // Answered: the caller turns a grant into a guard before its next `.await`.
@@ -64,15 +70,6 @@ impl Locker {
     pub(super) fn note_round_trip(&self, sent_at: Instant, came_back: Instant) {
         let us = u64::try_from((came_back - sent_at).as_micros()).unwrap_or(u64::MAX);
         self.inner.round_trip_us.store(us, Ordering::Relaxed);
-    }
-
-    /// An attempt's turn: from this `Locker`, by its head waiter or not, with `claim`.
-    fn turn(&self, head: bool, claim: Option<Claim>) -> Turn<'_> {
-        Turn {
-            locker: &self.inner.turn_id,
-            head,
-            claim,
-        }
     }
 
     /// A claim to be next in turn for a request waiting since `since` (wall-clock ms). A release
@@ -224,7 +221,8 @@ impl Locker {
                 }
                 let sent_at = Instant::now();
                 let reply =
-                    Box::pin(self.attempt(&keys, &owner, lease.duration(), false, claim)).await;
+                    Box::pin(self.attempt(&keys, &owner, lease.duration(), false, (claim, None)))
+                        .await;
                 let back = Instant::now();
                 came_back = Some(back);
                 if reply.is_ok() {

@@ -11,8 +11,9 @@ use super::acquire::{Attempted, gave_up, is_permanent};
 use super::leave::{Leave, LeaveTurn};
 use super::queue::QueueTicket;
 use super::*;
-use crate::backend::AcquireReply;
+use crate::backend::{AcquireReply, GrantTo};
 use crate::error::LockError;
+use crate::guard::HoldState;
 use crate::name::{LockKeys, LockName};
 
 /// A waiting request's state, from the local line to the head of it.
@@ -69,11 +70,25 @@ impl Locker {
         ))
         .await;
         let handoff_owner = head.handoff_owner.clone();
+        // The attempts that offered the hand-over token to a release, by number.
+        let mut offers = Offers::default();
         loop {
             let (watch, rx) = head.parts();
             let notified = watch.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
+            // A release granted the lock to the hand-over token: held since before the claim's
+            // attempt went out. (A grant to an attempt no longer known is taken over by the
+            // next attempt instead.)
+            let granted = watch.take_grant(&handoff_owner);
+            if let Some((sent_at, g)) = granted.and_then(|g| Some((offers.sent(g.attempt)?, g))) {
+                leave.disarm();
+                let (fence, held_for) = (Some(g.fence), g.lease);
+                let guard =
+                    self.acquired(name, keys, handoff_owner, fence, lease, sent_at, started);
+                self.settle_grant(&guard.state, sent_at, held_for);
+                return Ok(Attempted::Held(guard));
+            }
             if let Some(until) = ticket.queue().deferred() {
                 tokio::time::sleep_until(until.min(deadline)).await;
             }
@@ -85,10 +100,27 @@ impl Locker {
             let claim = (failed.is_none() && watch.is_reliable() && keys.hands_over())
                 .then(|| self.claim(since));
             if claim.is_some() {
-                turn.get_or_insert_with(|| LeaveTurn::new(self, &keys, since));
+                let turn = turn.get_or_insert_with(|| LeaveTurn::new(self, &keys, since));
+                turn.offered(&handoff_owner);
             }
+            // Every attempt of a plain lock's head names the hand-over token: with a claim, a
+            // release may grant the lock to it; without, the attempt takes over a grant whose
+            // wake-up was lost.
+            let grant = keys.hands_over().then(|| GrantTo {
+                token: &handoff_owner,
+                attempt: offers.next(),
+                window: grant_window(
+                    self.claim(since).window,
+                    lease.duration(),
+                    self.inner.backend.command_timeout(),
+                ),
+            });
             let sent_at = Instant::now();
-            let reply = Box::pin(self.attempt(&keys, &owner, lease.duration(), true, claim)).await;
+            if let Some(grant) = grant {
+                offers.record(grant.attempt, sent_at);
+            }
+            let offer = (claim, grant);
+            let reply = Box::pin(self.attempt(&keys, &owner, lease.duration(), true, offer)).await;
             let back = Instant::now();
             came_back = Some(back);
             if reply.is_ok() {
@@ -149,5 +181,59 @@ impl Locker {
                 }
             }
         }
+    }
+}
+
+impl Locker {
+    /// A hold granted to a head waiter by another's release lasts `held_for` from the grant, and
+    /// the waiter sent the claim at `sent_at`, before it: its belief ends that long after
+    /// `sent_at` until its own lease, asked for at once (in the background: the caller has its
+    /// guard now), applies.
+    fn settle_grant(&self, hold: &Arc<HoldState>, sent_at: Instant, held_for: Duration) {
+        hold.believe_until(sent_at, held_for);
+        let (locker, hold) = (self.clone(), hold.clone());
+        tokio::spawn(async move {
+            // Refused (lost, released meanwhile) or failed: the guard's belief ends as it was.
+            let _ = locker.extend(&hold, hold.lease()).await;
+        });
+    }
+}
+
+/// How old a head waiter's claim may be when a release grants it the lock, and how long past
+/// that age the grant lasts (see the `script` module): the command timeout, so the extension
+/// to the waiter's own lease has the time any command has to answer (at most a third of the
+/// lease, no less than the time a release keeps the lock for the claimant otherwise).
+fn grant_window(claim_window: Duration, lease: Duration, command_timeout: Duration) -> Duration {
+    command_timeout.min(lease / 3).max(claim_window).min(lease)
+}
+
+/// How many of a head waiter's latest offers it remembers.
+const OFFERS_KEPT: usize = 8;
+
+/// The send times of a head waiter's latest attempts that offered its hand-over token to be
+/// granted the lock: a grant made for one of them is held from that moment on (the release that
+/// granted it came after the attempt's claim, which came after it was sent).
+#[derive(Debug, Default)]
+struct Offers {
+    count: u64,
+    sent: [Option<(u64, Instant)>; OFFERS_KEPT],
+}
+
+impl Offers {
+    /// The number the next offer goes out with.
+    fn next(&mut self) -> u64 {
+        self.count += 1;
+        self.count
+    }
+
+    fn record(&mut self, n: u64, sent_at: Instant) {
+        let i = usize::try_from(n % OFFERS_KEPT as u64).unwrap_or(0);
+        self.sent[i] = Some((n, sent_at));
+    }
+
+    /// When offer `n` was sent, if it is one of the latest.
+    fn sent(&self, n: u64) -> Option<Instant> {
+        let i = usize::try_from(n % OFFERS_KEPT as u64).unwrap_or(0);
+        self.sent[i].filter(|(m, _)| *m == n).map(|(_, at)| at)
     }
 }

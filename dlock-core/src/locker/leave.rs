@@ -61,6 +61,9 @@ pub(super) struct LeaveTurn {
     keys: Arc<LockKeys>,
     /// Since when the request waits (wall-clock ms), as in its claims.
     since: u64,
+    /// The hand-over token its claims offered to be granted the lock, if any: a grant made to
+    /// it goes too.
+    offered: Option<Arc<str>>,
     claimed: bool,
 }
 
@@ -70,7 +73,15 @@ impl LeaveTurn {
             locker: locker.clone(),
             keys: keys.clone(),
             since,
+            offered: None,
             claimed: true,
+        }
+    }
+
+    /// Its claims offer `token` to be granted the lock (one token per head waiter).
+    pub(super) fn offered(&mut self, token: &Arc<str>) {
+        if !self.offered.as_ref().is_some_and(|t| Arc::ptr_eq(t, token)) {
+            self.offered = Some(token.clone());
         }
     }
 
@@ -86,19 +97,20 @@ impl LeaveTurn {
             return;
         }
         let (locker, keys, since) = (self.locker.clone(), self.keys.clone(), self.since);
-        leave_turn(locker, keys, since).await;
+        leave_turn(locker, keys, since, self.offered.take()).await;
     }
 }
 
-/// Takes back the claim of `locker`'s waiter since `since`; its last waiter for the name also
-/// gives up a lock kept for `locker`.
-async fn leave_turn(locker: Locker, keys: Arc<LockKeys>, since: u64) {
+/// Takes back the claim of `locker`'s waiter since `since`, and lets go a grant to the token it
+/// `offered`; its last waiter for the name also gives up a lock kept for `locker`.
+async fn leave_turn(locker: Locker, keys: Arc<LockKeys>, since: u64, offered: Option<Arc<str>>) {
     let Ok(session) = locker.inner.backend.session().await else {
         return;
     };
     let last = locker.queue_users(&keys.lock) == 0;
     let id = &locker.inner.turn_id;
-    if let Err(err) = session.leave_turn(&keys, id, since, last).await {
+    let granted_to = offered.as_deref();
+    if let Err(err) = session.leave_turn(&keys, id, since, last, granted_to).await {
         tracing::debug!(error = %err, "dlock: a waiter's claim to the next turn stays until it expires");
     }
 }
@@ -116,7 +128,7 @@ impl Drop for LeaveTurn {
             }
             Backend::Redis(_) => {
                 if let Ok(handle) = tokio::runtime::Handle::try_current() {
-                    handle.spawn(leave_turn(locker, keys, since));
+                    handle.spawn(leave_turn(locker, keys, since, self.offered.take()));
                 }
             }
         }

@@ -76,7 +76,12 @@ pub(super) async fn run(
                         match push.kind {
                             PushKind::SMessage => {
                                 if let Some(Value::BulkString(channel)) = push.data.first() {
-                                    let _ = slots.wake(&String::from_utf8_lossy(channel));
+                                    let message = match push.data.get(1) {
+                                        Some(Value::BulkString(message)) => Some(&message[..]),
+                                        _ => None,
+                                    };
+                                    let _ = slots
+                                        .wake_with(&String::from_utf8_lossy(channel), message);
                                 }
                             }
                             PushKind::Disconnection => {

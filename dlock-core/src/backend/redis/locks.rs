@@ -58,6 +58,15 @@ impl RedisBackend {
             .arg(turn.locker)
             .arg(if turn.head { "1" } else { "0" })
             .arg(fence_ttl.map_or(0, millis));
+        // A grant inside another's release is not waited for by a replica: with replicas to
+        // acknowledge grants, claims are kept for the `Locker` and its attempt takes them.
+        let grant = turn
+            .grant
+            .filter(|_| keys.hands_over() && self.ack.is_none());
+        let call = match grant {
+            Some(grant) => (call.arg(grant.token).arg(grant.attempt)).arg(millis_up(grant.window)),
+            None => call,
+        };
         let (reply, acknowledged) = self.invoke(conn, call, true, self.ack).await?;
         let reply = acquire_reply(reply)?;
         if matches!(reply, AcquireReply::Acquired { .. }) {
@@ -147,12 +156,14 @@ impl RedisBackend {
         locker: &str,
         since: u64,
         last: bool,
+        granted_to: Option<&str>,
     ) -> Result<(), BackendError> {
         let call = ScriptCall::new(&script::LEAVE_TURN, &[&keys.lock, keys.channel()])
             .arg(since)
             .arg(locker)
             .arg(if last { "1" } else { "0" })
-            .arg(self.publish());
+            .arg(self.publish())
+            .arg(granted_to.unwrap_or(""));
         let (_left, _): (i64, _) = self.invoke(conn, call, true, self.ack).await?;
         Ok(())
     }
