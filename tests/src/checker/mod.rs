@@ -34,6 +34,7 @@ mod bounded;
 mod distributed;
 pub mod fair;
 mod faults;
+mod grants;
 mod history;
 pub mod invariants;
 mod lag;

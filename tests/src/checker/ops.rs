@@ -37,6 +37,9 @@ pub struct Stats {
     pub dropped_futures: AtomicU64,
     /// Guarded runs cancelled by a loss.
     pub runs_cancelled: AtomicU64,
+    /// Releases that granted the lock to a waiter of another locker in their wake-up (Redis
+    /// runs; seen on a subscriber of the checker's own).
+    pub grants: AtomicU64,
 }
 
 /// Adds one to a counter.

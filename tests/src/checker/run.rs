@@ -176,8 +176,8 @@ fn summarize(
     }
     let mut out = format!(
         "checker {:?} seed {}: {} sessions, {} calls, {} guards, {} busy, {} backend errors, \
-         {} dropped futures, {} runs cancelled; faults {:?}; {:.1} s wall, {:.0} sessions/s, \
-         {:.0} calls/s; {fair}; {shares}; lockers: {}",
+         {} dropped futures, {} runs cancelled, {} grants in releases; faults {:?}; {:.1} s \
+         wall, {:.0} sessions/s, {:.0} calls/s; {fair}; {shares}; lockers: {}",
         config.family,
         config.seed,
         get(&s.sessions),
@@ -187,6 +187,7 @@ fn summarize(
         get(&s.backend_errors),
         get(&s.dropped_futures),
         get(&s.runs_cancelled),
+        get(&s.grants),
         faults,
         secs,
         get(&s.sessions) as f64 / secs,
@@ -437,6 +438,7 @@ pub(super) fn finish(
         (&stats.backend_errors, &ctx.stats.backend_errors),
         (&stats.dropped_futures, &ctx.stats.dropped_futures),
         (&stats.runs_cancelled, &ctx.stats.runs_cancelled),
+        (&stats.grants, &ctx.stats.grants),
     ] {
         to.store(from.load(Ordering::Relaxed), Ordering::Relaxed);
     }
@@ -536,6 +538,7 @@ pub async fn run_redis(config: Config) -> Report {
     let admin = redis::aio::ConnectionManager::new(server.client())
         .await
         .expect("an admin connection");
+    let server_client = server.client();
     let ctx = ctx(actors, p, Some(admin.clone()));
     let targets = Targets::Redis(RedisTargets {
         server: Some(Arc::new(Mutex::new(server))),
@@ -545,7 +548,16 @@ pub async fn run_redis(config: Config) -> Report {
         setup,
         actors: ctx.actors.clone(),
     });
+    let (stop_counting, stop) = watch::channel(false);
+    let counting = tokio::spawn(super::grants::count(
+        server_client,
+        format!("{prefix}*:wake"),
+        ctx.clone(),
+        stop,
+    ));
     let faults = drive(&ctx, &targets, config, p).await;
+    let _ = stop_counting.send(true);
+    let _ = counting.await;
     let mut leftovers = redis_leftovers(&ctx, &admin, &prefix, settle(p)).await;
     watchdog_probe(&ctx.actors, Some(&admin), &mut leftovers).await;
     let report = finish(config, wall, &ctx, faults, leftovers);
