@@ -150,9 +150,7 @@ async fn waiters_are_woken_through_sharded_pub_sub_on_the_locks_shard_only() {
                 .wait(Duration::from_secs(10))
                 .await
                 .expect("the waiter gets the lock");
-            let at = Instant::now();
-            assert!(guard.release().await.is_released());
-            at
+            (Instant::now(), guard)
         }
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -165,14 +163,31 @@ async fn waiters_are_woken_through_sharded_pub_sub_on_the_locks_shard_only() {
         .await
         .expect("PUBSUB SHARDNUMSUB");
     assert_eq!(subscribed.1, 1, "the waiter subscribed on the lock's shard");
+    let claim = RawHold::read(&mut on_owner, &key).await.expect("GET");
+    let offered = claim
+        .as_ref()
+        .and_then(|h| h.claim_token())
+        .map(str::to_owned);
+    assert!(
+        offered.is_some(),
+        "no claim offered a hand-over token: {claim:?}"
+    );
     let released = Instant::now();
     assert!(guard.release().await.is_released());
-    let woken = waiting.await.unwrap() - released;
+    let (at, granted) = waiting.await.unwrap();
+    let woken = at - released;
     // A 30 s lease: only a wake-up explains a grant this soon.
     assert!(
         woken < Duration::from_millis(500),
         "woken {woken:?} after the release"
     );
+    // The release granted it to the waiter's claim, and the sharded wake-up said so: the
+    // hold is the offered token's, its fencing token the guard's.
+    let hold = RawHold::read(&mut on_owner, &key).await.expect("GET");
+    assert_eq!(hold.as_ref().and_then(|h| h.owner.clone()), offered);
+    let minted = granted.minted_fencing_token().map(|t| t.get());
+    assert!(minted.is_some() && minted == hold.and_then(|h| h.token));
+    assert!(granted.release().await.is_released());
 
     for (port, spublish, publish) in before {
         let spublished = calls(&cluster, port, "spublish") - spublish;
