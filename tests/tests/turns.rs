@@ -35,6 +35,20 @@ async fn marked(con: &mut redis::aio::MultiplexedConnection, key: &str) -> bool 
     false
 }
 
+/// Until `key`'s hold has a head waiter's claim that offers its hand-over token (or two seconds
+/// passed): the token.
+async fn offered_token(con: &mut redis::aio::MultiplexedConnection, key: &str) -> String {
+    let until = Instant::now() + Duration::from_secs(2);
+    loop {
+        let hold = RawHold::read(con, key).await.expect("GET");
+        if let Some(token) = hold.as_ref().and_then(|h| h.claim_token()) {
+            return token.to_owned();
+        }
+        assert!(Instant::now() < until, "no claim offered a hand-over token");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 fn locker(url: String) -> LockerBuilder {
     Locker::builder().url(url)
 }
@@ -305,15 +319,7 @@ async fn a_release_grants_the_lock_to_the_waiter_next_in_turn_in_its_wake_up() {
         }
     });
     // The waiter's head offers its hand-over token with its claim.
-    let until = Instant::now() + Duration::from_secs(2);
-    let offered = loop {
-        let hold = RawHold::read(&mut con, &key).await.expect("GET");
-        if let Some(token) = hold.as_ref().and_then(|h| h.claim_token()) {
-            break token.to_owned();
-        }
-        assert!(Instant::now() < until, "no claim offered a hand-over token");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    };
+    let offered = offered_token(&mut con, &key).await;
     let released_at = Instant::now();
     assert!(held.release().await.is_released());
     let granted_at = granted_rx.await.expect("granted");
@@ -382,15 +388,7 @@ async fn a_grant_whose_wake_up_was_lost_is_taken_over_by_the_next_attempt() {
                 .expect("waiter")
         }
     });
-    let until = Instant::now() + Duration::from_secs(2);
-    let offered = loop {
-        let hold = RawHold::read(&mut con, &key).await.expect("GET");
-        if let Some(token) = hold.as_ref().and_then(|h| h.claim_token()) {
-            break token.to_owned();
-        }
-        assert!(Instant::now() < until, "no claim offered a hand-over token");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    };
+    let offered = offered_token(&mut con, &key).await;
     // The waiter's subscriber stalls: the release's wake-up is held back (the waiter sleeps on,
     // its fallback timer the holder's lease away), then lost with the connection.
     line.stall();
@@ -444,15 +442,7 @@ async fn a_waiter_that_leaves_lets_a_grant_to_it_go() {
                 .await;
         }
     });
-    let until = Instant::now() + Duration::from_secs(2);
-    let offered = loop {
-        let hold = RawHold::read(&mut con, &key).await.expect("GET");
-        if let Some(token) = hold.as_ref().and_then(|h| h.claim_token()) {
-            break token.to_owned();
-        }
-        assert!(Instant::now() < until, "no claim offered a hand-over token");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    };
+    let offered = offered_token(&mut con, &key).await;
     // Its wake-ups stall: the waiter sleeps on (its fallback timer is the holder's lease away)
     // and never hears of the grant.
     line.stall();
