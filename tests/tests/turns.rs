@@ -361,12 +361,26 @@ async fn a_release_grants_the_lock_to_the_waiter_next_in_turn_in_its_wake_up() {
     assert!(!exists, "the lock key outlived its holders");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_grant_whose_wake_up_was_lost_is_taken_over_by_the_next_attempt() {
-    let server = RedisServer::start();
-    let mut con = server.connection().await;
+/// A grant its waiter did not hear of: a holder holds `name`, a waiter of another `Locker`
+/// (its wake-ups through `line`, polling every 20 ms when they fail) waits for it and claims
+/// the next turn, the line stalls, and the holder's release grants the lock to the waiter's
+/// hand-over token.
+struct UnheardGrant {
+    line: Proxy,
+    key: String,
+    waiting: tokio::task::JoinHandle<Result<dlock_core::LockGuard, dlock_core::LockError>>,
+    /// The hold right after the release: the grant.
+    granted: RawHold,
+    /// The grant's PTTL right after the release.
+    pttl: i64,
+}
+
+async fn unheard_grant(
+    server: &RedisServer,
+    con: &mut redis::aio::MultiplexedConnection,
+    name: &str,
+) -> UnheardGrant {
     let holder = locker(server.url()).build().await.expect("connect");
-    // The waiter's wake-ups come through a line that can be cut; its commands go direct.
     let line = Proxy::start(server.addr()).await;
     let waiter = locker(server.url())
         .subscriber(redis::Client::open(line.url()).expect("client"))
@@ -374,41 +388,52 @@ async fn a_grant_whose_wake_up_was_lost_is_taken_over_by_the_next_attempt() {
         .build()
         .await
         .expect("connect");
-    let name = unique_name("turn-lost");
-    let key = holder.key_of(name.as_str()).expect("key");
-
-    let held = holder.lock(name.as_str()).await.expect("lock");
+    let key = holder.key_of(name).expect("key");
+    let held = holder.lock(name).await.expect("lock");
     let waiting = tokio::spawn({
-        let (waiter, name) = (waiter.clone(), name.clone());
-        async move {
-            waiter
-                .lock(name.as_str())
-                .wait(Duration::from_secs(5))
-                .await
-                .expect("waiter")
-        }
+        let name = name.to_owned();
+        async move { waiter.lock(name).wait(Duration::from_secs(30)).await }
     });
-    let offered = offered_token(&mut con, &key).await;
-    // The waiter's subscriber stalls: the release's wake-up is held back (the waiter sleeps on,
-    // its fallback timer the holder's lease away), then lost with the connection.
+    let offered = offered_token(con, &key).await;
+    // The waiter sleeps on: its fallback timer is the holder's lease away.
     line.stall();
     assert!(held.release().await.is_released());
-    let granted = RawHold::read(&mut con, &key)
+    let granted = RawHold::read(con, &key)
         .await
         .expect("GET")
         .expect("granted");
     assert_eq!(granted.owner.as_deref(), Some(offered.as_str()));
     let pttl: i64 = con.pttl(&key).await.expect("PTTL");
+    UnheardGrant {
+        line,
+        key,
+        waiting,
+        granted,
+        pttl,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_whose_wake_up_was_lost_is_taken_over_by_the_next_attempt() {
+    let server = RedisServer::start();
+    let mut con = server.connection().await;
+    let name = unique_name("turn-lost");
+    let grant = unheard_grant(&server, &mut con, name.as_str()).await;
+    let (key, pttl) = (&grant.key, grant.pttl);
+    // The stalled wake-up is lost with the connection.
     let started = Instant::now();
-    line.cut();
-    let guard = waiting.await.expect("waiter task");
+    grant.line.cut();
+    let guard = grant.waiting.await.expect("waiter task").expect("waiter");
     // Its subscriber gone, the waiter tried again (and polls): that attempt took the grant
     // over — its own owner, a token minted, its own lease.
-    let hold = RawHold::read(&mut con, &key)
+    let hold = RawHold::read(&mut con, key)
         .await
         .expect("GET")
         .expect("held");
-    assert_ne!(hold.owner, granted.owner, "the grant was not taken over");
+    assert_ne!(
+        hold.owner, grant.granted.owner,
+        "the grant was not taken over"
+    );
     assert!(hold.token.is_some(), "no token minted by the take-over");
     assert!(
         started.elapsed() < Duration::from_millis(u64::try_from(pttl).unwrap_or(0)),
@@ -422,43 +447,15 @@ async fn a_grant_whose_wake_up_was_lost_is_taken_over_by_the_next_attempt() {
 async fn a_waiter_that_leaves_lets_a_grant_to_it_go() {
     let server = RedisServer::start();
     let mut con = server.connection().await;
-    let holder = locker(server.url()).build().await.expect("connect");
-    let line = Proxy::start(server.addr()).await;
-    let waiter = locker(server.url())
-        .subscriber(redis::Client::open(line.url()).expect("client"))
-        .build()
-        .await
-        .expect("connect");
     let name = unique_name("turn-leave-grant");
-    let key = holder.key_of(name.as_str()).expect("key");
-
-    let held = holder.lock(name.as_str()).await.expect("lock");
-    let waiting = tokio::spawn({
-        let (waiter, name) = (waiter.clone(), name.clone());
-        async move {
-            let _ = waiter
-                .lock(name.as_str())
-                .wait(Duration::from_secs(30))
-                .await;
-        }
-    });
-    let offered = offered_token(&mut con, &key).await;
-    // Its wake-ups stall: the waiter sleeps on (its fallback timer is the holder's lease away)
-    // and never hears of the grant.
-    line.stall();
-    assert!(held.release().await.is_released());
-    let granted = RawHold::read(&mut con, &key)
-        .await
-        .expect("GET")
-        .expect("granted");
-    assert_eq!(granted.owner.as_deref(), Some(offered.as_str()));
-    let pttl: i64 = con.pttl(&key).await.expect("PTTL");
+    let grant = unheard_grant(&server, &mut con, name.as_str()).await;
+    let pttl = grant.pttl;
     // The waiter is dropped before it learns of the grant: the grant goes with its claim.
     let dropped = Instant::now();
-    waiting.abort();
-    let _ = waiting.await;
+    grant.waiting.abort();
+    let _ = grant.waiting.await;
     loop {
-        let exists: bool = con.exists(&key).await.expect("EXISTS");
+        let exists: bool = con.exists(&grant.key).await.expect("EXISTS");
         if !exists {
             break;
         }
