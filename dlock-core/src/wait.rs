@@ -50,7 +50,7 @@ pub(crate) struct Granted {
 
 impl Granted {
     /// The grant a wake-up message announces, if it announces one.
-    pub(crate) fn parse(message: &[u8]) -> Option<Self> {
+    fn parse(message: &[u8]) -> Option<Self> {
         let message = std::str::from_utf8(message.strip_prefix(b"g")?).ok()?;
         let mut parts = message.splitn(4, ':');
         let attempt = parts.next()?.parse().ok()?;
@@ -486,6 +486,36 @@ async fn run(
                 }
                 Some(SubCmd::Unsubscribe(_)) => {}
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_grant_is_read_from_its_wake_up_and_nothing_else_is() {
+        assert_eq!(
+            Granted::parse(b"g12:2005:1764130000123456:ab12@api:v2"),
+            Some(Granted {
+                attempt: 12,
+                lease: Duration::from_millis(2005),
+                fence: 1_764_130_000_123_456,
+                // A holder label may hold colons: the token is the rest.
+                token: "ab12@api:v2".into(),
+            })
+        );
+        for other in [
+            &b"1"[..],
+            b"",
+            b"g",
+            b"g1:2:3:",
+            b"g1:2:x:t",
+            b"gx:2:3:t",
+            b"h1:2:3:t",
+        ] {
+            assert_eq!(Granted::parse(other), None, "{other:?}");
         }
     }
 }

@@ -97,8 +97,9 @@ impl Locker {
             }
             // The head waiter claims the next turn whenever it finds the lock taken — where
             // wake-ups arrive: the release's is its cue to come and take it.
-            let claim = (failed.is_none() && watch.is_reliable() && keys.hands_over())
-                .then(|| self.claim(since));
+            let next_turn = self.claim(since);
+            let claim =
+                (failed.is_none() && watch.is_reliable() && keys.hands_over()).then_some(next_turn);
             if claim.is_some() {
                 let turn = turn.get_or_insert_with(|| LeaveTurn::new(self, &keys, since));
                 turn.offered(&handoff_owner);
@@ -110,7 +111,7 @@ impl Locker {
                 token: &handoff_owner,
                 attempt: offers.next(),
                 window: grant_window(
-                    self.claim(since).window,
+                    next_turn.window,
                     lease.duration(),
                     self.inner.backend.command_timeout(),
                 ),

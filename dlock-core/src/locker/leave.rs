@@ -78,11 +78,10 @@ impl LeaveTurn {
         }
     }
 
-    /// Its claims offer `token` to be granted the lock (one token per head waiter).
+    /// Its claims offer `token` to be granted the lock (a request is a head waiter once, with
+    /// one token).
     pub(super) fn offered(&mut self, token: &Arc<str>) {
-        if !self.offered.as_ref().is_some_and(|t| Arc::ptr_eq(t, token)) {
-            self.offered = Some(token.clone());
-        }
+        self.offered.get_or_insert_with(|| token.clone());
     }
 
     /// The request got the lock: its claim went with the hold it replaced.
