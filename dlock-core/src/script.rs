@@ -29,8 +29,8 @@
 //! ` s<n>` the sequence number of the last lease change, ` w<waiting since>:<ms>:<locker id>`
 //! the `Locker` next in turn (plain locks; a head waiter's claim goes on with
 //! `:<server ms>:<grant window ms>:<fence TTL ms>:<attempt>:<hand-over token>`), ` l` a waiter
-//! found the hold taken (so a release
-//! wakes the waiters; one nobody waits for publishes nothing). A plain lock taken at a first
+//! found the hold taken (so a release wakes the waiters; one nobody waits for publishes
+//! nothing). A plain lock taken at a first
 //! attempt is `SET NX PX` of its owner token: no script runs for an uncontended acquisition.
 //! Scripts write a hold with `PSETEX` (the same as `SET .. PX`), so `SET` in `INFO
 //! commandstats` counts first attempts only.
@@ -76,16 +76,16 @@
 //!
 //! A claim made by the head of a `Locker`'s local line carries that waiter's hand-over token,
 //! a grant window (its command timeout, at most a third of its lease, at least its claim's
-//! time), its fence TTL, the server's clock and the attempt's number. A release that finds such a claim no older than its
-//! window grants the lock to the token in the same step, for the claim's age plus the window
-//! (its fencing token minted with the grant), and says so in the wake-up
-//! (`g<attempt>:<ms>:<fencing token>:<token>`): the
-//! waiter has the lock without a round trip of its own, counts that lease from when it sent the
-//! attempt (before the grant), and extends it to its own lease at once (the window gives that
-//! extension the time any command has). A claimant that died delays the lock by twice its
-//! window at most; an older claim gets the kept key instead. A
-//! waiter that leaves lets a grant to its token go, as a release would; one whose wake-up was
-//! lost finds the grant at its next attempt and takes it over (its own lease and owner token).
+//! time), its fence TTL, the server's clock and the attempt's number. A release that finds such
+//! a claim no older than its window grants the lock to the token in the same step, for the
+//! claim's age plus the window (its fencing token minted with the grant), and says so in the
+//! wake-up (`g<attempt>:<ms>:<fencing token>:<token>`): the waiter has the lock without a round
+//! trip of its own, counts that lease from when it sent the attempt (before the grant), and
+//! extends it to its own lease at once (the window gives that extension the time any command
+//! has). A claimant that died delays the lock by twice its window at most; an older claim gets
+//! the kept key instead. A waiter that leaves lets a grant to its token go, as a release would;
+//! one whose wake-up was lost finds the grant at its next attempt and takes it over (its own
+//! lease and owner token).
 //!
 //! Lease changes (watchdog renewals, `extend`) carry a per-hold sequence number and apply only
 //! if it is higher than the last one applied: a renewal that arrives late (a slow server, a
@@ -122,17 +122,25 @@ end
     };
 }
 
-/// The helpers of the sorted-set kinds: `now_ms()`, the server clock in ms; `add_until(key,
-/// member, now, ms)`, the member in `key` until `ms` from `now`, the key kept at least that long;
-/// `fair_head(queue, alive, now)`, the first waiter of a fair lock's line still alive (those
-/// ahead of it whose time is up leave the line).
-macro_rules! fair_lua {
+/// `now_ms()`: the server clock in ms.
+macro_rules! clock_lua {
     () => {
         r#"
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
+"#
+    };
+}
+
+/// The helpers of the sorted-set kinds (after `clock_lua`'s `now_ms()`): `add_until(key,
+/// member, now, ms)`, the member in `key` until `ms` from `now`, the key kept at least that long;
+/// `fair_head(queue, alive, now)`, the first waiter of a fair lock's line still alive (those
+/// ahead of it whose time is up leave the line).
+macro_rules! fair_lua {
+    () => {
+        r#"
 local function add_until(key, member, now, ms)
   redis.call('ZADD', key, now + ms, member)
   if redis.call('PTTL', key) < ms then
@@ -199,7 +207,8 @@ end
 /// counts its hold from when it sent the claim, and extends it at once. Any other claim has the
 /// lock kept for its `Locker` (`#r:`) for the time it asked. Returns the wake-up message:
 /// `g<n>:<ms>:<fencing token>:<token>` for a grant (`n` the number of the attempt whose claim it
-/// was, `ms` the grant's lease), `1` otherwise. Needs `next_fence` and the hold helpers.
+/// was, `ms` the grant's lease), `1` otherwise. Needs `now_ms`, `next_fence` and the hold
+/// helpers.
 macro_rules! let_go_lua {
     () => {
         r#"
@@ -214,8 +223,7 @@ local function let_go(lock, claim, v)
   end
   local at, window, fence_ttl, n, token = string.match(rest, '^:(%d+):(%d+):(%d+):(%d+):(.+)$')
   if token then
-    local t = redis.call('TIME')
-    local age = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) - tonumber(at)
+    local age = now_ms() - tonumber(at)
     if age >= 0 and age <= tonumber(window) then
       local f = string.format('%d', next_fence(lock .. ':fence', fence_ttl))
       local held = token .. ' f' .. f
@@ -252,9 +260,10 @@ pub(crate) use sorted_sets::*;
 /// is replaced); `ARGV[5]` the id of that `Locker`, `ARGV[6]` `1` if the attempt comes from the
 /// waiter at the head of its local queue (which alone takes a lock kept for its `Locker`),
 /// `ARGV[7]` fence TTL ms (0 = none), `ARGV[8]` (optional) the head waiter's hand-over token, to
-/// which a release may grant the lock (see `let_go`): the claim then also carries the server's
-/// clock, `ARGV[10]` the grant window (ms), the fence TTL and `ARGV[9]`, the attempt's number. Returns `{1, token}` acquired (also
-/// when `ARGV[1]` holds it already: it was handed the lock, or this is a retry — of this script or
+/// which a release may grant the lock (see `let_go`), `ARGV[9]` the attempt's number and
+/// `ARGV[10]` the grant window (ms): a claim with a token also carries the server's clock, the
+/// window, the fence TTL and the number. Returns `{1, token}` acquired (also when `ARGV[1]`
+/// holds it already: it was handed the lock, or this is a retry — of this script or
 /// of the `SET`; also when the lock was kept for `ARGV[5]`, another `Locker`'s claim made since
 /// kept on the new hold; also when it was granted to `ARGV[8]`), `{0, pttl}` busy: the hold is
 /// then flagged as waited for, so its release wakes the waiters.
@@ -266,6 +275,7 @@ pub(crate) use sorted_sets::*;
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_LUA));
 
 pub(crate) const ACQUIRE_LUA: &str = concat!(
+    clock_lua!(),
     hold_lua!(),
     r#"
 local v = redis.call('GET', KEYS[1])
@@ -289,9 +299,7 @@ if v then
       if not marked or mine or marked > tonumber(ARGV[4]) then
         local mark = ARGV[4] .. ':' .. ARGV[3] .. ':' .. ARGV[5]
         if token ~= '' then
-          local t = redis.call('TIME')
-          local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-          mark = mark .. ':' .. string.format('%d', now) .. ':' .. ARGV[10] .. ':' .. ARGV[7]
+          mark = mark .. ':' .. string.format('%d', now_ms()) .. ':' .. ARGV[10] .. ':' .. ARGV[7]
             .. ':' .. ARGV[9] .. ':' .. token
         end
         changed = without(changed, 'w') .. ' w' .. mark
@@ -453,6 +461,7 @@ if v == ARGV[1] and mode == '0' and keep_ms == '0' then
   return 0
 end
 "#,
+    clock_lua!(),
     fair_lua!(),
     next_fence_lua!(),
     hold_lua!(),
@@ -511,6 +520,7 @@ return -1
 pub(crate) static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(RENEW_LUA));
 
 pub(crate) const RENEW_LUA: &str = concat!(
+    clock_lua!(),
     fair_lua!(),
     hold_lua!(),
     r#"

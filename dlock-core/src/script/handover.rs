@@ -20,6 +20,7 @@ use redis::Script;
 pub(crate) static HANDOFF: LazyLock<Script> = LazyLock::new(|| Script::new(HANDOFF_LUA));
 
 pub(crate) const HANDOFF_LUA: &str = concat!(
+    clock_lua!(),
     next_fence_lua!(),
     hold_lua!(),
     let_go_lua!(),
@@ -55,6 +56,7 @@ return {1, f}
 pub(crate) static LEAVE_TURN: LazyLock<Script> = LazyLock::new(|| Script::new(LEAVE_TURN_LUA));
 
 pub(crate) const LEAVE_TURN_LUA: &str = concat!(
+    clock_lua!(),
     next_fence_lua!(),
     hold_lua!(),
     let_go_lua!(),

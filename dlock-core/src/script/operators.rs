@@ -65,6 +65,7 @@ pub(crate) static FORCE_RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(FORCE_RELEASE_LUA));
 
 pub(crate) const FORCE_RELEASE_LUA: &str = concat!(
+    clock_lua!(),
     fair_lua!(),
     r#"
 if redis.call('DEL', KEYS[1]) == 1 then

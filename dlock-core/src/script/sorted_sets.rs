@@ -19,6 +19,7 @@ pub(crate) static ACQUIRE_FAIR: LazyLock<Script> = LazyLock::new(|| Script::new(
 
 pub(crate) const ACQUIRE_FAIR_LUA: &str = concat!(
     next_fence_lua!(),
+    clock_lua!(),
     fair_lua!(),
     hold_lua!(),
     r#"
@@ -75,6 +76,7 @@ pub(crate) static ACQUIRE_PERMIT: LazyLock<Script> =
     LazyLock::new(|| Script::new(ACQUIRE_PERMIT_LUA));
 
 pub(crate) const ACQUIRE_PERMIT_LUA: &str = concat!(
+    clock_lua!(),
     fair_lua!(),
     r#"
 local now = now_ms()
@@ -106,6 +108,7 @@ pub(crate) static RELEASE_PERMIT: LazyLock<Script> =
     LazyLock::new(|| Script::new(RELEASE_PERMIT_LUA));
 
 pub(crate) const RELEASE_PERMIT_LUA: &str = concat!(
+    clock_lua!(),
     fair_lua!(),
     r#"
 local expiry = redis.call('ZSCORE', KEYS[1], ARGV[1])
@@ -140,6 +143,7 @@ return 1
 pub(crate) static PERMITS: LazyLock<Script> = LazyLock::new(|| Script::new(PERMITS_LUA));
 
 pub(crate) const PERMITS_LUA: &str = concat!(
+    clock_lua!(),
     fair_lua!(),
     r#"
 local held = redis.call('ZCOUNT', KEYS[1], '(' .. now_ms(), '+inf')
@@ -159,6 +163,7 @@ pub(crate) static ACQUIRE_WRITE: LazyLock<Script> =
 
 pub(crate) const ACQUIRE_WRITE_LUA: &str = concat!(
     next_fence_lua!(),
+    clock_lua!(),
     fair_lua!(),
     hold_lua!(),
     r#"
@@ -199,6 +204,7 @@ return {1, f}
 pub(crate) static ACQUIRE_READ: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_READ_LUA));
 
 pub(crate) const ACQUIRE_READ_LUA: &str = concat!(
+    clock_lua!(),
     fair_lua!(),
     r#"
 local now = now_ms()
@@ -230,6 +236,7 @@ return {1, 0}
 pub(crate) static RELEASE_READ: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_READ_LUA));
 
 pub(crate) const RELEASE_READ_LUA: &str = concat!(
+    clock_lua!(),
     fair_lua!(),
     r#"
 local expiry = redis.call('ZSCORE', KEYS[1], ARGV[1])
@@ -253,6 +260,7 @@ return woken
 pub(crate) static HOLDS_MEMBER: LazyLock<Script> = LazyLock::new(|| Script::new(HOLDS_MEMBER_LUA));
 
 pub(crate) const HOLDS_MEMBER_LUA: &str = concat!(
+    clock_lua!(),
     fair_lua!(),
     r#"
 local expiry = redis.call('ZSCORE', KEYS[1], ARGV[1])
