@@ -281,3 +281,31 @@ async fn a_fencing_counter_that_expires_comes_back_with_a_ttl_at_the_next_token(
     assert!(ttl > 0, "the counter came back without a TTL ({ttl})");
     assert!(again.release().await.is_released());
 }
+
+/// A guard whose lease ran out as its process counts it has been told it lost the lock; Redis,
+/// which started the lease a moment later, may still hold it when the release comes — the
+/// release then says the loss, not `Released` (the lock was not this guard's all along).
+#[tokio::test]
+async fn a_release_after_the_lease_ran_out_says_so_even_if_redis_still_holds_it() {
+    let server = RedisServer::start();
+    let mut con = server.connection().await;
+    let locker = Locker::connect(&server.url()).await.expect("connect");
+    let name = unique_name("late-release");
+    let key = locker.key_of(name.as_str()).expect("key");
+    let guard = locker
+        .lock(name.as_str())
+        .lease(Duration::from_secs(3))
+        .await
+        .expect("lock");
+    // Past the guard's belief (it counts from before the command was sent, less a margin for
+    // clock drift), inside Redis's lease.
+    tokio::time::sleep_until(guard.valid_until() + Duration::from_millis(3)).await;
+    assert!(guard.is_lost());
+    let left: i64 = con.pttl(&key).await.expect("PTTL");
+    assert!(left > 0, "Redis let it go already ({left})");
+    let outcome = guard.release().await;
+    assert!(
+        matches!(outcome, dlock_core::ReleaseOutcome::Expired),
+        "{outcome:?}"
+    );
+}

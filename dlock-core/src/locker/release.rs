@@ -162,13 +162,27 @@ impl Locker {
 /// commands, a stalled connection, a hand-over that went unanswered first), finding the lock
 /// gone is no loss: the lock was this guard's until it let go. Found gone *before* the lease
 /// could end, it is a loss, and said so.
+/// And the other way: a guard that let go after its hold was lost (its lease ran out as this
+/// process counts it, or a renewal found it gone) was told so already; Redis still finding the
+/// hold (a lease that Redis started a moment later than this process counts it) does not make
+/// it held all along, and the release says the loss.
 fn judged_at_let_go(hold: &HoldState, outcome: ReleaseOutcome) -> ReleaseOutcome {
     let (let_go, deadline, lost) = hold.let_go();
     let gone = matches!(outcome, ReleaseOutcome::Expired | ReleaseOutcome::TakenOver);
     if gone && !lost && let_go < deadline && Instant::now() >= deadline {
         ReleaseOutcome::Released
+    } else if lost && matches!(outcome, ReleaseOutcome::Released) {
+        loss_outcome(hold)
     } else {
         outcome
+    }
+}
+
+/// The outcome that reports `hold`'s loss.
+fn loss_outcome(hold: &HoldState) -> ReleaseOutcome {
+    match hold.loss() {
+        Some(LossReason::Expired) => ReleaseOutcome::Expired,
+        _ => ReleaseOutcome::TakenOver,
     }
 }
 
@@ -176,10 +190,7 @@ fn judged_at_let_go(hold: &HoldState, outcome: ReleaseOutcome) -> ReleaseOutcome
 /// process knows (the enclosing guard still holds the lock in Redis).
 fn inner_outcome(hold: &HoldState) -> ReleaseOutcome {
     if hold.is_lost() {
-        match hold.loss() {
-            Some(LossReason::Expired) => ReleaseOutcome::Expired,
-            _ => ReleaseOutcome::TakenOver,
-        }
+        loss_outcome(hold)
     } else {
         ReleaseOutcome::Released
     }
