@@ -78,10 +78,16 @@ impl Locker {
             tokio::pin!(notified);
             notified.as_mut().enable();
             // A release granted the lock to the hand-over token: held since before the claim's
-            // attempt went out. (A grant to an attempt no longer known is taken over by the
-            // next attempt instead.)
+            // attempt went out. A grant to an attempt no longer known, or heard of when half of
+            // it is gone as counted from that send (the attempt waited long in Redis or on its
+            // way, so the grant would leave a guard about to be lost), is taken over by the next
+            // attempt instead, with a lease of its own.
             let granted = watch.take_grant(&handoff_owner);
-            if let Some((sent_at, g)) = granted.and_then(|g| Some((offers.sent(g.attempt)?, g))) {
+            let fresh = |sent_at: Instant, g: &crate::wait::Granted| {
+                Instant::now().saturating_duration_since(sent_at) < g.lease / 2
+            };
+            let taken = granted.and_then(|g| Some((offers.sent(g.attempt)?, g)));
+            if let Some((sent_at, g)) = taken.filter(|(sent_at, g)| fresh(*sent_at, g)) {
                 leave.disarm();
                 let (fence, held_for) = (Some(g.fence), g.lease);
                 let guard =
