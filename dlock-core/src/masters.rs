@@ -18,7 +18,7 @@ use futures_util::future::{join_all, select_all};
 use tokio::time::Instant;
 
 use crate::clock;
-use crate::error::{LockError, ReleaseOutcome};
+use crate::error::{BackendError, LockError, ReleaseOutcome};
 use crate::guard::{FencingToken, LockGuard};
 use crate::locker::{Lease, Locker};
 use crate::name::{IntoLockName, LockName};
@@ -93,6 +93,7 @@ impl MasterSet {
             name: name.into_lock_name(),
             wait: first.default_wait(),
             lease: first.default_lease(),
+            budget: None,
         }
     }
 }
@@ -105,7 +106,16 @@ pub struct MasterRequest {
     name: Result<LockName, LockError>,
     wait: Duration,
     lease: Lease,
+    /// How long one master may take to answer one attempt (`None`: a fraction of the lease).
+    budget: Option<Duration>,
 }
+
+/// The share of the lease one master may take to answer an attempt, by default: a hung master
+/// costs a round this much of the lease, and no more.
+const BUDGET_DIVISOR: u32 = 16;
+
+/// The least time a master is given to answer, whatever the lease.
+const MIN_BUDGET: Duration = Duration::from_millis(5);
 
 impl MasterRequest {
     /// Retries a busy or unreachable set until `wait` has passed since the call.
@@ -127,6 +137,24 @@ impl MasterRequest {
         self
     }
 
+    /// How long each master may take to answer one attempt; a master that has not answered by
+    /// then counts as failed for that attempt (whatever it granted late is given back). By
+    /// default a sixteenth of the lease (at least 5 ms), as the Redlock algorithm asks: a small
+    /// fraction of the lease, so that a hung master costs a round little of the validity. Each
+    /// `Locker`'s command timeout still bounds its master's answer.
+    pub fn master_budget(mut self, budget: Duration) -> Self {
+        self.budget = Some(budget);
+        self
+    }
+
+    /// The budget of one master's answer.
+    fn budget(&self) -> Duration {
+        let lease = match self.lease {
+            Lease::Fixed(lease) | Lease::Watchdog(lease) => lease,
+        };
+        (self.budget).unwrap_or_else(|| (lease / BUDGET_DIVISOR).max(MIN_BUDGET))
+    }
+
     /// One attempt: `Ok(None)` when the masters that granted were too few because the others
     /// were busy.
     pub async fn try_lock(mut self) -> Result<Option<MasterGuard>, LockError> {
@@ -139,20 +167,13 @@ impl MasterRequest {
     }
 
     async fn acquire(self) -> Result<MasterGuard, LockError> {
+        let budget = self.budget();
         let name = self.name?;
         let started = Instant::now();
         let deadline = clock::after(started, self.wait);
         let set = self.set;
         loop {
-            let attempts = set.lockers.iter().map(|locker| {
-                let request = locker.lock(name.clone());
-                let request = match self.lease {
-                    Lease::Fixed(lease) => request.lease(lease),
-                    Lease::Watchdog(lease) => request.watchdog_lease(lease),
-                };
-                request.try_lock()
-            });
-            let results = join_all(attempts).await;
+            let results = round(&set, &name, self.lease, budget).await;
             let mut guards = Vec::with_capacity(results.len());
             let mut outcomes = Vec::with_capacity(results.len());
             for result in results {
@@ -208,6 +229,31 @@ impl MasterRequest {
             tokio::time::sleep_until(deadline.min(now + pause)).await;
         }
     }
+}
+
+/// One attempt on every master at once, each bounded by `budget`: the round ends when every
+/// master answered or ran out of budget. An attempt cut short is dropped, and a dropped attempt
+/// gives back whatever it was granted.
+async fn round(
+    set: &MasterSet,
+    name: &LockName,
+    lease: Lease,
+    budget: Duration,
+) -> Vec<Result<Option<LockGuard>, LockError>> {
+    join_all(set.lockers.iter().map(|locker| {
+        let request = locker.lock(name.clone());
+        let request = match lease {
+            Lease::Fixed(lease) => request.lease(lease),
+            Lease::Watchdog(lease) => request.watchdog_lease(lease),
+        };
+        async move {
+            match tokio::time::timeout(budget, request.try_lock()).await {
+                Ok(answer) => answer,
+                Err(_) => Err(LockError::Backend(BackendError::timeout(budget))),
+            }
+        }
+    }))
+    .await
 }
 
 fn random_byte() -> u8 {
@@ -362,7 +408,7 @@ pub enum MasterOutcome {
     Expired,
     /// Held by someone else.
     Busy,
-    /// Unreachable or failing; the error says why.
+    /// Unreachable or failing, or too slow for its budget; the error says why.
     Failed(LockError),
 }
 

@@ -272,3 +272,39 @@ async fn an_empty_set_is_a_configuration_error() {
     let err = MasterSet::majority(Vec::new()).unwrap_err();
     assert!(err.is_config(), "{err}");
 }
+
+/// A hung master (`SIGSTOP`: connections open, nothing answered) costs a majority round one
+/// master's budget — a small share of the lease — not the command timeout.
+#[tokio::test]
+async fn a_hung_master_costs_a_majority_round_one_budget_not_the_lease() {
+    let masters = servers(3);
+    let mut each = Vec::new();
+    for server in &masters {
+        // The default command timeout (2 s): longer than the lease.
+        each.push(Locker::builder().url(server.url()).build().await.unwrap());
+    }
+    let set = MasterSet::majority(each).unwrap();
+    let name = unique_name("majority-hung");
+    // Connections to every master are open before the hang.
+    let guard = set.lock(name.as_str()).try_lock().await.unwrap().unwrap();
+    guard.release().await;
+    masters[2].pause();
+    let lease = Duration::from_secs(1);
+    for round in 0..3 {
+        let started = tokio::time::Instant::now();
+        let guard = (set.lock(name.as_str()).lease(lease))
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        let took = started.elapsed();
+        let left = guard.valid_until() - tokio::time::Instant::now();
+        assert_eq!(guard.granted(), vec![0, 1], "round {round}");
+        assert!(
+            left >= lease.mul_f64(0.9),
+            "round {round}: answered after {took:?}, keeping {left:?} of a {lease:?} lease"
+        );
+        for outcome in guard.release().await.into_iter().flatten() {
+            assert!(outcome.is_released(), "{outcome:?}");
+        }
+    }
+    masters[2].resume();
+}
