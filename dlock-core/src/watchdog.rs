@@ -104,9 +104,15 @@ impl Watchdog {
             })
             .collect();
         self.round_trips.fetch_add(1, Ordering::Relaxed);
-        match inner.backend.renew(&items).await {
+        // A node that has not answered within a tick is asked again by the next one: a slow or
+        // dead node must not hold back the renewals of the others past their leases.
+        let within = (items.iter().map(|i| i.lease_ms).min()).map_or(Duration::MAX, |ms| {
+            Duration::from_millis(ms / 3).max(Duration::from_millis(1))
+        });
+        match inner.backend.renew(&items, within).await {
             Ok(replies) => {
                 let mut renewed = 0u64;
+                let mut unanswered = 0u64;
                 for ((hold, item), reply) in snapshot.iter().zip(&items).zip(replies) {
                     match reply {
                         RenewReply::Applied => {
@@ -120,9 +126,14 @@ impl Watchdog {
                             }
                             self.deregister(hold.id);
                         }
+                        // Kept: the hold's deadline stands, and the next tick tries again.
+                        RenewReply::Unanswered => unanswered += 1,
                     }
                 }
                 crate::metrics::count(crate::metrics::RENEWED, None, renewed);
+                if unanswered > 0 {
+                    crate::metrics::count(crate::metrics::RENEW_ERRORS, None, 1);
+                }
                 tracing::trace!(held = snapshot.len(), renewed, "dlock: watchdog renewed");
             }
             Err(err) => {
@@ -151,17 +162,26 @@ impl Drop for Running {
 }
 
 async fn run(inner: Weak<LockerInner>, wake: Arc<Notify>, _running: Running) {
+    // Ticks are a period apart from start to start: a tick slowed by a failing node (it waits
+    // up to a period for it) must not push the next renewal of the healthy holds a period
+    // further.
+    let mut last_tick: Option<Instant> = None;
     loop {
         let period = match inner.upgrade() {
             Some(inner) => inner.watchdog.period(),
             None => return,
         };
         match period {
-            None => wake.notified().await,
+            None => {
+                last_tick = None;
+                wake.notified().await;
+            }
             Some(period) => {
+                let next = last_tick.map_or_else(|| Instant::now() + period, |at| at + period);
                 tokio::select! {
-                    () = tokio::time::sleep(period) => {
+                    () = tokio::time::sleep_until(next) => {
                         let Some(inner) = inner.upgrade() else { return };
+                        last_tick = Some(Instant::now());
                         inner.watchdog.tick(&inner).await;
                     }
                     () = wake.notified() => {}

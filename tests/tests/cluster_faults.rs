@@ -132,3 +132,81 @@ async fn a_lazy_cluster_locker_builds_while_the_cluster_is_down_and_locks_once_i
         .expect("lock once the cluster is back");
     assert!(guard.release().await.is_released());
 }
+
+/// Names for `locker` until every master serves at least `per_master` of them.
+fn names_on_every_master(
+    cluster: &RedisCluster,
+    locker: &Locker,
+    prefix: &str,
+    per_master: usize,
+) -> Vec<(String, u16)> {
+    let masters = cluster.masters();
+    let mut count = std::collections::BTreeMap::<u16, usize>::new();
+    let mut names = Vec::new();
+    for i in 0.. {
+        if masters
+            .iter()
+            .all(|m| count.get(&m.port).copied().unwrap_or(0) >= per_master)
+        {
+            break;
+        }
+        let name = format!("{prefix}:{i}");
+        let key = locker.key_of(name.as_str()).unwrap();
+        let port = (masters.iter())
+            .find(|m| m.serves(key_slot(key.as_bytes())))
+            .map(|m| m.port)
+            .unwrap();
+        *count.entry(port).or_default() += 1;
+        names.push((name, port));
+    }
+    names
+}
+
+/// A master that stops answering costs only the holds it keeps: the watchdog renews each
+/// slot's holds on their own, so the holds on the other masters are renewed while it hangs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_master_costs_no_hold_on_the_other_masters() {
+    // Hung (SIGSTOP) for two leases, well within the node timeout: no failover, no CLUSTERDOWN;
+    // every tick meets the hung master's slots unanswered.
+    let mut cluster =
+        block_in_place(|| RedisCluster::start_with_node_timeout(Duration::from_secs(30)));
+    let lease = Duration::from_secs(2);
+    let locker = cluster.locker(lease).await;
+    let names = names_on_every_master(&cluster, &locker, &unique_name("cluster-hung"), 12);
+    let mut guards = Vec::new();
+    for (name, port) in &names {
+        let guard = locker.lock(name.as_str()).try_lock().await.unwrap();
+        guards.push((guard.expect("a fresh name is free"), *port));
+    }
+    let hung = cluster.masters()[1].port;
+    cluster.pause(hung);
+    tokio::time::sleep(lease * 2).await;
+    let lost_elsewhere: Vec<&str> = (names.iter().zip(&guards))
+        .filter(|(_, (guard, port))| *port != hung && guard.is_lost())
+        .map(|((name, _), _)| name.as_str())
+        .collect();
+    let lost_there = (guards.iter())
+        .filter(|(guard, port)| *port == hung && guard.is_lost())
+        .count();
+    cluster.resume(hung);
+    assert!(
+        lost_elsewhere.is_empty(),
+        "{} holds on healthy masters were lost while another hung: {lost_elsewhere:?}",
+        lost_elsewhere.len()
+    );
+    assert!(
+        lost_there > 0,
+        "the hung master's holds are told they are lost"
+    );
+    // A hold that still believes it holds does hold: a rival can't take any of them.
+    let rival = cluster.locker(lease).await;
+    for ((name, _), (guard, _)) in names.iter().zip(&guards) {
+        if !guard.is_lost() {
+            let got = rival.lock(name.as_str()).try_lock().await.unwrap();
+            assert!(got.is_none(), "a rival got `{name}`, held by a live guard");
+        }
+    }
+    for (guard, _) in guards {
+        let _ = guard.release().await;
+    }
+}

@@ -171,6 +171,10 @@ pub(crate) enum RenewReply {
     Stale,
     /// Gone, or owned by someone else.
     Gone,
+    /// Not answered: the node that keeps it failed or was too slow, while the batch's other
+    /// nodes answered. Nothing is known; the hold keeps its deadline and the next renewal tries
+    /// again.
+    Unanswered,
 }
 
 #[derive(Debug, Clone)]
@@ -196,12 +200,20 @@ impl Backend {
         }
     }
 
-    pub(crate) async fn renew(&self, items: &[RenewItem]) -> Result<Vec<RenewReply>, BackendError> {
+    /// Applies every lease change of `items`. On a cluster each node's share is bounded by
+    /// `within` (at most the command timeout) and answered on its own: a failing node leaves
+    /// its items [`RenewReply::Unanswered`] and costs the others nothing. `Err` when no item
+    /// was answered.
+    pub(crate) async fn renew(
+        &self,
+        items: &[RenewItem],
+        within: Duration,
+    ) -> Result<Vec<RenewReply>, BackendError> {
         if items.is_empty() {
             return Ok(Vec::new());
         }
         match self {
-            Self::Redis(r) => r.renew(items).await,
+            Self::Redis(r) => r.renew(items, within).await,
             Self::Memory(m) => Ok(m.renew(items)),
         }
     }

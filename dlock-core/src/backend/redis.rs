@@ -420,17 +420,28 @@ impl RedisBackend {
 
     /// Applies every lease change in one round trip: one script call per chunk, all pipelined.
     /// On a cluster a script may only touch one slot, so the changes are grouped by slot and
-    /// each group goes to its slot's master, all groups at once.
-    pub(crate) async fn renew(&self, items: &[RenewItem]) -> Result<Vec<RenewReply>, BackendError> {
+    /// each group goes to its slot's master, all groups at once, each bounded by `within`.
+    pub(crate) async fn renew(
+        &self,
+        items: &[RenewItem],
+        within: Duration,
+    ) -> Result<Vec<RenewReply>, BackendError> {
         #[cfg(feature = "cluster")]
         if let RedisConn::Cluster(_) = self.conn {
-            return self.renew_by_slot(items).await;
+            return self.renew_by_slot(items, within).await;
         }
+        let _ = within;
         self.renew_batch(items).await
     }
 
+    /// [`renew`](Self::renew) on a cluster. Each slot's group succeeds or fails on its own: a
+    /// dead master, or a slot caught mid-migration, leaves only its own groups unanswered.
     #[cfg(feature = "cluster")]
-    async fn renew_by_slot(&self, items: &[RenewItem]) -> Result<Vec<RenewReply>, BackendError> {
+    async fn renew_by_slot(
+        &self,
+        items: &[RenewItem],
+        within: Duration,
+    ) -> Result<Vec<RenewReply>, BackendError> {
         use std::collections::BTreeMap;
         let mut groups: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
         for (i, item) in items.iter().enumerate() {
@@ -443,17 +454,43 @@ impl RedisBackend {
                 (idx, batch)
             })
             .collect();
-        let replies = futures_util::future::join_all(
-            (batches.iter()).map(|(_, batch)| self.renew_batch(batch)),
-        )
+        let within = within.min(self.timeout);
+        let replies = futures_util::future::join_all((batches.iter()).map(|(_, batch)| async {
+            match tokio::time::timeout(within, self.renew_batch(batch)).await {
+                Ok(reply) => reply,
+                Err(_) => Err(BackendError::timeout(within)),
+            }
+        }))
         .await;
-        let mut out = vec![RenewReply::Gone; items.len()];
+        let mut out = vec![RenewReply::Unanswered; items.len()];
+        let mut failed = 0usize;
+        let mut first_error = None;
         for ((idx, _), reply) in batches.iter().zip(replies) {
-            for (&i, r) in idx.iter().zip(reply?) {
-                out[i] = r;
+            match reply {
+                Ok(reply) => {
+                    for (&i, r) in idx.iter().zip(reply) {
+                        out[i] = r;
+                    }
+                }
+                Err(err) => {
+                    failed += 1;
+                    first_error.get_or_insert(err);
+                }
             }
         }
-        Ok(out)
+        match first_error {
+            Some(err) if failed == batches.len() => Err(err),
+            Some(err) => {
+                tracing::warn!(
+                    slots = batches.len(),
+                    failed,
+                    error = %err,
+                    "dlock: renewal failed on some slots; the others were renewed"
+                );
+                Ok(out)
+            }
+            None => Ok(out),
+        }
     }
 
     async fn renew_batch(&self, items: &[RenewItem]) -> Result<Vec<RenewReply>, BackendError> {

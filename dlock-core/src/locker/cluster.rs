@@ -36,6 +36,7 @@ pub(super) async fn locker(
     let seeds = ClusterSeeds {
         urls,
         connect_timeout,
+        ack_wait: ack.map(|a| a.timeout()),
     };
     let client = (seeds.builder().build())
         .map_err(|e| LockError::Config(format!("bad cluster URLs {at}: {}", url_error(&e))))?;

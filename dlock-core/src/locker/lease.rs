@@ -7,7 +7,7 @@ use tokio::time::Instant;
 
 use super::*;
 use crate::backend::{RenewItem, RenewReply};
-use crate::error::LockError;
+use crate::error::{BackendError, LockError};
 use crate::guard::{HoldState, LossReason};
 
 /// How a lock is leased: renewed by the watchdog, or fixed.
@@ -123,7 +123,7 @@ impl Locker {
         let replies = self
             .inner
             .backend
-            .renew(std::slice::from_ref(&item))
+            .renew(std::slice::from_ref(&item), Duration::MAX)
             .await
             .map_err(LockError::Backend)?;
         match replies.first() {
@@ -137,6 +137,10 @@ impl Locker {
                 hold.change_ignored(item.seq);
                 Ok(())
             }
+            // One item is answered or fails as a whole (an error above); kept for the match.
+            Some(RenewReply::Unanswered) => Err(LockError::Backend(BackendError::protocol(
+                "the extension went unanswered",
+            ))),
             Some(RenewReply::Gone) | None => {
                 hold.mark_lost(LossReason::Gone);
                 Err(hold.lost_error())
