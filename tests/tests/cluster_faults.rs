@@ -210,3 +210,88 @@ async fn a_hung_master_costs_no_hold_on_the_other_masters() {
         let _ = guard.release().await;
     }
 }
+
+fn name_on(cluster: &RedisCluster, locker: &Locker, port: u16, prefix: &str) -> String {
+    let master = (cluster.masters().into_iter())
+        .find(|m| m.port == port)
+        .unwrap_or_else(|| panic!("no master on port {port}"));
+    (0..)
+        .map(|i| format!("{}:{i}", unique_name(prefix)))
+        .find(|name| master.serves(key_slot(locker.key_of(name.as_str()).unwrap().as_bytes())))
+        .unwrap()
+}
+
+/// A dead master costs only the holds it kept, and the `Locker` reaches its promoted replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_master_costs_no_hold_on_the_other_masters() {
+    // The dead master is noticed after the node timeout, longer than the lease: the holds on
+    // the other masters must be renewed throughout, while every tick meets the dead master's
+    // slots failing. From when the master is marked failing until its replica takes over
+    // (about a second), the whole cluster refuses commands (`CLUSTERDOWN`, as Redis does by
+    // default): the lease must outlast that and a renewal period, and a 3 s lease does.
+    let mut cluster =
+        block_in_place(|| RedisCluster::start_with_node_timeout(Duration::from_secs(4)));
+    let lease = Duration::from_secs(3);
+    let locker = cluster.locker(lease).await;
+    let names = names_on_every_master(&cluster, &locker, &unique_name("cluster-death"), 12);
+    let mut guards = Vec::new();
+    for (name, port) in &names {
+        let guard = locker.lock(name.as_str()).try_lock().await.unwrap();
+        guards.push((guard.expect("a fresh name is free"), *port));
+    }
+    let victim = cluster.masters()[1].port;
+    let heir = cluster.replica_of(&cluster.masters()[1]).port;
+    let killed = Instant::now();
+    block_in_place(|| {
+        cluster.kill(victim);
+        cluster.wait_ok();
+    });
+    // The `Locker` had traffic to the dead master all along (the watchdog's renewals, and the
+    // acquisitions before the kill): it must reach the promoted replica soon after the cluster
+    // is ok again.
+    let ok = Instant::now();
+    let fresh = name_on(&cluster, &locker, heir, "cluster-death-after");
+    let guard = loop {
+        match locker.lock(fresh.as_str()).try_lock().await {
+            Ok(Some(guard)) => break guard,
+            Ok(None) => panic!("`{fresh}` is busy"),
+            Err(err) => assert!(
+                ok.elapsed() < Duration::from_secs(2),
+                "the promoted replica still unreachable {:?} after the cluster was ok: {err}",
+                ok.elapsed()
+            ),
+        }
+    };
+    eprintln!(
+        "reached the promoted replica {:?} after the cluster was ok",
+        ok.elapsed()
+    );
+    assert!(guard.release().await.is_released());
+    tokio::time::sleep(lease).await;
+    // And the holds on the healthy masters were renewed all along.
+    let lost_elsewhere: Vec<&str> = (names.iter().zip(&guards))
+        .filter(|(_, (guard, port))| *port != victim && guard.is_lost())
+        .map(|((name, _), _)| name.as_str())
+        .collect();
+    assert!(
+        lost_elsewhere.is_empty(),
+        "{} holds on healthy masters were lost {:?} after the kill: {lost_elsewhere:?}",
+        lost_elsewhere.len(),
+        killed.elapsed()
+    );
+    let lost_there = (guards.iter())
+        .filter(|(guard, port)| *port == victim && guard.is_lost())
+        .count();
+    eprintln!("{lost_there} of the dead master's holds were lost (its replica had the others)");
+    // A hold that still believes it holds does hold: a rival can't take any of them.
+    let rival = cluster.locker(lease).await;
+    for ((name, _), (guard, _)) in names.iter().zip(&guards) {
+        if !guard.is_lost() {
+            let got = rival.lock(name.as_str()).try_lock().await.unwrap();
+            assert!(got.is_none(), "a rival got `{name}`, held by a live guard");
+        }
+    }
+    for (guard, _) in guards {
+        let _ = guard.release().await;
+    }
+}

@@ -11,6 +11,10 @@ use redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, RedisResult, Valu
 
 use crate::error::BackendError;
 
+mod masters;
+
+pub(crate) use masters::{Masters, Node};
+
 /// The number of hash slots of a Redis Cluster.
 pub(crate) const SLOTS: u16 = 16384;
 

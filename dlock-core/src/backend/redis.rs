@@ -9,18 +9,14 @@ use redis::aio::{ConnectionLike, ConnectionManager, MultiplexedConnection};
 use redis::{FromRedisValue, Pipeline, RedisResult, Script, ToRedisArgs, Value};
 
 mod locks;
+mod renewals;
 mod sorted_sets;
 
 #[cfg(feature = "sentinel")]
 use super::sentinel::SentinelConnection;
-use super::{RenewItem, RenewReply};
 use crate::error::BackendError;
 use crate::replication::ReplicaAck;
-use crate::script;
 use crate::wait::{Slots, Subscriber, SubscriberSource, Watch};
-
-/// How many locks one renewal script call carries; a tick pipelines as many calls as needed.
-const RENEW_CHUNK: usize = 256;
 
 #[derive(Clone)]
 pub(crate) enum RedisConn {
@@ -139,6 +135,10 @@ pub(crate) struct RedisBackend {
     poll_slots: Arc<Slots>,
     /// Replicas that must acknowledge every write, if any.
     ack: Option<ReplicaAck>,
+    /// A cluster's masters, reached directly for the watchdog's renewals (when the `Locker` was
+    /// built from seed URLs).
+    #[cfg(feature = "cluster")]
+    masters: Option<Arc<super::cluster::Masters>>,
 }
 
 impl fmt::Debug for RedisBackend {
@@ -166,7 +166,16 @@ impl RedisBackend {
             sub_slots: Arc::new(Slots::default()),
             poll_slots: Arc::new(Slots::default()),
             ack: None,
+            #[cfg(feature = "cluster")]
+            masters: None,
         }
+    }
+
+    /// Renewals go to `masters` directly, not through the cluster connection.
+    #[cfg(feature = "cluster")]
+    pub(crate) fn with_masters(mut self, masters: super::cluster::Masters) -> Self {
+        self.masters = Some(Arc::new(masters));
+        self
     }
 
     /// Every write waits for `ack` (see [`ReplicaAck`]).
@@ -416,128 +425,6 @@ impl RedisBackend {
         let mut pipe = redis::pipe();
         pipe.cmd("PING");
         self.pipeline(&pipe, &[]).await.map(|_| ())
-    }
-
-    /// Applies every lease change in one round trip: one script call per chunk, all pipelined.
-    /// On a cluster a script may only touch one slot, so the changes are grouped by slot and
-    /// each group goes to its slot's master, all groups at once, each bounded by `within`.
-    pub(crate) async fn renew(
-        &self,
-        items: &[RenewItem],
-        within: Duration,
-    ) -> Result<Vec<RenewReply>, BackendError> {
-        #[cfg(feature = "cluster")]
-        if let RedisConn::Cluster(_) = self.conn {
-            return self.renew_by_slot(items, within).await;
-        }
-        let _ = within;
-        self.renew_batch(items).await
-    }
-
-    /// [`renew`](Self::renew) on a cluster. Each slot's group succeeds or fails on its own: a
-    /// dead master, or a slot caught mid-migration, leaves only its own groups unanswered.
-    #[cfg(feature = "cluster")]
-    async fn renew_by_slot(
-        &self,
-        items: &[RenewItem],
-        within: Duration,
-    ) -> Result<Vec<RenewReply>, BackendError> {
-        use std::collections::BTreeMap;
-        let mut groups: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
-        for (i, item) in items.iter().enumerate() {
-            let slot = super::cluster::key_slot(item.key.as_bytes());
-            groups.entry(slot).or_default().push(i);
-        }
-        let batches: Vec<(Vec<usize>, Vec<RenewItem>)> = (groups.into_values())
-            .map(|idx| {
-                let batch = idx.iter().map(|&i| items[i].clone()).collect();
-                (idx, batch)
-            })
-            .collect();
-        let within = within.min(self.timeout);
-        let replies = futures_util::future::join_all((batches.iter()).map(|(_, batch)| async {
-            match tokio::time::timeout(within, self.renew_batch(batch)).await {
-                Ok(reply) => reply,
-                Err(_) => Err(BackendError::timeout(within)),
-            }
-        }))
-        .await;
-        let mut out = vec![RenewReply::Unanswered; items.len()];
-        let mut failed = 0usize;
-        let mut first_error = None;
-        for ((idx, _), reply) in batches.iter().zip(replies) {
-            match reply {
-                Ok(reply) => {
-                    for (&i, r) in idx.iter().zip(reply) {
-                        out[i] = r;
-                    }
-                }
-                Err(err) => {
-                    failed += 1;
-                    first_error.get_or_insert(err);
-                }
-            }
-        }
-        match first_error {
-            Some(err) if failed == batches.len() => Err(err),
-            Some(err) => {
-                tracing::warn!(
-                    slots = batches.len(),
-                    failed,
-                    error = %err,
-                    "dlock: renewal failed on some slots; the others were renewed"
-                );
-                Ok(out)
-            }
-            None => Ok(out),
-        }
-    }
-
-    async fn renew_batch(&self, items: &[RenewItem]) -> Result<Vec<RenewReply>, BackendError> {
-        let mut pipe = redis::pipe();
-        let hash = script::RENEW.get_hash();
-        for chunk in items.chunks(RENEW_CHUNK) {
-            let cmd = pipe.cmd("EVALSHA").arg(hash).arg(chunk.len());
-            for item in chunk {
-                cmd.arg(&item.key);
-            }
-            for item in chunk {
-                cmd.arg(&item.owner).arg(item.lease_ms);
-                if item.permit {
-                    cmd.arg(format!("p{}", item.seq));
-                } else {
-                    cmd.arg(item.seq);
-                }
-            }
-        }
-        if let Some(ack) = self.ack {
-            pipe.add_command(ack.command());
-        }
-        let mut replies = self.pipeline(&pipe, &[&script::RENEW]).await?;
-        if let Some(ack) = self.ack {
-            let acknowledged = match replies.pop() {
-                Some(value) => ack
-                    .count(value)
-                    .map_err(|e| BackendError::protocol(format!("WAIT reply: {e}")))?,
-                None => return Err(BackendError::protocol("no WAIT reply")),
-            };
-            // Not acknowledged: the changes count as not made (the guards' validity stays).
-            self.acknowledged(Some(acknowledged))?;
-        }
-        let mut out = Vec::with_capacity(items.len());
-        for reply in replies {
-            let codes: Vec<i64> = FromRedisValue::from_redis_value(reply)
-                .map_err(|e| BackendError::protocol(format!("renew reply: {e}")))?;
-            out.extend(codes.into_iter().map(|c| match c {
-                1 => RenewReply::Applied,
-                2 => RenewReply::Stale,
-                _ => RenewReply::Gone,
-            }));
-        }
-        if out.len() != items.len() {
-            return Err(BackendError::protocol("renew reply has the wrong length"));
-        }
-        Ok(out)
     }
 
     pub(crate) async fn watch(&self, channel: &str, deadline: tokio::time::Instant) -> Watch {

@@ -8,7 +8,7 @@ use super::connect::url_error;
 use super::url::redact_url;
 use super::{Config, Locker};
 use crate::backend::Backend;
-use crate::backend::cluster::{ClusterSeeds, LazyCluster};
+use crate::backend::cluster::{ClusterSeeds, LazyCluster, Masters};
 use crate::backend::redis::{RedisBackend, RedisConn};
 use crate::error::{BackendError, LockError};
 use crate::replication::ReplicaAck;
@@ -33,6 +33,8 @@ pub(super) async fn locker(
     if urls.iter().any(|u| u.starts_with("rediss://")) {
         tls_ready(&at)?;
     }
+    let masters = Masters::new(&urls, connect_timeout)
+        .map_err(|e| LockError::Config(format!("bad cluster URLs {at}: {}", url_error(&e))))?;
     let seeds = ClusterSeeds {
         urls,
         connect_timeout,
@@ -60,7 +62,8 @@ pub(super) async fn locker(
         Some(SubscriberSource::Cluster(seeds)),
         command_timeout,
     )
-    .with_ack(ack);
+    .with_ack(ack)
+    .with_masters(masters);
     // Releases wake waiters with SPUBLISH: without it every release would fail half-way.
     if !lazy && let Ok(false) = backend.knows_command("SPUBLISH").await {
         return Err(LockError::Config(format!(

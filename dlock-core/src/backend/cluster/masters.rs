@@ -1,0 +1,281 @@
+//! Direct connections to a cluster's masters, for the watchdog's renewals.
+//!
+//! The renewals of every hold of a `Locker` go out at once, each slot's to its master. Sent
+//! through redis-rs's cluster connection, they share its fate: while a master is dead and its
+//! replica not yet promoted, that connection refreshes its slot map again and again, and a
+//! refresh can stall every command on every node (it waits for a lock that a reconnection to
+//! the dead master holds, and that reconnection is not driven while a refresh runs). So the watchdog
+//! keeps a slot map and one multiplexed connection per master of its own: a master that dies,
+//! hangs or gives its slots away costs only the renewals of the holds it keeps.
+//!
+//! The map is read with `CLUSTER SLOTS` from any master that answers (the seeds first time), and
+//! read again after a renewal met `MOVED`, `ASK` or a broken connection.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, Value};
+
+/// A master, by the address the cluster gives for it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct Node {
+    host: String,
+    port: u16,
+}
+
+/// The masters of a cluster, with a connection to each that has been needed.
+pub(crate) struct Masters {
+    /// The seeds' connection settings (address, TLS, credentials): every master is reached with
+    /// the first seed's settings and its own address.
+    seeds: Vec<ConnectionInfo>,
+    connect_timeout: Duration,
+    state: Mutex<State>,
+    /// One refresh of the map at a time.
+    refreshing: tokio::sync::Mutex<()>,
+}
+
+impl std::fmt::Debug for Masters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Masters").finish_non_exhaustive()
+    }
+}
+
+#[derive(Default)]
+struct State {
+    /// Slot ranges (first, last) and their master, as the last `CLUSTER SLOTS` said.
+    owners: Vec<(u16, u16, Node)>,
+    conns: HashMap<Node, MultiplexedConnection>,
+    /// The map must be read again before it is trusted.
+    stale: bool,
+}
+
+impl Masters {
+    /// Masters reached through the cluster's seed URLs.
+    pub(crate) fn new(urls: &[String], connect_timeout: Duration) -> redis::RedisResult<Self> {
+        let seeds = (urls.iter())
+            .map(|url| url.as_str().into_connection_info())
+            .collect::<redis::RedisResult<Vec<_>>>()?;
+        Ok(Self {
+            seeds,
+            connect_timeout,
+            state: Mutex::new(State {
+                stale: true,
+                ..State::default()
+            }),
+            refreshing: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The master of `slot`, as the map says (`None`: not known).
+    pub(crate) fn owner(&self, slot: u16) -> Option<Node> {
+        let state = self.state();
+        (state.owners.iter())
+            .find(|(first, last, _)| (*first..=*last).contains(&slot))
+            .map(|(_, _, node)| node.clone())
+    }
+
+    /// Whether the map must be read (again) before it is used.
+    pub(crate) fn is_stale(&self) -> bool {
+        self.state().stale
+    }
+
+    /// Says the map may be wrong (a `MOVED`, an `ASK`, a master that did not answer).
+    pub(crate) fn mark_stale(&self) {
+        self.state().stale = true;
+    }
+
+    /// Drops the connection to `node` (it broke), and says the map may be wrong.
+    pub(crate) fn forget(&self, node: &Node) {
+        let mut state = self.state();
+        state.conns.remove(node);
+        state.stale = true;
+    }
+
+    /// Reads the map again from the first master (or seed) that answers within `within` each.
+    /// Returns at once when another refresh is under way.
+    pub(crate) async fn refresh(&self, within: Duration) {
+        let Ok(_refreshing) = self.refreshing.try_lock() else {
+            return;
+        };
+        let mut candidates: Vec<Node> = {
+            let state = self.state();
+            let mut known: Vec<Node> = state.owners.iter().map(|(_, _, n)| n.clone()).collect();
+            known.dedup();
+            known
+        };
+        for seed in &self.seeds {
+            if let Some(node) = node_of(seed.addr())
+                && !candidates.contains(&node)
+            {
+                candidates.push(node);
+            }
+        }
+        for node in candidates {
+            let read = async {
+                let mut conn = self.connection(&node, within).await?;
+                let reply: Value = redis::cmd("CLUSTER")
+                    .arg("SLOTS")
+                    .query_async(&mut conn)
+                    .await?;
+                Ok::<_, redis::RedisError>(reply)
+            };
+            let reply = match tokio::time::timeout(within, read).await {
+                Ok(Ok(reply)) => reply,
+                Ok(Err(err)) => {
+                    tracing::debug!(port = node.port, error = %err, "dlock: CLUSTER SLOTS failed");
+                    self.state().conns.remove(&node);
+                    continue;
+                }
+                Err(_) => continue,
+            };
+            if let Some(owners) = parse_slots(reply, &node.host) {
+                let mut state = self.state();
+                let masters: Vec<&Node> = owners.iter().map(|(_, _, n)| n).collect();
+                state.conns.retain(|n, _| masters.contains(&n));
+                state.owners = owners;
+                state.stale = false;
+                return;
+            }
+        }
+    }
+
+    /// The connection to `node`, opened (within `within`) if there is none.
+    pub(crate) async fn connection(
+        &self,
+        node: &Node,
+        within: Duration,
+    ) -> redis::RedisResult<MultiplexedConnection> {
+        if let Some(conn) = self.state().conns.get(node) {
+            return Ok(conn.clone());
+        }
+        let Some(seed) = self.seeds.first() else {
+            return Err(redis::RedisError::from((
+                redis::ErrorKind::InvalidClientConfig,
+                "no cluster seed URLs",
+            )));
+        };
+        let info = seed.clone().set_addr(at(seed.addr(), node));
+        let client = redis::Client::open(info)?;
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.connect_timeout.min(within)))
+            .set_response_timeout(None);
+        let conn = client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await?;
+        self.state().conns.insert(node.clone(), conn.clone());
+        Ok(conn)
+    }
+}
+
+/// `addr` with the host and port of `node`, its TLS settings kept.
+fn at(addr: &ConnectionAddr, node: &Node) -> ConnectionAddr {
+    match addr {
+        ConnectionAddr::TcpTls {
+            insecure,
+            tls_params,
+            ..
+        } => ConnectionAddr::TcpTls {
+            host: node.host.clone(),
+            port: node.port,
+            insecure: *insecure,
+            tls_params: tls_params.clone(),
+        },
+        _ => ConnectionAddr::Tcp(node.host.clone(), node.port),
+    }
+}
+
+fn node_of(addr: &ConnectionAddr) -> Option<Node> {
+    match addr {
+        ConnectionAddr::Tcp(host, port) | ConnectionAddr::TcpTls { host, port, .. } => Some(Node {
+            host: host.clone(),
+            port: *port,
+        }),
+        _ => None,
+    }
+}
+
+/// `CLUSTER SLOTS`'s reply as (first, last, master) ranges; a master announced without a host
+/// (`""` or `"?"`) is on the host that answered.
+fn parse_slots(reply: Value, answered_by: &str) -> Option<Vec<(u16, u16, Node)>> {
+    let Value::Array(ranges) = reply else {
+        return None;
+    };
+    let mut owners = Vec::with_capacity(ranges.len());
+    for range in ranges {
+        let Value::Array(parts) = range else {
+            return None;
+        };
+        let mut parts = parts.into_iter();
+        let first: u16 = redis::from_redis_value(parts.next()?).ok()?;
+        let last: u16 = redis::from_redis_value(parts.next()?).ok()?;
+        let Value::Array(master) = parts.next()? else {
+            return None;
+        };
+        let mut master = master.into_iter();
+        let host: String = redis::from_redis_value(master.next()?).ok()?;
+        let port: u16 = redis::from_redis_value(master.next()?).ok()?;
+        let host = if host.is_empty() || host == "?" {
+            answered_by.to_owned()
+        } else {
+            host
+        };
+        owners.push((first, last, Node { host, port }));
+    }
+    (!owners.is_empty()).then_some(owners)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn slots_are_read_with_their_masters() {
+        let reply = Value::Array(vec![
+            Value::Array(vec![
+                Value::Int(0),
+                Value::Int(5460),
+                Value::Array(vec![text("127.0.0.1"), Value::Int(7000), text("id0")]),
+                Value::Array(vec![text("127.0.0.1"), Value::Int(7003), text("id3")]),
+            ]),
+            Value::Array(vec![
+                Value::Int(5461),
+                Value::Int(16383),
+                Value::Array(vec![text(""), Value::Int(7001), text("id1")]),
+            ]),
+        ]);
+        let owners = parse_slots(reply, "10.0.0.9").unwrap();
+        assert_eq!(
+            owners,
+            vec![
+                (
+                    0,
+                    5460,
+                    Node {
+                        host: "127.0.0.1".into(),
+                        port: 7000
+                    }
+                ),
+                (
+                    5461,
+                    16383,
+                    Node {
+                        host: "10.0.0.9".into(),
+                        port: 7001
+                    }
+                ),
+            ]
+        );
+        assert_eq!(parse_slots(Value::Array(vec![]), "h"), None);
+        assert_eq!(parse_slots(Value::Nil, "h"), None);
+    }
+}

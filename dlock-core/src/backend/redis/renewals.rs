@@ -1,0 +1,323 @@
+//! Lease changes in batches: the watchdog's renewals and `extend`, on one server or spread over
+//! a cluster's masters.
+
+use std::time::Duration;
+
+use redis::{FromRedisValue, Value};
+
+#[cfg(feature = "cluster")]
+use crate::backend::cluster::Masters;
+
+use super::{RedisBackend, RedisConn};
+use crate::backend::{RenewItem, RenewReply};
+use crate::error::BackendError;
+use crate::script;
+
+/// How many locks one renewal script call carries; a tick pipelines as many calls as needed.
+const RENEW_CHUNK: usize = 256;
+
+impl RedisBackend {
+    /// Applies every lease change in one round trip: one script call per chunk, all pipelined.
+    /// On a cluster a script may only touch one slot, so the changes are grouped by slot and
+    /// each group goes to its slot's master, all groups at once, each bounded by `within`.
+    pub(crate) async fn renew(
+        &self,
+        items: &[RenewItem],
+        within: Duration,
+    ) -> Result<Vec<RenewReply>, BackendError> {
+        #[cfg(feature = "cluster")]
+        if let RedisConn::Cluster(_) = self.conn {
+            return self.renew_by_slot(items, within).await;
+        }
+        let _ = within;
+        self.renew_batch(items).await
+    }
+
+    /// [`renew`](Self::renew) on a cluster. Each slot's group succeeds or fails on its own: a
+    /// dead master, or a slot caught mid-migration, leaves only its own groups unanswered.
+    #[cfg(feature = "cluster")]
+    async fn renew_by_slot(
+        &self,
+        items: &[RenewItem],
+        within: Duration,
+    ) -> Result<Vec<RenewReply>, BackendError> {
+        use std::collections::BTreeMap;
+        let mut groups: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
+        for (i, item) in items.iter().enumerate() {
+            let slot = crate::backend::cluster::key_slot(item.key.as_bytes());
+            groups.entry(slot).or_default().push(i);
+        }
+        if let Some(masters) = &self.masters {
+            return self
+                .renew_on_masters(masters, items, groups, within.min(self.timeout))
+                .await;
+        }
+        let batches: Vec<(Vec<usize>, Vec<RenewItem>)> = (groups.into_values())
+            .map(|idx| {
+                let batch = idx.iter().map(|&i| items[i].clone()).collect();
+                (idx, batch)
+            })
+            .collect();
+        let within = within.min(self.timeout);
+        let replies = futures_util::future::join_all((batches.iter()).map(|(_, batch)| async {
+            match tokio::time::timeout(within, self.renew_batch(batch)).await {
+                Ok(reply) => reply,
+                Err(_) => Err(BackendError::timeout(within)),
+            }
+        }))
+        .await;
+        let mut out = vec![RenewReply::Unanswered; items.len()];
+        let mut failed = 0usize;
+        let mut first_error = None;
+        for ((idx, _), reply) in batches.iter().zip(replies) {
+            match reply {
+                Ok(reply) => {
+                    for (&i, r) in idx.iter().zip(reply) {
+                        out[i] = r;
+                    }
+                }
+                Err(err) => {
+                    failed += 1;
+                    first_error.get_or_insert(err);
+                }
+            }
+        }
+        match first_error {
+            Some(err) if failed == batches.len() => Err(err),
+            Some(err) => {
+                tracing::warn!(
+                    slots = batches.len(),
+                    failed,
+                    error = %err,
+                    "dlock: renewal failed on some slots; the others were renewed"
+                );
+                Ok(out)
+            }
+            None => Ok(out),
+        }
+    }
+
+    pub(super) async fn renew_batch(
+        &self,
+        items: &[RenewItem],
+    ) -> Result<Vec<RenewReply>, BackendError> {
+        let mut pipe = redis::pipe();
+        for chunk in items.chunks(RENEW_CHUNK) {
+            pipe.add_command(renew_call(chunk));
+        }
+        if let Some(ack) = self.ack {
+            pipe.add_command(ack.command());
+        }
+        let mut replies = self.pipeline(&pipe, &[&script::RENEW]).await?;
+        if let Some(ack) = self.ack {
+            let acknowledged = match replies.pop() {
+                Some(value) => ack
+                    .count(value)
+                    .map_err(|e| BackendError::protocol(format!("WAIT reply: {e}")))?,
+                None => return Err(BackendError::protocol("no WAIT reply")),
+            };
+            // Not acknowledged: the changes count as not made (the guards' validity stays).
+            self.acknowledged(Some(acknowledged))?;
+        }
+        let mut out = Vec::with_capacity(items.len());
+        for reply in replies {
+            out.extend(renew_codes(reply)?);
+        }
+        if out.len() != items.len() {
+            return Err(BackendError::protocol("renew reply has the wrong length"));
+        }
+        Ok(out)
+    }
+
+    /// [`renew_by_slot`](Self::renew_by_slot) over direct connections to the masters: each
+    /// master's slots in one pipeline on its own connection, all masters at once, each bounded
+    /// by `within`. A master that fails, or a slot that answers `MOVED`/`ASK`, leaves only its
+    /// own items unanswered (and has the slot map read again).
+    #[cfg(feature = "cluster")]
+    async fn renew_on_masters(
+        &self,
+        masters: &Masters,
+        items: &[RenewItem],
+        groups: std::collections::BTreeMap<u16, Vec<usize>>,
+        within: Duration,
+    ) -> Result<Vec<RenewReply>, BackendError> {
+        use std::collections::HashMap;
+        if masters.is_stale() {
+            masters.refresh(within).await;
+        }
+        let mut by_node: HashMap<_, Vec<Vec<usize>>> = HashMap::new();
+        let mut unknown = false;
+        for (slot, idx) in groups {
+            match masters.owner(slot) {
+                Some(node) => by_node.entry(node).or_default().push(idx),
+                None => unknown = true,
+            }
+        }
+        if unknown {
+            masters.mark_stale();
+        }
+        let calls = by_node.into_iter().map(|(node, slots)| async move {
+            let run = self.renew_on_master(masters, &node, items, &slots, within);
+            let replies = match tokio::time::timeout(within, run).await {
+                Ok(replies) => replies,
+                Err(_) => Err(BackendError::timeout(within)),
+            };
+            if replies.is_err() {
+                masters.mark_stale();
+            }
+            (slots, replies)
+        });
+        let answers = futures_util::future::join_all(calls).await;
+        let mut out = vec![RenewReply::Unanswered; items.len()];
+        let mut answered = false;
+        let mut first_error = None;
+        for (slots, replies) in answers {
+            match replies {
+                Ok(replies) => {
+                    for (idx, reply) in slots.iter().zip(replies) {
+                        let Some(reply) = reply else {
+                            continue;
+                        };
+                        answered = true;
+                        for (&i, r) in idx.iter().zip(reply) {
+                            out[i] = r;
+                        }
+                    }
+                }
+                Err(err) => {
+                    first_error.get_or_insert(err);
+                }
+            }
+        }
+        if !answered {
+            return Err(first_error.unwrap_or_else(|| {
+                BackendError::protocol("no slot's renewal was answered (the slot map is moving)")
+            }));
+        }
+        if let Some(err) = first_error {
+            tracing::warn!(error = %err, "dlock: renewal failed on a master; the others were renewed");
+        }
+        Ok(out)
+    }
+
+    /// One master's share of a renewal: a script call per slot (and chunk), pipelined, with
+    /// `WAIT` behind them when writes wait for replicas. By slot: its replies, or `None` when
+    /// that slot answered an error (`MOVED`, `ASK`, `TRYAGAIN`, `CLUSTERDOWN`: not renewed).
+    #[cfg(feature = "cluster")]
+    async fn renew_on_master(
+        &self,
+        masters: &Masters,
+        node: &crate::backend::cluster::Node,
+        items: &[RenewItem],
+        slots: &[Vec<usize>],
+        within: Duration,
+    ) -> Result<Vec<Option<Vec<RenewReply>>>, BackendError> {
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        // Which slot each call renews, and how many items it carries.
+        let mut calls: Vec<usize> = Vec::new();
+        for (s, idx) in slots.iter().enumerate() {
+            let batch: Vec<RenewItem> = idx.iter().map(|&i| items[i].clone()).collect();
+            for chunk in batch.chunks(RENEW_CHUNK) {
+                pipe.add_command(renew_call(chunk));
+                calls.push(s);
+            }
+        }
+        if let Some(ack) = self.ack {
+            pipe.add_command(ack.command());
+        }
+        let mut conn = masters
+            .connection(node, within)
+            .await
+            .map_err(BackendError::redis)?;
+        let mut replies: Vec<redis::RedisResult<Value>> = match pipe.query_async(&mut conn).await {
+            Ok(replies) => replies,
+            Err(err) => {
+                masters.forget(node);
+                return Err(BackendError::redis(err));
+            }
+        };
+        let no_script = |r: &redis::RedisResult<Value>| {
+            r.as_ref().is_err_and(|e| {
+                e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
+            })
+        };
+        if replies.iter().any(no_script) {
+            // Changes carry sequence numbers: sending them again is harmless.
+            (script::RENEW.prepare_invoke().load_async(&mut conn).await)
+                .map_err(BackendError::redis)?;
+            replies = pipe.query_async(&mut conn).await.map_err(|err| {
+                masters.forget(node);
+                BackendError::redis(err)
+            })?;
+        }
+        if let Some(ack) = self.ack {
+            let acknowledged = match replies.pop() {
+                Some(Ok(value)) => ack
+                    .count(value)
+                    .map_err(|e| BackendError::protocol(format!("WAIT reply: {e}")))?,
+                Some(Err(err)) => return Err(BackendError::redis(err)),
+                None => return Err(BackendError::protocol("no WAIT reply")),
+            };
+            self.acknowledged(Some(acknowledged))?;
+        }
+        if replies.len() != calls.len() {
+            return Err(BackendError::protocol("renew reply has the wrong length"));
+        }
+        let mut out: Vec<Option<Vec<RenewReply>>> = vec![Some(Vec::new()); slots.len()];
+        for (s, reply) in calls.into_iter().zip(replies) {
+            match reply {
+                Ok(value) => {
+                    if let Some(codes) = &mut out[s] {
+                        codes.extend(renew_codes(value)?);
+                    }
+                }
+                Err(err) => {
+                    tracing::debug!(port = ?node, error = %err, "dlock: a slot's renewal failed");
+                    masters.mark_stale();
+                    out[s] = None;
+                }
+            }
+        }
+        for (s, idx) in slots.iter().enumerate() {
+            if out[s]
+                .as_ref()
+                .is_some_and(|codes| codes.len() != idx.len())
+            {
+                return Err(BackendError::protocol("renew reply has the wrong length"));
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// One renewal script call for `chunk` (all of one slot on a cluster).
+fn renew_call(chunk: &[RenewItem]) -> redis::Cmd {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(script::RENEW.get_hash()).arg(chunk.len());
+    for item in chunk {
+        cmd.arg(&item.key);
+    }
+    for item in chunk {
+        cmd.arg(&item.owner).arg(item.lease_ms);
+        if item.permit {
+            cmd.arg(format!("p{}", item.seq));
+        } else {
+            cmd.arg(item.seq);
+        }
+    }
+    cmd
+}
+
+/// A renewal script's reply: one code per item.
+fn renew_codes(reply: Value) -> Result<Vec<RenewReply>, BackendError> {
+    let codes: Vec<i64> = FromRedisValue::from_redis_value(reply)
+        .map_err(|e| BackendError::protocol(format!("renew reply: {e}")))?;
+    Ok((codes.into_iter())
+        .map(|c| match c {
+            1 => RenewReply::Applied,
+            2 => RenewReply::Stale,
+            _ => RenewReply::Gone,
+        })
+        .collect())
+}
