@@ -152,6 +152,15 @@ impl Slots {
         }
     }
 
+    /// Says wake-ups on `channel` are not delivered until it is confirmed again: its waiters
+    /// poll meanwhile.
+    #[cfg(feature = "cluster")]
+    fn unconfirm(&self, channel: &str) {
+        if let Some(entry) = self.lock().get(channel) {
+            entry.slot.confirmed.store(false, Ordering::Release);
+        }
+    }
+
     pub(crate) fn len(&self) -> usize {
         self.lock().len()
     }

@@ -2,16 +2,20 @@
 //! the shard that owns the lock's slot instead of being broadcast to every node.
 //!
 //! It runs over a RESP3 cluster connection whose pushes come back on a channel. redis-rs routes
-//! each `SSUBSCRIBE` to the master of the channel's slot and subscribes again after a
-//! reconnection or a slot move; a wake-up that may have been missed meanwhile (a node's
-//! connection dropped) wakes every waiter to retry.
+//! each `SSUBSCRIBE` to the master of the channel's slot. When a channel's slot leaves its node
+//! (a migration, a failover, a master's death), the node drops the subscription (a `sunsubscribe`
+//! push, or the connection goes) and redis-rs does not always subscribe again: so the channel is
+//! marked unconfirmed (its waiters poll meanwhile), its waiters retry at once (a release may have
+//! been missed), and it is subscribed again, on the slot's new master, with a backoff.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use redis::{PushKind, Value};
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 
 use super::{MAX_BACKOFF, MIN_BACKOFF, Slots, SubCmd, refuse_for};
 use crate::backend::cluster::ClusterSeeds;
@@ -62,6 +66,8 @@ pub(super) async fn run(
     healthy.store(true, Ordering::Release);
     slots.wake_all();
     tracing::debug!("dlock subscriber connected to the cluster");
+    // Channels whose subscription the cluster dropped, to subscribe again at `retry_at`.
+    let mut lapsed = Lapsed::default();
     loop {
         let cmd = match pending.take() {
             Some(cmd) => Some(cmd),
@@ -84,16 +90,40 @@ pub(super) async fn run(
                                         .wake_with(&String::from_utf8_lossy(channel), message);
                                 }
                             }
+                            // The node dropped a channel we still watch: its slot moved away.
+                            PushKind::SUnsubscribe => {
+                                if let Some(Value::BulkString(channel)) = push.data.first() {
+                                    let channel = String::from_utf8_lossy(channel);
+                                    if slots.contains(&channel) {
+                                        slots.unconfirm(&channel);
+                                        slots.wake(&channel);
+                                        lapsed.add(channel.into_owned());
+                                    }
+                                }
+                            }
                             PushKind::Disconnection => {
-                                // A node's connection dropped: its wake-ups may be lost until
-                                // redis-rs subscribes again. Every waiter retries now.
+                                // A node's connection dropped: its wake-ups may be lost, and its
+                                // channels' slots may have moved. Every waiter retries now, and
+                                // every channel is subscribed again.
+                                slots.set_all_confirmed(false);
+                                healthy.store(false, Ordering::Release);
                                 slots.wake_all();
+                                for channel in slots.channels() {
+                                    lapsed.add(channel);
+                                }
                             }
                             _ => {}
                         }
                         None
                     }
                 },
+                () = tokio::time::sleep_until(lapsed.retry_at), if !lapsed.is_empty() => {
+                    lapsed.resubscribe(&conn, &slots, timeout).await;
+                    if lapsed.is_empty() {
+                        healthy.store(true, Ordering::Release);
+                    }
+                    None
+                }
             },
         };
         match cmd {
@@ -106,15 +136,84 @@ pub(super) async fn run(
                 );
                 if ok {
                     slots.confirm(&channel);
+                    lapsed.channels.remove(&channel);
                 }
                 healthy.store(ok, Ordering::Release);
                 let _ = ack.send(ok);
             }
             Some(SubCmd::Unsubscribe(channel)) if !slots.contains(&channel) => {
+                lapsed.channels.remove(&channel);
                 let mut c = conn.clone();
                 let _ = tokio::time::timeout(timeout, c.sunsubscribe(&channel)).await;
             }
             Some(SubCmd::Unsubscribe(_)) => {}
+        }
+    }
+}
+
+/// Channels whose subscription the cluster dropped, and when to subscribe them again.
+struct Lapsed {
+    channels: BTreeSet<String>,
+    retry_at: Instant,
+    backoff: Duration,
+}
+
+impl Default for Lapsed {
+    fn default() -> Self {
+        Self {
+            channels: BTreeSet::new(),
+            retry_at: Instant::now(),
+            backoff: MIN_BACKOFF,
+        }
+    }
+}
+
+impl Lapsed {
+    fn is_empty(&self) -> bool {
+        self.channels.is_empty()
+    }
+
+    /// Adds `channel`; the first one lapsed since all were subscribed again is retried soon.
+    fn add(&mut self, channel: String) {
+        if self.channels.is_empty() {
+            self.backoff = MIN_BACKOFF;
+            self.retry_at = Instant::now() + MIN_BACKOFF;
+        }
+        self.channels.insert(channel);
+    }
+
+    /// Subscribes every lapsed channel still watched again; those that fail are retried after a
+    /// longer pause.
+    async fn resubscribe(
+        &mut self,
+        conn: &redis::cluster_async::ClusterConnection,
+        slots: &Slots,
+        timeout: Duration,
+    ) {
+        let channels = std::mem::take(&mut self.channels);
+        for channel in channels {
+            if !slots.contains(&channel) {
+                continue;
+            }
+            let mut c = conn.clone();
+            if matches!(
+                tokio::time::timeout(timeout, c.ssubscribe(&channel)).await,
+                Ok(Ok(()))
+            ) {
+                slots.confirm(&channel);
+            } else {
+                self.channels.insert(channel);
+            }
+        }
+        if self.channels.is_empty() {
+            self.backoff = MIN_BACKOFF;
+        } else {
+            tracing::debug!(
+                channels = self.channels.len(),
+                "dlock subscriber: could not subscribe again yet"
+            );
+            self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+            self.retry_at = Instant::now() + self.backoff;
         }
     }
 }

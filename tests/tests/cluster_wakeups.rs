@@ -1,0 +1,145 @@
+//! Wake-ups on Redis Cluster after the lock's slot changed hands, against a real cluster of
+//! three masters and three replicas: a waiter subscribed on the slot's old master is told when
+//! that master drops its subscription (`sunsubscribe`), retries, and subscribes again on the new
+//! one, so a release after a slot move or a failover wakes it within a second, not when the
+//! holder's lease would have run out.
+//!
+//! The harness blocks while it polls; these tests keep `Locker`s across a fault, so they run on
+//! two worker threads and call it inside `block_in_place`.
+
+use std::time::{Duration, Instant};
+
+use dlock_core::redis;
+use dlock_core::redis::AsyncCommands as _;
+use dlock_core::{LockGuard, Locker};
+use dlock_tests::cluster::key_slot;
+use dlock_tests::{RedisCluster, unique_name, until_waiting};
+use tokio::task::{JoinHandle, block_in_place};
+
+/// The longest a waiter may take to get the lock after its release.
+const WOKEN_WITHIN: Duration = Duration::from_secs(1);
+
+/// A waiter for `name` (up to 20 s) in `locker`: when it got the lock, and the guard.
+fn waiter(locker: &Locker, name: &str) -> JoinHandle<(Instant, LockGuard)> {
+    let (locker, name) = (locker.clone(), name.to_owned());
+    tokio::spawn(async move {
+        let guard = (locker.lock(name.as_str()))
+            .wait(Duration::from_secs(20))
+            .await
+            .expect("the waiter gets the lock");
+        (Instant::now(), guard)
+    })
+}
+
+/// Releases `guard` and checks that `waiting` got the lock within [`WOKEN_WITHIN`].
+async fn release_wakes(guard: LockGuard, waiting: JoinHandle<(Instant, LockGuard)>, what: &str) {
+    let released = Instant::now();
+    assert!(guard.release().await.is_released());
+    let (got, guard) = tokio::time::timeout(Duration::from_secs(25), waiting)
+        .await
+        .expect("the waiter ends")
+        .expect("the waiter's task");
+    let took = got.duration_since(released);
+    eprintln!("{what}: the waiter got the lock {took:?} after the release");
+    assert!(
+        took < WOKEN_WITHIN,
+        "{what}: the waiter got the lock {took:?} after the release"
+    );
+    assert!(guard.release().await.is_released());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_after_the_slot_moved_wakes_its_waiter() {
+    let cluster = block_in_place(RedisCluster::start);
+    // The default 30 s lease: a waiter that is not woken sleeps until it runs out.
+    let holder = cluster.locker(Duration::from_secs(30)).await;
+    let rival = cluster.locker(Duration::from_secs(30)).await;
+    let name = unique_name("cluster-move-wake");
+    let key = holder.key_of(name.as_str()).unwrap();
+    let slot = key_slot(key.as_bytes());
+    let from = cluster.master_for_slot(slot);
+    let to = (cluster.masters().into_iter())
+        .find(|m| m.id != from.id)
+        .unwrap();
+
+    let guard = holder.lock(name.as_str()).await.expect("lock");
+    let waiting = waiter(&rival, &name);
+    assert_eq!(until_waiting(&holder, &name, 1).await.waiting_lockers, 1);
+    block_in_place(|| cluster.migrate_slot(slot, to.port));
+    let pttl: i64 = (cluster.node(to.port).connection().await)
+        .pttl(&key)
+        .await
+        .unwrap();
+    assert!(pttl > 0, "the lock moved with its slot (PTTL {pttl})");
+    // The waiter subscribes again, on the slot's new master.
+    let channel = format!("{key}:wake");
+    let mut on_new = cluster.node(to.port).connection().await;
+    let moved = Instant::now();
+    loop {
+        let (_, subscribers): (String, u64) = redis::cmd("PUBSUB")
+            .arg("SHARDNUMSUB")
+            .arg(&channel)
+            .query_async(&mut on_new)
+            .await
+            .expect("PUBSUB SHARDNUMSUB");
+        if subscribers == 1 {
+            break;
+        }
+        assert!(
+            moved.elapsed() < Duration::from_secs(2),
+            "the waiter did not subscribe on the new master"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    release_wakes(guard, waiting, "slot moved").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_after_a_failover_wakes_its_waiter() {
+    let cluster = block_in_place(RedisCluster::start);
+    let holder = cluster.locker(Duration::from_secs(30)).await;
+    let rival = cluster.locker(Duration::from_secs(30)).await;
+    let name = unique_name("cluster-failover-wake");
+    let key = holder.key_of(name.as_str()).unwrap();
+    let master = cluster.node_for_key(&key);
+    let replica = cluster.replica_of(&master);
+
+    let guard = holder.lock(name.as_str()).await.expect("lock");
+    let waiting = waiter(&rival, &name);
+    assert_eq!(until_waiting(&holder, &name, 1).await.waiting_lockers, 1);
+    block_in_place(|| cluster.failover(replica.port));
+    assert_eq!(cluster.node_for_key(&key).port, replica.port);
+    release_wakes(guard, waiting, "failover").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_after_a_master_died_wakes_its_waiter() {
+    let mut cluster = block_in_place(RedisCluster::start);
+    let holder = cluster.locker(Duration::from_secs(30)).await;
+    let rival = cluster.locker(Duration::from_secs(30)).await;
+    let name = unique_name("cluster-death-wake");
+    let key = holder.key_of(name.as_str()).unwrap();
+    let master = cluster.node_for_key(&key);
+    let replica = cluster.replica_of(&master);
+
+    let guard = holder.lock(name.as_str()).await.expect("lock");
+    let waiting = waiter(&rival, &name);
+    assert_eq!(until_waiting(&holder, &name, 1).await.waiting_lockers, 1);
+    // The hold reached the replica, so it outlives its master.
+    let mut on_replica = cluster.node(replica.port).connection().await;
+    let () = redis::cmd("READONLY")
+        .query_async(&mut on_replica)
+        .await
+        .unwrap();
+    let copied = Instant::now();
+    while !on_replica.exists::<_, bool>(&key).await.unwrap() {
+        assert!(copied.elapsed() < Duration::from_secs(5), "not replicated");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    block_in_place(|| {
+        cluster.kill(master.port);
+        cluster.wait_ok();
+    });
+    assert_eq!(cluster.node_for_key(&key).port, replica.port);
+    release_wakes(guard, waiting, "master died").await;
+}
