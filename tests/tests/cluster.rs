@@ -26,25 +26,28 @@ fn calls(cluster: &RedisCluster, port: u16, command: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// Names whose locks live on at least two different masters.
+/// `n` names whose locks live on at least two different masters (the first such set of names
+/// `prefix-<try>-<i>`: a set of random names all on one master is not rare).
 fn names_across_masters(
     cluster: &RedisCluster,
     locker: &Locker,
     prefix: &str,
     n: usize,
 ) -> Vec<String> {
-    let names: Vec<String> = (0..n)
-        .map(|i| unique_name(&format!("{prefix}-{i}")))
-        .collect();
-    let masters: BTreeSet<u16> = (names.iter())
-        .map(|name| {
-            cluster
-                .node_for_key(locker.key_of(name.as_str()).unwrap())
-                .port
+    let base = unique_name(prefix);
+    (0..100)
+        .map(|attempt| -> Vec<String> { (0..n).map(|i| format!("{base}-{attempt}-{i}")).collect() })
+        .find(|names| {
+            let masters: BTreeSet<u16> = (names.iter())
+                .map(|name| {
+                    cluster
+                        .node_for_key(locker.key_of(name.as_str()).unwrap())
+                        .port
+                })
+                .collect();
+            masters.len() >= 2
         })
-        .collect();
-    assert!(masters.len() >= 2, "the names all hash to one master");
-    names
+        .expect("names on two masters")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
