@@ -295,3 +295,63 @@ async fn a_dead_master_costs_no_hold_on_the_other_masters() {
         let _ = guard.release().await;
     }
 }
+
+/// A release while its slot migrates answers at once, wherever its key is then: still on the
+/// old master, or moved already (`ASK`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_during_a_slot_migration_answers_at_once() {
+    let cluster = block_in_place(RedisCluster::start);
+    let holder = cluster.locker(Duration::from_secs(30)).await;
+    let rival = cluster.locker(Duration::from_secs(30)).await;
+    let prefix = unique_name("cluster-migrating");
+    // Two names of one slot: one released while its key is still on the old master, one after
+    // its key moved.
+    let first = format!("{prefix}:a");
+    let key_a = holder.key_of(first.as_str()).unwrap();
+    let slot = key_slot(key_a.as_bytes());
+    let second = (0..)
+        .map(|i| format!("{prefix}:b{i}"))
+        .find(|n| key_slot(holder.key_of(n.as_str()).unwrap().as_bytes()) == slot)
+        .unwrap();
+    let key_b = holder.key_of(second.as_str()).unwrap();
+    let from = cluster.master_for_slot(slot);
+    let to = (cluster.masters().into_iter())
+        .find(|m| m.id != from.id)
+        .unwrap();
+    let a = holder.lock(first.as_str()).await.expect("lock a");
+    let b = holder.lock(second.as_str()).await.expect("lock b");
+    // Someone waited on each, so each release wakes waiters (the release that publishes).
+    for name in [&first, &second] {
+        assert!(
+            rival
+                .lock(name.as_str())
+                .try_lock()
+                .await
+                .unwrap()
+                .is_none()
+        );
+    }
+    let migration = block_in_place(|| cluster.begin_migration(slot, to.port));
+
+    let started = Instant::now();
+    let outcome = a.release().await;
+    assert!(
+        outcome.is_released(),
+        "on the old master: {outcome:?} after {:?}",
+        started.elapsed()
+    );
+    block_in_place(|| cluster.migrate_keys(&migration, &[&key_b]));
+    let started = Instant::now();
+    let outcome = b.release().await;
+    assert!(
+        outcome.is_released(),
+        "moved: {outcome:?} after {:?}",
+        started.elapsed()
+    );
+    block_in_place(|| cluster.finish_migration(migration));
+    for name in [&first, &second] {
+        let guard = (rival.lock(name.as_str()).try_lock().await.unwrap())
+            .unwrap_or_else(|| panic!("`{name}` is free after its release"));
+        assert!(guard.release().await.is_released());
+    }
+}

@@ -325,7 +325,14 @@ impl RedisBackend {
                     ),
                 };
             }
-            KeyKind::Lock => ("0", ([lock, channel, "", ""], 2)),
+            // The channel is the script's default (the key's `:wake`), so the key is named alone:
+            // on a cluster a command naming two keys of a migrating slot fails (`TRYAGAIN`) until
+            // the migration ends unless both are on the same side, and a channel is never a key
+            // that exists.
+            KeyKind::Lock => {
+                debug_assert_eq!(channel.strip_suffix(":wake"), Some(lock));
+                ("0", ([lock, "", "", ""], 1))
+            }
             KeyKind::Fair(fair) => ("1", ([lock, channel, &fair.queue, &fair.alive], 4)),
             KeyKind::Write(rw) => ("2", ([lock, channel, &rw.waiting, ""], 3)),
         };
