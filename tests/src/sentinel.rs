@@ -55,7 +55,8 @@ pub struct RedisSentinel {
     /// The two data nodes; the first started as the master.
     data: Vec<RedisServer>,
     sentinels: Vec<RedisServer>,
-    /// Ports of the data nodes paused with [`RedisSentinel::pause`].
+    /// Ports of the data nodes paused with [`RedisSentinel::pause`], and of the sentinels paused
+    /// with [`RedisSentinel::pause_sentinel`].
     paused: BTreeSet<u16>,
     admin: Admin,
     /// The sentinels' configuration files; after the servers, so it goes once they are dead.
@@ -218,7 +219,8 @@ impl RedisSentinel {
         for attempt in 0..3 {
             self.wait_ready();
             let old = self.master_port();
-            let sentinel = self.sentinels[attempt % self.sentinels.len()].port();
+            let asked: Vec<u16> = self.answering_sentinels().map(RedisServer::port).collect();
+            let sentinel = asked[attempt % asked.len()];
             poll("a sentinel starts a failover", PROMOTION_WITHIN, || {
                 let mut cmd = redis::cmd("SENTINEL");
                 cmd.arg("FAILOVER").arg(MASTER_NAME);
@@ -238,6 +240,26 @@ impl RedisSentinel {
             }
         }
         panic!("three requested failovers did not promote the replica; last seen: {last}")
+    }
+
+    /// Pauses sentinel `index` (`SIGSTOP`): a mute sentinel, which keeps its connections and
+    /// answers nothing. The others go on without it; the waits skip it.
+    pub fn pause_sentinel(&mut self, index: usize) {
+        let sentinel = &self.sentinels[index];
+        sentinel.pause();
+        self.paused.insert(sentinel.port());
+    }
+
+    /// Resumes sentinel `index` (`SIGCONT`).
+    pub fn resume_sentinel(&mut self, index: usize) {
+        let sentinel = &self.sentinels[index];
+        sentinel.resume();
+        self.paused.remove(&sentinel.port());
+    }
+
+    /// The sentinels that run and are not paused.
+    fn answering_sentinels(&self) -> impl Iterator<Item = &RedisServer> {
+        (self.sentinels.iter()).filter(|s| s.pid().is_some() && !self.paused.contains(&s.port()))
     }
 
     /// Kills a data node (`SIGKILL`).
@@ -313,8 +335,7 @@ impl RedisSentinel {
         if let Some(replica) = replica {
             replica_in_sync(&self.admin, replica, master)?;
         }
-        let running = self.sentinels.iter().filter(|s| s.pid().is_some());
-        for sentinel in running.map(RedisServer::port) {
+        for sentinel in self.answering_sentinels().map(RedisServer::port) {
             let mut cmd = redis::cmd("SENTINEL");
             cmd.arg("MASTER").arg(MASTER_NAME);
             let state = pairs(self.admin.query(sentinel, &cmd))?;
@@ -347,10 +368,10 @@ impl RedisSentinel {
         Ok(())
     }
 
-    /// The master every running sentinel reports, or what they report.
+    /// The master every running sentinel that is not paused reports, or what they report.
     fn agreed_master(&self) -> Result<u16, String> {
         let mut seen = BTreeSet::new();
-        for sentinel in self.sentinels.iter().filter(|s| s.pid().is_some()) {
+        for sentinel in self.answering_sentinels() {
             let mut cmd = redis::cmd("SENTINEL");
             cmd.arg("GET-MASTER-ADDR-BY-NAME").arg(MASTER_NAME);
             let addr: (String, u16) = (self.admin.query(sentinel.port(), &cmd))

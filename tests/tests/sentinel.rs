@@ -137,3 +137,55 @@ async fn waiters_are_woken_on_the_new_master_after_a_failover() {
         "the waiter got the lock {woken:?} after the release"
     );
 }
+
+/// With one of three sentinels mute (`SIGSTOP`: it keeps its connections and answers nothing) —
+/// the first of the URLs, the one a client that listens to a single sentinel picks — a
+/// `Locker` still follows a `SENTINEL FAILOVER` within two seconds: it never grants on the old
+/// master, which stays writable for about ten seconds, beside a holder on the new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_locker_follows_a_failover_with_one_sentinel_mute() {
+    let mut set_up = block_in_place(RedisSentinel::start);
+    let locker = locker(&set_up).await;
+    let old = set_up.master_port();
+    let name = unique_name("sentinel-mute");
+    // Connected to the old master (and listening) before the fault.
+    let guard = locker.lock(name.as_str()).await.expect("lock");
+    assert!(guard.release().await.is_released());
+
+    set_up.pause_sentinel(0);
+    let new = block_in_place(|| set_up.failover());
+    let switched = Instant::now();
+    assert_ne!(new, old);
+    // A holder on the new master, as any client the sentinels sent there would be.
+    let rival = Locker::builder()
+        .url(set_up.data_node(new).url())
+        .build()
+        .await
+        .expect("a locker on the new master");
+    let held = rival
+        .lock(name.as_str())
+        .await
+        .expect("lock on the new master");
+    let mut overlaps = 0;
+    let followed = loop {
+        match locker.lock(name.as_str()).try_lock().await {
+            // Busy: it asked the new master.
+            Ok(None) => break switched.elapsed(),
+            // Granted while the rival holds it: it asked the old master.
+            Ok(Some(guard)) => {
+                overlaps += 1;
+                let _ = guard.release().await;
+            }
+            Err(_) => {}
+        }
+        assert!(
+            switched.elapsed() < Duration::from_secs(2),
+            "still granting on the old master {old} {:?} after the switch ({overlaps} overlaps)",
+            switched.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    eprintln!("followed the failover {followed:?} after the switch; {overlaps} overlaps before");
+    assert!(held.release().await.is_released());
+    set_up.resume_sentinel(0);
+}

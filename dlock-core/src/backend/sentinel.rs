@@ -1,6 +1,12 @@
 //! Following the master through Redis Sentinel: a connection that asks the sentinels where the
-//! master is, goes there, and moves when the master fails over — as soon as a sentinel announces
-//! it (`+switch-master`), or when the old master fails a command.
+//! master is, goes there, and moves when the master fails over — as soon as any sentinel
+//! announces it (`+switch-master`: every sentinel is listened to, so a mute one costs nothing),
+//! when a check every second finds a majority of the sentinels reporting another master, or when
+//! the old master fails a command (`READONLY`, a dropped connection).
+//!
+//! Where the master is: the address a majority of the sentinels report (each asked with a short
+//! timeout, all at once), so one sentinel that hangs or lags neither stalls nor misleads the
+//! answer.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -13,18 +19,66 @@ use redis::sentinel::SentinelClient;
 use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
 use tokio::sync::watch;
 
+/// How often the sentinels are asked where the master is, besides listening to them.
+const RECHECK_EVERY: Duration = Duration::from_secs(1);
+
+/// The longest one sentinel is waited for, to connect or to answer.
+const SENTINEL_TIMEOUT: Duration = Duration::from_millis(500);
+
 /// The master the sentinels report, and the connection to it.
 pub(crate) struct SentinelMaster {
     name: String,
-    /// Asks the sentinels; one question at a time.
+    /// Asks the sentinels; one question at a time. Used when the sentinels' own addresses are
+    /// not known (a `SentinelClient` built by the application).
     sentinel: tokio::sync::Mutex<SentinelClient>,
+    /// Each sentinel, when the `Locker` was given their URLs: asked and listened to one by one.
+    sentinels: Vec<Sentinel>,
     current: Mutex<Option<Current>>,
     /// Counts the moves to another master (the subscriber follows them).
     moves: watch::Sender<u64>,
     connect_timeout: Duration,
-    /// The task listening for `+switch-master`, started with the first connection.
-    listener: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// The tasks listening for `+switch-master` and checking every second, started with the
+    /// first connection.
+    listeners: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     ids: AtomicU64,
+}
+
+/// One sentinel: how to reach it, and a connection to ask it on (dropped when it fails).
+struct Sentinel {
+    client: redis::Client,
+    conn: tokio::sync::Mutex<Option<MultiplexedConnection>>,
+}
+
+impl Sentinel {
+    /// `SENTINEL GET-MASTER-ADDR-BY-NAME name`, within [`SENTINEL_TIMEOUT`].
+    async fn master_addr(&self, name: &str) -> RedisResult<(String, u16)> {
+        let mut conn = self.conn.lock().await;
+        let ask = async {
+            let c = match conn.as_ref() {
+                Some(c) => c.clone(),
+                None => {
+                    let config = redis::AsyncConnectionConfig::new()
+                        .set_connection_timeout(Some(SENTINEL_TIMEOUT))
+                        .set_response_timeout(Some(SENTINEL_TIMEOUT));
+                    let c = (self.client)
+                        .get_multiplexed_async_connection_with_config(&config)
+                        .await?;
+                    *conn = Some(c.clone());
+                    c
+                }
+            };
+            redis::cmd("SENTINEL")
+                .arg("GET-MASTER-ADDR-BY-NAME")
+                .arg(name)
+                .query_async::<(String, u16)>(&mut c.clone())
+                .await
+        };
+        let answer = bounded(SENTINEL_TIMEOUT, ask).await;
+        if answer.is_err() {
+            *conn = None;
+        }
+        answer
+    }
 }
 
 struct Current {
@@ -44,7 +98,7 @@ impl fmt::Debug for SentinelMaster {
 
 impl Drop for SentinelMaster {
     fn drop(&mut self) {
-        if let Some(task) = lock(&self.listener).take() {
+        for task in lock(&self.listeners).drain(..) {
             task.abort();
         }
     }
@@ -55,15 +109,67 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl SentinelMaster {
-    pub(crate) fn new(name: String, sentinel: SentinelClient, connect_timeout: Duration) -> Self {
+    /// A master found through `sentinel`, or through each of `sentinels` (their URLs) when
+    /// there are any.
+    pub(crate) fn new(
+        name: String,
+        sentinel: SentinelClient,
+        sentinels: Vec<redis::Client>,
+        connect_timeout: Duration,
+    ) -> Self {
         Self {
             name,
             sentinel: tokio::sync::Mutex::new(sentinel),
+            sentinels: (sentinels.into_iter())
+                .map(|client| Sentinel {
+                    client,
+                    conn: tokio::sync::Mutex::new(None),
+                })
+                .collect(),
             current: Mutex::new(None),
             moves: watch::Sender::new(0),
             connect_timeout,
-            listener: Mutex::new(None),
+            listeners: Mutex::new(Vec::new()),
             ids: AtomicU64::new(1),
+        }
+    }
+
+    /// The master's address as a majority of the sentinels report it (all asked at once, each
+    /// within [`SENTINEL_TIMEOUT`]; decided as soon as a majority agree, so a mute sentinel costs
+    /// nothing); when fewer answer, the address all that answered agree on.
+    async fn majority_addr(&self) -> RedisResult<(String, u16)> {
+        use futures_util::stream::{FuturesUnordered, StreamExt as _};
+        let mut answers: FuturesUnordered<_> = (self.sentinels.iter())
+            .map(|s| s.master_addr(&self.name))
+            .collect();
+        let majority = self.sentinels.len() / 2 + 1;
+        let mut counts: Vec<((String, u16), usize)> = Vec::new();
+        let mut last_error = None;
+        while let Some(answer) = answers.next().await {
+            match answer {
+                Ok(addr) => match counts.iter_mut().find(|(a, _)| *a == addr) {
+                    Some((_, n)) => {
+                        *n += 1;
+                        if *n >= majority {
+                            return Ok(addr);
+                        }
+                    }
+                    None if majority <= 1 => return Ok(addr),
+                    None => counts.push((addr, 1)),
+                },
+                Err(err) => last_error = Some(err),
+            }
+        }
+        match &counts[..] {
+            [(addr, _)] => Ok(addr.clone()),
+            [] => Err(last_error.unwrap_or_else(|| {
+                redis::RedisError::from((redis::ErrorKind::Client, "no sentinel answered"))
+            })),
+            _ => Err(redis::RedisError::from((
+                redis::ErrorKind::Client,
+                "the sentinels disagree on the master",
+                format!("{counts:?}"),
+            ))),
         }
     }
 
@@ -79,6 +185,10 @@ impl SentinelMaster {
 
     /// A client for the master the sentinels report now (for the subscriber connection).
     pub(crate) async fn master_client(&self) -> RedisResult<redis::Client> {
+        if !self.sentinels.is_empty() {
+            let (host, port) = self.majority_addr().await?;
+            return redis::Client::open((host, port));
+        }
         let mut sentinel = self.sentinel.lock().await;
         bounded(self.connect_timeout, sentinel.async_get_client()).await
     }
@@ -90,12 +200,21 @@ impl SentinelMaster {
         if let Some(c) = lock(&self.current).as_ref() {
             return Ok((c.id, c.conn.clone()));
         }
-        let mut sentinel = self.sentinel.lock().await;
+        let sentinel = self.sentinel.lock().await;
         // Another caller may have connected while this one waited for the sentinels.
         if let Some(c) = lock(&self.current).as_ref() {
             return Ok((c.id, c.conn.clone()));
         }
-        let client = bounded(self.connect_timeout, sentinel.async_get_client()).await?;
+        let client = if self.sentinels.is_empty() {
+            let mut sentinel = sentinel;
+            let client = bounded(self.connect_timeout, sentinel.async_get_client()).await?;
+            drop(sentinel);
+            client
+        } else {
+            let client = self.master_client().await?;
+            drop(sentinel);
+            client
+        };
         let config = redis::AsyncConnectionConfig::new()
             .set_connection_timeout(Some(self.connect_timeout))
             // Every call is bounded by the command timeout already.
@@ -105,7 +224,6 @@ impl SentinelMaster {
             client.get_multiplexed_async_connection_with_config(&config),
         )
         .await?;
-        drop(sentinel);
         let addr = client.get_connection_info().addr().to_string();
         let id = self.ids.fetch_add(1, Ordering::Relaxed);
         let mut current = lock(&self.current);
@@ -145,30 +263,61 @@ impl SentinelMaster {
         }
     }
 
-    /// Starts the `+switch-master` listener on the current runtime unless it runs.
+    /// Starts the `+switch-master` listeners (one per sentinel) and the check every second on
+    /// the current runtime unless they run.
     fn listen(self: &Arc<Self>) {
-        let mut listener = lock(&self.listener);
-        if listener.as_ref().is_some_and(|t| !t.is_finished()) {
+        let mut listeners = lock(&self.listeners);
+        if !listeners.is_empty() && listeners.iter().all(|t| !t.is_finished()) {
             return;
         }
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            *listener = Some(runtime.spawn(listen(Arc::downgrade(self))));
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        for task in listeners.drain(..) {
+            task.abort();
+        }
+        let weak = Arc::downgrade(self);
+        if self.sentinels.is_empty() {
+            listeners.push(runtime.spawn(listen(weak.clone(), None)));
+        } else {
+            for index in 0..self.sentinels.len() {
+                listeners.push(runtime.spawn(listen(weak.clone(), Some(index))));
+            }
+        }
+        listeners.push(runtime.spawn(recheck_every(weak)));
+    }
+}
+
+/// Asks the sentinels where the master is every [`RECHECK_EVERY`], and moves if a majority
+/// report another: an announcement can be missed (a sentinel mute or cut off while it was made).
+async fn recheck_every(master: Weak<SentinelMaster>) {
+    loop {
+        tokio::time::sleep(RECHECK_EVERY).await;
+        let Some(this) = master.upgrade() else { return };
+        if this.current_addr().is_some() {
+            this.recheck().await;
         }
     }
 }
 
-/// Listens to one sentinel at a time for `+switch-master` of our master and drops the connection
-/// to the old one. After every (re)subscription it checks where the master is, for announcements
-/// missed while not listening.
-async fn listen(master: Weak<SentinelMaster>) {
+/// Listens to sentinel `index` (or, without their URLs, to whichever sentinel the
+/// `SentinelClient` picks) for `+switch-master` of our master and drops the connection to the old
+/// one. After every (re)subscription it checks where the master is, for announcements missed
+/// while not listening.
+async fn listen(master: Weak<SentinelMaster>, index: Option<usize>) {
     let mut backoff = Duration::from_millis(50);
     loop {
         let Some(this) = master.upgrade() else { return };
-        let client = {
-            let mut sentinel = this.sentinel.lock().await;
-            bounded(this.connect_timeout, sentinel.async_get_sentinel_client()).await
+        let client = match index {
+            Some(i) => Ok(this.sentinels[i].client.clone()),
+            None => {
+                let mut sentinel = this.sentinel.lock().await;
+                bounded(this.connect_timeout, sentinel.async_get_sentinel_client()).await
+            }
         };
-        let timeout = this.connect_timeout;
+        let timeout = this
+            .connect_timeout
+            .min(SENTINEL_TIMEOUT.max(Duration::from_secs(1)));
         drop(this);
         let subscribed = match client {
             Ok(client) => match bounded(timeout, client.get_async_pubsub()).await {

@@ -467,15 +467,17 @@ impl LockerBuilder {
             }
             #[cfg(feature = "sentinel")]
             source @ (Source::SentinelUrls(..) | Source::Sentinel(..)) => {
-                let (client, name) = match source {
+                let (client, sentinels, name) = match source {
                     Source::SentinelUrls(urls, name) => {
-                        (super::sentinel::client(urls, &name)?, name)
+                        let sentinels = super::sentinel::each(&urls)?;
+                        (super::sentinel::client(urls, &name)?, sentinels, name)
                     }
-                    Source::Sentinel(client, name) => (*client, name),
+                    Source::Sentinel(client, name) => (*client, Vec::new(), name),
                     _ => unreachable!("matched above"),
                 };
                 return super::sentinel::locker(
                     client,
+                    sentinels,
                     name,
                     self.subscriber,
                     self.lazy,

@@ -37,11 +37,27 @@ pub(super) fn client(
     })
 }
 
+/// A client for each sentinel, to ask and listen to it on its own.
+pub(super) fn each(urls: &[String]) -> Result<Vec<redis::Client>, LockError> {
+    (urls.iter())
+        .map(|url| {
+            redis::Client::open(url.as_str()).map_err(|e| {
+                LockError::Config(format!(
+                    "bad sentinel URL {}: {}",
+                    redact_url(url),
+                    url_error(&e)
+                ))
+            })
+        })
+        .collect()
+}
+
 /// A `Locker` on the master the sentinels report; unless `lazy`, it connects (and so asks the
 /// sentinels) before returning.
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn locker(
     client: redis::sentinel::SentinelClient,
+    sentinels: Vec<redis::Client>,
     name: String,
     subscriber: Option<redis::Client>,
     lazy: bool,
@@ -52,7 +68,12 @@ pub(super) async fn locker(
 ) -> Result<Locker, LockError> {
     use crate::backend::sentinel::{SentinelConnection, SentinelMaster};
     let at = format!("sentinel master `{name}`");
-    let master = Arc::new(SentinelMaster::new(name, client, connect_timeout));
+    let master = Arc::new(SentinelMaster::new(
+        name,
+        client,
+        sentinels,
+        connect_timeout,
+    ));
     let conn = SentinelConnection::new(master.clone());
     let subscriber =
         subscriber.map_or(SubscriberSource::Sentinel(master), SubscriberSource::client);
