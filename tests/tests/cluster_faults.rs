@@ -8,6 +8,7 @@
 use std::time::{Duration, Instant};
 
 use dlock_core::Locker;
+use dlock_core::redis;
 use dlock_core::redis::AsyncCommands as _;
 use dlock_tests::cluster::key_slot;
 use dlock_tests::{RedisCluster, unique_name};
@@ -354,4 +355,47 @@ async fn a_release_during_a_slot_migration_answers_at_once() {
             .unwrap_or_else(|| panic!("`{name}` is free after its release"));
         assert!(guard.release().await.is_released());
     }
+}
+
+/// Holds in a slot that stays migrating for longer than their lease — some keys moved, some not
+/// (a large slot being resharded) — are renewed wherever their keys are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holds_in_a_slot_that_stays_migrating_are_renewed_on_both_sides() {
+    let cluster = block_in_place(RedisCluster::start);
+    let lease = Duration::from_millis(900);
+    let locker = cluster.locker(lease).await;
+    let prefix = unique_name("cluster-long-move");
+    let first = format!("{prefix}:a");
+    let slot = key_slot(locker.key_of(first.as_str()).unwrap().as_bytes());
+    let second = (0..)
+        .map(|i| format!("{prefix}:b{i}"))
+        .find(|n| key_slot(locker.key_of(n.as_str()).unwrap().as_bytes()) == slot)
+        .unwrap();
+    let from = cluster.master_for_slot(slot);
+    let to = (cluster.masters().into_iter())
+        .find(|m| m.id != from.id)
+        .unwrap();
+    let a = locker.lock(first.as_str()).await.expect("lock a");
+    let b = locker.lock(second.as_str()).await.expect("lock b");
+    let migration = block_in_place(|| cluster.begin_migration(slot, to.port));
+    let moved = locker.key_of(second.as_str()).unwrap();
+    block_in_place(|| cluster.migrate_keys(&migration, &[&moved]));
+    tokio::time::sleep(lease * 3).await;
+    assert!(!a.is_lost(), "the hold whose key stayed was lost");
+    assert!(!b.is_lost(), "the hold whose key moved was lost");
+    // On the target, a key of an importing slot is served after `ASKING`.
+    let stayed = locker.key_of(first.as_str()).unwrap();
+    for (key, port) in [(stayed, from.port), (moved, to.port)] {
+        let (pttl,): (i64,) = redis::pipe()
+            .cmd("ASKING")
+            .ignore()
+            .pttl(&key)
+            .query_async(&mut cluster.node(port).connection().await)
+            .await
+            .unwrap();
+        assert!(pttl > 0, "{key} on {port}: PTTL {pttl}");
+    }
+    block_in_place(|| cluster.finish_migration(migration));
+    assert!(a.release().await.is_released());
+    assert!(b.release().await.is_released());
 }

@@ -18,11 +18,25 @@ use std::time::Duration;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, Value};
 
+/// The longest one node is waited for to answer `CLUSTER SLOTS`.
+const SLOTS_TIMEOUT: Duration = Duration::from_millis(500);
+
 /// A master, by the address the cluster gives for it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct Node {
     host: String,
     port: u16,
+}
+
+impl Node {
+    /// A node from `host:port`, as a redirection (`ASK`, `MOVED`) names it.
+    pub(crate) fn parse(addr: &str) -> Option<Self> {
+        let (host, port) = addr.rsplit_once(':')?;
+        Some(Self {
+            host: host.to_owned(),
+            port: port.parse().ok()?,
+        })
+    }
 }
 
 /// The masters of a cluster, with a connection to each that has been needed.
@@ -116,25 +130,32 @@ impl Masters {
                 candidates.push(node);
             }
         }
-        for node in candidates {
-            let read = async {
-                let mut conn = self.connection(&node, within).await?;
-                let reply: Value = redis::cmd("CLUSTER")
-                    .arg("SLOTS")
-                    .query_async(&mut conn)
-                    .await?;
-                Ok::<_, redis::RedisError>(reply)
-            };
-            let reply = match tokio::time::timeout(within, read).await {
-                Ok(Ok(reply)) => reply,
-                Ok(Err(err)) => {
-                    tracing::debug!(port = node.port, error = %err, "dlock: CLUSTER SLOTS failed");
-                    self.state().conns.remove(&node);
-                    continue;
-                }
-                Err(_) => continue,
-            };
-            if let Some(owners) = parse_slots(reply, &node.host) {
+        // All at once, each briefly: a hung master must not hold up the map.
+        let within = within.min(SLOTS_TIMEOUT);
+        let mut reads: futures_util::stream::FuturesUnordered<_> = (candidates.into_iter())
+            .map(|node| async move {
+                let read = async {
+                    let mut conn = self.connection(&node, within).await?;
+                    let reply: Value = redis::cmd("CLUSTER")
+                        .arg("SLOTS")
+                        .query_async(&mut conn)
+                        .await?;
+                    Ok::<_, redis::RedisError>(reply)
+                };
+                let reply = match tokio::time::timeout(within, read).await {
+                    Ok(Ok(reply)) => Some(reply),
+                    Ok(Err(err)) => {
+                        tracing::debug!(port = node.port, error = %err, "dlock: CLUSTER SLOTS failed");
+                        self.state().conns.remove(&node);
+                        None
+                    }
+                    Err(_) => None,
+                };
+                (node, reply)
+            })
+            .collect();
+        while let Some((node, reply)) = futures_util::StreamExt::next(&mut reads).await {
+            if let Some(owners) = reply.and_then(|reply| parse_slots(reply, &node.host)) {
                 let mut state = self.state();
                 let masters: Vec<&Node> = owners.iter().map(|(_, _, n)| n).collect();
                 state.conns.retain(|n, _| masters.contains(&n));

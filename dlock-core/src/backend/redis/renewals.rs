@@ -16,6 +16,19 @@ use crate::script;
 /// How many locks one renewal script call carries; a tick pipelines as many calls as needed.
 const RENEW_CHUNK: usize = 256;
 
+/// What became of one slot's renewal on its master.
+#[cfg(feature = "cluster")]
+#[derive(Debug, Clone)]
+enum SlotAnswer {
+    /// Answered: one reply per item.
+    Renewed(Vec<RenewReply>),
+    /// The slot is migrating (`ASK`, `TRYAGAIN`): its items are renewed one by one, each where
+    /// its key is.
+    Migrating,
+    /// Not renewed (`MOVED`, `CLUSTERDOWN`, ...).
+    Failed,
+}
+
 impl RedisBackend {
     /// Applies every lease change in one round trip: one script call per chunk, all pipelined.
     /// On a cluster a script may only touch one slot, so the changes are grouped by slot and
@@ -165,27 +178,47 @@ impl RedisBackend {
             if replies.is_err() {
                 masters.mark_stale();
             }
-            (slots, replies)
+            (node, slots, replies)
         });
         let answers = futures_util::future::join_all(calls).await;
         let mut out = vec![RenewReply::Unanswered; items.len()];
         let mut answered = false;
         let mut first_error = None;
-        for (slots, replies) in answers {
+        let mut one_by_one = Vec::new();
+        for (node, slots, replies) in answers {
             match replies {
                 Ok(replies) => {
                     for (idx, reply) in slots.iter().zip(replies) {
-                        let Some(reply) = reply else {
-                            continue;
-                        };
-                        answered = true;
-                        for (&i, r) in idx.iter().zip(reply) {
-                            out[i] = r;
+                        match reply {
+                            SlotAnswer::Renewed(reply) => {
+                                answered = true;
+                                for (&i, r) in idx.iter().zip(reply) {
+                                    out[i] = r;
+                                }
+                            }
+                            SlotAnswer::Migrating => {
+                                one_by_one.extend(idx.iter().map(|&i| (node.clone(), i)));
+                            }
+                            SlotAnswer::Failed => {}
                         }
                     }
                 }
                 Err(err) => {
                     first_error.get_or_insert(err);
+                }
+            }
+        }
+        if !one_by_one.is_empty() {
+            let singles = futures_util::future::join_all(
+                (one_by_one.iter())
+                    .map(|(node, i)| self.renew_one(masters, node, &items[*i], within)),
+            );
+            if let Ok(replies) = tokio::time::timeout(within, singles).await {
+                for ((_, i), reply) in one_by_one.iter().zip(replies) {
+                    if let Some(reply) = reply {
+                        answered = true;
+                        out[*i] = reply;
+                    }
                 }
             }
         }
@@ -201,8 +234,8 @@ impl RedisBackend {
     }
 
     /// One master's share of a renewal: a script call per slot (and chunk), pipelined, with
-    /// `WAIT` behind them when writes wait for replicas. By slot: its replies, or `None` when
-    /// that slot answered an error (`MOVED`, `ASK`, `TRYAGAIN`, `CLUSTERDOWN`: not renewed).
+    /// `WAIT` behind them when writes wait for replicas. By slot: its replies, or what kept it
+    /// from being renewed.
     #[cfg(feature = "cluster")]
     async fn renew_on_master(
         &self,
@@ -211,7 +244,7 @@ impl RedisBackend {
         items: &[RenewItem],
         slots: &[Vec<usize>],
         within: Duration,
-    ) -> Result<Vec<Option<Vec<RenewReply>>>, BackendError> {
+    ) -> Result<Vec<SlotAnswer>, BackendError> {
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
         // Which slot each call renews, and how many items it carries.
@@ -264,30 +297,80 @@ impl RedisBackend {
         if replies.len() != calls.len() {
             return Err(BackendError::protocol("renew reply has the wrong length"));
         }
-        let mut out: Vec<Option<Vec<RenewReply>>> = vec![Some(Vec::new()); slots.len()];
+        let mut out = vec![SlotAnswer::Renewed(Vec::new()); slots.len()];
         for (s, reply) in calls.into_iter().zip(replies) {
             match reply {
                 Ok(value) => {
-                    if let Some(codes) = &mut out[s] {
+                    if let SlotAnswer::Renewed(codes) = &mut out[s] {
                         codes.extend(renew_codes(value)?);
                     }
                 }
                 Err(err) => {
-                    tracing::debug!(port = ?node, error = %err, "dlock: a slot's renewal failed");
+                    tracing::debug!(node = ?node, error = %err, "dlock: a slot's renewal failed");
                     masters.mark_stale();
-                    out[s] = None;
+                    out[s] = match err.kind() {
+                        redis::ErrorKind::Server(
+                            redis::ServerErrorKind::Ask | redis::ServerErrorKind::TryAgain,
+                        ) => SlotAnswer::Migrating,
+                        _ => SlotAnswer::Failed,
+                    };
                 }
             }
         }
         for (s, idx) in slots.iter().enumerate() {
-            if out[s]
-                .as_ref()
-                .is_some_and(|codes| codes.len() != idx.len())
-            {
+            if matches!(&out[s], SlotAnswer::Renewed(codes) if codes.len() != idx.len()) {
                 return Err(BackendError::protocol("renew reply has the wrong length"));
             }
         }
         Ok(out)
+    }
+
+    /// One item of a migrating slot renewed on its own: on the slot's master, or, if its key
+    /// moved already (`ASK`), on the master it moves to. `None` when neither answered.
+    #[cfg(feature = "cluster")]
+    async fn renew_one(
+        &self,
+        masters: &Masters,
+        node: &crate::backend::cluster::Node,
+        item: &RenewItem,
+        within: Duration,
+    ) -> Option<RenewReply> {
+        use crate::backend::cluster::Node;
+        let call = renew_call(std::slice::from_ref(item));
+        let mut at = node.clone();
+        let mut asking = false;
+        for _ in 0..3 {
+            let mut conn = masters.connection(&at, within).await.ok()?;
+            let mut pipe = redis::pipe();
+            pipe.ignore_errors();
+            if asking {
+                pipe.cmd("ASKING");
+            }
+            pipe.add_command(call.clone());
+            if let Some(ack) = self.ack {
+                pipe.add_command(ack.command());
+            }
+            let mut replies: Vec<redis::RedisResult<Value>> =
+                pipe.query_async(&mut conn).await.ok()?;
+            if let Some(ack) = self.ack {
+                let acknowledged = ack.count(replies.pop()?.ok()?).ok()?;
+                self.acknowledged(Some(acknowledged)).ok()?;
+            }
+            match replies.pop()? {
+                Ok(value) => return renew_codes(value).ok()?.into_iter().next(),
+                Err(err) if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::Ask) => {
+                    at = Node::parse(err.redirect_node()?.0)?;
+                    asking = true;
+                }
+                Err(err)
+                    if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+                {
+                    (script::RENEW.prepare_invoke().load_async(&mut conn).await).ok()?;
+                }
+                Err(_) => return None,
+            }
+        }
+        None
     }
 }
 
