@@ -26,6 +26,17 @@ fn calls(cluster: &RedisCluster, port: u16, command: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// The ports of the masters `names`' locks live on.
+fn masters_of(cluster: &RedisCluster, locker: &Locker, names: &[String]) -> BTreeSet<u16> {
+    (names.iter())
+        .map(|name| {
+            cluster
+                .node_for_key(locker.key_of(name.as_str()).unwrap())
+                .port
+        })
+        .collect()
+}
+
 /// `n` names whose locks live on at least two different masters (the first such set of names
 /// `prefix-<try>-<i>`: a set of random names all on one master is not rare).
 fn names_across_masters(
@@ -37,16 +48,7 @@ fn names_across_masters(
     let base = unique_name(prefix);
     (0..100)
         .map(|attempt| -> Vec<String> { (0..n).map(|i| format!("{base}-{attempt}-{i}")).collect() })
-        .find(|names| {
-            let masters: BTreeSet<u16> = (names.iter())
-                .map(|name| {
-                    cluster
-                        .node_for_key(locker.key_of(name.as_str()).unwrap())
-                        .port
-                })
-                .collect();
-            masters.len() >= 2
-        })
+        .find(|names| masters_of(cluster, locker, names).len() >= 2)
         .expect("names on two masters")
 }
 
@@ -246,13 +248,7 @@ async fn the_watchdog_renews_locks_in_many_slots_with_one_script_call_per_slot()
     let tick = lease / 3;
     let locker = cluster.locker(lease).await;
     let names = names_sharing_slots(&locker, "cluster-renew", SLOTS, PER_SLOT);
-    let masters: BTreeSet<u16> = (names.iter())
-        .map(|name| {
-            cluster
-                .node_for_key(locker.key_of(name.as_str()).unwrap())
-                .port
-        })
-        .collect();
+    let masters = masters_of(&cluster, &locker, &names);
     let mut guards = Vec::new();
     for name in &names {
         guards.push(locker.lock(name.as_str()).await.expect("lock"));

@@ -7,9 +7,9 @@
 
 use std::time::{Duration, Instant};
 
-use dlock_core::Locker;
 use dlock_core::redis;
 use dlock_core::redis::AsyncCommands as _;
+use dlock_core::{LockGuard, Locker};
 use dlock_tests::cluster::key_slot;
 use dlock_tests::{RedisCluster, unique_name};
 use tokio::task::block_in_place;
@@ -163,6 +163,48 @@ fn names_on_every_master(
     names
 }
 
+/// A hold of each of `names` (a fresh name is free), with the port of its master.
+async fn hold_all(locker: &Locker, names: &[(String, u16)]) -> Vec<(LockGuard, u16)> {
+    let mut guards = Vec::new();
+    for (name, port) in names {
+        let guard = locker.lock(name.as_str()).try_lock().await.unwrap();
+        guards.push((guard.expect("a fresh name is free"), *port));
+    }
+    guards
+}
+
+/// The names whose holds are lost, on masters other than `failed`.
+fn lost_elsewhere<'a>(
+    names: &'a [(String, u16)],
+    guards: &[(LockGuard, u16)],
+    failed: u16,
+) -> Vec<&'a str> {
+    (names.iter().zip(guards))
+        .filter(|(_, (guard, port))| *port != failed && guard.is_lost())
+        .map(|((name, _), _)| name.as_str())
+        .collect()
+}
+
+/// A hold that still believes it holds does hold: a rival can't take any of them. Then every
+/// guard lets go.
+async fn live_guards_hold(
+    cluster: &RedisCluster,
+    lease: Duration,
+    names: &[(String, u16)],
+    guards: Vec<(LockGuard, u16)>,
+) {
+    let rival = cluster.locker(lease).await;
+    for ((name, _), (guard, _)) in names.iter().zip(&guards) {
+        if !guard.is_lost() {
+            let got = rival.lock(name.as_str()).try_lock().await.unwrap();
+            assert!(got.is_none(), "a rival got `{name}`, held by a live guard");
+        }
+    }
+    for (guard, _) in guards {
+        let _ = guard.release().await;
+    }
+}
+
 /// A master that stops answering costs only the holds it keeps: the watchdog renews each
 /// slot's holds on their own, so the holds on the other masters are renewed while it hangs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -174,18 +216,11 @@ async fn a_hung_master_costs_no_hold_on_the_other_masters() {
     let lease = Duration::from_secs(2);
     let locker = cluster.locker(lease).await;
     let names = names_on_every_master(&cluster, &locker, &unique_name("cluster-hung"), 12);
-    let mut guards = Vec::new();
-    for (name, port) in &names {
-        let guard = locker.lock(name.as_str()).try_lock().await.unwrap();
-        guards.push((guard.expect("a fresh name is free"), *port));
-    }
+    let guards = hold_all(&locker, &names).await;
     let hung = cluster.masters()[1].port;
     cluster.pause(hung);
     tokio::time::sleep(lease * 2).await;
-    let lost_elsewhere: Vec<&str> = (names.iter().zip(&guards))
-        .filter(|(_, (guard, port))| *port != hung && guard.is_lost())
-        .map(|((name, _), _)| name.as_str())
-        .collect();
+    let lost_elsewhere = lost_elsewhere(&names, &guards, hung);
     let lost_there = (guards.iter())
         .filter(|(guard, port)| *port == hung && guard.is_lost())
         .count();
@@ -199,19 +234,10 @@ async fn a_hung_master_costs_no_hold_on_the_other_masters() {
         lost_there > 0,
         "the hung master's holds are told they are lost"
     );
-    // A hold that still believes it holds does hold: a rival can't take any of them.
-    let rival = cluster.locker(lease).await;
-    for ((name, _), (guard, _)) in names.iter().zip(&guards) {
-        if !guard.is_lost() {
-            let got = rival.lock(name.as_str()).try_lock().await.unwrap();
-            assert!(got.is_none(), "a rival got `{name}`, held by a live guard");
-        }
-    }
-    for (guard, _) in guards {
-        let _ = guard.release().await;
-    }
+    live_guards_hold(&cluster, lease, &names, guards).await;
 }
 
+/// A fresh name whose lock lives on the master on `port`.
 fn name_on(cluster: &RedisCluster, locker: &Locker, port: u16, prefix: &str) -> String {
     let master = (cluster.masters().into_iter())
         .find(|m| m.port == port)
@@ -235,11 +261,7 @@ async fn a_dead_master_costs_no_hold_on_the_other_masters() {
     let lease = Duration::from_secs(3);
     let locker = cluster.locker(lease).await;
     let names = names_on_every_master(&cluster, &locker, &unique_name("cluster-death"), 12);
-    let mut guards = Vec::new();
-    for (name, port) in &names {
-        let guard = locker.lock(name.as_str()).try_lock().await.unwrap();
-        guards.push((guard.expect("a fresh name is free"), *port));
-    }
+    let guards = hold_all(&locker, &names).await;
     let victim = cluster.masters()[1].port;
     let heir = cluster.replica_of(&cluster.masters()[1]).port;
     let killed = Instant::now();
@@ -270,10 +292,7 @@ async fn a_dead_master_costs_no_hold_on_the_other_masters() {
     assert!(guard.release().await.is_released());
     tokio::time::sleep(lease).await;
     // And the holds on the healthy masters were renewed all along.
-    let lost_elsewhere: Vec<&str> = (names.iter().zip(&guards))
-        .filter(|(_, (guard, port))| *port != victim && guard.is_lost())
-        .map(|((name, _), _)| name.as_str())
-        .collect();
+    let lost_elsewhere = lost_elsewhere(&names, &guards, victim);
     assert!(
         lost_elsewhere.is_empty(),
         "{} holds on healthy masters were lost {:?} after the kill: {lost_elsewhere:?}",
@@ -284,17 +303,7 @@ async fn a_dead_master_costs_no_hold_on_the_other_masters() {
         .filter(|(guard, port)| *port == victim && guard.is_lost())
         .count();
     eprintln!("{lost_there} of the dead master's holds were lost (its replica had the others)");
-    // A hold that still believes it holds does hold: a rival can't take any of them.
-    let rival = cluster.locker(lease).await;
-    for ((name, _), (guard, _)) in names.iter().zip(&guards) {
-        if !guard.is_lost() {
-            let got = rival.lock(name.as_str()).try_lock().await.unwrap();
-            assert!(got.is_none(), "a rival got `{name}`, held by a live guard");
-        }
-    }
-    for (guard, _) in guards {
-        let _ = guard.release().await;
-    }
+    live_guards_hold(&cluster, lease, &names, guards).await;
 }
 
 /// A release while its slot migrates answers at once, wherever its key is then: still on the

@@ -48,23 +48,47 @@ async fn release_wakes(guard: LockGuard, waiting: JoinHandle<(Instant, LockGuard
     assert!(guard.release().await.is_released());
 }
 
+/// A name held by one `Locker` and waited for by another, on `cluster`.
+struct Waited {
+    /// Kept for as long as its guard.
+    _holder: Locker,
+    key: String,
+    guard: LockGuard,
+    waiting: JoinHandle<(Instant, LockGuard)>,
+}
+
+/// A fresh name held by a `Locker` (the default 30 s lease: a waiter that is not woken sleeps
+/// until it runs out) and waited for, once the waiter is subscribed, by another.
+async fn held_and_waited_for(cluster: &RedisCluster, prefix: &str) -> Waited {
+    let holder = cluster.locker(Duration::from_secs(30)).await;
+    let rival = cluster.locker(Duration::from_secs(30)).await;
+    let name = unique_name(prefix);
+    let key = holder.key_of(name.as_str()).unwrap();
+    let guard = holder.lock(name.as_str()).await.expect("lock");
+    let waiting = waiter(&rival, &name);
+    assert_eq!(until_waiting(&holder, &name, 1).await.waiting_lockers, 1);
+    Waited {
+        _holder: holder,
+        key,
+        guard,
+        waiting,
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_after_the_slot_moved_wakes_its_waiter() {
     let cluster = block_in_place(RedisCluster::start);
-    // The default 30 s lease: a waiter that is not woken sleeps until it runs out.
-    let holder = cluster.locker(Duration::from_secs(30)).await;
-    let rival = cluster.locker(Duration::from_secs(30)).await;
-    let name = unique_name("cluster-move-wake");
-    let key = holder.key_of(name.as_str()).unwrap();
+    let Waited {
+        key,
+        guard,
+        waiting,
+        ..
+    } = held_and_waited_for(&cluster, "cluster-move-wake").await;
     let slot = key_slot(key.as_bytes());
     let from = cluster.master_for_slot(slot);
     let to = (cluster.masters().into_iter())
         .find(|m| m.id != from.id)
         .unwrap();
-
-    let guard = holder.lock(name.as_str()).await.expect("lock");
-    let waiting = waiter(&rival, &name);
-    assert_eq!(until_waiting(&holder, &name, 1).await.waiting_lockers, 1);
     block_in_place(|| cluster.migrate_slot(slot, to.port));
     let pttl: i64 = (cluster.node(to.port).connection().await)
         .pttl(&key)
@@ -97,16 +121,13 @@ async fn a_release_after_the_slot_moved_wakes_its_waiter() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_after_a_failover_wakes_its_waiter() {
     let cluster = block_in_place(RedisCluster::start);
-    let holder = cluster.locker(Duration::from_secs(30)).await;
-    let rival = cluster.locker(Duration::from_secs(30)).await;
-    let name = unique_name("cluster-failover-wake");
-    let key = holder.key_of(name.as_str()).unwrap();
-    let master = cluster.node_for_key(&key);
-    let replica = cluster.replica_of(&master);
-
-    let guard = holder.lock(name.as_str()).await.expect("lock");
-    let waiting = waiter(&rival, &name);
-    assert_eq!(until_waiting(&holder, &name, 1).await.waiting_lockers, 1);
+    let Waited {
+        key,
+        guard,
+        waiting,
+        ..
+    } = held_and_waited_for(&cluster, "cluster-failover-wake").await;
+    let replica = cluster.replica_of(&cluster.node_for_key(&key));
     block_in_place(|| cluster.failover(replica.port));
     assert_eq!(cluster.node_for_key(&key).port, replica.port);
     release_wakes(guard, waiting, "failover").await;
@@ -115,16 +136,14 @@ async fn a_release_after_a_failover_wakes_its_waiter() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_after_a_master_died_wakes_its_waiter() {
     let mut cluster = block_in_place(RedisCluster::start);
-    let holder = cluster.locker(Duration::from_secs(30)).await;
-    let rival = cluster.locker(Duration::from_secs(30)).await;
-    let name = unique_name("cluster-death-wake");
-    let key = holder.key_of(name.as_str()).unwrap();
+    let Waited {
+        key,
+        guard,
+        waiting,
+        ..
+    } = held_and_waited_for(&cluster, "cluster-death-wake").await;
     let master = cluster.node_for_key(&key);
     let replica = cluster.replica_of(&master);
-
-    let guard = holder.lock(name.as_str()).await.expect("lock");
-    let waiting = waiter(&rival, &name);
-    assert_eq!(until_waiting(&holder, &name, 1).await.waiting_lockers, 1);
     // The hold reached the replica, so it outlives its master.
     let mut on_replica = cluster.node(replica.port).connection().await;
     let () = redis::cmd("READONLY")
