@@ -162,26 +162,17 @@ impl Drop for Running {
 }
 
 async fn run(inner: Weak<LockerInner>, wake: Arc<Notify>, _running: Running) {
-    // Ticks are a period apart from start to start: a tick slowed by a failing node (it waits
-    // up to a period for it) must not push the next renewal of the healthy holds a period
-    // further.
-    let mut last_tick: Option<Instant> = None;
     loop {
         let period = match inner.upgrade() {
             Some(inner) => inner.watchdog.period(),
             None => return,
         };
         match period {
-            None => {
-                last_tick = None;
-                wake.notified().await;
-            }
+            None => wake.notified().await,
             Some(period) => {
-                let next = last_tick.map_or_else(|| Instant::now() + period, |at| at + period);
                 tokio::select! {
-                    () = tokio::time::sleep_until(next) => {
+                    () = tokio::time::sleep(period) => {
                         let Some(inner) = inner.upgrade() else { return };
-                        last_tick = Some(Instant::now());
                         inner.watchdog.tick(&inner).await;
                     }
                     () = wake.notified() => {}
