@@ -46,10 +46,12 @@ fn crc16(bytes: &[u8]) -> u16 {
     crc
 }
 
-/// The longest the cluster client waits on one node, to connect or for one answer: every step
-/// of its slot-map refresh is bounded by it (redis-rs waits without end by default, and a
-/// refresh that waits holds up every command).
-const NODE_TIMEOUT: Duration = Duration::from_millis(2000);
+/// The longest the cluster client waits on one node, to connect or for one answer (plus the
+/// replicas' acknowledgement wait, when writes wait for one): every step of its slot-map refresh
+/// is bounded by it (redis-rs waits without end by default, and a refresh that waits holds up
+/// every command). Not shorter than dlock's default command timeout: redis-rs sends a command
+/// whose answer timed out once more, and a write sent twice may apply twice.
+const NODE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// How to reach a cluster: its seed nodes' URLs and the connect timeout. The data connection
 /// and the subscriber's (RESP3, for sharded pub/sub) are built from it.
