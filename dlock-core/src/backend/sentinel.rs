@@ -200,21 +200,19 @@ impl SentinelMaster {
         if let Some(c) = lock(&self.current).as_ref() {
             return Ok((c.id, c.conn.clone()));
         }
-        let sentinel = self.sentinel.lock().await;
+        // Held while the master is looked up: one look-up at a time.
+        let mut sentinel = self.sentinel.lock().await;
         // Another caller may have connected while this one waited for the sentinels.
         if let Some(c) = lock(&self.current).as_ref() {
             return Ok((c.id, c.conn.clone()));
         }
         let client = if self.sentinels.is_empty() {
-            let mut sentinel = sentinel;
-            let client = bounded(self.connect_timeout, sentinel.async_get_client()).await?;
-            drop(sentinel);
-            client
+            bounded(self.connect_timeout, sentinel.async_get_client()).await?
         } else {
-            let client = self.master_client().await?;
-            drop(sentinel);
-            client
+            // Asks each sentinel on its own (`master_client` takes no lock with their URLs).
+            self.master_client().await?
         };
+        drop(sentinel);
         let config = redis::AsyncConnectionConfig::new()
             .set_connection_timeout(Some(self.connect_timeout))
             // Every call is bounded by the command timeout already.
