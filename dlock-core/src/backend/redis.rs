@@ -276,10 +276,24 @@ impl RedisBackend {
         idempotent: bool,
         ack: Option<ReplicaAck>,
     ) -> Result<(T, Option<u32>), BackendError> {
+        let until = tokio::time::Instant::now() + self.timeout;
+        self.invoke_until(conn, call, idempotent, ack, until).await
+    }
+
+    /// [`invoke`](Self::invoke), bounded by `until` rather than one command timeout from now:
+    /// the second command of an operation shares the first one's bound.
+    async fn invoke_until<T: FromRedisValue>(
+        &self,
+        conn: &OpConn,
+        call: ScriptCall,
+        idempotent: bool,
+        ack: Option<ReplicaAck>,
+        until: tokio::time::Instant,
+    ) -> Result<(T, Option<u32>), BackendError> {
         let started = tokio::time::Instant::now();
         let until = match conn {
-            OpConn::Pooled(_, until) => (*until).min(started + self.timeout),
-            _ => started + self.timeout,
+            OpConn::Pooled(_, pooled) => (*pooled).min(until),
+            _ => until,
         };
         // Boxed, with the command: the call's future is the largest part of every acquisition
         // and release future, and it is needed only while the command is in flight, not while a

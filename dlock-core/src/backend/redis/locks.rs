@@ -36,13 +36,16 @@ impl RedisBackend {
             KeyKind::Read(rw) => return Box::pin(self.acquire_read(conn, rw, owner, lease)).await,
             KeyKind::Lock | KeyKind::Fair(_) => {}
         }
+        // One attempt is one command timeout, however many commands it takes.
+        let until = tokio::time::Instant::now() + self.timeout;
         if matches!(keys.kind, KeyKind::Lock) && !turn.head {
             // A first attempt: most find the lock free, and `SET NX PX` takes it without a
             // script. Found taken (or taken by an earlier send of this very command, whose
             // answer was lost), the script below answers: it knows the owner, claims the next
             // turn, and says how long the holder has.
             let call = ScriptCall::set_nx(&keys.lock, owner, millis(lease));
-            let (reply, acknowledged): (Value, _) = self.invoke(conn, call, true, self.ack).await?;
+            let (reply, acknowledged): (Value, _) =
+                self.invoke_until(conn, call, true, self.ack, until).await?;
             if matches!(reply, Value::Okay) {
                 // Not acknowledged in time: the caller's clean-up releases the grant.
                 self.acknowledged(acknowledged)?;
@@ -67,7 +70,7 @@ impl RedisBackend {
             Some(grant) => (call.arg(grant.token).arg(grant.attempt)).arg(millis_up(grant.window)),
             None => call,
         };
-        let (reply, acknowledged) = self.invoke(conn, call, true, self.ack).await?;
+        let (reply, acknowledged) = (self.invoke_until(conn, call, true, self.ack, until)).await?;
         let reply = acquire_reply(reply)?;
         if matches!(reply, AcquireReply::Acquired { .. }) {
             // Not acknowledged in time: the caller's clean-up releases the grant.
