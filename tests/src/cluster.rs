@@ -357,6 +357,23 @@ impl RedisCluster {
         self.wait_ok_within("the cluster is ok", OK_WITHIN);
     }
 
+    /// Whether the cluster is as [`wait_ok`](Self::wait_ok) waits for it to be, now.
+    pub fn is_ok(&self) -> bool {
+        self.health().is_ok()
+    }
+
+    /// Whether some running node refuses commands now (`cluster_state:fail`: by default the
+    /// whole cluster does while a master is failing, until its replica takes over).
+    pub fn is_down(&self) -> bool {
+        (self.ports().into_iter())
+            .filter(|p| self.is_up(*p))
+            .any(|port| {
+                let info: Result<String, _> =
+                    (self.admin).query(port, redis::cmd("CLUSTER").arg("INFO"));
+                info.is_ok_and(|info| field(&info, "cluster_state") == Some("fail"))
+            })
+    }
+
     fn wait_ok_within(&self, what: &str, within: Duration) {
         poll(what, within, || self.health());
     }

@@ -3,37 +3,61 @@
 //! default: overlaps that a lost grant causes are excused by the fault and counted) and with
 //! replica acknowledgement (nothing that counted may be lost: no overlap is excused).
 //!
+//! Faults are dealt in turn from a shuffled deck of every kind the deployment injects (on the
+//! cluster: `DEL`s, coordinated failovers, masters killed, replicas paused, one client cut from
+//! every node or from one, slots migrating with their keys; with Sentinel: `DEL`s, failovers,
+//! failovers with a sentinel mute, the master killed, the replica paused, one client cut), and
+//! each run lasts long enough for two or three of each.
+//!
 //! Each test prints its seed and its figures (guards, overlaps, losses, time to the next grant
-//! after each failover); `DLOCK_CHECKER_SEED` replays a seed, `DLOCK_CHECKER_OPS` sets the
-//! number of operations.
+//! after each failover); `DLOCK_CHECKER_SEED` replays a seed, `DLOCK_CHECKER_SECS` sets the
+//! length of a run in seconds (a soak).
 
-use dlock_tests::checker::{Config, FaultFamily, run_cluster, run_sentinel};
+use std::time::Duration;
 
-/// Operations per run.
-const OPS: usize = 1_000;
+use dlock_tests::checker::{Config, FaultFamily, SECS_ENV, run_cluster, run_sentinel};
+
+/// The length of a run, unless `DLOCK_CHECKER_SECS` says otherwise: a cluster's faults take a
+/// few seconds each, a sentinel set-up's failovers about ten (the old master follows the new one
+/// only then).
+const CLUSTER_RUN: Duration = Duration::from_secs(40);
+const SENTINEL_RUN: Duration = Duration::from_secs(60);
+
+fn config(family: FaultFamily, default: Duration) -> Config {
+    let secs = std::env::var(SECS_ENV).ok();
+    let secs = secs.map(|s| {
+        s.trim()
+            .parse::<u64>()
+            .expect("DLOCK_CHECKER_SECS is seconds")
+    });
+    Config {
+        duration: Some(secs.map_or(default, Duration::from_secs)),
+        ..Config::from_env(family, 0)
+    }
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checker_cluster_failovers() {
-    let (report, _) = run_cluster(Config::from_env(FaultFamily::Cluster, OPS), false).await;
+    let (report, _) = run_cluster(config(FaultFamily::Cluster, CLUSTER_RUN), false).await;
     report.assert_clean();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checker_cluster_failovers_replica_acknowledged() {
-    let (report, figures) = run_cluster(Config::from_env(FaultFamily::Cluster, OPS), true).await;
+    let (report, figures) = run_cluster(config(FaultFamily::Cluster, CLUSTER_RUN), true).await;
     report.assert_clean();
     assert_eq!(figures.overlaps, 0, "{figures}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checker_sentinel_failovers() {
-    let (report, _) = run_sentinel(Config::from_env(FaultFamily::Sentinel, OPS), false).await;
+    let (report, _) = run_sentinel(config(FaultFamily::Sentinel, SENTINEL_RUN), false).await;
     report.assert_clean();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checker_sentinel_failovers_replica_acknowledged() {
-    let (report, figures) = run_sentinel(Config::from_env(FaultFamily::Sentinel, OPS), true).await;
+    let (report, figures) = run_sentinel(config(FaultFamily::Sentinel, SENTINEL_RUN), true).await;
     report.assert_clean();
     assert_eq!(figures.overlaps, 0, "{figures}");
 }

@@ -409,3 +409,38 @@ async fn holds_in_a_slot_that_stays_migrating_are_renewed_on_both_sides() {
     assert!(a.release().await.is_released());
     assert!(b.release().await.is_released());
 }
+
+/// A killed master that comes back (as a replica of the replica that took its place, after
+/// the cluster is ok again) costs no hold on the other masters either, while it rejoins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_master_coming_back_costs_no_hold_on_the_other_masters() {
+    let mut cluster = block_in_place(RedisCluster::start);
+    let lease = Duration::from_millis(900);
+    let locker = cluster.locker(lease).await;
+    let names = names_on_every_master(&cluster, &locker, &unique_name("cluster-back"), 12);
+    let victim = cluster.masters()[1].port;
+    block_in_place(|| {
+        cluster.kill(victim);
+        cluster.wait_ok();
+    });
+    // Taken once the cluster is ok again: the cluster refuses every command while a master
+    // is failing (`CLUSTERDOWN`), longer than this lease.
+    let guards = hold_all(&locker, &names).await;
+    let back = Instant::now();
+    block_in_place(|| {
+        cluster.restart(victim);
+        cluster.wait_ok();
+    });
+    tokio::time::sleep(lease * 3).await;
+    let lost: Vec<&str> = (guards.iter().zip(&names))
+        .filter(|((guard, _), _)| guard.is_lost())
+        .map(|(_, (name, _))| name.as_str())
+        .collect();
+    assert!(
+        lost.is_empty(),
+        "{} of {} holds were lost {:?} after the killed master came back: {lost:?}",
+        lost.len(),
+        names.len(),
+        back.elapsed()
+    );
+}

@@ -1,18 +1,25 @@
-//! The checker on Redis's own distributed deployments: a cluster of three masters and three
-//! replicas, and a master, a replica and three sentinels, with failover faults — coordinated
-//! failovers, masters killed and restarted, replicas paused, one client partitioned, external
-//! `DEL`s.
+//! The checker on Redis's own distributed deployments — a cluster of three masters and three
+//! replicas, and a master, a replica and three sentinels — under the faults they exist to
+//! survive: on the cluster, coordinated failovers, masters killed (and back as replicas),
+//! replicas paused, slots resharded with their keys, one client cut from every node or from
+//! one; with Sentinel, failovers (some with a sentinel mute across them), the master killed,
+//! the replica paused, one client cut; external `DEL`s on both. What each fault does, and which
+//! names and lockers it reaches, is in [`targets`].
 //!
-//! Three lockers follow the deployment (`LockerBuilder::cluster`, `LockerBuilder::sentinel`); a
-//! fourth reaches it through proxies that a partition fault stalls or cuts while the others go
-//! on: on the cluster, a cluster connection whose node addresses map to one proxy per node; with
-//! Sentinel, a plain locker on a floating address (a proxy moved to the new master after each
-//! failover, as a virtual IP would be).
+//! Three lockers follow the deployment (`LockerBuilder::cluster`, `LockerBuilder::sentinel`,
+//! each sentinel locker with the sentinels in another order); a fourth reaches it through
+//! proxies that a partition fault stalls or cuts while the others go on: on the cluster, a
+//! cluster connection whose node addresses map to one proxy per node; with Sentinel, a plain
+//! locker on a floating address (a proxy moved to the new master after each failover, as a
+//! virtual IP would be). Beside the workers' sessions, steady pairs hold names on every master
+//! (see [`super::steady`]), and the run checks that a release wakes its waiter in time (see
+//! [`super::wakeups`]).
 //!
 //! Each deployment runs in two modes. With writes counted once the master has them (the
 //! default), a killed master or a `SENTINEL FAILOVER` may lose grants: those faults are
-//! destructive, they excuse the overlaps they cause, and [`Figures::overlaps`] counts every
-//! overlap, excused or not — the honest price of the mode. With replica acknowledgement
+//! destructive, they excuse the overlaps they cause — a failover only those granted until the
+//! lockers could have followed it — and [`Figures::overlaps`] counts every overlap, excused or
+//! not: the honest price of the mode. With replica acknowledgement
 //! ([`dlock_core::ReplicaAck`]) the same faults lose nothing that counted: they excuse nothing,
 //! and any overlap is a violation.
 
@@ -26,13 +33,17 @@ use tokio::time::Instant;
 
 use super::actors::Actor;
 use super::faults::FaultKind;
-use super::faults::FaultSpec;
 use super::history::{History, Share, locked};
 use super::invariants::{Invariant, Violation};
 use super::leftovers::{is_fair_line, locker_leftovers};
-use super::run::{self, Params, Report, ctx, drive, finish, settle, watchdog_probe};
+use super::run::{self, Params, Report, ctx_with_steady, drive, finish, settle, watchdog_probe};
 use super::{Config, FaultFamily};
 use crate::{Proxy, RedisCluster, RedisSentinel, unique_name};
+
+mod targets;
+
+pub(crate) use targets::DistributedTargets;
+use targets::{Deployment, blocking};
 
 /// How many replicas acknowledge, and for how long a write waits for them, in acknowledged runs.
 const ACK: ReplicaAck = ReplicaAck::new(1, Duration::from_millis(250));
@@ -40,200 +51,15 @@ const ACK: ReplicaAck = ReplicaAck::new(1, Duration::from_millis(250));
 /// Lockers that follow the deployment themselves; one more is the partitioned client.
 const FOLLOWERS: usize = 3;
 
+/// The partitioned client's locker: the one after the followers.
+const PARTITIONED: u8 = 3;
+
+/// How soon after the sentinels agree on a new master every locker must have moved to it.
+pub(super) const FOLLOW_WITHIN: Duration = Duration::from_secs(2);
+
 /// The command timeout of a distributed run: above a cluster's ~1 s of `CLUSTERDOWN` during a
 /// failover is not needed (that is what waits are for), but above the acknowledgement wait.
 const COMMAND_TIMEOUT: Duration = Duration::from_millis(800);
-
-/// Which deployment a run's faults act on.
-#[derive(Debug, Clone)]
-enum Deployment {
-    Cluster(Arc<Mutex<RedisCluster>>),
-    Sentinel(Arc<Mutex<RedisSentinel>>),
-}
-
-/// What the distributed injector acts on.
-#[derive(Debug)]
-pub(crate) struct DistributedTargets {
-    deployment: Deployment,
-    /// Every name's keys, its lock's first (one slot: a `DEL` takes them all).
-    keys: Vec<Vec<String>>,
-    acked: bool,
-    /// The proxies between the partitioned client and the servers.
-    partition: Vec<Proxy>,
-}
-
-/// Runs a blocking harness call on the blocking pool.
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
-    tokio::task::spawn_blocking(f)
-        .await
-        .expect("a harness call")
-}
-
-impl DistributedTargets {
-    /// Carries out one fault; returns what to record.
-    pub(crate) async fn apply(&self, fault: FaultSpec) -> (FaultKind, Option<u8>, bool) {
-        let lost_kind = |kind| {
-            if self.acked {
-                FaultKind::AckedFailover
-            } else {
-                kind
-            }
-        };
-        match (&self.deployment, fault) {
-            (_, FaultSpec::Del(n)) => {
-                let ok = self.del(self.keys[usize::from(n)].clone()).await;
-                (FaultKind::Del, Some(n), ok)
-            }
-            (_, FaultSpec::Partition { span, cut }) => {
-                for proxy in &self.partition {
-                    if cut { proxy.cut() } else { proxy.stall() }
-                }
-                tokio::time::sleep(span).await;
-                self.heal();
-                (FaultKind::Partition, None, true)
-            }
-            (Deployment::Cluster(c), FaultSpec::Failover(n)) => {
-                let (c, key) = (c.clone(), self.keys[usize::from(n)][0].clone());
-                blocking(move || {
-                    let cluster = locked(&c);
-                    let replica = cluster.replica_of(&cluster.node_for_key(&key));
-                    cluster.failover(replica.port);
-                })
-                .await;
-                (FaultKind::Failover, None, true)
-            }
-            (Deployment::Cluster(c), FaultSpec::KillMaster(n, down)) => {
-                let (c, key) = (c.clone(), self.keys[usize::from(n)][0].clone());
-                blocking(move || {
-                    let mut cluster = locked(&c);
-                    let master = cluster.node_for_key(&key).port;
-                    cluster.kill(master);
-                    cluster.wait_ok();
-                    std::thread::sleep(down);
-                    cluster.restart(master);
-                    cluster.wait_ok();
-                })
-                .await;
-                (lost_kind(FaultKind::MasterKilled), None, true)
-            }
-            (Deployment::Cluster(c), FaultSpec::PauseReplica(n, pause)) => {
-                let (c, key) = (c.clone(), self.keys[usize::from(n)][0].clone());
-                blocking(move || {
-                    let mut cluster = locked(&c);
-                    let replica = cluster.replica_of(&cluster.node_for_key(&key)).port;
-                    cluster.pause(replica);
-                    std::thread::sleep(pause);
-                    cluster.resume(replica);
-                })
-                .await;
-                (FaultKind::ReplicaPaused, None, true)
-            }
-            (Deployment::Sentinel(s), FaultSpec::Failover(_)) => {
-                let s = s.clone();
-                let moved = s.clone();
-                blocking(move || locked(&moved).failover()).await;
-                self.follow_master(&s).await;
-                // Until the old master follows the new one (~10 s), the new one has no replica:
-                // acknowledged writes fail. That is part of the fault.
-                blocking(move || locked(&s).wait_ready()).await;
-                (lost_kind(FaultKind::Switch), None, true)
-            }
-            (Deployment::Sentinel(s), FaultSpec::KillMaster(_, down)) => {
-                let s = s.clone();
-                let moved = s.clone();
-                let old = blocking(move || {
-                    let mut set = locked(&moved);
-                    let old = set.kill_master();
-                    set.wait_promotion(old, crate::sentinel::PROMOTION_WITHIN);
-                    old
-                })
-                .await;
-                self.follow_master(&s).await;
-                blocking(move || {
-                    let mut set = locked(&s);
-                    std::thread::sleep(down);
-                    // Back empty; the sentinels make it a replica of the new master.
-                    set.restart(old);
-                    set.wait_ready();
-                })
-                .await;
-                (lost_kind(FaultKind::MasterKilled), None, true)
-            }
-            (Deployment::Sentinel(s), FaultSpec::PauseReplica(_, pause)) => {
-                let s = s.clone();
-                blocking(move || {
-                    let mut set = locked(&s);
-                    set.pause_replica();
-                    std::thread::sleep(pause);
-                    set.resume_replica();
-                })
-                .await;
-                (FaultKind::ReplicaPaused, None, true)
-            }
-            (_, other) => unreachable!("fault {other:?} planned for a distributed run"),
-        }
-    }
-
-    /// Ends a partition.
-    pub(crate) fn heal(&self) {
-        for proxy in &self.partition {
-            proxy.restore();
-            proxy.unstall();
-        }
-    }
-
-    /// Moves the floating address to the master the sentinels promoted.
-    async fn follow_master(&self, set: &Arc<Mutex<RedisSentinel>>) {
-        let set = set.clone();
-        let port = blocking(move || locked(&set).master_port()).await;
-        for proxy in &self.partition {
-            proxy.retarget(std::net::SocketAddr::from(([127, 0, 0, 1], port)));
-        }
-    }
-
-    /// `DEL` of keys that share a slot, on the node that has them now.
-    async fn del(&self, keys: Vec<String>) -> bool {
-        let port = match &self.deployment {
-            Deployment::Cluster(c) => {
-                let (c, key) = (c.clone(), keys[0].clone());
-                blocking(move || locked(&c).node_for_key(&key).port).await
-            }
-            Deployment::Sentinel(s) => {
-                let s = s.clone();
-                blocking(move || locked(&s).master_port()).await
-            }
-        };
-        let url = format!("redis://127.0.0.1:{port}/");
-        let Ok(client) = redis::Client::open(url) else {
-            return false;
-        };
-        let done = tokio::time::timeout(Duration::from_secs(2), async {
-            let mut con = client.get_multiplexed_async_connection().await?;
-            con.del::<_, i64>(&keys).await
-        })
-        .await;
-        matches!(done, Ok(Ok(_)))
-    }
-
-    /// The ports of the data nodes that serve writes now.
-    async fn masters(&self) -> Vec<u16> {
-        match &self.deployment {
-            Deployment::Cluster(c) => {
-                let c = c.clone();
-                blocking(move || {
-                    let cluster = locked(&c);
-                    cluster.wait_ok();
-                    cluster.masters().into_iter().map(|m| m.port).collect()
-                })
-                .await
-            }
-            Deployment::Sentinel(s) => {
-                let s = s.clone();
-                blocking(move || vec![locked(&s).master_port()]).await
-            }
-        }
-    }
-}
 
 /// The figures a distributed run reports besides its violations.
 #[derive(Debug, Clone, Default)]
@@ -376,6 +202,8 @@ async fn leftovers(targets: &DistributedTargets, prefix: &str, p: Params) -> Vec
 /// The last locker of a run: the proxies between it and the servers, and whether it polls.
 struct Partitioned {
     proxies: Vec<Proxy>,
+    /// The port behind each proxy.
+    ports: Vec<u16>,
     polls: bool,
 }
 
@@ -395,7 +223,7 @@ async fn run(
     deployment: Deployment,
     lockers: Vec<Locker>,
     partitioned: Partitioned,
-    prefix: String,
+    (prefix, steady): (String, Vec<String>),
     acked: bool,
     p: Params,
 ) -> (Report, Figures) {
@@ -412,12 +240,20 @@ async fn run(
             }
         })
         .collect();
-    let ctx = ctx(actors, p, None);
+    // Each steady name taken in turn by two of the following lockers.
+    let pairs: Vec<(u8, u8)> = (0..steady.len())
+        .map(|i| {
+            let a = u8::try_from(i % FOLLOWERS).expect("a few lockers");
+            (a, (a + 1) % PARTITIONED)
+        })
+        .collect();
+    let ctx = ctx_with_steady(actors, p, None, &steady, pairs);
     let targets = DistributedTargets {
         deployment,
         keys: ctx.name_keys.clone(),
         acked,
         partition: partitioned.proxies,
+        partition_ports: partitioned.ports,
     };
     let targets = super::faults::Targets::Distributed(targets);
     let faults = drive(&ctx, &targets, config, p).await;
@@ -425,6 +261,19 @@ async fn run(
         unreachable!("a distributed run");
     };
     let mut found = leftovers(targets, &prefix, p).await;
+    let polling: Vec<u8> = (0..ctx.actors.len())
+        .filter(|&i| ctx.actors[i].polls)
+        .filter_map(|i| u8::try_from(i).ok())
+        .collect();
+    let faults_seen = ctx.history.faults();
+    super::wakeups::check(&ctx.history, &faults_seen, &polling, &mut found);
+    let stopped = ctx
+        .steady_stopped
+        .get()
+        .copied()
+        .unwrap_or_else(Instant::now);
+    let span = (ctx.history.origin, stopped);
+    super::steady::check(&ctx.history, &faults_seen, &ctx.steady, span, &mut found);
     locker_leftovers(&ctx.actors, &mut found);
     watchdog_probe(&ctx.actors, None, &mut found).await;
     let figures = figures(&ctx.history, Instant::now());
@@ -461,7 +310,8 @@ pub async fn run_cluster(config: Config, acked: bool) -> (Report, Figures) {
     }
     let mut partition = Vec::new();
     let mut map = std::collections::HashMap::new();
-    for port in cluster.ports() {
+    let ports = cluster.ports();
+    for &port in &ports {
         let proxy = Proxy::start(std::net::SocketAddr::from(([127, 0, 0, 1], port))).await;
         map.insert(
             redis::cluster::NodeAddress::new("127.0.0.1", port),
@@ -485,9 +335,52 @@ pub async fn run_cluster(config: Config, acked: bool) -> (Report, Figures) {
     let deployment = Deployment::Cluster(Arc::new(Mutex::new(cluster)));
     let partitioned = Partitioned {
         proxies: partition,
+        ports,
         polls: true,
     };
-    run(config, deployment, lockers, partitioned, prefix, acked, p).await
+    let node_of = |name: &str| {
+        let key = lockers[0].key_of(name).expect("a valid name");
+        cluster_of(&deployment, &key)
+    };
+    let steady = steady_names(node_of, 2);
+    run(
+        config,
+        deployment,
+        lockers,
+        partitioned,
+        (prefix, steady),
+        acked,
+        p,
+    )
+    .await
+}
+
+/// The port of the master serving `key` on the run's cluster.
+fn cluster_of(deployment: &Deployment, key: &str) -> u16 {
+    match deployment {
+        Deployment::Cluster(c) => locked(c).node_for_key(key).port,
+        Deployment::Sentinel(_) => 0,
+    }
+}
+
+/// `per_node` steady names on each node `node_of` tells of (`steady0`, `steady1`, …: the first
+/// that land on each), in the order found.
+fn steady_names(node_of: impl Fn(&str) -> u16, per_node: usize) -> Vec<String> {
+    let mut found: Vec<(u16, String)> = Vec::new();
+    let mut nodes = std::collections::BTreeMap::<u16, usize>::new();
+    for i in 0..10_000 {
+        let name = format!("steady{i}");
+        let node = node_of(&name);
+        let count = nodes.entry(node).or_insert(0);
+        if *count < per_node {
+            *count += 1;
+            found.push((node, name));
+        }
+        if nodes.len() == 3 && nodes.values().all(|&c| c >= per_node) {
+            break;
+        }
+    }
+    found.into_iter().map(|(_, n)| n).collect()
 }
 
 /// A checker run on a real master, replica and three sentinels: three lockers on it through
@@ -503,9 +396,14 @@ pub async fn run_sentinel(config: Config, acked: bool) -> (Report, Figures) {
     let set = blocking(RedisSentinel::start).await;
     let prefix = format!("chk-{}-{}:", config.seed, unique_name("sentinel"));
     let mut lockers = Vec::new();
-    for _ in 0..FOLLOWERS {
+    for i in 0..FOLLOWERS {
+        // Each with the sentinels in another order, as instances configured apart would be: a
+        // mute sentinel is the first one some locker asks.
+        let mut urls = set.sentinel_urls();
+        let first = i % urls.len();
+        urls.rotate_left(first);
         let l = builder(&prefix, p, acked)
-            .sentinel(set.sentinel_urls(), set.master_name())
+            .sentinel(urls, set.master_name())
             .build()
             .await
             .expect("a sentinel locker");
@@ -521,7 +419,18 @@ pub async fn run_sentinel(config: Config, acked: bool) -> (Report, Figures) {
     let deployment = Deployment::Sentinel(Arc::new(Mutex::new(set)));
     let partitioned = Partitioned {
         proxies: vec![floating],
+        ports: Vec::new(),
         polls: false,
     };
-    run(config, deployment, lockers, partitioned, prefix, acked, p).await
+    let steady = (0..3).map(|i| format!("steady{i}")).collect();
+    run(
+        config,
+        deployment,
+        lockers,
+        partitioned,
+        (prefix, steady),
+        acked,
+        p,
+    )
+    .await
 }

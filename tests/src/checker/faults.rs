@@ -50,6 +50,22 @@ pub enum FaultKind {
     /// One client cut off from the servers for a while (the others not): nothing is lost, so
     /// it excuses nothing.
     Partition,
+    /// One client cut off from one node of a cluster for a while: it reaches only what that
+    /// client holds in that node's slots.
+    NodeCut,
+    /// A slot resharded to another master with its keys, staying open (keys on both sides)
+    /// for a while: nothing is lost, and it reaches only the names of that slot.
+    Migration,
+    /// A new master without a replica yet, after a `SENTINEL FAILOVER`, until the old master
+    /// follows it: writes counted once a replica has them fail meanwhile. Nothing is lost.
+    Resync,
+    /// One sentinel of three paused (`SIGSTOP`): it hears and says nothing. It loses nothing by
+    /// itself (the failover it spans is recorded on its own).
+    SentinelMute,
+    /// The whole cluster refusing commands (`CLUSTERDOWN`) while a master was failing, as
+    /// Redis does by default until its replica takes over: nothing is lost, but no hold on any
+    /// master can be renewed meanwhile.
+    ClusterDown,
 }
 
 impl FaultKind {
@@ -62,13 +78,85 @@ impl FaultKind {
     }
 }
 
+/// What one fault reaches: some names (or all), through every locker or one.
+///
+/// A fault on one node of a cluster reaches the names whose slots that node serves, and a
+/// partition reaches one client: a hold outside its reach lost while it acted is a fault of
+/// dlock's, not of the deployment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reach {
+    /// One bit per name (bit `n`: name `n`).
+    names: u64,
+    /// The one locker it reaches (`None`: every locker).
+    locker: Option<u8>,
+}
+
+impl Reach {
+    /// Every name, through every locker.
+    pub const ALL: Self = Self {
+        names: u64::MAX,
+        locker: None,
+    };
+
+    /// One name, through every locker.
+    pub fn name(name: u8) -> Self {
+        Self::names([name])
+    }
+
+    /// These names, through every locker.
+    pub fn names(names: impl IntoIterator<Item = u8>) -> Self {
+        let names =
+            (names.into_iter()).fold(0, |bits, n| bits | 1u64.checked_shl(n.into()).unwrap_or(0));
+        Self {
+            names,
+            locker: None,
+        }
+    }
+
+    /// The same names, through `locker` alone.
+    pub fn through(self, locker: u8) -> Self {
+        Self {
+            locker: Some(locker),
+            ..self
+        }
+    }
+
+    /// Whether it reaches `name` (through some locker).
+    pub fn hits(&self, name: u8) -> bool {
+        1u64.checked_shl(name.into())
+            .is_some_and(|bit| self.names & bit != 0)
+    }
+
+    /// Whether it reaches what `locker` holds of `name`.
+    pub fn hits_hold(&self, name: u8, locker: u8) -> bool {
+        self.hits(name) && self.locker.is_none_or(|l| l == locker)
+    }
+
+    /// The names it reaches, as `[0, 2]`, or `all names`; and the locker, if one.
+    pub fn describe(&self, names: &[String]) -> String {
+        let what = if self.names == u64::MAX {
+            "all names".to_owned()
+        } else {
+            let hit: Vec<&str> = (names.iter().enumerate())
+                .filter(|(i, _)| u8::try_from(*i).is_ok_and(|n| self.hits(n)))
+                .map(|(_, n)| n.as_str())
+                .collect();
+            hit.join(", ")
+        };
+        match self.locker {
+            Some(l) => format!("{what} through locker {l}"),
+            None => what,
+        }
+    }
+}
+
 /// One fault, over the span it may have acted in.
 #[derive(Debug, Clone, Copy)]
 pub struct FaultRec {
     /// What.
     pub kind: FaultKind,
-    /// The name it hits (`None`: every name).
-    pub name: Option<u8>,
+    /// What it reaches.
+    pub reach: Reach,
     /// From when.
     pub from: Instant,
     /// Until when.
@@ -78,7 +166,7 @@ pub struct FaultRec {
 impl FaultRec {
     /// Whether it hits `name`.
     pub fn hits(&self, name: u8) -> bool {
-        self.name.is_none_or(|n| n == name)
+        self.reach.hits(name)
     }
 }
 
@@ -136,6 +224,20 @@ pub(crate) enum FaultSpec {
         span: Duration,
         cut: bool,
     },
+    /// One client cut off from the master of a name's slot alone (as [`Partition`](Self::Partition)).
+    CutNode {
+        name: u8,
+        span: Duration,
+        cut: bool,
+    },
+    /// A name's slot resharded to another master, left open (its lock key moved, its other keys
+    /// not yet) for a while.
+    Migrate(u8, Duration),
+    /// One sentinel paused (`SIGSTOP`) for a while, across a `SENTINEL FAILOVER`.
+    MuteSentinel {
+        index: u8,
+        span: Duration,
+    },
 }
 
 /// A restart costs a new process and every connection: at most one per this much planned time.
@@ -149,7 +251,15 @@ pub(crate) struct FaultPlan {
     names: u8,
     longest_lease: Duration,
     since_restart: Duration,
+    /// Distributed families draw kinds from a shuffled deck holding each kind they inject, so
+    /// that a run of a few decks' length sees several faults of every kind.
+    deck: Vec<usize>,
 }
+
+/// The kinds (by their pick number in [`FaultPlan::next_fault`]) of a deck: a cluster's, and a
+/// sentinel set-up's.
+const CLUSTER_DECK: [usize; 8] = [1, 7, 8, 9, 10, 11, 13, 11];
+const SENTINEL_DECK: [usize; 6] = [1, 7, 8, 9, 10, 12];
 
 fn between(rng: &mut StdRng, lo_ms: u64, hi_ms: u64) -> Duration {
     Duration::from_micros(rng.random_range(lo_ms * 1_000..=hi_ms * 1_000))
@@ -163,33 +273,33 @@ impl FaultPlan {
             names,
             longest_lease,
             since_restart: Duration::ZERO,
+            deck: Vec::new(),
         }
     }
 
-    /// The next gap and fault.
-    pub(crate) fn next_fault(&mut self) -> (Duration, FaultSpec) {
+    /// The next kind from the deck, shuffling a new one when it is empty.
+    fn deal(&mut self, kinds: &[usize]) -> usize {
+        if self.deck.is_empty() {
+            self.deck = kinds.to_vec();
+            rand::seq::SliceRandom::shuffle(self.deck.as_mut_slice(), &mut self.rng);
+        }
+        self.deck.pop().unwrap_or(1)
+    }
+
+    /// A gap and a kind (its pick number), drawn by the family's weights.
+    fn draw(&mut self) -> (Duration, usize) {
         let rng = &mut self.rng;
-        let (gap, weights): (Duration, [u32; 11]) = match self.family {
-            // pause, del, restart, cut, jump, clobber, stall, failover, kill master,
-            // pause replica, partition of one client
-            FaultFamily::PauseAndDel => {
-                (between(rng, 30, 300), [45, 40, 0, 0, 0, 15, 0, 0, 0, 0, 0])
+        let (gap, weights): (Duration, [u32; 8]) = match self.family {
+            // pause, del, restart, cut, jump, clobber, stall
+            FaultFamily::PauseAndDel => (between(rng, 30, 300), [45, 40, 0, 0, 0, 15, 0, 0]),
+            FaultFamily::Restart => (between(rng, 200, 800), [0, 60, 40, 0, 0, 0, 0, 0]),
+            FaultFamily::ProxyCut => (between(rng, 50, 300), [0, 30, 0, 40, 0, 0, 30, 0]),
+            FaultFamily::Mixed => (between(rng, 50, 300), [20, 25, 10, 20, 0, 15, 10, 0]),
+            FaultFamily::Memory => (between(rng, 20, 500), [0, 60, 0, 0, 40, 0, 0, 0]),
+            FaultFamily::Remote => (between(rng, 100, 500), [0, 30, 0, 30, 0, 15, 25, 0]),
+            FaultFamily::Cluster | FaultFamily::Sentinel => {
+                unreachable!("distributed faults are dealt from a deck")
             }
-            FaultFamily::Restart => (between(rng, 200, 800), [0, 60, 40, 0, 0, 0, 0, 0, 0, 0, 0]),
-            FaultFamily::ProxyCut => (between(rng, 50, 300), [0, 30, 0, 40, 0, 0, 30, 0, 0, 0, 0]),
-            FaultFamily::Mixed => (
-                between(rng, 50, 300),
-                [20, 25, 10, 20, 0, 15, 10, 0, 0, 0, 0],
-            ),
-            FaultFamily::Memory => (between(rng, 20, 500), [0, 60, 0, 0, 40, 0, 0, 0, 0, 0, 0]),
-            FaultFamily::Cluster | FaultFamily::Sentinel => (
-                between(rng, 200, 800),
-                [0, 25, 0, 0, 0, 0, 0, 30, 12, 15, 18],
-            ),
-            FaultFamily::Remote => (
-                between(rng, 100, 500),
-                [0, 30, 0, 30, 0, 15, 25, 0, 0, 0, 0],
-            ),
             FaultFamily::Quiet => unreachable!("a quiet run plans no fault"),
         };
         self.since_restart += gap;
@@ -199,10 +309,24 @@ impl FaultPlan {
             roll -= weights[pick];
             pick += 1;
         }
-        // Restarts, kills and failovers cost new processes or seconds of unavailability.
-        if matches!(pick, 2 | 7 | 8) && self.since_restart < MIN_RESTART_INTERVAL {
+        // A restart costs a new process and every connection.
+        if pick == 2 && self.since_restart < MIN_RESTART_INTERVAL {
             pick = 1;
         }
+        (gap, pick)
+    }
+
+    /// The next gap and fault.
+    pub(crate) fn next_fault(&mut self) -> (Duration, FaultSpec) {
+        let pick = match self.family {
+            // A distributed fault lasts seconds (the injector waits each out before the next):
+            // every kind in turn, in a shuffled order.
+            FaultFamily::Cluster => (between(&mut self.rng, 200, 800), self.deal(&CLUSTER_DECK)),
+            FaultFamily::Sentinel => (between(&mut self.rng, 200, 800), self.deal(&SENTINEL_DECK)),
+            _ => self.draw(),
+        };
+        let (gap, pick) = pick;
+        let rng = &mut self.rng;
         let fault = match pick {
             0 => FaultSpec::Pause(between(rng, 10, 400)),
             1 => FaultSpec::Del(rng.random_range(0..self.names)),
@@ -216,18 +340,25 @@ impl FaultPlan {
             // Long enough to outlast a lease: the other holds must be renewed meanwhile.
             6 => FaultSpec::Stall(between(rng, 50, 1_000)),
             5 => FaultSpec::Clobber(rng.random_range(0..self.names), between(rng, 200, 1500)),
-            7 => {
-                self.since_restart = Duration::ZERO;
-                FaultSpec::Failover(rng.random_range(0..self.names))
-            }
-            8 => {
-                self.since_restart = Duration::ZERO;
-                FaultSpec::KillMaster(rng.random_range(0..self.names), between(rng, 0, 300))
-            }
+            7 => FaultSpec::Failover(rng.random_range(0..self.names)),
+            8 => FaultSpec::KillMaster(rng.random_range(0..self.names), between(rng, 0, 300)),
             9 => FaultSpec::PauseReplica(rng.random_range(0..self.names), between(rng, 50, 800)),
             // Up to about three leases: the partitioned holder must let go by its own clock
             // while the others take over.
             10 => FaultSpec::Partition {
+                span: between(rng, 100, 3_000),
+                cut: rng.random_bool(0.3),
+            },
+            // Open past a lease or two, as a large slot stays while its keys move.
+            11 => FaultSpec::Migrate(rng.random_range(0..self.names), between(rng, 200, 2_500)),
+            // Mute past the failover: a sentinel that comes back tells its subscribers what
+            // they missed.
+            12 => FaultSpec::MuteSentinel {
+                index: rng.random_range(0..3),
+                span: between(rng, 4_000, 12_000),
+            },
+            13 => FaultSpec::CutNode {
+                name: rng.random_range(0..self.names),
                 span: between(rng, 100, 3_000),
                 cut: rng.random_bool(0.3),
             },
@@ -282,8 +413,15 @@ impl Targets {
     /// Carries out one fault and records it; returns whether it was applied.
     async fn apply(&self, fault: FaultSpec, history: &History) -> bool {
         let from = Instant::now();
-        let (kind, name, applied) = match (self, fault) {
-            (Self::Distributed(t), fault) => t.apply(fault).await,
+        if let Self::Distributed(t) = self {
+            // A distributed fault may act in more than one way, over spans of its own.
+            let recs = t.apply(fault, from).await;
+            for &rec in &recs {
+                history.fault(rec);
+            }
+            return !recs.is_empty();
+        }
+        let (kind, reach, applied) = match (self, fault) {
             (Self::Redis(t), FaultSpec::Pause(d)) => {
                 let mut cmd = redis::cmd("CLIENT");
                 cmd.arg("PAUSE").arg(d.as_millis() as u64).arg("WRITE");
@@ -292,13 +430,13 @@ impl Targets {
                     // Faults don't overlap: wait the pause out.
                     tokio::time::sleep(d).await;
                 }
-                (FaultKind::Pause, None, ok)
+                (FaultKind::Pause, Reach::ALL, ok)
             }
             (Self::Redis(t), FaultSpec::Del(n)) => {
                 let keys = &t.keys[usize::from(n)];
                 let mut con = t.admin.clone();
                 let done = tokio::time::timeout(ADMIN_TIMEOUT, con.del::<_, i64>(keys)).await;
-                (FaultKind::Del, Some(n), matches!(done, Ok(Ok(_))))
+                (FaultKind::Del, Reach::name(n), matches!(done, Ok(Ok(_))))
             }
             (Self::Redis(t), FaultSpec::Clobber(n, ttl)) => {
                 let mut cmd = redis::cmd("SET");
@@ -311,7 +449,7 @@ impl Targets {
                     // It acts until it expires.
                     tokio::time::sleep(ttl).await;
                 }
-                (FaultKind::Clobber, Some(n), ok)
+                (FaultKind::Clobber, Reach::name(n), ok)
             }
             (Self::Redis(t), FaultSpec::Restart { down }) => {
                 let server = (t.server.clone()).expect("restarts are planned for owned servers");
@@ -327,29 +465,29 @@ impl Targets {
                 if let Ok(l) = t.setup.multiplexed().await {
                     t.actors[MULTIPLEXED].replace(l);
                 }
-                (FaultKind::Restart, None, true)
+                (FaultKind::Restart, Reach::ALL, true)
             }
             (Self::Redis(t), FaultSpec::Stall(d)) => {
                 t.proxy.stall();
                 tokio::time::sleep(d).await;
                 t.proxy.unstall();
-                (FaultKind::Stall, None, true)
+                (FaultKind::Stall, Reach::ALL, true)
             }
             (Self::Redis(t), FaultSpec::Cut(d)) => {
                 t.proxy.cut();
                 tokio::time::sleep(d).await;
                 t.proxy.restore();
-                (FaultKind::Cut, None, true)
+                (FaultKind::Cut, Reach::ALL, true)
             }
             (Self::Memory(t), FaultSpec::Del(n)) => {
                 for key in &t.keys[usize::from(n)] {
                     t.store.delete(key);
                 }
-                (FaultKind::Del, Some(n), true)
+                (FaultKind::Del, Reach::name(n), true)
             }
             (Self::Memory(_), FaultSpec::Jump(d)) => {
                 tokio::time::advance(d).await;
-                (FaultKind::Jump, None, true)
+                (FaultKind::Jump, Reach::ALL, true)
             }
             (_, other) => unreachable!("fault {other:?} planned for the wrong backend"),
         };
@@ -357,7 +495,7 @@ impl Targets {
             let to = Instant::now();
             history.fault(FaultRec {
                 kind,
-                name,
+                reach,
                 from,
                 to,
             });

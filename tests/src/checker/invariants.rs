@@ -53,6 +53,12 @@ pub enum Invariant {
     LeftBehind,
     /// (e) Every call returns within its bound.
     Bounded,
+    /// (e) A release of a plain lock that someone waits for over a subscription is followed by a
+    /// grant within a bound (a lost wake-up would leave the waiter asleep until the lease ends).
+    WakeUp,
+    /// (e) On a distributed deployment, every locker of a steady pair keeps getting its name:
+    /// no long gap between its grants that no fault reaching it explains.
+    Progress,
     /// (e) No task panics.
     Panic,
 }
@@ -73,6 +79,8 @@ impl fmt::Display for Invariant {
             Self::WatchdogKeeps => "(f) the watchdog keeps healthy holds",
             Self::LeftBehind => "(d) nothing left behind",
             Self::Bounded => "(e) bounded calls",
+            Self::WakeUp => "(e) a release wakes its waiters in time",
+            Self::Progress => "(e) every locker keeps reaching its locks between faults",
             Self::Panic => "(e) no panics",
         };
         f.write_str(s)
@@ -654,7 +662,7 @@ fn watchdog_keeps(
         let from = g.call.checked_sub(g.lease).unwrap_or(g.call);
         if faults
             .iter()
-            .any(|f| f.hits(g.name) && f.to >= from && f.from <= lost)
+            .any(|f| f.reach.hits_hold(g.name, g.locker) && f.to >= from && f.from <= lost)
         {
             continue;
         }
@@ -723,6 +731,7 @@ mod tests {
     use std::sync::{Mutex, OnceLock};
 
     use super::*;
+    use crate::checker::faults::Reach;
     use crate::checker::history::Special;
 
     fn rec(id: u32, t: Instant, (call, start, end): (u64, u64, u64), token: u64) -> Hold {
@@ -776,7 +785,7 @@ mod tests {
         let t = Instant::now();
         let del = FaultRec {
             kind: FaultKind::Del,
-            name: Some(0),
+            reach: Reach::name(0),
             from: t + Duration::from_millis(90),
             to: t + Duration::from_millis(91),
         };

@@ -47,7 +47,9 @@ mod render;
 mod run;
 mod sample;
 pub mod shares;
+mod steady;
 mod tracked;
+mod wakeups;
 
 pub use distributed::{Figures, run_cluster, run_sentinel};
 pub use fair::FairFigures;
@@ -64,6 +66,8 @@ pub use shares::ShareFigures;
 pub const SEED_ENV: &str = "DLOCK_CHECKER_SEED";
 /// The environment variable that sets the number of operations per run.
 pub const OPS_ENV: &str = "DLOCK_CHECKER_OPS";
+/// The environment variable that sets the length of a timed run, in seconds.
+pub const SECS_ENV: &str = "DLOCK_CHECKER_SECS";
 
 /// What to run.
 #[derive(Debug, Clone, Copy)]
@@ -97,7 +101,7 @@ impl Config {
                 .unwrap_or_else(|_| panic!("{OPS_ENV}={s:?} is not a count")),
             Err(_) => default_ops,
         };
-        eprintln!("checker {family:?}: seed {seed} ({SEED_ENV}={seed} replays it), {ops} ops");
+        eprintln!("checker {family:?}: seed {seed} ({SEED_ENV}={seed} replays it)");
         Self {
             seed,
             ops,

@@ -61,6 +61,10 @@ pub(crate) struct Ctx {
     pub(crate) stats: Stats,
     /// Set when the run is to wind down: workers start no new session.
     pub(crate) halt: std::sync::atomic::AtomicBool,
+    /// The steady tasks beside the workers (distributed runs; see `steady`).
+    pub(crate) steady: Vec<super::steady::Steady>,
+    /// When the steady tasks were told to stop.
+    pub(crate) steady_stopped: std::sync::OnceLock<Instant>,
 }
 
 impl Ctx {

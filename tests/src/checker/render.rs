@@ -23,10 +23,7 @@ impl History {
 
     /// A fault as one line.
     pub fn fault_line(&self, f: &FaultRec) -> String {
-        let target = f.name.map_or_else(
-            || "all names".to_owned(),
-            |n| self.names[usize::from(n)].clone(),
-        );
+        let target = f.reach.describe(&self.names);
         format!(
             "{:>13} .. {:<13} FAULT {:?} on {target} ({})",
             self.rel(f.from),

@@ -146,15 +146,17 @@ impl Report {
 
     /// Panics with the seed, the violated invariants and their minimal histories, if any.
     pub fn assert_clean(&self) {
+        let length = match self.config.duration {
+            Some(d) => format!("{}={}", super::SECS_ENV, d.as_secs()),
+            None => format!("{}={}", super::OPS_ENV, self.config.ops),
+        };
         assert!(
             self.violations.is_empty(),
-            "{}\n{}\nreplay: {}={} {}={}",
+            "{}\n{}\nreplay: {}={} {length}",
             self.summary,
             self.rendered,
             super::SEED_ENV,
             self.config.seed,
-            super::OPS_ENV,
-            self.config.ops,
         );
     }
 }
@@ -260,9 +262,19 @@ pub(super) async fn drive(
                 ctx.halt.store(true, Ordering::Relaxed);
             });
         }
+        let steady: Vec<_> = (ctx.steady.iter())
+            .map(|&task| tokio::spawn(super::steady::run(ctx.clone(), task, config.seed)))
+            .collect();
         for (w, h) in handles.into_iter().enumerate() {
             if let Err(err) = h.await {
                 ctx.history.panic(format!("worker {w} died: {err}"));
+            }
+        }
+        ctx.halt.store(true, Ordering::Relaxed);
+        let _ = ctx.steady_stopped.set(Instant::now());
+        for h in steady {
+            if let Err(err) = h.await {
+                ctx.history.panic(format!("a steady task died: {err}"));
             }
         }
         let _ = stop_tx.send(true);
@@ -492,7 +504,33 @@ pub(super) fn ctx(
     p: Params,
     admin: Option<redis::aio::ConnectionManager>,
 ) -> Arc<Ctx> {
-    let names = names(p);
+    ctx_with_steady(actors, p, admin, &[], Vec::new())
+}
+
+/// [`ctx`], with steady names after the run's own (see `steady`), each taken in turn by the
+/// lockers of its pair.
+pub(super) fn ctx_with_steady(
+    actors: Vec<Actor>,
+    p: Params,
+    admin: Option<redis::aio::ConnectionManager>,
+    steady_names: &[String],
+    pairs: Vec<(u8, u8)>,
+) -> Arc<Ctx> {
+    let mut names = names(p);
+    let first_steady = u8::try_from(names.len()).expect("a few names");
+    names.extend(steady_names.iter().cloned());
+    let mut steady = Vec::new();
+    for (i, &(a, b)) in pairs.iter().enumerate() {
+        let name = first_steady + u8::try_from(i).expect("a few steady names");
+        for locker in [a, b] {
+            let worker = p.workers + u16::try_from(steady.len()).expect("a few steady tasks");
+            steady.push(super::steady::Steady {
+                worker,
+                locker,
+                name,
+            });
+        }
+    }
     let labels = actors.iter().map(|a| a.label.clone()).collect();
     let name_keys = name_keys(&actors[0].locker(), &names, p);
     let keys = name_keys.iter().map(|k| k[0].clone()).collect();
@@ -509,6 +547,8 @@ pub(super) fn ctx(
         name_keys,
         stats: Stats::default(),
         halt: std::sync::atomic::AtomicBool::new(false),
+        steady,
+        steady_stopped: std::sync::OnceLock::new(),
     })
 }
 

@@ -1,0 +1,376 @@
+//! What each distributed fault does to a cluster or a sentinel set-up, and what it records:
+//! which names and lockers it reaches, over which span.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use dlock_core::redis::{self, AsyncCommands as _};
+use tokio::time::Instant;
+
+use super::{FOLLOW_WITHIN, PARTITIONED};
+use crate::checker::faults::{FaultKind, FaultRec, FaultSpec, Reach};
+use crate::checker::history::locked;
+use crate::cluster::key_slot;
+use crate::{Proxy, RedisCluster, RedisSentinel};
+
+/// Which deployment a run's faults act on.
+#[derive(Debug, Clone)]
+pub(super) enum Deployment {
+    Cluster(Arc<Mutex<RedisCluster>>),
+    Sentinel(Arc<Mutex<RedisSentinel>>),
+}
+
+/// What the distributed injector acts on.
+#[derive(Debug)]
+pub(crate) struct DistributedTargets {
+    pub(super) deployment: Deployment,
+    /// Every name's keys, its lock's first (one slot: a `DEL` takes them all).
+    pub(super) keys: Vec<Vec<String>>,
+    pub(super) acked: bool,
+    /// The proxies between the partitioned client and the servers.
+    pub(super) partition: Vec<Proxy>,
+    /// The port behind each of those proxies (on a cluster: the node it stands for).
+    pub(super) partition_ports: Vec<u16>,
+}
+
+/// How often a killed master's cluster is looked at until it is ok again.
+const REFUSALS_EVERY: Duration = Duration::from_millis(20);
+
+/// Waits until the cluster is ok again after a master died; returns when some node first and
+/// last said it refused commands (`cluster_state:fail`), if one did.
+fn watch_refusals(cluster: &RedisCluster) -> Option<(std::time::Instant, std::time::Instant)> {
+    let give_up = std::time::Instant::now() + Duration::from_secs(30);
+    let mut refused: Option<(std::time::Instant, std::time::Instant)> = None;
+    loop {
+        let seen = std::time::Instant::now();
+        if cluster.is_down() {
+            let first = refused.map_or(seen, |r| r.0);
+            refused = Some((first, std::time::Instant::now()));
+        } else if cluster.is_ok() {
+            return refused.map(|(from, to)| (from, to + REFUSALS_EVERY));
+        }
+        assert!(
+            seen < give_up,
+            "the cluster is not ok 30 s after a master died"
+        );
+        std::thread::sleep(REFUSALS_EVERY);
+    }
+}
+
+/// Runs a blocking harness call on the blocking pool.
+pub(super) async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    tokio::task::spawn_blocking(f)
+        .await
+        .expect("a harness call")
+}
+
+impl DistributedTargets {
+    /// Carries out one fault, begun at `from`; returns what to record (nothing: not applied).
+    pub(crate) async fn apply(&self, fault: FaultSpec, from: Instant) -> Vec<FaultRec> {
+        let lost_kind = |kind| {
+            if self.acked {
+                FaultKind::AckedFailover
+            } else {
+                kind
+            }
+        };
+        let rec = |kind, reach| FaultRec {
+            kind,
+            reach,
+            from,
+            to: Instant::now(),
+        };
+        match (&self.deployment, fault) {
+            (_, FaultSpec::Del(n)) => {
+                let ok = self.del(self.keys[usize::from(n)].clone()).await;
+                ok.then(|| rec(FaultKind::Del, Reach::name(n)))
+                    .into_iter()
+                    .collect()
+            }
+            (_, FaultSpec::Partition { span, cut }) => {
+                for proxy in &self.partition {
+                    if cut { proxy.cut() } else { proxy.stall() }
+                }
+                tokio::time::sleep(span).await;
+                self.heal();
+                vec![rec(FaultKind::Partition, Reach::ALL.through(PARTITIONED))]
+            }
+            (Deployment::Cluster(c), FaultSpec::CutNode { name, span, cut }) => {
+                let port = self.master_of(c, name).await;
+                let reach = self.names_on(c, port).await.through(PARTITIONED);
+                let proxy = (self.partition.iter().zip(&self.partition_ports))
+                    .find(|(_, p)| **p == port)
+                    .map(|(proxy, _)| proxy);
+                let Some(proxy) = proxy else {
+                    // A master that was a replica when the run began has no proxy of its own
+                    // in front of it: nothing to cut.
+                    return Vec::new();
+                };
+                if cut {
+                    proxy.cut()
+                } else {
+                    proxy.stall()
+                }
+                tokio::time::sleep(span).await;
+                self.heal();
+                vec![rec(FaultKind::NodeCut, reach)]
+            }
+            (Deployment::Cluster(c), FaultSpec::Migrate(n, open)) => {
+                let (c, keys) = (c.clone(), self.keys[usize::from(n)].clone());
+                let slot = key_slot(keys[0].as_bytes());
+                let reach = Reach::names(
+                    (0..self.keys.len())
+                        .filter(|&i| key_slot(self.keys[i][0].as_bytes()) == slot)
+                        .filter_map(|i| u8::try_from(i).ok()),
+                );
+                blocking(move || {
+                    let cluster = locked(&c);
+                    let source = cluster.master_for_slot(slot);
+                    let Some(target) = (cluster.masters().into_iter()).find(|m| m.id != source.id)
+                    else {
+                        return;
+                    };
+                    let migration = cluster.begin_migration(slot, target.port);
+                    // The lock key moves first, the others later: for a while the name's keys
+                    // are on both sides, as a large slot's are while it moves batch by batch.
+                    std::thread::sleep(open / 2);
+                    cluster.migrate_keys(&migration, &keys[..1]);
+                    std::thread::sleep(open / 2);
+                    cluster.finish_migration(migration);
+                })
+                .await;
+                vec![rec(FaultKind::Migration, reach)]
+            }
+            (Deployment::Cluster(c), FaultSpec::Failover(n)) => {
+                let port = self.master_of(c, n).await;
+                let reach = self.names_on(c, port).await;
+                let (c, key) = (c.clone(), self.keys[usize::from(n)][0].clone());
+                blocking(move || {
+                    let cluster = locked(&c);
+                    let replica = cluster.replica_of(&cluster.node_for_key(&key));
+                    cluster.failover(replica.port);
+                })
+                .await;
+                vec![rec(FaultKind::Failover, reach)]
+            }
+            (Deployment::Cluster(c), FaultSpec::KillMaster(n, down)) => {
+                let master = self.master_of(c, n).await;
+                let reach = self.names_on(c, master).await;
+                let c = c.clone();
+                let refused = blocking(move || {
+                    let mut cluster = locked(&c);
+                    cluster.kill(master);
+                    let refused = watch_refusals(&cluster);
+                    std::thread::sleep(down);
+                    cluster.restart(master);
+                    cluster.wait_ok();
+                    refused
+                })
+                .await;
+                let mut recs = vec![rec(lost_kind(FaultKind::MasterKilled), reach)];
+                // The whole cluster refused commands for a while: no hold anywhere could be
+                // renewed then.
+                if let Some((from, to)) = refused {
+                    recs.push(FaultRec {
+                        kind: FaultKind::ClusterDown,
+                        reach: Reach::ALL,
+                        from: Instant::from_std(from),
+                        to: Instant::from_std(to),
+                    });
+                }
+                recs
+            }
+            (Deployment::Cluster(c), FaultSpec::PauseReplica(n, pause)) => {
+                let master = self.master_of(c, n).await;
+                let reach = self.names_on(c, master).await;
+                let (c, key) = (c.clone(), self.keys[usize::from(n)][0].clone());
+                blocking(move || {
+                    let mut cluster = locked(&c);
+                    let replica = cluster.replica_of(&cluster.node_for_key(&key)).port;
+                    cluster.pause(replica);
+                    std::thread::sleep(pause);
+                    cluster.resume(replica);
+                })
+                .await;
+                vec![rec(FaultKind::ReplicaPaused, reach)]
+            }
+            (Deployment::Sentinel(s), FaultSpec::Failover(_)) => self.switch(s, None, from).await,
+            (Deployment::Sentinel(s), FaultSpec::MuteSentinel { index, span }) => {
+                self.switch(s, Some((usize::from(index), span)), from).await
+            }
+            (Deployment::Sentinel(s), FaultSpec::KillMaster(_, down)) => {
+                let s = s.clone();
+                let moved = s.clone();
+                let old = blocking(move || {
+                    let mut set = locked(&moved);
+                    let old = set.kill_master();
+                    set.wait_promotion(old, crate::sentinel::PROMOTION_WITHIN);
+                    old
+                })
+                .await;
+                self.follow_master(&s).await;
+                blocking(move || {
+                    let mut set = locked(&s);
+                    std::thread::sleep(down);
+                    // Back empty; the sentinels make it a replica of the new master.
+                    set.restart(old);
+                    set.wait_ready();
+                })
+                .await;
+                vec![rec(lost_kind(FaultKind::MasterKilled), Reach::ALL)]
+            }
+            (Deployment::Sentinel(s), FaultSpec::PauseReplica(_, pause)) => {
+                let s = s.clone();
+                blocking(move || {
+                    let mut set = locked(&s);
+                    set.pause_replica();
+                    std::thread::sleep(pause);
+                    set.resume_replica();
+                })
+                .await;
+                vec![rec(FaultKind::ReplicaPaused, Reach::ALL)]
+            }
+            (_, other) => unreachable!("fault {other:?} planned for a distributed run"),
+        }
+    }
+
+    /// `SENTINEL FAILOVER`, with one sentinel mute for a while if `mute` says which and how
+    /// long.
+    ///
+    /// The failover may lose what the old master took (it stays writable until it follows the
+    /// new one), but only what it took until the lockers could have heard of the new master:
+    /// [`FOLLOW_WITHIN`] after the sentinels agree on it. A grant on the old master later than
+    /// that is not excused. Until the old master follows, the new one has no replica:
+    /// acknowledged writes fail, and that is a fault too, one that loses nothing.
+    async fn switch(
+        &self,
+        set: &Arc<Mutex<RedisSentinel>>,
+        mute: Option<(usize, Duration)>,
+        from: Instant,
+    ) -> Vec<FaultRec> {
+        let moved = set.clone();
+        blocking(move || {
+            let mut set = locked(&moved);
+            if let Some((index, _)) = mute {
+                set.pause_sentinel(index);
+            }
+            set.failover()
+        })
+        .await;
+        let promoted = Instant::now();
+        self.follow_master(set).await;
+        let mut recs = Vec::new();
+        if let Some((index, span)) = mute {
+            tokio::time::sleep_until(from + span).await;
+            let set = set.clone();
+            blocking(move || locked(&set).resume_sentinel(index)).await;
+            recs.push(FaultRec {
+                kind: FaultKind::SentinelMute,
+                reach: Reach::ALL,
+                from,
+                to: Instant::now(),
+            });
+        }
+        let set = set.clone();
+        blocking(move || locked(&set).wait_ready()).await;
+        let kind = if self.acked {
+            FaultKind::AckedFailover
+        } else {
+            FaultKind::Switch
+        };
+        let switch = FaultRec {
+            kind,
+            reach: Reach::ALL,
+            from,
+            to: promoted + FOLLOW_WITHIN,
+        };
+        let resync = FaultRec {
+            kind: FaultKind::Resync,
+            reach: Reach::ALL,
+            from: promoted,
+            to: Instant::now(),
+        };
+        recs.extend([switch, resync]);
+        recs
+    }
+
+    /// The port of the master that serves name `n`'s slot now.
+    async fn master_of(&self, c: &Arc<Mutex<RedisCluster>>, n: u8) -> u16 {
+        let (c, key) = (c.clone(), self.keys[usize::from(n)][0].clone());
+        blocking(move || locked(&c).node_for_key(&key).port).await
+    }
+
+    /// The names whose slots the master on `port` serves now.
+    async fn names_on(&self, c: &Arc<Mutex<RedisCluster>>, port: u16) -> Reach {
+        let (c, keys) = (c.clone(), self.keys.clone());
+        blocking(move || {
+            let cluster = locked(&c);
+            Reach::names(
+                (keys.iter().enumerate())
+                    .filter(|(_, k)| cluster.node_for_key(&k[0]).port == port)
+                    .filter_map(|(i, _)| u8::try_from(i).ok()),
+            )
+        })
+        .await
+    }
+
+    /// Ends a partition.
+    pub(crate) fn heal(&self) {
+        for proxy in &self.partition {
+            proxy.restore();
+            proxy.unstall();
+        }
+    }
+
+    /// Moves the floating address to the master the sentinels promoted.
+    async fn follow_master(&self, set: &Arc<Mutex<RedisSentinel>>) {
+        let set = set.clone();
+        let port = blocking(move || locked(&set).master_port()).await;
+        for proxy in &self.partition {
+            proxy.retarget(std::net::SocketAddr::from(([127, 0, 0, 1], port)));
+        }
+    }
+
+    /// `DEL` of keys that share a slot, on the node that has them now.
+    async fn del(&self, keys: Vec<String>) -> bool {
+        let port = match &self.deployment {
+            Deployment::Cluster(c) => {
+                let (c, key) = (c.clone(), keys[0].clone());
+                blocking(move || locked(&c).node_for_key(&key).port).await
+            }
+            Deployment::Sentinel(s) => {
+                let s = s.clone();
+                blocking(move || locked(&s).master_port()).await
+            }
+        };
+        let url = format!("redis://127.0.0.1:{port}/");
+        let Ok(client) = redis::Client::open(url) else {
+            return false;
+        };
+        let done = tokio::time::timeout(Duration::from_secs(2), async {
+            let mut con = client.get_multiplexed_async_connection().await?;
+            con.del::<_, i64>(&keys).await
+        })
+        .await;
+        matches!(done, Ok(Ok(_)))
+    }
+
+    /// The ports of the data nodes that serve writes now.
+    pub(super) async fn masters(&self) -> Vec<u16> {
+        match &self.deployment {
+            Deployment::Cluster(c) => {
+                let c = c.clone();
+                blocking(move || {
+                    let cluster = locked(&c);
+                    cluster.wait_ok();
+                    cluster.masters().into_iter().map(|m| m.port).collect()
+                })
+                .await
+            }
+            Deployment::Sentinel(s) => {
+                let s = s.clone();
+                blocking(move || vec![locked(&s).master_port()]).await
+            }
+        }
+    }
+}

@@ -1,0 +1,133 @@
+//! (e) A release wakes its waiters in time: when a plain lock is released while someone waits
+//! for it over a subscription, the name is granted again within a bound — not when the released
+//! hold's lease would have run out.
+//!
+//! A waiter that sleeps until the lease ends is still correct, which is why no safety invariant
+//! sees a lost wake-up: after a slot moved or a master failed over, a subscription the client
+//! believes in may be gone on the server, and every waiter on that channel sleeps its fallback
+//! out. This check looks at each successful final release of a plain lock while an acquisition
+//! of the name by a subscribing locker waited: some acquisition (that one or another) must
+//! return a guard of the name within [`WAKE_WITHIN`] of the release's answer, plus the
+//! scheduler's lag, unless a fault reached the name (or that waiter's locker) meanwhile.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::faults::FaultRec;
+use super::history::{AcquireKind, EventKind, History, Outcome, ms};
+use super::invariants::{Invariant, Violation};
+
+/// How soon after a release's answer a waiting name must be granted again.
+pub(super) const WAKE_WITHIN: Duration = Duration::from_millis(250);
+
+/// One waiting acquisition: who, from when, until when (`None`: never returned).
+struct Waiter {
+    locker: u8,
+    name: u8,
+    called: Instant,
+    ended: Option<Instant>,
+}
+
+/// Every release of a plain lock that left a subscribing waiter asleep past the bound.
+/// `polling` lockers wait without a subscription: their waits are left out.
+pub(super) fn check(
+    history: &History,
+    faults: &[FaultRec],
+    polling: &[u8],
+    out: &mut Vec<Violation>,
+) {
+    let mut waiters: HashMap<u32, Waiter> = HashMap::new();
+    for e in history.events() {
+        match e.kind {
+            EventKind::AcquireCall {
+                kind: AcquireKind::Lock,
+                wait,
+                ..
+            } if !wait.is_zero() && !polling.contains(&e.locker) => {
+                let waiter = Waiter {
+                    locker: e.locker,
+                    name: e.name,
+                    called: e.at,
+                    ended: None,
+                };
+                waiters.insert(e.call, waiter);
+            }
+            EventKind::Acquired { .. }
+            | EventKind::Busy
+            | EventKind::AcquireFailed(_)
+            | EventKind::AcquireDropped => {
+                if let Some(w) = waiters.get_mut(&e.call) {
+                    w.ended = Some(e.at);
+                }
+            }
+            _ => {}
+        }
+    }
+    let guards = history.guards();
+    let mut granted: HashMap<u8, Vec<Instant>> = HashMap::new();
+    for g in guards.iter().filter(|g| !g.reentrant) {
+        granted.entry(g.name).or_default().push(g.start);
+    }
+    let plain =
+        |name: u8| !history.is_fair(name) && !history.is_semaphore(name) && !history.is_rw(name);
+    for g in guards.iter().filter(|g| !g.reentrant && plain(g.name)) {
+        // A release kept for an at-least period frees the name later, by design.
+        if g.at_least.is_some() {
+            continue;
+        }
+        let Some(end) = g.end() else { continue };
+        let Some((answered, Outcome::Released)) = end.returned else {
+            continue;
+        };
+        if !end.final_of_hold {
+            continue;
+        }
+        let deadline = answered + WAKE_WITHIN;
+        let reached = |locker: u8| {
+            faults
+                .iter()
+                .any(|f| f.reach.hits_hold(g.name, locker) && f.from <= deadline && f.to >= end.at)
+        };
+        // Waiting since before the release, still waiting at the deadline, and reachable.
+        let asleep: Vec<&Waiter> = (waiters.values())
+            .filter(|w| w.name == g.name && w.called < end.at)
+            .filter(|w| w.ended.is_none_or(|t| t > deadline))
+            .filter(|w| !reached(w.locker))
+            .collect();
+        let Some(first) = asleep.iter().min_by_key(|w| w.called) else {
+            continue;
+        };
+        let lag = history.lags.max_within(answered, deadline);
+        let by = deadline + lag;
+        let next = (granted.get(&g.name).into_iter().flatten())
+            .filter(|&&s| s >= end.at)
+            .min()
+            .copied();
+        if next.is_some_and(|s| s <= by) {
+            continue;
+        }
+        let next = next.map_or_else(
+            || "never, in the run".to_owned(),
+            |s| format!("{} after the release answered", ms(s - answered)),
+        );
+        out.push(Violation {
+            invariant: Invariant::WakeUp,
+            summary: format!(
+                "{} released `{}` (answered Released) while {} acquisition(s) waited on it \
+                 over a subscription (the first on {}, waiting since {} before); the name was \
+                 granted again {next}, past the bound of {} and the {} the scheduler was late",
+                history.lockers[usize::from(g.locker)],
+                history.names[usize::from(g.name)],
+                asleep.len(),
+                history.lockers[usize::from(first.locker)],
+                ms(end.at - first.called),
+                ms(WAKE_WITHIN),
+                ms(lag)
+            ),
+            window: Some((g.name, first.called, by)),
+            hint: "a lost wake-up: the waiter slept its fallback out",
+        });
+    }
+}
