@@ -220,6 +220,14 @@ impl BackendError {
         self.permanent
     }
 
+    /// A cluster node answered `TRYAGAIN`: the command named keys of a slot on its way to
+    /// another master, some on each side.
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
+    pub(crate) fn is_migrating(&self) -> bool {
+        matches!(&self.kind, BackendErrorKind::Redis(e)
+            if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::TryAgain))
+    }
+
     /// The command did not complete within the configured timeout.
     pub fn is_timeout(&self) -> bool {
         match &self.kind {

@@ -95,17 +95,21 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-/// `next_fence(fence_key, fence_ttl)`: the next fencing token of `fence_key` — the server clock in
-/// microseconds, or the last token + 1 when the clock is not past it — stored as its last token; a
-/// new counter key gets the TTL in `fence_ttl` (ms, `'0'`: none). Lua numbers are doubles:
-/// microseconds since 1970 stay exact until 2255.
+/// `next_fence(fence_key, fence_ttl, known)`: the next fencing token of `fence_key` — the server
+/// clock in microseconds, or the last token + 1 when the clock is not past it — stored as its last
+/// token; a new counter key gets the TTL in `fence_ttl` (ms, `'0'`: none). `known`, if given, is
+/// the last token the caller read already. Lua numbers are doubles: microseconds since 1970 stay
+/// exact until 2255.
 macro_rules! next_fence_lua {
     () => {
         r#"
-local function next_fence(fence_key, fence_ttl)
+local function next_fence(fence_key, fence_ttl, known)
   local t = redis.call('TIME')
   local f = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  local last = redis.call('HGET', fence_key, 'n')
+  local last = known
+  if last == nil then
+    last = redis.call('HGET', fence_key, 'n')
+  end
   if last then
     last = tonumber(last)
     if f <= last then
@@ -199,33 +203,48 @@ end
     };
 }
 
-/// `let_go(lock, claim, v)`: deletes the hold `lock` (whose string was `v`) and passes the lock
-/// on to the `Locker` that claimed the next turn, if `claim` (the hold's ` w` field) names one.
-/// A head waiter's claim made no longer ago than its grant window is granted: the lock is held
-/// for the claim's hand-over token (with `v`'s ` l` flag and a fencing token minted on the
-/// plain lock's counter, `lock` and `:fence`) for the claim's age plus that window — the waiter
-/// counts its hold from when it sent the claim, and extends it at once. Any other claim has the
-/// lock kept for its `Locker` (`#r:`) for the time it asked. Returns the wake-up message:
-/// `g<n>:<ms>:<fencing token>:<token>` for a grant (`n` the number of the attempt whose claim it
-/// was, `ms` the grant's lease), `1` otherwise. Needs `now_ms`, `next_fence` and the hold
-/// helpers.
+/// `let_go(lock, claim, v, sharded)`: ends the hold `lock` (whose string was `v`) and passes the lock on to
+/// the `Locker` that claimed the next turn, if `claim` (the hold's ` w` field) names one. A head
+/// waiter's claim made no longer ago than its grant window is granted: the lock is held for the
+/// claim's hand-over token (with `v`'s ` l` flag and a fencing token minted on the plain lock's
+/// counter, `lock` and `:fence`) for the claim's age plus that window — the waiter counts its
+/// hold from when it sent the claim, and extends it at once. Any other claim has the lock kept
+/// for its `Locker` (`#r:`) for the time it asked, and its attempt takes it. Returns the wake-up
+/// message: `g<n>:<ms>:<fencing token>:<token>` for a grant (`n` the number of the attempt whose
+/// claim it was, `ms` the grant's lease), `1` otherwise. Needs `now_ms`, `next_fence` and the
+/// hold helpers.
+///
+/// On a cluster (`sharded`) the release does not name the counter (a command naming two keys
+/// of a slot on its way to another master fails until the move ends), so a grant mints only on
+/// a counter that is here: read with `pcall`, as on the old master of a moving slot whose
+/// counter moved already the read is refused. A counter that is not here — never made, expired,
+/// or on the other side of a moving slot, where minting a new one would fork it and stop the
+/// move (`BUSYKEY`) — has the claim kept for its `Locker` instead, whose attempt names the
+/// counter. And a lock passed on is written over, never deleted and written again: while its
+/// slot moves, a key deleted on the old master may not be written there again in the same
+/// script.
 macro_rules! let_go_lua {
     () => {
         r#"
-local function let_go(lock, claim, v)
-  redis.call('DEL', lock)
-  if not claim then
-    return '1'
+local function let_go(lock, claim, v, sharded)
+  local ms, locker, rest
+  if claim then
+    ms, locker, rest = string.match(claim, '^%d+:(%d+):(%x+)(.*)$')
   end
-  local ms, locker, rest = string.match(claim, '^%d+:(%d+):(%x+)(.*)$')
   if not locker then
+    redis.call('DEL', lock)
     return '1'
   end
   local at, window, fence_ttl, n, token = string.match(rest, '^:(%d+):(%d+):(%d+):(%d+):(.+)$')
   if token then
     local age = now_ms() - tonumber(at)
-    if age >= 0 and age <= tonumber(window) then
-      local f = string.format('%d', next_fence(lock .. ':fence', fence_ttl))
+    local fence = lock .. ':fence'
+    local last = redis.pcall('HGET', fence, 'n')
+    if type(last) == 'table' then
+      last = nil
+    end
+    if (last or not sharded) and age >= 0 and age <= tonumber(window) then
+      local f = string.format('%d', next_fence(fence, fence_ttl, last))
       local held = token .. ' f' .. f
       if field(v, 'l') then
         held = held .. ' l'
@@ -438,7 +457,8 @@ return {0, redis.call('PTTL', KEYS[1])}
 /// Returns one integer (an array would cost the server a table per release): `n >= 0` released,
 /// `n` subscribers got the wake-up; `-1` gone (expired, or released by an earlier try of this
 /// release whose answer was lost: the caller tells them apart by when its guard let go); `-2`
-/// taken by another owner.
+/// taken by another owner; `-3` (on a cluster) released, and the wake-up published here was
+/// heard by nobody: the caller sends it again, to the channel's slot's master.
 ///
 /// For a fair lock, `ARGV[5]` is `1`, `KEYS[3]` the queue and `KEYS[4]` alive: `ARGV[1]` also
 /// leaves the line (a waiter giving up sends this too), and whenever the lock is left free only
@@ -473,7 +493,14 @@ local fair = mode == '1'
 local writer = mode == '2'
 local function wake(message)
   if not fair then
-    return redis.call(publish, channel, message or '1')
+    local heard = redis.call(publish, channel, message or '1')
+    -- Heard by nobody on a cluster node: this may be the master a moving slot goes to, whose
+    -- channel has its subscribers on the slot's master until the move ends. The client sends
+    -- it again, to the slot's master.
+    if heard == 0 and publish == 'SPUBLISH' then
+      return -3
+    end
+    return heard
   end
   local head = fair_head(KEYS[3], KEYS[4], now_ms())
   if head then
@@ -492,9 +519,12 @@ local holder = v and who(v)
 if holder and (holder == ARGV[1] or (handed_to ~= '' and holder == handed_to)) then
   local keep = keep_ms ~= '0'
   local claim = field(v, 'w')
-  local message = let_go(KEYS[1], not keep and claim, v)
+  -- Kept: written over (see `let_go`).
+  local message = '1'
   if keep then
     redis.call('PSETEX', KEYS[1], keep_ms, '#k:' .. ARGV[1])
+  else
+    message = let_go(KEYS[1], claim, v, publish == 'SPUBLISH')
   end
   if mode == '0' and not claim and not field(v, 'l') then
     return 0

@@ -148,6 +148,9 @@ async fn waiters_are_woken_through_sharded_pub_sub_on_the_locks_shard_only() {
         .collect();
 
     let guard = holder.lock(name.as_str()).await.expect("lock");
+    // The name has a fencing counter: on a cluster a release grants only on a counter that is
+    // on its node (see the `script` module), and a first lock mints none until asked.
+    guard.fencing_token().await.expect("a token");
     let waiting = tokio::spawn({
         let (waiter, name) = (waiter.clone(), name.clone());
         async move {

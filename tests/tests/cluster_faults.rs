@@ -444,3 +444,68 @@ async fn a_killed_master_coming_back_costs_no_hold_on_the_other_masters() {
         back.elapsed()
     );
 }
+
+/// A waiter gets a lock released while its slot migrates within a second, wherever its keys
+/// are then, though the migration goes on for longer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_gets_a_lock_released_during_a_slot_migration_at_once() {
+    let cluster = block_in_place(RedisCluster::start);
+    let holder = cluster.locker(Duration::from_secs(30)).await;
+    let waiter = cluster.locker(Duration::from_secs(30)).await;
+    let prefix = unique_name("cluster-migrating-waiter");
+    // Two names of one slot: one released with its key still on the old master, one after its
+    // key moved; each with a fencing counter (a first grant mints one) on the old master.
+    let first = format!("{prefix}:a");
+    let slot = key_slot(holder.key_of(first.as_str()).unwrap().as_bytes());
+    let second = (0..)
+        .map(|i| format!("{prefix}:b{i}"))
+        .find(|n| key_slot(holder.key_of(n.as_str()).unwrap().as_bytes()) == slot)
+        .unwrap();
+    let from = cluster.master_for_slot(slot);
+    let to = (cluster.masters().into_iter())
+        .find(|m| m.id != from.id)
+        .unwrap();
+    for name in [&first, &second] {
+        let guard = holder.lock(name.as_str()).await.expect("a first lock");
+        guard.fencing_token().await.expect("a first token");
+        assert!(guard.release().await.is_released());
+    }
+    let a = holder.lock(first.as_str()).await.expect("lock a");
+    let b = holder.lock(second.as_str()).await.expect("lock b");
+    let waits: Vec<_> = [&first, &second]
+        .into_iter()
+        .map(|name| {
+            let (waiter, name) = (waiter.clone(), name.clone());
+            tokio::spawn(async move {
+                let guard = waiter
+                    .lock(name.as_str())
+                    .wait(Duration::from_secs(20))
+                    .await;
+                (guard, Instant::now())
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let migration = block_in_place(|| cluster.begin_migration(slot, to.port));
+    let key_b = holder.key_of(second.as_str()).unwrap();
+    block_in_place(|| cluster.migrate_keys(&migration, &[&key_b]));
+    let mut released = Vec::new();
+    for guard in [a, b] {
+        let outcome = guard.release().await;
+        assert!(outcome.is_released(), "{outcome:?}");
+        released.push(Instant::now());
+    }
+    // The migration goes on for a while yet.
+    let mut took = Vec::new();
+    for (wait, released) in waits.into_iter().zip(released) {
+        let (guard, at) = wait.await.unwrap();
+        let guard = guard.expect("the waiter gets the lock");
+        took.push(at.saturating_duration_since(released));
+        drop(guard);
+    }
+    block_in_place(|| cluster.finish_migration(migration));
+    assert!(
+        took.iter().all(|t| *t < Duration::from_secs(1)),
+        "the waiters got the locks {took:?} after their releases"
+    );
+}

@@ -262,8 +262,8 @@ async fn a_release_past_local_waiters_to_another_process_is_one_round_trip() {
     let (outcome, released) = measure(&server, guard.release()).await;
     assert!(outcome.is_released());
     // One script: EVALSHA; GET, PUBSUB NUMSUB (the claim came first: Lua's `or` stops there,
-    // so no), DEL, PSETEX (kept for the claimant), PUBLISH.
-    assert_eq!(released, cost_of(1, 5));
+    // so no), PSETEX (kept for the claimant, written over the hold), PUBLISH.
+    assert_eq!(released, cost_of(1, 4));
     let kept = RawHold::read(&mut con, &key).await.expect("GET");
     assert_eq!(kept.and_then(|h| h.kept_for).as_deref(), Some(other));
     // The turn passes unused; the local waiter gets the lock on its next try.
@@ -340,9 +340,9 @@ async fn an_at_least_release_keeps_the_key_in_the_same_round_trip() {
         .await
         .expect("lock");
     let (_, released) = measure(&server, guard.release()).await;
-    // The plain release's (EVALSHA; GET, DEL), and PSETEX to keep the name taken. Nobody
-    // waited: no PUBLISH.
-    assert_eq!(released, cost_of(1, 4));
+    // The plain release's (EVALSHA; GET), and PSETEX written over the hold to keep the name
+    // taken. Nobody waited: no PUBLISH.
+    assert_eq!(released, cost_of(1, 3));
 }
 
 #[tokio::test]

@@ -505,6 +505,15 @@ impl ScriptCall {
     }
 
     /// `SET key value NX PX ms`: a plain lock's first attempt (see the `script` module).
+    /// `SPUBLISH <channel> <message>`: a wake-up sent by the client, routed to the node that
+    /// serves the channel's slot.
+    #[cfg(feature = "cluster")]
+    fn spublish(channel: &str, message: &str) -> Self {
+        let mut cmd = redis::Cmd::with_capacity(3, channel.len() + message.len() + 16);
+        cmd.arg("SPUBLISH").arg(channel).arg(message);
+        Self { script: None, cmd }
+    }
+
     fn set_nx(key: &str, value: &str, ms: u64) -> Self {
         let mut cmd = redis::Cmd::with_capacity(6, key.len() + value.len() + 32);
         cmd.arg("SET")

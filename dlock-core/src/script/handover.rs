@@ -35,7 +35,7 @@ end
 local claim = field(v, 'w')
 local next_in = claim and string.match(claim, '^%d+:%d+:(%x+)')
 if (next_in and next_in ~= ARGV[6]) or redis.call('PUBSUB', ARGV[5], KEYS[3])[2] > 1 then
-  return {2, redis.call(ARGV[7], KEYS[3], let_go(KEYS[1], claim, v))}
+  return {2, redis.call(ARGV[7], KEYS[3], let_go(KEYS[1], claim, v, ARGV[7] == 'SPUBLISH'))}
 end
 local f = next_fence(KEYS[2], ARGV[4])
 redis.call('PSETEX', KEYS[1], ARGV[3], ARGV[2] .. ' f' .. string.format('%d', f))
@@ -77,7 +77,7 @@ end
 local holder = who(v)
 local granted = (ARGV[5] or '') ~= '' and holder == ARGV[5]
 if granted or (holder == '#r:' .. ARGV[2] and ARGV[3] == '1') then
-  redis.call(ARGV[4], KEYS[2], let_go(KEYS[1], claim, v))
+  redis.call(ARGV[4], KEYS[2], let_go(KEYS[1], claim, v, ARGV[7] == 'SPUBLISH'))
   return 1
 end
 if left == 1 then

@@ -219,7 +219,9 @@ pub(super) async fn drive(
         rw: Some(p.rw_name()),
     };
     let (stop_tx, stop_rx) = watch::channel(false);
-    let plan = FaultPlan::new(config.seed, config.family, p.all_names(), MAX_PLANNED_LEASE);
+    // Faults may target the steady names too: their holds live through the faults.
+    let targets_names = u8::try_from(ctx.history.names.len()).expect("a few names");
+    let plan = FaultPlan::new(config.seed, config.family, targets_names, MAX_PLANNED_LEASE);
     let lag_stop = stop_rx.clone();
     let lags = async move {
         // Virtual time has no scheduler lag, and a sleeper would keep it moving.

@@ -8,14 +8,15 @@
 //! out. This check looks at each successful final release of a plain lock while an acquisition
 //! of the name by a subscribing locker waited: some acquisition (that one or another) must
 //! return a guard of the name within [`WAKE_WITHIN`] of the release's answer, plus the
-//! scheduler's lag, unless a fault reached the name (or that waiter's locker) meanwhile.
+//! scheduler's lag, unless a fault reached the name (or that waiter's locker) meanwhile — a slot
+//! migration never does.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::faults::FaultRec;
+use super::faults::{FaultKind, FaultRec};
 use super::history::{AcquireKind, EventKind, History, Outcome, ms};
 use super::invariants::{Invariant, Violation};
 
@@ -85,10 +86,15 @@ pub(super) fn check(
             continue;
         }
         let deadline = answered + WAKE_WITHIN;
+        // A slot on its way to another master excuses nothing: its keys and its channel stay
+        // reachable all along.
         let reached = |locker: u8| {
-            faults
-                .iter()
-                .any(|f| f.reach.hits_hold(g.name, locker) && f.from <= deadline && f.to >= end.at)
+            faults.iter().any(|f| {
+                f.kind != FaultKind::Migration
+                    && f.reach.hits_hold(g.name, locker)
+                    && f.from <= deadline
+                    && f.to >= end.at
+            })
         };
         // Waiting since before the release, still waiting at the deadline, and reachable.
         let asleep: Vec<&Waiter> = (waiters.values())

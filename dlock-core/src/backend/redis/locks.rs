@@ -13,6 +13,10 @@ use crate::error::BackendError;
 use crate::name::{FairKeys, KeyKind, LockKeys};
 use crate::script;
 
+/// A release script's answer when it released and published a wake-up that nobody heard on a
+/// cluster node (see [`RedisBackend::wake_again`]).
+const UNHEARD: i64 = -3;
+
 impl RedisBackend {
     pub(crate) async fn acquire(
         &self,
@@ -70,7 +74,24 @@ impl RedisBackend {
             Some(grant) => (call.arg(grant.token).arg(grant.attempt)).arg(millis_up(grant.window)),
             None => call,
         };
-        let (reply, acknowledged) = (self.invoke_until(conn, call, true, self.ack, until)).await?;
+        let (reply, acknowledged) = match self.invoke_until(conn, call, true, self.ack, until).await
+        {
+            // The lock's slot is moving and its keys are on both sides (the fencing counter
+            // still on the old master, the lock key gone from it): the script can't run until
+            // the move ends, but `SET NX` names one key and goes where that key is. A plain
+            // lock taken this way mints its token when asked, as any lock taken by `SET NX`.
+            Err(err) if err.is_migrating() && matches!(keys.kind, KeyKind::Lock) => {
+                let call = ScriptCall::set_nx(&keys.lock, owner, millis(lease));
+                let (reply, acknowledged): (Value, _) =
+                    self.invoke_until(conn, call, true, self.ack, until).await?;
+                if !matches!(reply, Value::Okay) {
+                    return Ok(AcquireReply::Busy { pttl: None });
+                }
+                self.acknowledged(acknowledged)?;
+                return Ok(AcquireReply::Acquired { fence: None });
+            }
+            other => other?,
+        };
         let reply = acquire_reply(reply)?;
         if matches!(reply, AcquireReply::Acquired { .. }) {
             // Not acknowledged in time: the caller's clean-up releases the grant.
@@ -233,13 +254,40 @@ impl RedisBackend {
             }
             call
         };
-        let (reply, acknowledged): (i64, _) = self.invoke(conn, call, true, self.ack).await?;
+        let (mut reply, acknowledged): (i64, _) = self.invoke(conn, call, true, self.ack).await?;
+        if reply == UNHEARD {
+            reply = self.wake_again(conn, keys).await;
+        }
         if let Err(err) = self.acknowledged(acknowledged) {
             // Released all the same: a failover could only bring the lock back until its
             // lease ends (see `ReplicaAck`).
             tracing::debug!(error = %err, "dlock: release not acknowledged by replicas");
         }
         Ok(ReleaseReply::from_reply(reply))
+    }
+
+    /// Sends a release's wake-up again, from here: the script published it on a cluster node
+    /// where nobody listened — the master a moving slot goes to (a release of a key that moved
+    /// already runs there), while the channel's subscribers are on the slot's master until the
+    /// move ends. Returns how many heard it this time (0 if the send failed: the waiters'
+    /// timers remain).
+    async fn wake_again(&self, conn: &OpConn, keys: &LockKeys) -> i64 {
+        #[cfg(feature = "cluster")]
+        {
+            let call = ScriptCall::spublish(keys.channel(), "1");
+            match self.invoke::<i64>(conn, call, true, None).await {
+                Ok((woke, _)) => woke,
+                Err(err) => {
+                    tracing::debug!(error = %err, "dlock: a release's wake-up failed");
+                    0
+                }
+            }
+        }
+        #[cfg(not(feature = "cluster"))]
+        {
+            let _ = (conn, keys);
+            0
+        }
     }
 
     /// A release sent after a command whose answer didn't come (it may still run): sent as
@@ -260,7 +308,7 @@ impl RedisBackend {
         for arg in release.args() {
             cmd.arg(arg);
         }
-        let reply: i64 = self
+        let mut reply: i64 = self
             .bounded(async {
                 let res: RedisResult<i64> = match conn {
                     OpConn::Manager(c) => cmd.query_async(&mut c.clone()).await,
@@ -275,6 +323,9 @@ impl RedisBackend {
                 res.map_err(BackendError::redis)
             })
             .await?;
+        if reply == UNHEARD {
+            reply = self.wake_again(conn, keys).await;
+        }
         Ok(ReleaseReply::from_reply(reply))
     }
 
