@@ -173,7 +173,8 @@ pub(crate) enum RenewReply {
     Gone,
     /// Not answered: the node that keeps it failed or was too slow, while the batch's other
     /// nodes answered. Nothing is known; the hold keeps its deadline and the next renewal tries
-    /// again.
+    /// again. (Only a cluster's renewals are answered node by node.)
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
     Unanswered,
 }
 

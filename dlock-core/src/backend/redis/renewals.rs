@@ -8,7 +8,9 @@ use redis::{FromRedisValue, Value};
 #[cfg(feature = "cluster")]
 use crate::backend::cluster::Masters;
 
-use super::{RedisBackend, RedisConn};
+use super::RedisBackend;
+#[cfg(feature = "cluster")]
+use super::RedisConn;
 use crate::backend::{RenewItem, RenewReply};
 use crate::error::BackendError;
 use crate::script;
