@@ -328,7 +328,7 @@ impl SubscriberSource {
         match self {
             Self::Client(client) => client.get_async_pubsub().await,
             #[cfg(feature = "sentinel")]
-            Self::Sentinel(master) => master.master_client().await?.get_async_pubsub().await,
+            Self::Sentinel(master) => master.subscriber_client().await?.get_async_pubsub().await,
             #[cfg(feature = "cluster")]
             Self::Cluster(_) => Err(redis::RedisError::from((
                 redis::ErrorKind::InvalidClientConfig,

@@ -36,6 +36,8 @@ pub(crate) struct SentinelMaster {
     current: Mutex<Option<Current>>,
     /// Counts the moves to another master (the subscriber follows them).
     moves: watch::Sender<u64>,
+    /// The master of the last connection made, to tell a move from a reconnection.
+    last_addr: Mutex<Option<String>>,
     connect_timeout: Duration,
     /// The tasks listening for `+switch-master` and checking every second, started with the
     /// first connection.
@@ -84,6 +86,8 @@ impl Sentinel {
 struct Current {
     id: u64,
     addr: String,
+    /// The client the connection was made with (the subscriber connects with it too).
+    client: redis::Client,
     conn: MultiplexedConnection,
 }
 
@@ -128,6 +132,7 @@ impl SentinelMaster {
                 .collect(),
             current: Mutex::new(None),
             moves: watch::Sender::new(0),
+            last_addr: Mutex::new(None),
             connect_timeout,
             listeners: Mutex::new(Vec::new()),
             ids: AtomicU64::new(1),
@@ -183,8 +188,19 @@ impl SentinelMaster {
         self.moves.subscribe()
     }
 
-    /// A client for the master the sentinels report now (for the subscriber connection).
-    pub(crate) async fn master_client(&self) -> RedisResult<redis::Client> {
+    /// A client for the subscriber connection: the one the commands' connection was made with,
+    /// if there is one — the subscriber must listen where releases are published, and a look-up
+    /// of its own could still find the old master while the sentinels catch up with a failover —
+    /// else one for the master the sentinels report now.
+    pub(crate) async fn subscriber_client(&self) -> RedisResult<redis::Client> {
+        if let Some(c) = lock(&self.current).as_ref() {
+            return Ok(c.client.clone());
+        }
+        self.master_client().await
+    }
+
+    /// A client for the master the sentinels report now.
+    async fn master_client(&self) -> RedisResult<redis::Client> {
         if !self.sentinels.is_empty() {
             let (host, port) = self.majority_addr().await?;
             return redis::Client::open((host, port));
@@ -226,11 +242,21 @@ impl SentinelMaster {
         let id = self.ids.fetch_add(1, Ordering::Relaxed);
         let mut current = lock(&self.current);
         tracing::debug!(master = %addr, name = %self.name, "dlock: connected to the master");
+        let moved = lock(&self.last_addr)
+            .replace(addr.clone())
+            .is_some_and(|last| last != addr);
         *current = Some(Current {
             id,
             addr,
+            client,
             conn: conn.clone(),
         });
+        drop(current);
+        // A subscriber that moved when the old connection was dropped may have found the old
+        // master still reported: it follows the commands to this one.
+        if moved {
+            self.moves.send_modify(|n| *n += 1);
+        }
         Ok((id, conn))
     }
 
