@@ -40,6 +40,14 @@ impl RedisBackend {
         items: &[RenewItem],
         within: Duration,
     ) -> Result<Vec<RenewReply>, BackendError> {
+        // With writes counted once replicas have them, a node's share ends with `WAIT`: its
+        // budget must let the replicas answer, or every renewal there would be given up on
+        // while it waits (and the next, queued behind the `WAIT` on that node's connection,
+        // would be late too) until the holds run out.
+        let within = match self.ack {
+            Some(ack) => within.saturating_add(Duration::from_millis(ack.timeout_ms())),
+            None => within,
+        };
         #[cfg(feature = "cluster")]
         if let RedisConn::Cluster(_) = self.conn {
             return self.renew_by_slot(items, within).await;
