@@ -45,8 +45,11 @@ mod targets;
 pub(crate) use targets::DistributedTargets;
 use targets::{Deployment, blocking};
 
+/// How long a write waits for a replica to acknowledge it, in acknowledged runs.
+const ACK_TIMEOUT_MS: u64 = 250;
+
 /// How many replicas acknowledge, and for how long a write waits for them, in acknowledged runs.
-const ACK: ReplicaAck = ReplicaAck::new(1, Duration::from_millis(250));
+const ACK: ReplicaAck = ReplicaAck::new(1, Duration::from_millis(ACK_TIMEOUT_MS));
 
 /// Lockers that follow the deployment themselves; one more is the partitioned client.
 const FOLLOWERS: usize = 3;
@@ -266,7 +269,14 @@ async fn run(
         .filter_map(|i| u8::try_from(i).ok())
         .collect();
     let faults_seen = ctx.history.faults();
-    super::wakeups::check(&ctx.history, &faults_seen, &polling, &mut found);
+    // With replica acknowledgement a grant waits for a replica too (up to its timeout).
+    let acknowledged = if acked {
+        Duration::from_millis(ACK_TIMEOUT_MS)
+    } else {
+        Duration::ZERO
+    };
+    let waits = (polling.as_slice(), acknowledged);
+    super::wakeups::check(&ctx.history, &faults_seen, waits, &mut found);
     let stopped = ctx
         .steady_stopped
         .get()

@@ -56,8 +56,10 @@ pub enum FaultKind {
     /// A slot resharded to another master with its keys, staying open (keys on both sides)
     /// for a while: nothing is lost, and it reaches only the names of that slot.
     Migration,
-    /// A new master without a replica yet, after a `SENTINEL FAILOVER`, until the old master
-    /// follows it: writes counted once a replica has them fail meanwhile. Nothing is lost.
+    /// A master without a replica that acknowledges yet (after a `SENTINEL FAILOVER`, until the
+    /// old master follows; on a cluster, while a replica syncs after a failover, a kill or a
+    /// pause): writes counted once a replica has them fail meanwhile. Nothing is lost.
+    /// Recorded in acknowledged runs only.
     Resync,
     /// One sentinel of three paused (`SIGSTOP`): it hears and says nothing. It loses nothing by
     /// itself (the failover it spans is recorded on its own).

@@ -7,9 +7,10 @@
 //! believes in may be gone on the server, and every waiter on that channel sleeps its fallback
 //! out. This check looks at each successful final release of a plain lock while an acquisition
 //! of the name by a subscribing locker waited: some acquisition (that one or another) must
-//! return a guard of the name within [`WAKE_WITHIN`] of the release's answer, plus the
-//! scheduler's lag, unless a fault reached the name (or that waiter's locker) meanwhile — a slot
-//! migration never does.
+//! return a guard of the name within [`WAKE_WITHIN`] of the release's answer (within
+//! [`WAKE_WITHIN_AFTER_A_FAULT`] just after a fault that reached the name), plus the scheduler's
+//! lag, unless a fault reached the name (or that waiter's locker) meanwhile — a slot migration
+//! never does.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -23,6 +24,14 @@ use super::invariants::{Invariant, Violation};
 /// How soon after a release's answer a waiting name must be granted again.
 pub(super) const WAKE_WITHIN: Duration = Duration::from_millis(250);
 
+/// How soon, for a release made within [`SETTLING`] of the end of a fault that reached the name
+/// (a failover, a slot moved, a master back): subscriptions follow the new owner of the
+/// channel meanwhile.
+pub(super) const WAKE_WITHIN_AFTER_A_FAULT: Duration = Duration::from_secs(1);
+
+/// How long after a fault a release counts as made while things settle.
+const SETTLING: Duration = Duration::from_secs(2);
+
 /// One waiting acquisition: who, from when, until when (`None`: never returned).
 struct Waiter {
     locker: u8,
@@ -32,11 +41,12 @@ struct Waiter {
 }
 
 /// Every release of a plain lock that left a subscribing waiter asleep past the bound.
-/// `polling` lockers wait without a subscription: their waits are left out.
+/// `polling` lockers wait without a subscription: their waits are left out. `acknowledged`: how
+/// long a grant may wait for replicas to acknowledge it, added to the bound.
 pub(super) fn check(
     history: &History,
     faults: &[FaultRec],
-    polling: &[u8],
+    (polling, acknowledged): (&[u8], Duration),
     out: &mut Vec<Violation>,
 ) {
     let mut waiters: HashMap<u32, Waiter> = HashMap::new();
@@ -85,7 +95,16 @@ pub(super) fn check(
         if !end.final_of_hold {
             continue;
         }
-        let deadline = answered + WAKE_WITHIN;
+        let settling = faults
+            .iter()
+            .any(|f| f.hits(g.name) && f.to <= end.at && end.at - f.to < SETTLING);
+        let bound = acknowledged
+            + if settling {
+                WAKE_WITHIN_AFTER_A_FAULT
+            } else {
+                WAKE_WITHIN
+            };
+        let deadline = answered + bound;
         // A slot on its way to another master excuses nothing: its keys and its channel stay
         // reachable all along.
         let reached = |locker: u8| {
@@ -129,7 +148,7 @@ pub(super) fn check(
                 asleep.len(),
                 history.lockers[usize::from(first.locker)],
                 ms(end.at - first.called),
-                ms(WAKE_WITHIN),
+                ms(bound),
                 ms(lag)
             ),
             window: Some((g.name, first.called, by)),

@@ -144,21 +144,23 @@ impl DistributedTargets {
             (Deployment::Cluster(c), FaultSpec::Failover(n)) => {
                 let port = self.master_of(c, n).await;
                 let reach = self.names_on(c, port).await;
-                let (c, key) = (c.clone(), self.keys[usize::from(n)][0].clone());
+                let (owned, key) = (c.clone(), self.keys[usize::from(n)][0].clone());
                 blocking(move || {
-                    let cluster = locked(&c);
+                    let cluster = locked(&owned);
                     let replica = cluster.replica_of(&cluster.node_for_key(&key));
                     cluster.failover(replica.port);
                 })
                 .await;
-                vec![rec(FaultKind::Failover, reach)]
+                let mut recs = vec![rec(FaultKind::Failover, reach)];
+                recs.extend(self.acknowledged_again(c, n).await);
+                recs
             }
             (Deployment::Cluster(c), FaultSpec::KillMaster(n, down)) => {
                 let master = self.master_of(c, n).await;
                 let reach = self.names_on(c, master).await;
-                let c = c.clone();
+                let owned = c.clone();
                 let refused = blocking(move || {
-                    let mut cluster = locked(&c);
+                    let mut cluster = locked(&owned);
                     cluster.kill(master);
                     let refused = watch_refusals(&cluster);
                     std::thread::sleep(down);
@@ -178,21 +180,24 @@ impl DistributedTargets {
                         to: Instant::from_std(to),
                     });
                 }
+                recs.extend(self.acknowledged_again(c, n).await);
                 recs
             }
             (Deployment::Cluster(c), FaultSpec::PauseReplica(n, pause)) => {
                 let master = self.master_of(c, n).await;
                 let reach = self.names_on(c, master).await;
-                let (c, key) = (c.clone(), self.keys[usize::from(n)][0].clone());
+                let (owned, key) = (c.clone(), self.keys[usize::from(n)][0].clone());
                 blocking(move || {
-                    let mut cluster = locked(&c);
+                    let mut cluster = locked(&owned);
                     let replica = cluster.replica_of(&cluster.node_for_key(&key)).port;
                     cluster.pause(replica);
                     std::thread::sleep(pause);
                     cluster.resume(replica);
                 })
                 .await;
-                vec![rec(FaultKind::ReplicaPaused, reach)]
+                let mut recs = vec![rec(FaultKind::ReplicaPaused, reach)];
+                recs.extend(self.acknowledged_again(c, n).await);
+                recs
             }
             (Deployment::Sentinel(s), FaultSpec::Failover(_)) => self.switch(s, None, from).await,
             (Deployment::Sentinel(s), FaultSpec::MuteSentinel { index, span }) => {
@@ -284,14 +289,55 @@ impl DistributedTargets {
             from,
             to: promoted + FOLLOW_WITHIN,
         };
-        let resync = FaultRec {
-            kind: FaultKind::Resync,
-            reach: Reach::ALL,
-            from: promoted,
-            to: Instant::now(),
-        };
-        recs.extend([switch, resync]);
+        recs.push(switch);
+        // Only acknowledged writes need the replica.
+        if self.acked {
+            recs.push(FaultRec {
+                kind: FaultKind::Resync,
+                reach: Reach::ALL,
+                from: promoted,
+                to: Instant::now(),
+            });
+        }
         recs
+    }
+
+    /// In acknowledged runs, after a fault on the master serving name `n`: waits (up to 10 s)
+    /// until that master's replica acknowledges writes again (`WAIT 1 100` answers 1). A
+    /// replica that rejoined, or whose master changed, may sync for a while after the cluster
+    /// says ok, and no acknowledged write can succeed meanwhile: that span, measured, is
+    /// recorded as a fault of its own (one that loses nothing).
+    async fn acknowledged_again(&self, c: &Arc<Mutex<RedisCluster>>, n: u8) -> Option<FaultRec> {
+        if !self.acked {
+            return None;
+        }
+        let from = Instant::now();
+        let port = self.master_of(c, n).await;
+        let reach = self.names_on(c, port).await;
+        let url = format!("redis://127.0.0.1:{port}/");
+        let client = redis::Client::open(url).ok()?;
+        let give_up = from + Duration::from_secs(10);
+        while Instant::now() < give_up {
+            let acked = tokio::time::timeout(Duration::from_secs(1), async {
+                let mut con = client.get_multiplexed_async_connection().await?;
+                redis::cmd("WAIT")
+                    .arg(1)
+                    .arg(100)
+                    .query_async::<i64>(&mut con)
+                    .await
+            })
+            .await;
+            if matches!(acked, Ok(Ok(n)) if n >= 1) {
+                break;
+            }
+        }
+        let to = Instant::now();
+        (to - from > REFUSALS_EVERY).then_some(FaultRec {
+            kind: FaultKind::Resync,
+            reach,
+            from,
+            to,
+        })
     }
 
     /// The port of the master that serves name `n`'s slot now.
