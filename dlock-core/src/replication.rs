@@ -80,6 +80,17 @@ impl ReplicaAck {
             .max(1)
     }
 
+    /// [`command`](Self::command), waiting no longer than three quarters of `limit`: a renewal
+    /// must answer within its budget, or the node's connection would be left blocked in the
+    /// wait while the next renewal queues behind it.
+    pub(crate) fn command_within(&self, limit: Duration) -> redis::Cmd {
+        let capped = Self {
+            timeout: self.timeout.min(limit.saturating_mul(3) / 4),
+            ..*self
+        };
+        capped.command()
+    }
+
     /// The command that waits: `WAIT <replicas> <ms>`, or `WAITAOF 0 <replicas> <ms>`.
     pub(crate) fn command(&self) -> redis::Cmd {
         let mut cmd = if self.fsync {

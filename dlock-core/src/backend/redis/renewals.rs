@@ -40,20 +40,12 @@ impl RedisBackend {
         items: &[RenewItem],
         within: Duration,
     ) -> Result<Vec<RenewReply>, BackendError> {
-        // With writes counted once replicas have them, a node's share ends with `WAIT`: its
-        // budget must let the replicas answer, or every renewal there would be given up on
-        // while it waits (and the next, queued behind the `WAIT` on that node's connection,
-        // would be late too) until the holds run out.
-        let within = match self.ack {
-            Some(ack) => within.saturating_add(Duration::from_millis(ack.timeout_ms())),
-            None => within,
-        };
         #[cfg(feature = "cluster")]
         if let RedisConn::Cluster(_) = self.conn {
             return self.renew_by_slot(items, within).await;
         }
         let _ = within;
-        self.renew_batch(items).await
+        self.renew_batch(items, within).await
     }
 
     /// [`renew`](Self::renew) on a cluster. Each slot's group succeeds or fails on its own: a
@@ -83,7 +75,7 @@ impl RedisBackend {
             .collect();
         let within = within.min(self.timeout);
         let replies = futures_util::future::join_all((batches.iter()).map(|(_, batch)| async {
-            match tokio::time::timeout(within, self.renew_batch(batch)).await {
+            match tokio::time::timeout(within, self.renew_batch(batch, within)).await {
                 Ok(reply) => reply,
                 Err(_) => Err(BackendError::timeout(within)),
             }
@@ -120,16 +112,19 @@ impl RedisBackend {
         }
     }
 
+    /// Every item of `items` on one connection, pipelined (with `WAIT` behind them when writes
+    /// wait for replicas, waiting less than `within`: see `ReplicaAck::command_within`).
     pub(super) async fn renew_batch(
         &self,
         items: &[RenewItem],
+        within: Duration,
     ) -> Result<Vec<RenewReply>, BackendError> {
         let mut pipe = redis::pipe();
         for chunk in items.chunks(RENEW_CHUNK) {
             pipe.add_command(renew_call(chunk));
         }
         if let Some(ack) = self.ack {
-            pipe.add_command(ack.command());
+            pipe.add_command(ack.command_within(within));
         }
         let mut replies = self.pipeline(&pipe, &[&script::RENEW]).await?;
         if let Some(ack) = self.ack {
@@ -267,7 +262,7 @@ impl RedisBackend {
             }
         }
         if let Some(ack) = self.ack {
-            pipe.add_command(ack.command());
+            pipe.add_command(ack.command_within(within));
         }
         let mut conn = masters
             .connection(node, within)
@@ -358,7 +353,7 @@ impl RedisBackend {
             }
             pipe.add_command(call.clone());
             if let Some(ack) = self.ack {
-                pipe.add_command(ack.command());
+                pipe.add_command(ack.command_within(within));
             }
             let mut replies: Vec<redis::RedisResult<Value>> =
                 pipe.query_async(&mut conn).await.ok()?;
