@@ -44,7 +44,6 @@ impl RedisBackend {
         if let RedisConn::Cluster(_) = self.conn {
             return self.renew_by_slot(items, within).await;
         }
-        let _ = within;
         self.renew_batch(items, within).await
     }
 
