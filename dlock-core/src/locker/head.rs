@@ -180,10 +180,11 @@ impl Locker {
             tokio::select! {
                 () = &mut notified => {}
                 () = tokio::time::sleep_until(until) => {}
-                Some((fence, sent_at)) = handed(rx) => {
+                Some(handed) = handed(rx) => {
                     leave.disarm();
+                    let (fence, sent_at) = (Some(handed.fence), handed.sent_at);
                     return Ok(Attempted::Held(
-                        self.acquired(name, keys, handoff_owner, Some(fence), lease, sent_at, started),
+                        self.acquired(name, keys, handed.owner, fence, lease, sent_at, started),
                     ));
                 }
             }

@@ -43,9 +43,34 @@ pub(super) struct LocalQueue {
 /// The head waiter's offer to take the lock over directly from a local releaser.
 #[derive(Debug)]
 struct HandoffSlot {
+    /// The token the lock is handed to: this offer's own, used for no other hand-over and for
+    /// no grant (see [`HandoffSlot::renewed`]).
     owner: Arc<str>,
+    /// The head waiter that made the offer (its grant token: one per head waiter).
+    head: Arc<str>,
     lease: Duration,
-    tx: oneshot::Sender<(u64, Instant)>,
+    tx: oneshot::Sender<Handed>,
+}
+
+impl HandoffSlot {
+    /// The same offer under a new token, after a hand-over to the old one whose answer was
+    /// lost: the release sent after it frees whatever the old token holds, and must find there
+    /// only what that hand-over gave — never a lock the waiter got since by another way.
+    fn renewed(self, label: Option<&str>) -> Self {
+        Self {
+            owner: new_owner(label),
+            ..self
+        }
+    }
+}
+
+/// A lock handed over to a head waiter: to which of its tokens, with what fencing token, and
+/// when the releaser sent the hand-over.
+#[derive(Debug)]
+pub(super) struct Handed {
+    pub(super) owner: Arc<str>,
+    pub(super) fence: u64,
+    pub(super) sent_at: Instant,
 }
 
 impl LocalQueue {
@@ -211,7 +236,12 @@ impl Locker {
         match reply {
             Ok(HandoffReply::HandedOver { fence }) => {
                 queue.streak.fetch_add(1, Ordering::Relaxed);
-                if slot.tx.send((fence, sent_at)).is_err() {
+                let handed = Handed {
+                    owner: slot.owner.clone(),
+                    fence,
+                    sent_at,
+                };
+                if slot.tx.send(handed).is_err() {
                     // The waiter left meanwhile: release what it was given.
                     let _ = session.clean_up(&hold.keys, &slot.owner, None).await;
                 }
@@ -231,11 +261,11 @@ impl Locker {
                 Some(ReleaseOutcome::Released)
             }
             Err(_) => {
-                // Unknown whether it ran: the lock is ours still, or the waiter's token holds
+                // Unknown whether it ran: the lock is ours still, or the offer's token holds
                 // it. One release covers both (in either order with the hand-over, should that
-                // still be on its way), and the waiter goes on waiting.
+                // still be on its way), and the waiter goes on waiting, offering a new token.
                 let handed_to = slot.owner.clone();
-                queue.offer_again(slot);
+                queue.offer_again(slot.renewed(self.inner.config.holder_label.as_deref()));
                 let after = super::release::Try::AfterHandoff;
                 Some(
                     self.release_in_redis(hold, Some(&handed_to), after, Some(queue))
@@ -258,8 +288,10 @@ pub(super) struct HeadWait<'a> {
     ticket: &'a QueueTicket,
     keys: Arc<LockKeys>,
     watch: Arc<Watch>,
+    /// The token a release may grant the lock to when this waiter claimed the next turn.
+    /// A hand-over inside the process goes to a token of its own (see [`HandoffSlot`]).
     pub(super) handoff_owner: Arc<str>,
-    rx: Option<oneshot::Receiver<(u64, Instant)>>,
+    rx: Option<oneshot::Receiver<Handed>>,
 }
 
 impl<'a> HeadWait<'a> {
@@ -281,12 +313,14 @@ impl<'a> HeadWait<'a> {
         };
         // No `.await` from here until `HeadWait` exists: once the offer is out, only its `Drop`
         // can give back a lock handed over to a waiter that was dropped.
-        let handoff_owner = new_owner(locker.inner.config.holder_label.as_deref());
+        let label = locker.inner.config.holder_label.as_deref();
+        let handoff_owner = new_owner(label);
         let mut rx = None;
         if locker.inner.config.handoff {
             let (tx, handoff_rx) = oneshot::channel();
             *queue.slot() = Some(HandoffSlot {
-                owner: handoff_owner.clone(),
+                owner: new_owner(label),
+                head: handoff_owner.clone(),
                 lease,
                 tx,
             });
@@ -304,7 +338,7 @@ impl<'a> HeadWait<'a> {
     }
 
     /// The wake-up registration and the hand-over receiver.
-    pub(super) fn parts(&mut self) -> (&Watch, &mut Option<oneshot::Receiver<(u64, Instant)>>) {
+    pub(super) fn parts(&mut self) -> (&Watch, &mut Option<oneshot::Receiver<Handed>>) {
         (&self.watch, &mut self.rx)
     }
 }
@@ -315,16 +349,15 @@ impl Drop for HeadWait<'_> {
             let mut slot = self.queue.slot();
             if slot
                 .as_ref()
-                .is_some_and(|s| Arc::ptr_eq(&s.owner, &self.handoff_owner))
+                .is_some_and(|s| Arc::ptr_eq(&s.head, &self.handoff_owner))
             {
                 *slot = None;
             }
         }
-        let handed_late = self.rx.as_mut().and_then(reclaim).is_some();
-        if handed_late {
+        if let Some(handed) = self.rx.as_mut().and_then(reclaim) {
             // Handed over after this waiter stopped waiting: give it back.
             // The hand-over was answered, so any connection reaches Redis after it.
-            drop(InFlight::new(self.locker, &self.keys, &self.handoff_owner));
+            drop(InFlight::new(self.locker, &self.keys, &handed.owner));
         }
         // Other local waiters remain: the next head takes over the subscription.
         if self.locker.queue_users(&self.ticket.keys.lock) > 1 {
@@ -342,9 +375,7 @@ fn reclaim<T>(rx: &mut oneshot::Receiver<T>) -> Option<T> {
 }
 
 /// Resolves when a local releaser hands the lock over (never, with hand-over off).
-pub(super) async fn handed(
-    rx: &mut Option<oneshot::Receiver<(u64, Instant)>>,
-) -> Option<(u64, Instant)> {
+pub(super) async fn handed(rx: &mut Option<oneshot::Receiver<Handed>>) -> Option<Handed> {
     let answer = match rx.as_mut() {
         Some(receiver) => receiver.await,
         None => std::future::pending().await,
