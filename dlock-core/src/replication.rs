@@ -26,7 +26,9 @@ use std::time::Duration;
 /// any of them; with fewer, Sentinel and Cluster promote the replica with the most data, which is
 /// usually but not certainly one of them. Replicas without persistence that restart lose what
 /// they acknowledged. `WAIT` blocks the connection it runs on, so over a shared connection a slow
-/// acknowledgement delays the commands queued behind it, up to `timeout`.
+/// acknowledgement delays the commands queued behind it, up to `timeout`. Give watchdog leases
+/// several times `timeout` (four or more): every renewal waits for the replicas too, and a lease
+/// of one or two waits is lost to a replica that lags for that long.
 ///
 /// [`with_fsync`](Self::with_fsync) asks for more: the replicas must have written the lock
 /// writes to their append-only files (`WAITAOF`, Redis 7.2 / Valkey 7.2 or newer, replicas with
