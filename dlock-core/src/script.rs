@@ -272,7 +272,9 @@ pub(crate) use sorted_sets::*;
 /// Acquire, when a first `SET NX PX` of the owner found the lock taken (or the attempt is the
 /// head of a local line's, which mints its token with the grant).
 ///
-/// `KEYS[1]` lock, `KEYS[2]` fence; `ARGV[1]` owner (a fresh token), `ARGV[2]` lease ms, `ARGV[3]` (plain locks)
+/// `KEYS[1]` lock, `KEYS[2]` fence (left out while the name's slot migrates between cluster
+/// nodes, so the script runs where the lock key is: the token is then minted when asked, as
+/// for a first attempt); `ARGV[1]` owner (a fresh token), `ARGV[2]` lease ms, `ARGV[3]` (plain locks)
 /// `0`, or the ms a release should keep the lock for the attempt's `Locker` if it finds it taken:
 /// it claims the next turn for it, unless another `Locker`'s claim as old as this one or older
 /// is there (`ARGV[4]`: since when its waiter waits, wall-clock ms; a claim of the same `Locker`
@@ -342,7 +344,7 @@ if v then
   end
 end
 local f = -1
-if ARGV[6] == '1' then
+if ARGV[6] == '1' and KEYS[2] then
   -- Defined here, not for every call: a first attempt has no use for it.
 "#,
     next_fence_lua!(),

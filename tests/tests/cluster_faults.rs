@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use dlock_core::redis;
 use dlock_core::redis::AsyncCommands as _;
-use dlock_core::{LockGuard, Locker};
+use dlock_core::{LockGuard, Locker, ReplicaAck};
 use dlock_tests::cluster::key_slot;
 use dlock_tests::{RedisCluster, unique_name};
 use tokio::task::block_in_place;
@@ -507,5 +507,79 @@ async fn a_waiter_gets_a_lock_released_during_a_slot_migration_at_once() {
     assert!(
         took.iter().all(|t| *t < Duration::from_secs(1)),
         "the waiters got the locks {took:?} after their releases"
+    );
+}
+
+/// With writes that wait for a replica, a release grants nothing: it keeps the lock for the
+/// `Locker` whose waiter claimed the next turn, for as long as that claim asked — four of the
+/// waiter's last round trips, up to a second. While the lock's slot migrates with its keys
+/// split between two masters, the waiter's attempt can't run a script naming the lock and its
+/// fencing counter; naming the lock's key alone, it takes the kept lock at once rather than
+/// wait for the keeping to end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acknowledged_waiter_takes_a_lock_kept_for_it_during_a_slot_migration() {
+    let mut cluster = block_in_place(RedisCluster::start);
+    let ack = ReplicaAck::new(1, Duration::from_millis(400));
+    let connect = || async {
+        (Locker::builder().cluster(cluster.seed_urls()))
+            .replica_ack(ack)
+            .build()
+            .await
+            .expect("a locker on the cluster")
+    };
+    let (holder, waiter) = (connect().await, connect().await);
+    let name = unique_name("cluster-kept-while-migrating");
+    let key = holder.key_of(name.as_str()).unwrap();
+    let slot = key_slot(key.as_bytes());
+    let from = cluster.master_for_slot(slot);
+    let to = (cluster.masters().into_iter())
+        .find(|m| m.id != from.id)
+        .unwrap();
+    let replica = cluster.replica_of(&from).port;
+    // A first grant mints a fencing counter, which stays on the old master while the key moves.
+    let guard = holder.lock(name.as_str()).await.expect("a first lock");
+    guard.fencing_token().await.expect("a first token");
+    assert!(guard.release().await.is_released());
+    let held = holder.lock(name.as_str()).await.expect("lock");
+
+    // The waiter's attempts wait for a paused replica: their round trips, and so the turn its
+    // claim asks to be kept, grow to the acknowledgement wait.
+    block_in_place(|| cluster.pause(replica));
+    let wait = {
+        let (waiter, name) = (waiter.clone(), name.clone());
+        tokio::spawn(async move {
+            let guard = waiter
+                .lock(name.as_str())
+                .wait(Duration::from_secs(20))
+                .await;
+            (guard, Instant::now())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    // A wake-up with nothing released: the waiter tries again and claims the turn, asking it
+    // kept for four of those round trips.
+    let mut con = cluster.node(from.port).connection().await;
+    let channel = format!("{key}:wake");
+    let _: i64 = (redis::cmd("SPUBLISH").arg(&channel).arg("1"))
+        .query_async(&mut con)
+        .await
+        .expect("SPUBLISH");
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    block_in_place(|| cluster.resume(replica));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let migration = block_in_place(|| cluster.begin_migration(slot, to.port));
+    block_in_place(|| cluster.migrate_keys(&migration, &[&key]));
+    let outcome = held.release().await;
+    let released = Instant::now();
+    assert!(outcome.is_released(), "{outcome:?}");
+    let (guard, at) = wait.await.unwrap();
+    let took = at.saturating_duration_since(released);
+    block_in_place(|| cluster.finish_migration(migration));
+    let guard = guard.expect("the waiter gets the lock");
+    assert!(guard.release().await.is_released());
+    assert!(
+        took < Duration::from_millis(500),
+        "the waiter got the lock kept for it {took:?} after the release"
     );
 }

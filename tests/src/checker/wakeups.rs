@@ -10,7 +10,7 @@
 //! return a guard of the name within [`WAKE_WITHIN`] of the release's answer (within
 //! [`WAKE_WITHIN_AFTER_A_FAULT`] just after a fault that reached the name), plus the scheduler's
 //! lag, unless a fault reached the name (or that waiter's locker) meanwhile — a slot migration
-//! does only with replica acknowledgement (see [`check`]).
+//! never does: the lock's key, its channel and a kept lock stay reachable all along.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -42,17 +42,13 @@ struct Waiter {
 
 /// Every release of a plain lock that left a subscribing waiter asleep past the bound.
 /// `polling` lockers wait without a subscription: their waits are left out. `acknowledged`: how
-/// long a grant may wait for replicas to acknowledge it, added to the bound; when it is not
-/// zero, a migration excuses too — with replica acknowledgement a lock passed on is kept for
-/// the claimant's `Locker`, whose attempt can't take it while its slot moves (its counter on
-/// the other side) until the keeping ends.
+/// long a grant may wait for replicas to acknowledge it, added to the bound.
 pub(super) fn check(
     history: &History,
     faults: &[FaultRec],
     (polling, acknowledged): (&[u8], Duration),
     out: &mut Vec<Violation>,
 ) {
-    let migrations_excuse = !acknowledged.is_zero();
     let mut waiters: HashMap<u32, Waiter> = HashMap::new();
     for e in history.events() {
         match e.kind {
@@ -109,11 +105,12 @@ pub(super) fn check(
                 WAKE_WITHIN
             };
         let deadline = answered + bound;
-        // A slot on its way to another master excuses nothing (its keys and its channel stay
-        // reachable all along), but with replica acknowledgement (see above).
+        // A slot on its way to another master excuses nothing: its keys and its channel stay
+        // reachable all along (a lock kept for a claimant's `Locker` is taken by an attempt
+        // that names its key alone).
         let reached = |locker: u8| {
             faults.iter().any(|f| {
-                (f.kind != FaultKind::Migration || migrations_excuse)
+                f.kind != FaultKind::Migration
                     && f.reach.hits_hold(g.name, locker)
                     && f.from <= deadline
                     && f.to >= end.at

@@ -57,38 +57,38 @@ impl RedisBackend {
             }
         }
         let claim = turn.claim.filter(|_| keys.hands_over());
-        let call = ScriptCall::new(&script::ACQUIRE, &[&keys.lock, keys.fence()])
-            .arg(owner)
-            .arg(millis(lease))
-            .arg(claim.map_or(0, |c| millis_up(c.window)))
-            .arg(claim.map_or(0, |c| c.since))
-            .arg(turn.locker)
-            .arg(if turn.head { "1" } else { "0" })
-            .arg(fence_ttl.map_or(0, millis));
         // A grant inside another's release is not waited for by a replica: with replicas to
         // acknowledge grants, claims are kept for the `Locker` and its attempt takes them.
         let grant = turn
             .grant
             .filter(|_| keys.hands_over() && self.ack.is_none());
-        let call = match grant {
-            Some(grant) => (call.arg(grant.token).arg(grant.attempt)).arg(millis_up(grant.window)),
-            None => call,
+        let attempt = |keys_named: &[&str]| {
+            let call = ScriptCall::new(&script::ACQUIRE, keys_named)
+                .arg(owner)
+                .arg(millis(lease))
+                .arg(claim.map_or(0, |c| millis_up(c.window)))
+                .arg(claim.map_or(0, |c| c.since))
+                .arg(turn.locker)
+                .arg(if turn.head { "1" } else { "0" })
+                .arg(fence_ttl.map_or(0, millis));
+            match grant {
+                Some(grant) => {
+                    (call.arg(grant.token).arg(grant.attempt)).arg(millis_up(grant.window))
+                }
+                None => call,
+            }
         };
+        let call = attempt(&[&keys.lock, keys.fence()]);
         let (reply, acknowledged) = match self.invoke_until(conn, call, true, self.ack, until).await
         {
             // The lock's slot is moving and its keys are on both sides (the fencing counter
-            // still on the old master, the lock key gone from it): the script can't run until
-            // the move ends, but `SET NX` names one key and goes where that key is. A plain
-            // lock taken this way mints its token when asked, as any lock taken by `SET NX`.
+            // still on the old master, the lock key gone from it): a script naming both can't
+            // run until the move ends. Naming the lock's key alone, it goes where that key is
+            // and does all the same — takes a lock kept or granted for this waiter, claims the
+            // next turn — except mint a token: that is minted when asked, as for a first attempt.
             Err(err) if err.is_migrating() && matches!(keys.kind, KeyKind::Lock) => {
-                let call = ScriptCall::set_nx(&keys.lock, owner, millis(lease));
-                let (reply, acknowledged): (Value, _) =
-                    self.invoke_until(conn, call, true, self.ack, until).await?;
-                if !matches!(reply, Value::Okay) {
-                    return Ok(AcquireReply::Busy { pttl: None });
-                }
-                self.acknowledged(acknowledged)?;
-                return Ok(AcquireReply::Acquired { fence: None });
+                let call = attempt(&[&keys.lock]);
+                self.invoke_until(conn, call, true, self.ack, until).await?
             }
             other => other?,
         };
