@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use dlock_core::redis::{self, AsyncCommands as _};
 use dlock_core::{LockError, Locker, ReleaseOutcome};
-use dlock_tests::{RedisServer, pause_writes, unique_name};
+use dlock_tests::{Proxy, RedisServer, pause_writes, unique_name};
 
 /// A task that waits up to 10 s for `name` on `locker`.
 fn waiting_task(
@@ -416,6 +416,68 @@ async fn a_release_after_a_lost_hand_over_that_released_instead_says_released() 
     let outcome = guard.release().await;
     assert!(outcome.is_released(), "{outcome:?}");
     for waiter in [local, elsewhere] {
+        let released = (waiter.await)
+            .expect("task")
+            .expect("each waiter gets the lock in turn");
+        assert!(released.is_released(), "{released:?}");
+    }
+}
+
+/// The release sent after a hand-over whose answer was lost frees what the hand-over may have
+/// given, and nothing the waiter got since. Here that release reaches a server that has not
+/// loaded its script yet and is sent again after loading it, and the releaser's commands reach
+/// the server 100 ms late (a proxy delays them): between the two sends, a waiter of another
+/// `Locker` takes the lock and releases it, granting it to the turn the local waiter claimed
+/// meanwhile. The resent release must leave that grant alone: the local waiter holds the lock,
+/// and its release says so.
+#[tokio::test]
+async fn a_release_resent_after_a_lost_hand_over_frees_nothing_granted_since() {
+    let server = RedisServer::start();
+    let mut admin = server.connection().await;
+    let far = Proxy::start_delayed(server.addr(), Duration::from_millis(100)).await;
+    let build = |url: String| async move {
+        (Locker::builder().url(url))
+            .command_timeout(Duration::from_millis(600))
+            .build()
+            .await
+            .expect("connect")
+    };
+    let (locker, other) = (build(far.url()).await, build(server.url()).await);
+    let name = unique_name("handoff-resent");
+    // The scripts of an attempt and a hand-over are loaded here; the release's is not: nothing
+    // has been released but by hand-over.
+    let warm = locker.lock(name.as_str()).await.expect("lock");
+    let warm_waiter = waiting_task(&locker, &name);
+    // Long enough for the waiter's delayed attempts to make it the head, offering a hand-over.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert!(warm.release().await.is_released());
+    let guard = warm_waiter.await.expect("task").expect("handed over");
+
+    // Each waiter holds the lock a while, then lets go.
+    let wait = |locker: &Locker, hold: u64| {
+        let (locker, name) = (locker.clone(), name.clone());
+        tokio::spawn(async move {
+            let got = locker
+                .lock(name.as_str())
+                .wait(Duration::from_secs(10))
+                .await?;
+            tokio::time::sleep(Duration::from_millis(hold)).await;
+            Ok::<_, LockError>(got.release().await)
+        })
+    };
+    // The other first: its claim to the next turn is the older one, so the hand-over, which
+    // finds it listening, releases instead and keeps the lock for it.
+    let elsewhere = wait(&other, 150);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let local = wait(&locker, 300);
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    // The hand-over waits out the pause and times out; the release after it runs at the end of
+    // the pause, finds no script, and is sent again 200 ms later. Meanwhile the other takes the
+    // lock, the local waiter claims the next turn, and the other's release grants it that.
+    pause_writes(&mut admin, 800).await;
+    let outcome = guard.release().await;
+    assert!(outcome.is_released(), "{outcome:?}");
+    for waiter in [elsewhere, local] {
         let released = (waiter.await)
             .expect("task")
             .expect("each waiter gets the lock in turn");
