@@ -68,6 +68,12 @@ pub enum FaultKind {
     /// Redis does by default until its replica takes over: nothing is lost, but no hold on any
     /// master can be renewed meanwhile.
     ClusterDown,
+    /// A replica paused on a cluster, as it reaches the clients: one that reads the slot map
+    /// meanwhile may ask the paused node and wait on it, and the cluster client (redis-rs) does
+    /// that under a lock that holds up every command of the client, to every node, until the
+    /// node answers or times out. So it may delay any name's commands — not the watchdog's
+    /// renewals, which go to each master on a connection of their own. It loses nothing.
+    SlotMapStall,
 }
 
 impl FaultKind {

@@ -660,10 +660,13 @@ fn watchdog_keeps(
             continue;
         }
         let from = g.call.checked_sub(g.lease).unwrap_or(g.call);
-        if faults
-            .iter()
-            .any(|f| f.reach.hits_hold(g.name, g.locker) && f.to >= from && f.from <= lost)
-        {
+        // A stalled slot-map refresh holds up no renewal (see `FaultKind::SlotMapStall`).
+        if faults.iter().any(|f| {
+            f.kind != FaultKind::SlotMapStall
+                && f.reach.hits_hold(g.name, g.locker)
+                && f.to >= from
+                && f.from <= lost
+        }) {
             continue;
         }
         out.push(Violation {

@@ -195,7 +195,8 @@ impl DistributedTargets {
                     cluster.resume(replica);
                 })
                 .await;
-                let mut recs = vec![rec(FaultKind::ReplicaPaused, reach)];
+                let stall = rec(FaultKind::SlotMapStall, Reach::ALL);
+                let mut recs = vec![rec(FaultKind::ReplicaPaused, reach), stall];
                 recs.extend(self.acknowledged_again(c, n).await);
                 recs
             }
