@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use dlock_core::redis;
 use dlock_core::redis::AsyncCommands as _;
 use dlock_core::{LockGuard, Locker, ReplicaAck};
-use dlock_tests::cluster::key_slot;
+use dlock_tests::cluster::{ClusterNode, key_slot};
 use dlock_tests::{RedisCluster, unique_name};
 use tokio::task::block_in_place;
 
@@ -23,10 +23,7 @@ async fn a_held_lock_survives_its_slot_migrating_to_another_master() {
     let name = unique_name("cluster-migrate");
     let key = locker.key_of(name.as_str()).unwrap();
     let slot = key_slot(key.as_bytes());
-    let from = cluster.master_for_slot(slot);
-    let to = (cluster.masters().into_iter())
-        .find(|m| m.id != from.id)
-        .unwrap();
+    let (_, to) = move_from_to(&cluster, slot);
 
     let guard = locker.lock(name.as_str()).await.expect("lock");
     block_in_place(|| cluster.migrate_slot(slot, to.port));
@@ -325,10 +322,7 @@ async fn a_release_during_a_slot_migration_answers_at_once() {
         .find(|n| key_slot(holder.key_of(n.as_str()).unwrap().as_bytes()) == slot)
         .unwrap();
     let key_b = holder.key_of(second.as_str()).unwrap();
-    let from = cluster.master_for_slot(slot);
-    let to = (cluster.masters().into_iter())
-        .find(|m| m.id != from.id)
-        .unwrap();
+    let (_, to) = move_from_to(&cluster, slot);
     let a = holder.lock(first.as_str()).await.expect("lock a");
     let b = holder.lock(second.as_str()).await.expect("lock b");
     // Someone waited on each, so each release wakes waiters (the release that publishes).
@@ -381,10 +375,7 @@ async fn holds_in_a_slot_that_stays_migrating_are_renewed_on_both_sides() {
         .map(|i| format!("{prefix}:b{i}"))
         .find(|n| key_slot(locker.key_of(n.as_str()).unwrap().as_bytes()) == slot)
         .unwrap();
-    let from = cluster.master_for_slot(slot);
-    let to = (cluster.masters().into_iter())
-        .find(|m| m.id != from.id)
-        .unwrap();
+    let (from, to) = move_from_to(&cluster, slot);
     let a = locker.lock(first.as_str()).await.expect("lock a");
     let b = locker.lock(second.as_str()).await.expect("lock b");
     let migration = block_in_place(|| cluster.begin_migration(slot, to.port));
@@ -461,10 +452,7 @@ async fn a_waiter_gets_a_lock_released_during_a_slot_migration_at_once() {
         .map(|i| format!("{prefix}:b{i}"))
         .find(|n| key_slot(holder.key_of(n.as_str()).unwrap().as_bytes()) == slot)
         .unwrap();
-    let from = cluster.master_for_slot(slot);
-    let to = (cluster.masters().into_iter())
-        .find(|m| m.id != from.id)
-        .unwrap();
+    let (_, to) = move_from_to(&cluster, slot);
     for name in [&first, &second] {
         let guard = holder.lock(name.as_str()).await.expect("a first lock");
         guard.fencing_token().await.expect("a first token");
@@ -531,10 +519,7 @@ async fn an_acknowledged_waiter_takes_a_lock_kept_for_it_during_a_slot_migration
     let name = unique_name("cluster-kept-while-migrating");
     let key = holder.key_of(name.as_str()).unwrap();
     let slot = key_slot(key.as_bytes());
-    let from = cluster.master_for_slot(slot);
-    let to = (cluster.masters().into_iter())
-        .find(|m| m.id != from.id)
-        .unwrap();
+    let (from, to) = move_from_to(&cluster, slot);
     let replica = cluster.replica_of(&from).port;
     // A first grant mints a fencing counter, which stays on the old master while the key moves.
     let guard = holder.lock(name.as_str()).await.expect("a first lock");
@@ -582,4 +567,13 @@ async fn an_acknowledged_waiter_takes_a_lock_kept_for_it_during_a_slot_migration
         took < Duration::from_millis(500),
         "the waiter got the lock kept for it {took:?} after the release"
     );
+}
+
+/// The master that serves `slot` now, and another one to move it to.
+fn move_from_to(cluster: &RedisCluster, slot: u16) -> (ClusterNode, ClusterNode) {
+    let from = cluster.master_for_slot(slot);
+    let to = (cluster.masters().into_iter())
+        .find(|m| m.id != from.id)
+        .expect("another master");
+    (from, to)
 }

@@ -116,7 +116,7 @@ struct Hold {
 }
 
 /// The latest instant anything about a guard happened (for history windows).
-fn last_of(g: &GuardRec, finish: Instant) -> Instant {
+pub(super) fn last_of(g: &GuardRec, finish: Instant) -> Instant {
     let mut last = g.belief_end(finish).max(g.start);
     if let Some(e) = g.end() {
         last = last.max(e.at);
@@ -133,7 +133,7 @@ fn last_of(g: &GuardRec, finish: Instant) -> Instant {
     last
 }
 
-fn describe(history: &History, g: &GuardRec, finish: Instant) -> String {
+pub(super) fn describe(history: &History, g: &GuardRec, finish: Instant) -> String {
     let end = g.end();
     format!(
         "g{} ({} w{}, token {}{}, called {}) believed held {} .. {}{}",
@@ -631,59 +631,6 @@ fn release_truth(
     }
 }
 
-/// (f): a watchdog hold that was lost while its guard lived, with no fault of any kind anywhere
-/// near it (from a lease before its acquisition to its loss) and no `extend`, was let go by the
-/// watchdog itself. `unreliable` lockers (a command timeout meant to expire) are left out, and
-/// so are holds whose grant came back with less than two thirds of their lease left: the round
-/// trip alone took more than the third of a lease the watchdog allows a renewal, so the server
-/// was too slow for that hold, whatever the watchdog did (seen on a loaded machine as a
-/// cluster's first grants came back after 390 ms of a 400 ms lease).
-fn watchdog_keeps(
-    history: &History,
-    guards: &[Arc<GuardRec>],
-    faults: &[FaultRec],
-    unreliable: &[u8],
-    finish: Instant,
-    out: &mut Vec<Violation>,
-) {
-    for g in guards {
-        if g.reentrant || !g.watchdog || unreliable.contains(&g.locker) {
-            continue;
-        }
-        let Some(&lost) = g.lost_at.get() else {
-            continue;
-        };
-        if g.end().is_some_and(|e| e.at <= lost) || !locked(&g.extends).is_empty() {
-            continue;
-        }
-        if g.granted_until.saturating_duration_since(g.start) < g.lease * 2 / 3 {
-            continue;
-        }
-        let from = g.call.checked_sub(g.lease).unwrap_or(g.call);
-        // A stalled slot-map refresh holds up no renewal (see `FaultKind::SlotMapStall`).
-        if faults.iter().any(|f| {
-            f.kind != FaultKind::SlotMapStall
-                && f.reach.hits_hold(g.name, g.locker)
-                && f.to >= from
-                && f.from <= lost
-        }) {
-            continue;
-        }
-        out.push(Violation {
-            invariant: Invariant::WatchdogKeeps,
-            summary: format!(
-                "a watchdog hold (lease {}) was lost {} after it was acquired with no fault \
-                 near it: {}",
-                ms(g.lease),
-                ms(lost - g.start),
-                describe(history, g, finish)
-            ),
-            window: Some((g.name, g.call, last_of(g, finish))),
-            hint: "",
-        });
-    }
-}
-
 /// Every invariant over the history, up to `finish` (guards never ended count as held until
 /// then). `unreliable` lockers are left out of (f) and never count as overtaken fair waiters.
 pub fn check(history: &History, finish: Instant, unreliable: &[u8]) -> Vec<Violation> {
@@ -721,7 +668,7 @@ pub fn check(history: &History, finish: Instant, unreliable: &[u8]) -> Vec<Viola
     tokens_kept(history, &events, &guards, finish, &mut out);
     unasked_reentry(history, &events, &guards, finish, &mut out);
     release_truth(history, &events, &guards, &faults, finish, &mut out);
-    watchdog_keeps(history, &guards, &faults, unreliable, finish, &mut out);
+    super::watchdog::check(history, &guards, &faults, unreliable, finish, &mut out);
     out.extend(super::fair::check(history, &faults, unreliable).1);
     out.extend(super::shares::check(history, finish).1);
     super::bounded::check(history, &faults, &mut out);

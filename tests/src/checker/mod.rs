@@ -50,6 +50,7 @@ pub mod shares;
 mod steady;
 mod tracked;
 mod wakeups;
+mod watchdog;
 
 pub use distributed::{Figures, run_cluster, run_sentinel};
 pub use fair::FairFigures;
