@@ -284,10 +284,10 @@ async fn a_stopped_holder_resumes_to_a_lost_lock_and_refused_writes() {
 /// is only the drift the guard takes off its lease (a hundredth of it plus 2 ms, 32 ms here),
 /// less than what reading another process's output can add on a busy machine.
 ///
-/// The grant is placed on the same clock by Redis itself: the rival's fencing token is the
-/// server's clock, in microseconds, at the grant, and the server runs on this machine. The
-/// instants around the rival's call only bracket it: a call delayed on its way to Redis would
-/// make its start far earlier than the grant.
+/// The grant is placed on the same clock by Redis itself: the server's clock when the rival's
+/// key was set (its expiry less the lease), and the server runs on this machine. The instants
+/// around the rival's call only bracket it: a call delayed on its way to Redis would make its
+/// start far earlier than the grant.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partitioned_holder_gives_up_by_its_own_deadline_before_a_rival_is_granted() {
     let server = RedisServer::start();
@@ -348,8 +348,23 @@ async fn a_partitioned_holder_gives_up_by_its_own_deadline_before_a_rival_is_gra
         .await
         .expect("the partitioned holder never reported the loss")
         .expect("the holder's thread panicked");
-    // A fresh grant's token is the server's clock at the grant, in microseconds.
-    let granted_at = instant_of_redis_micros(rival_guard.fencing_token().await.unwrap().get());
+    // Redis's clock at the grant: the grant set the key to expire a lease later, so it was a
+    // lease before the key's expiry — now (`TIME`) plus what is left (`PTTL`, whole ms: the
+    // estimate is within a millisecond). Read at once, before any renewal moved the expiry.
+    let granted_at = {
+        let key = rival.key_of(name.as_str()).expect("a key");
+        let mut con = server.connection().await;
+        let ((secs, micros), pttl): ((u64, u64), u64) = redis::pipe()
+            .cmd("TIME")
+            .cmd("PTTL")
+            .arg(&key)
+            .query_async(&mut con)
+            .await
+            .expect("TIME and PTTL");
+        let expiry = secs * 1_000_000 + micros + pttl * 1_000;
+        let lease = u64::try_from(PARTITION_LEASE.as_micros()).expect("a lease in microseconds");
+        instant_of_redis_micros(expiry - lease)
+    };
     eprintln!(
         "partition -> holder reports the loss: {:.1} ms (its deadline: {:.1} ms); partition -> \
          rival granted: {:.1} ms; loss reported {:.1} ms before the grant",
