@@ -143,8 +143,11 @@ dlock-bench [--quick] [--only W1,W2,...] [--libs dlock,raw,...] [--duration SECO
                 exclusive primitives dlock-fair, dlock-write (a read-write lock's writer),
                 dlock-permit (a semaphore of one permit); and the plain lock in its
                 scale-out modes, each on servers of its own: dlock-cluster (3 masters with
-                a replica each), dlock-sentinel, dlock-ack (a replica acknowledges every
-                grant), dlock-majority (3 independent masters). W1-W3 run each of them.
+                a replica each; a replica acknowledges every write, the default there),
+                dlock-cluster-unacked (the same without), dlock-sentinel and
+                dlock-sentinel-unacked (likewise), dlock-ack (one server whose replica
+                acknowledges every write), dlock-majority (3 independent masters). W1-W3
+                run each of them.
                 Only when named: raw-scripted-acquire (raw with its SET NX PX inside a
                 script), raw-marked-release (raw whose release also records the released
                 owner and publishes, as dlock's does), raw-recorded-release (records, does

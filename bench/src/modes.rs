@@ -10,10 +10,16 @@ use dlock_tests::{RedisCluster, RedisSentinel, RedisServer};
 /// A scale-out mode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Mode {
-    /// `LockerBuilder::cluster`: a 3-master cluster, woken through sharded pub/sub.
+    /// `LockerBuilder::cluster`: a 3-master cluster, woken through sharded pub/sub; by default,
+    /// every write waits for the master's replica.
     Cluster,
-    /// `LockerBuilder::sentinel`: the master found through three sentinels.
+    /// The same cluster with `without_replica_ack()`: writes count once the master has them.
+    ClusterUnacked,
+    /// `LockerBuilder::sentinel`: the master found through three sentinels; by default, every
+    /// write waits for the replica.
     Sentinel,
+    /// The same sentinels with `without_replica_ack()`.
+    SentinelUnacked,
     /// `LockerBuilder::replica_ack(ReplicaAck::new(1, 1 s))`: a grant counts once one replica
     /// has it.
     Ack,
@@ -68,13 +74,20 @@ impl Deployments {
         for mode in modes {
             let started = Instant::now();
             match mode {
-                Mode::Cluster => {
+                // Both ways of writing run on the same servers.
+                Mode::Cluster | Mode::ClusterUnacked if deployments.cluster.is_some() => continue,
+                Mode::Sentinel | Mode::SentinelUnacked if deployments.sentinel.is_some() => {
+                    continue;
+                }
+                Mode::Cluster | Mode::ClusterUnacked => {
                     deployments.cluster = Some(
                         RedisCluster::try_start_with_node_timeout(CLUSTER_NODE_TIMEOUT)
                             .unwrap_or_else(|e| fail(&e)),
                     )
                 }
-                Mode::Sentinel => deployments.sentinel = Some(RedisSentinel::start()),
+                Mode::Sentinel | Mode::SentinelUnacked => {
+                    deployments.sentinel = Some(RedisSentinel::start())
+                }
                 Mode::Ack => deployments.ack = Some(acknowledging_pair()),
                 Mode::Majority => {
                     deployments.masters = (0..3).map(|_| RedisServer::start()).collect()
@@ -110,10 +123,10 @@ impl Deployments {
     /// `INFO <section>` of every data node `mode` runs on (its sentinels are not counted).
     pub(crate) fn infos(&self, mode: Mode, section: &str) -> Vec<String> {
         let nodes: Vec<&RedisServer> = match mode {
-            Mode::Cluster => (self.cluster.iter())
+            Mode::Cluster | Mode::ClusterUnacked => (self.cluster.iter())
                 .flat_map(|c| c.ports().into_iter().map(|p| c.node(p)))
                 .collect(),
-            Mode::Sentinel => (self.sentinel.iter())
+            Mode::Sentinel | Mode::SentinelUnacked => (self.sentinel.iter())
                 .flat_map(|s| s.data_ports().into_iter().map(|p| s.data_node(p)))
                 .collect(),
             Mode::Ack => self.ack.iter().flat_map(|(m, r)| [m, r]).collect(),

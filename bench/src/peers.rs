@@ -53,7 +53,7 @@ pub(crate) enum Kind {
 }
 
 impl Lib {
-    pub(crate) const ALL: [Lib; 15] = [
+    pub(crate) const ALL: [Lib; 17] = [
         Lib::Dlock(Kind::Plain),
         Lib::Raw,
         Lib::RslockDefault,
@@ -62,7 +62,9 @@ impl Lib {
         Lib::Dlock(Kind::Write),
         Lib::Dlock(Kind::Permit),
         Lib::Scaled(Mode::Cluster),
+        Lib::Scaled(Mode::ClusterUnacked),
         Lib::Scaled(Mode::Sentinel),
+        Lib::Scaled(Mode::SentinelUnacked),
         Lib::Scaled(Mode::Ack),
         Lib::Scaled(Mode::Majority),
         Lib::Probe(Probe::ScriptedAcquire),
@@ -86,7 +88,9 @@ impl Lib {
             Lib::Dlock(Kind::Write) => "dlock-write",
             Lib::Dlock(Kind::Permit) => "dlock-permit",
             Lib::Scaled(Mode::Cluster) => "dlock-cluster",
+            Lib::Scaled(Mode::ClusterUnacked) => "dlock-cluster-unacked",
             Lib::Scaled(Mode::Sentinel) => "dlock-sentinel",
+            Lib::Scaled(Mode::SentinelUnacked) => "dlock-sentinel-unacked",
             Lib::Scaled(Mode::Ack) => "dlock-ack",
             Lib::Scaled(Mode::Majority) => "dlock-majority",
             Lib::Raw => "raw",
@@ -243,9 +247,15 @@ impl Client {
             Lib::Scaled(mode) => {
                 let builder = match mode {
                     Mode::Cluster => Locker::builder().cluster(at.cluster_seeds.clone()),
+                    Mode::ClusterUnacked => {
+                        (Locker::builder().cluster(at.cluster_seeds.clone())).without_replica_ack()
+                    }
                     Mode::Sentinel => {
                         Locker::builder().sentinel(at.sentinels.clone(), at.sentinel_master.clone())
                     }
+                    Mode::SentinelUnacked => (Locker::builder())
+                        .sentinel(at.sentinels.clone(), at.sentinel_master.clone())
+                        .without_replica_ack(),
                     Mode::Ack => Locker::builder()
                         .url(&at.ack_master)
                         .replica_ack(ReplicaAck::new(1, Duration::from_secs(1))),

@@ -33,7 +33,9 @@ fn every_workload_runs_without_violations() {
     let others = ["dlock-fair", "dlock-write", "dlock-permit"];
     let modes = [
         "dlock-cluster",
+        "dlock-cluster-unacked",
         "dlock-sentinel",
+        "dlock-sentinel-unacked",
         "dlock-ack",
         "dlock-majority",
     ];

@@ -42,8 +42,10 @@
 //!   refuses stale tokens can.
 //! - **Failover**: tokens are the master's clock in microseconds at the grant (or the last token +
 //!   1), so they keep rising after a failover to a replica that missed the latest grants (see
-//!   [`FencingToken`]). A grant counts once the master has it; with
-//!   [`LockerBuilder::replica_ack`] it counts once replicas have it too ([`ReplicaAck`]).
+//!   [`FencingToken`]). On Sentinel and a Cluster a grant counts once a replica has it too
+//!   (one the deployment lists as healthy, if any: [`ReplicaAck::up_to_listed`];
+//!   [`LockerBuilder::replica_ack`] says more, and [`LockerBuilder::without_replica_ack`]
+//!   turns it off); on one server, once the master has it, unless [`ReplicaAck`] asks for more.
 //! - **Independent masters**: a [`MasterSet`] holds a lock on every master
 //!   ([`MasterSet::all`]) or on a majority ([`MasterSet::majority`], Redlock), so no single
 //!   master's loss can hand it to a rival.

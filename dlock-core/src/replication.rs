@@ -4,7 +4,9 @@ use std::time::Duration;
 
 /// Makes a [`Locker`](crate::Locker)'s lock writes wait until `replicas` replicas of the master
 /// have them (Redis's `WAIT`), so that a failover to one of those replicas keeps them. Set it with
-/// [`LockerBuilder::replica_ack`](crate::LockerBuilder::replica_ack).
+/// [`LockerBuilder::replica_ack`](crate::LockerBuilder::replica_ack). A `Locker` on Sentinel or a
+/// Cluster waits for one replica by default, [up to the replicas listed](Self::up_to_listed)
+/// (turn it off with [`without_replica_ack`](crate::LockerBuilder::without_replica_ack)).
 ///
 /// What each operation then guarantees:
 ///
@@ -38,6 +40,7 @@ pub struct ReplicaAck {
     replicas: u32,
     timeout: Duration,
     fsync: bool,
+    up_to_listed: bool,
 }
 
 impl ReplicaAck {
@@ -48,6 +51,44 @@ impl ReplicaAck {
             replicas,
             timeout,
             fsync: false,
+            up_to_listed: false,
+        }
+    }
+
+    /// Wait for no more replicas than the deployment lists as healthy for the master a write
+    /// goes to: on a Cluster, the replicas `CLUSTER SLOTS` gives for the write's slot (a
+    /// replica marked failed, or not yet synced, is left out); on Sentinel, the replicas the
+    /// sentinels report neither down nor out of sync with the master (`master-link-status`).
+    /// Both are read again every second, and after a write that fell short. A master listed with none — after a failover whose old master is dead, until a
+    /// replica is back — writes without waiting, where it would otherwise refuse every grant
+    /// until one is back; a replica paused or cut off while still listed is waited for, and a
+    /// write it does not acknowledge fails, so a master cut off from its replica does not go
+    /// on granting alone. Until the list is known (and on one server, where there is no list),
+    /// writes wait for all `replicas`. The default on Sentinel and a Cluster.
+    ///
+    /// What it gives up: a write made while the master had no replica listed is kept by no
+    /// replica, and lost if that master dies before a replica has copied it.
+    pub const fn up_to_listed(mut self) -> Self {
+        self.up_to_listed = true;
+        self
+    }
+
+    /// Whether writes wait only for the replicas listed ([`up_to_listed`](Self::up_to_listed)).
+    pub const fn is_up_to_listed(&self) -> bool {
+        self.up_to_listed
+    }
+
+    /// The acknowledgement one write waits for when its master has `listed` healthy replicas
+    /// (`None`: not known): all [`replicas`](Self::replicas) unless this waits
+    /// [up to the listed](Self::up_to_listed) ones; then no more than are listed, and no wait
+    /// at all (`None`) when none are.
+    pub(crate) fn for_listed(self, listed: Option<u32>) -> Option<Self> {
+        match listed {
+            Some(listed) if self.up_to_listed => (listed > 0).then(|| Self {
+                replicas: self.replicas.min(listed),
+                ..self
+            }),
+            _ => Some(self),
         }
     }
 
@@ -116,5 +157,78 @@ impl ReplicaAck {
         } else {
             Ok(u32::from_redis_value(answer)?)
         }
+    }
+}
+
+/// How long a write waits for its replica by default (see [`AckChoice::Default`]), at most: a
+/// replica on the same network answers within a few milliseconds, and a loaded machine can
+/// hold one up for tens; one that takes longer than this is lagging, and the write fails
+/// rather than count on it. Short, too, because a write can wait for a replica that is gone:
+/// in the moment after a failover, before the list of replicas says so, a write to the new
+/// master waits for its old replica for this long (twice, if the new master had to be sent
+/// the script first).
+const DEFAULT_ACK_TIMEOUT: Duration = Duration::from_millis(250);
+
+/// Whether a `Locker`'s lock writes wait for replicas, as its builder was told.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) enum AckChoice {
+    /// Not told: on Sentinel and a Cluster, one replica acknowledges every write, up to the
+    /// replicas listed (see [`AckChoice::resolve`]); elsewhere, none.
+    #[default]
+    Default,
+    /// Writes count once the master has them.
+    Off,
+    /// As given.
+    On(ReplicaAck),
+}
+
+impl AckChoice {
+    /// The acknowledgement a `Locker`'s writes wait for (`None`: none), on a deployment that
+    /// `lists_replicas` (Sentinel, or a Cluster reached through its seeds) or not: by default
+    /// there, one replica [up to the listed ones](ReplicaAck::up_to_listed), within a quarter
+    /// of the command timeout and at most [`DEFAULT_ACK_TIMEOUT`].
+    pub(crate) fn resolve(
+        self,
+        command_timeout: Duration,
+        lists_replicas: bool,
+    ) -> Option<ReplicaAck> {
+        match self {
+            Self::Default if lists_replicas => {
+                let timeout = DEFAULT_ACK_TIMEOUT
+                    .min(command_timeout / 4)
+                    .max(Duration::from_millis(1));
+                Some(ReplicaAck::new(1, timeout).up_to_listed())
+            }
+            Self::Default | Self::Off => None,
+            Self::On(ack) => Some(ack),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wait_up_to_the_listed_replicas_shrinks_to_them_and_drops_at_none() {
+        let ack = ReplicaAck::new(2, Duration::from_millis(100)).up_to_listed();
+        assert_eq!(ack.for_listed(None), Some(ack));
+        assert_eq!(ack.for_listed(Some(3)), Some(ack));
+        assert_eq!(ack.for_listed(Some(1)).map(|a| a.replicas()), Some(1));
+        assert_eq!(ack.for_listed(Some(0)), None);
+        let strict = ReplicaAck::new(2, Duration::from_millis(100));
+        assert_eq!(strict.for_listed(Some(0)), Some(strict));
+    }
+
+    #[test]
+    fn the_default_waits_where_replicas_are_listed_and_only_there() {
+        let second = Duration::from_millis(800);
+        let ack = AckChoice::Default.resolve(second, true).unwrap();
+        assert_eq!((ack.replicas(), ack.timeout()), (1, second / 4));
+        assert!(ack.is_up_to_listed());
+        let long = AckChoice::Default.resolve(second * 10, true).unwrap();
+        assert_eq!(long.timeout(), DEFAULT_ACK_TIMEOUT);
+        assert_eq!(AckChoice::Default.resolve(second, false), None);
+        assert_eq!(AckChoice::Off.resolve(second, true), None);
     }
 }

@@ -42,8 +42,8 @@ pub const REDIS_CLI_ENV: &str = "DLOCK_REDIS_CLI";
 /// not so short that a loaded machine's hiccup fails a master over.
 pub const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(1500);
 
-/// Three masters, each with one replica.
-const NODES: usize = 6;
+/// The masters of every cluster the harness starts.
+const MASTERS: usize = 3;
 
 /// How long the cluster may take to form, or to be ok again after a fault.
 const OK_WITHIN: Duration = Duration::from_secs(30);
@@ -51,10 +51,13 @@ const OK_WITHIN: Duration = Duration::from_secs(30);
 /// How long `redis-cli --cluster create` may take (it waits, without end, for the nodes to agree).
 const CREATE_WITHIN: Duration = Duration::from_secs(30);
 
-/// A Redis Cluster of six `redis-server` processes on free loopback ports, killed on drop.
+/// A Redis Cluster of `redis-server` processes (three masters, each with one replica unless
+/// started [without](RedisCluster::start_without_replicas)) on free loopback ports, killed on drop.
 #[derive(Debug)]
 pub struct RedisCluster {
     nodes: Vec<RedisServer>,
+    /// Replicas per master when the cluster was created.
+    replicas: usize,
     /// Ports of the nodes paused with [`RedisCluster::pause`].
     paused: BTreeSet<u16>,
     admin: Admin,
@@ -94,10 +97,20 @@ impl RedisCluster {
 
     /// [`start`](Self::start) with another `cluster-node-timeout`.
     pub fn start_with_node_timeout(node_timeout: Duration) -> Self {
+        Self::start_shaped(node_timeout, 1)
+    }
+
+    /// Three masters and no replica: a cluster that shards but can't fail over.
+    pub fn start_without_replicas() -> Self {
+        Self::start_shaped(DEFAULT_NODE_TIMEOUT, 0)
+    }
+
+    /// Three masters with `replicas` replicas each.
+    fn start_shaped(node_timeout: Duration, replicas: usize) -> Self {
         let cli = redis_cli();
         require_cli(&cli);
         let timeout = node_timeout.as_millis().to_string();
-        let nodes = (0..NODES)
+        let nodes = (0..MASTERS * (1 + replicas))
             .map(|_| {
                 RedisServer::start_with_port_args(None, |port| {
                     [
@@ -122,6 +135,7 @@ impl RedisCluster {
             .collect();
         let cluster = Self {
             nodes,
+            replicas,
             paused: BTreeSet::new(),
             admin: Admin::default(),
         };
@@ -130,13 +144,14 @@ impl RedisCluster {
         cluster
     }
 
-    /// `redis-cli --cluster create` over every node, with one replica per master.
+    /// `redis-cli --cluster create` over every node, with the cluster's replicas per master.
     fn create(&self, cli: &str) {
+        let replicas = self.replicas.to_string();
         let mut output = tempfile::tempfile().expect("a file for redis-cli's output");
         let mut cmd = Command::new(cli);
         cmd.args(["--cluster", "create"])
             .args(self.nodes.iter().map(|n| format!("127.0.0.1:{}", n.port())))
-            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas, "--cluster-yes"])
             .stdin(Stdio::null())
             .stdout(output.try_clone().expect("clone a file handle"))
             .stderr(output.try_clone().expect("clone a file handle"));
@@ -357,6 +372,43 @@ impl RedisCluster {
         self.wait_ok_within("the cluster is ok", OK_WITHIN);
     }
 
+    /// Waits (up to 30 s) until every running master lists, in `CLUSTER SLOTS`, a replica for
+    /// each master that has a running replica. A replica is listed only once the cluster has
+    /// heard it synced (a few seconds after a cluster forms or a replica rejoins), and a
+    /// `Locker`'s writes wait only for listed replicas.
+    pub fn wait_replicas_listed(&self) {
+        poll("CLUSTER SLOTS lists the replicas", OK_WITHIN, || {
+            let topology = self.topology();
+            let replicated: BTreeSet<u16> = (topology.nodes.iter())
+                .filter(|n| n.is_master() && n.slot_count() > 0)
+                .filter(|m| {
+                    (topology.nodes.iter())
+                        .any(|r| r.master_id.as_deref() == Some(&m.id) && self.is_up(r.port))
+                })
+                .map(|m| m.port)
+                .collect();
+            for port in self.ports().into_iter().filter(|p| self.is_up(*p)) {
+                let slots: Vec<redis::Value> = (self.admin)
+                    .query(port, redis::cmd("CLUSTER").arg("SLOTS"))
+                    .map_err(|e| format!("CLUSTER SLOTS on {port}: {e}"))?;
+                for range in &slots {
+                    let redis::Value::Array(parts) = range else {
+                        return Err(format!("CLUSTER SLOTS on {port}: {range:?}"));
+                    };
+                    let master = match parts.get(2) {
+                        Some(redis::Value::Array(m)) => m.get(1).cloned(),
+                        _ => None,
+                    };
+                    let master: Option<u16> = master.and_then(|m| redis::from_redis_value(m).ok());
+                    if master.is_some_and(|m| replicated.contains(&m)) && parts.len() < 4 {
+                        return Err(format!("{port} lists no replica for {master:?}"));
+                    }
+                }
+            }
+            Ok(())
+        });
+    }
+
     /// Whether the cluster is as [`wait_ok`](Self::wait_ok) waits for it to be, now.
     pub fn is_ok(&self) -> bool {
         self.health().is_ok()
@@ -386,6 +438,7 @@ impl RedisCluster {
             .filter(|p| self.is_up(*p))
             .collect();
         let mut agreed: Option<(u16, Topology)> = None;
+        let known = self.nodes.len().to_string();
         for &port in &up {
             let info: String = (self.admin)
                 .query(port, redis::cmd("CLUSTER").arg("INFO"))
@@ -394,7 +447,7 @@ impl RedisCluster {
                 ("cluster_state", "ok"),
                 ("cluster_slots_assigned", "16384"),
                 ("cluster_slots_ok", "16384"),
-                ("cluster_known_nodes", "6"),
+                ("cluster_known_nodes", known.as_str()),
             ] {
                 let seen = field(&info, name);
                 if seen != Some(want) {

@@ -306,6 +306,53 @@ impl RedisSentinel {
         self.resume(replica.expect("two data nodes"));
     }
 
+    /// Waits (up to 30 s) until every answering sentinel lists the replica as in sync with the
+    /// master (`master-link-status ok`). A sentinel reads a replica's state every 10 s, so this
+    /// can lag [`wait_ready`](Self::wait_ready) (which asks the replica itself) by as much; a
+    /// `Locker`'s writes wait only for replicas the sentinels list in sync.
+    pub fn wait_replica_listed_in_sync(&self) {
+        poll(
+            "the sentinels list the replica in sync",
+            READY_WITHIN,
+            || {
+                let replica = self.replica().port().to_string();
+                for sentinel in self.answering_sentinels().map(RedisServer::port) {
+                    let listed = self.listed_replica(sentinel, &replica)?;
+                    if listed.get("master-link-status").map(String::as_str) != Some("ok") {
+                        return Err(format!(
+                            "sentinel {sentinel} lists the replica as {listed:?}"
+                        ));
+                    }
+                }
+                Ok(())
+            },
+        );
+    }
+
+    /// Whether every answering sentinel holds the data node on `port` down (`s_down`).
+    pub fn replica_down_everywhere(&self, port: u16) -> bool {
+        let port = port.to_string();
+        (self.answering_sentinels().map(RedisServer::port)).all(|sentinel| {
+            self.listed_replica(sentinel, &port).is_ok_and(|r| {
+                (r.get("flags")).is_some_and(|f| f.split(',').any(|f| f == "s_down"))
+            })
+        })
+    }
+
+    /// What `sentinel` says of the replica on `port` (`SENTINEL REPLICAS`).
+    fn listed_replica(&self, sentinel: u16, port: &str) -> Result<HashMap<String, String>, String> {
+        let mut cmd = redis::cmd("SENTINEL");
+        cmd.arg("REPLICAS").arg(MASTER_NAME);
+        let replicas: Vec<Vec<String>> = (self.admin.query(sentinel, &cmd))
+            .map_err(|e| format!("SENTINEL REPLICAS on {sentinel}: {e}"))?;
+        (replicas.into_iter())
+            .map(|r| pairs(Ok(r)))
+            .collect::<Result<Vec<_>, _>>()?
+            .into_iter()
+            .find(|r| r.get("port").map(String::as_str) == Some(port))
+            .ok_or_else(|| format!("sentinel {sentinel} lists no replica on {port}"))
+    }
+
     fn is_up(&self, port: u16) -> bool {
         !self.paused.contains(&port) && self.data_node(port).pid().is_some()
     }

@@ -8,6 +8,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionLike, ConnectionManager, MultiplexedConnection};
 use redis::{FromRedisValue, Pipeline, RedisResult, Script, ToRedisArgs, Value};
 
+mod acks;
 mod locks;
 mod renewals;
 mod sorted_sets;
@@ -17,6 +18,8 @@ use super::sentinel::SentinelConnection;
 use crate::error::BackendError;
 use crate::replication::ReplicaAck;
 use crate::wait::{Slots, Subscriber, SubscriberSource, Watch};
+
+use acks::Acked;
 
 #[derive(Clone)]
 pub(crate) enum RedisConn {
@@ -213,24 +216,6 @@ impl RedisBackend {
         }
     }
 
-    /// Whether a write acknowledged by `acknowledged` replicas (`None`: none were asked for)
-    /// counts.
-    fn acknowledged(&self, acknowledged: Option<u32>) -> Result<(), BackendError> {
-        match (self.ack, acknowledged) {
-            (Some(ack), Some(n)) if n < ack.replicas() => Err(BackendError::not_replicated(
-                n,
-                ack.replicas(),
-                ack.timeout(),
-            )),
-            (Some(ack), None) => Err(BackendError::not_replicated(
-                0,
-                ack.replicas(),
-                ack.timeout(),
-            )),
-            _ => Ok(()),
-        }
-    }
-
     pub(crate) fn kind(&self) -> &'static str {
         self.conn.kind()
     }
@@ -264,7 +249,8 @@ impl RedisBackend {
     }
 
     /// Runs a script, bounded by the command timeout, followed in the same pipeline by `WAIT`
-    /// when `ack` asks for acknowledgement; returns its reply and, then, how many did. An
+    /// when `ack` asks for acknowledgement (as [`ack_for`](Self::ack_for) the call's first key
+    /// says); returns its reply and, then, how many did. An
     /// `idempotent` script (one that does the same thing when it runs twice) is sent once more
     /// on a connection manager whose connection turned out to be gone (a restarted server, or a
     /// runtime that shut down with the old connection's task): the manager reconnects for the
@@ -275,7 +261,7 @@ impl RedisBackend {
         call: ScriptCall,
         idempotent: bool,
         ack: Option<ReplicaAck>,
-    ) -> Result<(T, Option<u32>), BackendError> {
+    ) -> Result<(T, Acked), BackendError> {
         let until = tokio::time::Instant::now() + self.timeout;
         self.invoke_until(conn, call, idempotent, ack, until).await
     }
@@ -289,8 +275,12 @@ impl RedisBackend {
         idempotent: bool,
         ack: Option<ReplicaAck>,
         until: tokio::time::Instant,
-    ) -> Result<(T, Option<u32>), BackendError> {
+    ) -> Result<(T, Acked), BackendError> {
         let started = tokio::time::Instant::now();
+        let ack = match (ack, call.first_key()) {
+            (Some(ack), Some(key)) if ack.is_up_to_listed() => self.ack_for(key).await,
+            (ack, _) => ack,
+        };
         let until = match conn {
             OpConn::Pooled(_, pooled) => (*pooled).min(until),
             _ => until,
@@ -299,7 +289,7 @@ impl RedisBackend {
         // and release future, and it is needed only while the command is in flight, not while a
         // waiter sleeps (10,000 waiters each keep their futures for as long as they wait).
         let run = Box::pin(async move {
-            let res: RedisResult<(T, Option<u32>)> = match conn {
+            let res: RedisResult<(T, Acked)> = match conn {
                 OpConn::Manager(c) => {
                     let first = call.run(&mut c.clone(), ack).await;
                     match first {
@@ -336,10 +326,20 @@ impl RedisBackend {
             };
             res.map_err(BackendError::redis)
         });
-        match tokio::time::timeout_at(until, run).await {
+        let res = match tokio::time::timeout_at(until, run).await {
             Ok(res) => res,
             Err(_) => Err(BackendError::timeout(until - started)),
+        };
+        // A master that failed or moved may have taken its replicas with it: the list of
+        // replicas is read again before the next write waits for them.
+        #[cfg(feature = "cluster")]
+        if res.is_err()
+            && let Some(masters) = &self.masters
+            && self.ack.is_some_and(|a| a.is_up_to_listed())
+        {
+            masters.mark_stale();
         }
+        res
     }
 
     async fn pipeline(
@@ -530,13 +530,24 @@ impl ScriptCall {
         self
     }
 
+    /// The key the call is routed by: a script's first key, or a command's first argument.
+    fn first_key(&self) -> Option<&str> {
+        let mut args = self.cmd.args_iter().filter_map(|arg| match arg {
+            redis::Arg::Simple(bytes) => Some(bytes),
+            _ => None,
+        });
+        // `EVALSHA <sha> <number of keys> <key>..`, or `<command> <key>..`.
+        let skip = if self.script.is_some() { 3 } else { 1 };
+        std::str::from_utf8(args.nth(skip)?).ok()
+    }
+
     /// Sends the call, and `WAIT` behind it in one pipeline when `ack` asks for it; loads the
     /// script and sends again when the server did not have it.
     async fn run<C: ConnectionLike, T: FromRedisValue>(
         &self,
         c: &mut C,
         ack: Option<ReplicaAck>,
-    ) -> RedisResult<(T, Option<u32>)> {
+    ) -> RedisResult<(T, Acked)> {
         match self.once(c, ack).await {
             Err(err)
                 if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
@@ -553,7 +564,7 @@ impl ScriptCall {
         &self,
         c: &mut C,
         ack: Option<ReplicaAck>,
-    ) -> RedisResult<(T, Option<u32>)> {
+    ) -> RedisResult<(T, Acked)> {
         match ack {
             None => Ok((self.cmd.query_async(c).await?, None)),
             Some(ack) => {
@@ -561,7 +572,7 @@ impl ScriptCall {
                 pipe.add_command(self.cmd.clone())
                     .add_command(ack.command());
                 let (reply, answer): (T, Value) = pipe.query_async(c).await?;
-                Ok((reply, Some(ack.count(answer)?)))
+                Ok((reply, Some((ack.count(answer)?, ack))))
             }
         }
     }

@@ -19,6 +19,9 @@ use redis::sentinel::SentinelClient;
 use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
 use tokio::sync::watch;
 
+mod replicas;
+use replicas::healthy_replicas;
+
 /// How often the sentinels are asked where the master is, besides listening to them.
 const RECHECK_EVERY: Duration = Duration::from_secs(1);
 
@@ -43,6 +46,8 @@ pub(crate) struct SentinelMaster {
     /// first connection.
     listeners: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     ids: AtomicU64,
+    /// How many healthy replicas the sentinels last listed, and for which master (`host:port`).
+    listed: Mutex<Option<(String, u32)>>,
 }
 
 /// One sentinel: how to reach it, and a connection to ask it on (dropped when it fails).
@@ -54,6 +59,22 @@ struct Sentinel {
 impl Sentinel {
     /// `SENTINEL GET-MASTER-ADDR-BY-NAME name`, within [`SENTINEL_TIMEOUT`].
     async fn master_addr(&self, name: &str) -> RedisResult<(String, u16)> {
+        let mut cmd = redis::cmd("SENTINEL");
+        cmd.arg("GET-MASTER-ADDR-BY-NAME").arg(name);
+        self.ask(&cmd).await
+    }
+
+    /// How many replicas of master `name` this sentinel reports healthy (`SENTINEL REPLICAS`,
+    /// see [`healthy_replicas`]), within [`SENTINEL_TIMEOUT`].
+    async fn replicas(&self, name: &str, master: &str) -> RedisResult<u32> {
+        let mut cmd = redis::cmd("SENTINEL");
+        cmd.arg("REPLICAS").arg(name);
+        Ok(healthy_replicas(&self.ask(&cmd).await?, master))
+    }
+
+    /// Sends `cmd` on this sentinel's connection (made if there is none, dropped if the
+    /// question fails), within [`SENTINEL_TIMEOUT`].
+    async fn ask<T: redis::FromRedisValue>(&self, cmd: &Cmd) -> RedisResult<T> {
         let mut conn = self.conn.lock().await;
         let ask = async {
             let c = match conn.as_ref() {
@@ -69,11 +90,7 @@ impl Sentinel {
                     c
                 }
             };
-            redis::cmd("SENTINEL")
-                .arg("GET-MASTER-ADDR-BY-NAME")
-                .arg(name)
-                .query_async::<(String, u16)>(&mut c.clone())
-                .await
+            cmd.query_async::<T>(&mut c.clone()).await
         };
         let answer = bounded(SENTINEL_TIMEOUT, ask).await;
         if answer.is_err() {
@@ -136,6 +153,7 @@ impl SentinelMaster {
             connect_timeout,
             listeners: Mutex::new(Vec::new()),
             ids: AtomicU64::new(1),
+            listed: Mutex::new(None),
         }
     }
 
@@ -176,6 +194,65 @@ impl SentinelMaster {
                 format!("{counts:?}"),
             ))),
         }
+    }
+
+    /// How many healthy replicas the sentinels list for the master connected to now (`None`:
+    /// not known, or listed for another master: a write made before the count has caught up
+    /// with a move waits for every replica asked for).
+    pub(crate) fn listed_replicas(&self) -> Option<u32> {
+        let current = self.current_addr()?;
+        lock(&self.listed)
+            .as_ref()
+            .filter(|(addr, _)| *addr == current)
+            .map(|(_, n)| *n)
+    }
+
+    /// Asks the sentinels (each within [`SENTINEL_TIMEOUT`], all at once, until a majority
+    /// answered) how many healthy replicas master `addr` has, and keeps the highest count: the
+    /// safe side, for a wait that asks too much fails a write, where one that asks too little
+    /// lets a write count that no replica has.
+    async fn relist(&self, addr: String) {
+        use futures_util::stream::{FuturesUnordered, StreamExt as _};
+        let counts: Vec<u32> = if self.sentinels.is_empty() {
+            let mut sentinel = self.sentinel.lock().await;
+            let Ok(client) =
+                bounded(self.connect_timeout, sentinel.async_get_sentinel_client()).await
+            else {
+                return;
+            };
+            drop(sentinel);
+            let one = Sentinel {
+                client,
+                conn: tokio::sync::Mutex::new(None),
+            };
+            one.replicas(&self.name, &addr).await.into_iter().collect()
+        } else {
+            // A majority's answers are enough: a mute sentinel must not hold up the first
+            // command to a new master.
+            let majority = self.sentinels.len() / 2 + 1;
+            (self.sentinels.iter())
+                .map(|s| s.replicas(&self.name, &addr))
+                .collect::<FuturesUnordered<_>>()
+                .filter_map(|answer| async move { answer.ok() })
+                .take(majority)
+                .collect()
+                .await
+        };
+        if let Some(most) = counts.into_iter().max() {
+            *lock(&self.listed) = Some((addr, most));
+        }
+    }
+
+    /// Asks the sentinels for the replicas again, in the background (a write waited for more
+    /// replicas than acknowledged it).
+    pub(crate) fn relist_soon(self: &Arc<Self>) {
+        let (Some(addr), Ok(runtime)) =
+            (self.current_addr(), tokio::runtime::Handle::try_current())
+        else {
+            return;
+        };
+        let this = Arc::clone(self);
+        runtime.spawn(async move { this.relist(addr).await });
     }
 
     /// The address of the master connected to now, if any.
@@ -239,24 +316,29 @@ impl SentinelMaster {
         )
         .await?;
         let addr = client.get_connection_info().addr().to_string();
+        let relisted = addr.clone();
         let id = self.ids.fetch_add(1, Ordering::Relaxed);
-        let mut current = lock(&self.current);
         tracing::debug!(master = %addr, name = %self.name, "dlock: connected to the master");
-        let moved = lock(&self.last_addr)
-            .replace(addr.clone())
-            .is_some_and(|last| last != addr);
-        *current = Some(Current {
-            id,
-            addr,
-            client,
-            conn: conn.clone(),
-        });
-        drop(current);
+        let moved = {
+            let mut current = lock(&self.current);
+            let moved = lock(&self.last_addr)
+                .replace(addr.clone())
+                .is_some_and(|last| last != addr);
+            *current = Some(Current {
+                id,
+                addr,
+                client,
+                conn: conn.clone(),
+            });
+            moved
+        };
         // A subscriber that moved when the old connection was dropped may have found the old
         // master still reported: it follows the commands to this one.
         if moved {
             self.moves.send_modify(|n| *n += 1);
         }
+        // The new master's replicas, for the next writes' acknowledgement to wait for.
+        self.relist(relisted).await;
         Ok((id, conn))
     }
 
@@ -285,6 +367,7 @@ impl SentinelMaster {
             tracing::debug!(master = %reported, name = %self.name, "dlock: the master moved");
             self.forget(id);
         }
+        self.relist(reported).await;
     }
 
     /// Starts the `+switch-master` listeners (one per sentinel) and the check every second on
@@ -316,11 +399,12 @@ impl SentinelMaster {
 /// report another: an announcement can be missed (a sentinel mute or cut off while it was made).
 async fn recheck_every(master: Weak<SentinelMaster>) {
     loop {
-        tokio::time::sleep(RECHECK_EVERY).await;
         let Some(this) = master.upgrade() else { return };
         if this.current_addr().is_some() {
             this.recheck().await;
         }
+        drop(this);
+        tokio::time::sleep(RECHECK_EVERY).await;
     }
 }
 
@@ -417,6 +501,25 @@ pub(crate) struct SentinelConnection {
 impl SentinelConnection {
     pub(crate) fn new(master: Arc<SentinelMaster>) -> Self {
         Self { master }
+    }
+
+    /// How many healthy replicas the sentinels list for the master connected to (see
+    /// [`SentinelMaster::listed_replicas`]); `None` when not connected, or not known for it.
+    pub(crate) fn listed_replicas(&self) -> Option<u32> {
+        self.master.listed_replicas()
+    }
+
+    /// [`listed_replicas`](Self::listed_replicas) for the master the next command goes to:
+    /// connected first if it is not, as that command would be (a new master's replicas are
+    /// asked for when it is connected to).
+    pub(crate) async fn listed_replicas_now(&self) -> Option<u32> {
+        self.master.connection().await.ok()?;
+        self.master.listed_replicas()
+    }
+
+    /// Asks the sentinels for the replicas again, in the background.
+    pub(crate) fn relist_soon(&self) {
+        self.master.relist_soon();
     }
 }
 

@@ -11,7 +11,7 @@ use crate::backend::memory::MemoryBackend;
 use crate::backend::redis::{Pool, RedisBackend, RedisConn};
 use crate::error::LockError;
 use crate::name::validate_prefix;
-use crate::replication::ReplicaAck;
+use crate::replication::{AckChoice, ReplicaAck};
 use crate::wait::SubscriberSource;
 use std::fmt;
 
@@ -38,7 +38,7 @@ pub struct LockerBuilder {
     hide_names: bool,
     holder_label: Option<String>,
     lazy: bool,
-    replica_ack: Option<ReplicaAck>,
+    replica_ack: AckChoice,
 }
 
 #[derive(Default)]
@@ -329,19 +329,38 @@ impl LockerBuilder {
     }
 
     /// Every lock write waits until this many replicas have it (`WAIT`), so that a failover to
-    /// one of them keeps it (default: none, the fastest: a write counts once the master has it).
-    /// Grants not acknowledged in time are rolled back; hand-over between waiters is off. See
-    /// [`ReplicaAck`] for exactly what each operation then guarantees. [`build`](Self::build)
-    /// refuses it over the in-memory store, with no replicas, or with a timeout not under the
-    /// [command timeout](Self::command_timeout).
+    /// one of them keeps it. Grants not acknowledged in time are rolled back; hand-over between
+    /// waiters is off. See [`ReplicaAck`] for exactly what each operation then guarantees.
+    /// [`build`](Self::build) refuses it over the in-memory store, with no replicas, or with a
+    /// timeout not under the [command timeout](Self::command_timeout).
+    ///
+    /// The default depends on where the `Locker` runs. On [Sentinel](Self::sentinel) and a
+    /// [Cluster](Self::cluster) reached through its seeds, where a failover is what the set-up
+    /// is for, one replica acknowledges every write, waiting half the
+    /// [command timeout](Self::command_timeout) and at most 1 s — but never for more replicas
+    /// than the deployment lists as healthy for the write's master
+    /// ([`ReplicaAck::up_to_listed`]): over masters without replicas, or a master whose replica
+    /// died, writes don't wait. Over an application's [cluster connection](Self::cluster_connection),
+    /// which gives no way to read the list, and on one server, writes count once the master has
+    /// them. [`without_replica_ack`](Self::without_replica_ack) turns the default off.
     pub fn replica_ack(mut self, ack: ReplicaAck) -> Self {
-        self.replica_ack = Some(ack);
+        self.replica_ack = AckChoice::On(ack);
+        self
+    }
+
+    /// Lock writes count once the master has them, without waiting for a replica — also on
+    /// Sentinel and a Cluster, where waiting for one is the default (see
+    /// [`replica_ack`](Self::replica_ack)). The fastest choice there, and the one that gives
+    /// up a guarantee: a failover to a replica that had not received a lock write yet loses
+    /// it, and two holders may then overlap until the lost holder's lease ends.
+    pub fn without_replica_ack(mut self) -> Self {
+        self.replica_ack = AckChoice::Off;
         self
     }
 
     /// Connects (for a URL or client) and builds the `Locker`.
     pub async fn build(self) -> Result<Locker, LockError> {
-        let fsync = self.replica_ack.is_some_and(|a| a.fsyncs()) && !self.lazy;
+        let fsync = matches!(self.replica_ack, AckChoice::On(a) if a.fsyncs()) && !self.lazy;
         let locker = self.build_locker().await?;
         if fsync {
             waitaof_supported(&locker).await?;
@@ -358,7 +377,19 @@ impl LockerBuilder {
         check_default_lease(default_lease)?;
         let command_timeout = self.command_timeout.unwrap_or(DEFAULT_COMMAND_TIMEOUT);
         let connect_timeout = self.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT);
-        let ack = self.replica_ack;
+        // Sentinel and a Cluster reached through its seeds list each master's replicas, so
+        // their writes wait for one by default (see `ReplicaAck::up_to_listed`).
+        #[cfg(feature = "cluster")]
+        let cluster = matches!(self.source, Source::ClusterUrls(_));
+        #[cfg(not(feature = "cluster"))]
+        let cluster = false;
+        #[cfg(feature = "sentinel")]
+        let sentinel = matches!(self.source, Source::SentinelUrls(..) | Source::Sentinel(..));
+        #[cfg(not(feature = "sentinel"))]
+        let sentinel = false;
+        let ack = self
+            .replica_ack
+            .resolve(command_timeout, cluster || sentinel);
         if let Some(ack) = ack {
             check_replica_ack(
                 ack,

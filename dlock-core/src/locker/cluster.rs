@@ -56,6 +56,10 @@ pub(super) async fn locker(
                 )));
             }
         }
+        // The masters' replicas, for the first writes' acknowledgement to wait for.
+        if ack.is_some_and(|a| a.is_up_to_listed()) {
+            masters.refresh(connect_timeout).await;
+        }
     }
     let backend = RedisBackend::new(
         RedisConn::Cluster(conn),

@@ -45,8 +45,10 @@ mod targets;
 pub(crate) use targets::DistributedTargets;
 use targets::{Deployment, blocking};
 
-/// How long a write waits for a replica to acknowledge it, in acknowledged runs.
-const ACK_TIMEOUT_MS: u64 = 250;
+/// How long a write waits for a replica to acknowledge it, in acknowledged runs: as long as
+/// the default acknowledgement of a `Locker` on a cluster or Sentinel waits with
+/// [`COMMAND_TIMEOUT`] (a quarter of it).
+const ACK_TIMEOUT_MS: u64 = 200;
 
 /// How many replicas acknowledge, and for how long a write waits for them, in acknowledged runs.
 const ACK: ReplicaAck = ReplicaAck::new(1, Duration::from_millis(ACK_TIMEOUT_MS));
@@ -210,7 +212,9 @@ struct Partitioned {
     polls: bool,
 }
 
-fn builder(prefix: &str, p: Params, acked: bool) -> LockerBuilder {
+/// A locker's builder; in an `acked` run, its writes wait for a replica — by default on a
+/// `scale_out` source (a cluster, Sentinel), as asked on another — and in other runs they don't.
+fn builder(prefix: &str, p: Params, acked: bool, scale_out: bool) -> LockerBuilder {
     let b = Locker::builder()
         .prefix(prefix)
         .watchdog_lease(p.watchdog_lease)
@@ -218,7 +222,11 @@ fn builder(prefix: &str, p: Params, acked: bool) -> LockerBuilder {
         .fence_ttl(p.fence_ttl)
         .command_timeout(COMMAND_TIMEOUT)
         .connect_timeout(Duration::from_secs(1));
-    if acked { b.replica_ack(ACK) } else { b }
+    match (acked, scale_out) {
+        (true, true) => b,
+        (true, false) => b.replica_ack(ACK),
+        (false, _) => b.without_replica_ack(),
+    }
 }
 
 async fn run(
@@ -308,10 +316,21 @@ pub async fn run_cluster(config: Config, acked: bool) -> (Report, Figures) {
     );
     let p = run::params(config.seed);
     let cluster = blocking(RedisCluster::start).await;
+    // Writes wait only for replicas the cluster lists, and it lists them a few seconds after
+    // it forms.
+    let cluster = if acked {
+        blocking(move || {
+            cluster.wait_replicas_listed();
+            cluster
+        })
+        .await
+    } else {
+        cluster
+    };
     let prefix = format!("chk-{}-{}:", config.seed, unique_name("cluster"));
     let mut lockers = Vec::new();
     for _ in 0..FOLLOWERS {
-        let l = builder(&prefix, p, acked)
+        let l = builder(&prefix, p, acked, true)
             .cluster(cluster.seed_urls())
             .build()
             .await
@@ -337,7 +356,9 @@ pub async fn run_cluster(config: Config, acked: bool) -> (Report, Figures) {
         .build()
         .expect("a cluster client with an address map");
     let conn = (client.get_async_connection().await).expect("a cluster connection via proxies");
-    let l = builder(&prefix, p, acked)
+    // An application's cluster connection gives no way to list the replicas: its writes wait
+    // for one only when asked.
+    let l = builder(&prefix, p, acked, false)
         .cluster_connection(conn)
         .build()
         .await;
@@ -404,6 +425,16 @@ pub async fn run_sentinel(config: Config, acked: bool) -> (Report, Figures) {
     );
     let p = run::params(config.seed);
     let set = blocking(RedisSentinel::start).await;
+    // Writes wait only for a replica the sentinels list in sync.
+    let set = if acked {
+        blocking(move || {
+            set.wait_replica_listed_in_sync();
+            set
+        })
+        .await
+    } else {
+        set
+    };
     let prefix = format!("chk-{}-{}:", config.seed, unique_name("sentinel"));
     let mut lockers = Vec::new();
     for i in 0..FOLLOWERS {
@@ -412,7 +443,7 @@ pub async fn run_sentinel(config: Config, acked: bool) -> (Report, Figures) {
         let mut urls = set.sentinel_urls();
         let first = i % urls.len();
         urls.rotate_left(first);
-        let l = builder(&prefix, p, acked)
+        let l = builder(&prefix, p, acked, true)
             .sentinel(urls, set.master_name())
             .build()
             .await
@@ -424,7 +455,10 @@ pub async fn run_sentinel(config: Config, acked: bool) -> (Report, Figures) {
         set.master_port(),
     )))
     .await;
-    let l = builder(&prefix, p, acked).url(floating.url()).build().await;
+    let l = (builder(&prefix, p, acked, false)
+        .url(floating.url())
+        .build())
+    .await;
     lockers.push(l.expect("a locker on the floating address"));
     let deployment = Deployment::Sentinel(Arc::new(Mutex::new(set)));
     let partitioned = Partitioned {

@@ -9,17 +9,23 @@
 //! hangs or gives its slots away costs only the renewals of the holds it keeps.
 //!
 //! The map is read with `CLUSTER SLOTS` from any master that answers (the seeds first time), and
-//! read again after a renewal met `MOVED`, `ASK` or a broken connection.
+//! read again after a renewal met `MOVED`, `ASK` or a broken connection. It also says how many
+//! healthy replicas each master has — `CLUSTER SLOTS` leaves out a replica marked failed or not
+//! yet synced — which is what a write waits for by default (`ReplicaAck::up_to_listed`); for
+//! that, a map older than [`RELIST_EVERY`] is read again before the next write.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, Value};
 
 /// The longest one node is waited for to answer `CLUSTER SLOTS`.
 const SLOTS_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// How old the replica counts may be before they are read again.
+const RELIST_EVERY: Duration = Duration::from_secs(1);
 
 /// A master, by the address the cluster gives for it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -60,6 +66,10 @@ impl std::fmt::Debug for Masters {
 struct State {
     /// Slot ranges (first, last) and their master, as the last `CLUSTER SLOTS` said.
     owners: Vec<(u16, u16, Node)>,
+    /// Each master's healthy replicas, as the same `CLUSTER SLOTS` listed them.
+    replicas: HashMap<Node, u32>,
+    /// When the map was read.
+    read_at: Option<Instant>,
     conns: HashMap<Node, MultiplexedConnection>,
     /// The map must be read again before it is trusted.
     stale: bool,
@@ -94,6 +104,23 @@ impl Masters {
             .map(|(_, _, node)| node.clone())
     }
 
+    /// How many healthy replicas the master of `slot` has (`None`: not known yet), or `Err`
+    /// when the map must be read again first: it is stale, or older than [`RELIST_EVERY`].
+    pub(crate) fn listed_replicas(&self, slot: u16) -> Result<Option<u32>, ()> {
+        let state = self.state();
+        if state.stale || state.read_at.is_none_or(|at| at.elapsed() > RELIST_EVERY) {
+            return Err(());
+        }
+        Ok((state.owners.iter())
+            .find(|(first, last, _)| (*first..=*last).contains(&slot))
+            .and_then(|(_, _, node)| state.replicas.get(node).copied()))
+    }
+
+    /// How many healthy replicas `node` has, as the map last said (`None`: not known).
+    pub(crate) fn listed_replicas_of(&self, node: &Node) -> Option<u32> {
+        self.state().replicas.get(node).copied()
+    }
+
     /// Whether the map must be read (again) before it is used.
     pub(crate) fn is_stale(&self) -> bool {
         self.state().stale
@@ -117,6 +144,23 @@ impl Masters {
         let Ok(_refreshing) = self.refreshing.try_lock() else {
             return;
         };
+        self.read_map(within).await;
+    }
+
+    /// Reads the map again unless it is fresh ([`listed_replicas`](Self::listed_replicas)
+    /// answers), waiting for a read under way (which may leave it fresh) rather than
+    /// skipping it.
+    pub(crate) async fn refresh_if_old(&self, within: Duration) {
+        let Ok(_refreshing) = tokio::time::timeout(within, self.refreshing.lock()).await else {
+            return;
+        };
+        if self.listed_replicas(0).is_err() {
+            self.read_map(within).await;
+        }
+    }
+
+    /// Reads the map from the first master (or seed) that answers within `within` each.
+    async fn read_map(&self, within: Duration) {
         let mut candidates: Vec<Node> = {
             let state = self.state();
             let mut known: Vec<Node> = state.owners.iter().map(|(_, _, n)| n.clone()).collect();
@@ -136,11 +180,10 @@ impl Masters {
             .map(|node| async move {
                 let read = async {
                     let mut conn = self.connection(&node, within).await?;
-                    let reply: Value = redis::cmd("CLUSTER")
-                        .arg("SLOTS")
-                        .query_async(&mut conn)
-                        .await?;
-                    Ok::<_, redis::RedisError>(reply)
+                    let mut pipe = redis::pipe();
+                    pipe.cmd("CLUSTER").arg("SLOTS").cmd("CLUSTER").arg("INFO");
+                    let (slots, info): (Value, String) = pipe.query_async(&mut conn).await?;
+                    Ok::<_, redis::RedisError>((slots, info.contains("cluster_state:ok")))
                 };
                 let reply = match tokio::time::timeout(within, read).await {
                     Ok(Ok(reply)) => Some(reply),
@@ -154,16 +197,35 @@ impl Masters {
                 (node, reply)
             })
             .collect();
+        // The first map from a node that says the cluster is ok; failing that, the first map
+        // at all, kept stale: while a master is failing, its slots' owner and replicas are about
+        // to change, and a write must not wait for the replicas of a master that is gone.
+        let mut failing = None;
         while let Some((node, reply)) = futures_util::StreamExt::next(&mut reads).await {
-            if let Some(owners) = reply.and_then(|reply| parse_slots(reply, &node.host)) {
-                let mut state = self.state();
-                let masters: Vec<&Node> = owners.iter().map(|(_, _, n)| n).collect();
-                state.conns.retain(|n, _| masters.contains(&n));
-                state.owners = owners;
-                state.stale = false;
+            let Some((slots, ok)) = reply else { continue };
+            let Some(map) = parse_slots(slots, &node.host) else {
+                continue;
+            };
+            if ok {
+                self.keep(map, true);
                 return;
             }
+            failing.get_or_insert(map);
         }
+        if let Some(map) = failing {
+            self.keep(map, false);
+        }
+    }
+
+    /// Keeps `map` as the slot map; `trusted` unless read while the cluster was failing.
+    fn keep(&self, (owners, replicas): SlotMap, trusted: bool) {
+        let mut state = self.state();
+        let masters: Vec<&Node> = owners.iter().map(|(_, _, n)| n).collect();
+        state.conns.retain(|n, _| masters.contains(&n));
+        state.owners = owners;
+        state.replicas = replicas;
+        state.read_at = Some(Instant::now());
+        state.stale = !trusted;
     }
 
     /// The connection to `node`, opened (within `within`) if there is none.
@@ -221,13 +283,18 @@ fn node_of(addr: &ConnectionAddr) -> Option<Node> {
     }
 }
 
-/// `CLUSTER SLOTS`'s reply as (first, last, master) ranges; a master announced without a host
-/// (`""` or `"?"`) is on the host that answered.
-fn parse_slots(reply: Value, answered_by: &str) -> Option<Vec<(u16, u16, Node)>> {
+/// A master of each slot range, and how many replicas each master has.
+type SlotMap = (Vec<(u16, u16, Node)>, HashMap<Node, u32>);
+
+/// `CLUSTER SLOTS`'s reply as (first, last, master) ranges, with the replicas listed for each
+/// master (the reply leaves out failed replicas and ones not yet synced); a master announced
+/// without a host (`""` or `"?"`) is on the host that answered.
+fn parse_slots(reply: Value, answered_by: &str) -> Option<SlotMap> {
     let Value::Array(ranges) = reply else {
         return None;
     };
     let mut owners = Vec::with_capacity(ranges.len());
+    let mut replicas = HashMap::new();
     for range in ranges {
         let Value::Array(parts) = range else {
             return None;
@@ -238,6 +305,8 @@ fn parse_slots(reply: Value, answered_by: &str) -> Option<Vec<(u16, u16, Node)>>
         let Value::Array(master) = parts.next()? else {
             return None;
         };
+        // What follows the master: one entry per replica.
+        let listed = u32::try_from(parts.len()).unwrap_or(u32::MAX);
         let mut master = master.into_iter();
         let host: String = redis::from_redis_value(master.next()?).ok()?;
         let port: u16 = redis::from_redis_value(master.next()?).ok()?;
@@ -246,9 +315,12 @@ fn parse_slots(reply: Value, answered_by: &str) -> Option<Vec<(u16, u16, Node)>>
         } else {
             host
         };
-        owners.push((first, last, Node { host, port }));
+        let node = Node { host, port };
+        let count = replicas.entry(node.clone()).or_insert(listed);
+        *count = (*count).max(listed);
+        owners.push((first, last, node));
     }
-    (!owners.is_empty()).then_some(owners)
+    (!owners.is_empty()).then_some((owners, replicas))
 }
 
 #[cfg(test)]
@@ -274,7 +346,7 @@ mod tests {
                 Value::Array(vec![text(""), Value::Int(7001), text("id1")]),
             ]),
         ]);
-        let owners = parse_slots(reply, "10.0.0.9").unwrap();
+        let (owners, replicas) = parse_slots(reply, "10.0.0.9").unwrap();
         assert_eq!(
             owners,
             vec![
@@ -296,6 +368,12 @@ mod tests {
                 ),
             ]
         );
+        let at = |host: &str, port| Node {
+            host: host.into(),
+            port,
+        };
+        assert_eq!(replicas.get(&at("127.0.0.1", 7000)), Some(&1));
+        assert_eq!(replicas.get(&at("10.0.0.9", 7001)), Some(&0));
         assert_eq!(parse_slots(Value::Array(vec![]), "h"), None);
         assert_eq!(parse_slots(Value::Nil, "h"), None);
     }

@@ -122,11 +122,16 @@ impl RedisBackend {
         for chunk in items.chunks(RENEW_CHUNK) {
             pipe.add_command(renew_call(chunk));
         }
-        if let Some(ack) = self.ack {
+        // Every item is on one master (one server, or one slot of a cluster).
+        let ack = match items.first() {
+            Some(item) => self.ack_for(&item.key).await,
+            None => None,
+        };
+        if let Some(ack) = ack {
             pipe.add_command(ack.command_within(within));
         }
         let mut replies = self.pipeline(&pipe, &[&script::RENEW]).await?;
-        if let Some(ack) = self.ack {
+        if let Some(ack) = ack {
             let acknowledged = match replies.pop() {
                 Some(value) => ack
                     .count(value)
@@ -134,7 +139,7 @@ impl RedisBackend {
                 None => return Err(BackendError::protocol("no WAIT reply")),
             };
             // Not acknowledged: the changes count as not made (the guards' validity stays).
-            self.acknowledged(Some(acknowledged))?;
+            self.acknowledged(Some((acknowledged, ack)))?;
         }
         let mut out = Vec::with_capacity(items.len());
         for reply in replies {
@@ -260,7 +265,8 @@ impl RedisBackend {
                 calls.push(s);
             }
         }
-        if let Some(ack) = self.ack {
+        let ack = (self.ack).and_then(|ack| ack.for_listed(masters.listed_replicas_of(node)));
+        if let Some(ack) = ack {
             pipe.add_command(ack.command_within(within));
         }
         let mut conn = masters
@@ -288,7 +294,7 @@ impl RedisBackend {
                 BackendError::redis(err)
             })?;
         }
-        if let Some(ack) = self.ack {
+        if let Some(ack) = ack {
             let acknowledged = match replies.pop() {
                 Some(Ok(value)) => ack
                     .count(value)
@@ -296,7 +302,7 @@ impl RedisBackend {
                 Some(Err(err)) => return Err(BackendError::redis(err)),
                 None => return Err(BackendError::protocol("no WAIT reply")),
             };
-            self.acknowledged(Some(acknowledged))?;
+            self.acknowledged(Some((acknowledged, ack)))?;
         }
         if replies.len() != calls.len() {
             return Err(BackendError::protocol("renew reply has the wrong length"));
@@ -341,6 +347,7 @@ impl RedisBackend {
     ) -> Option<RenewReply> {
         use crate::backend::cluster::Node;
         let call = renew_call(std::slice::from_ref(item));
+        let ack = self.ack_for(&item.key).await;
         let mut at = node.clone();
         let mut asking = false;
         for _ in 0..3 {
@@ -351,14 +358,14 @@ impl RedisBackend {
                 pipe.cmd("ASKING");
             }
             pipe.add_command(call.clone());
-            if let Some(ack) = self.ack {
+            if let Some(ack) = ack {
                 pipe.add_command(ack.command_within(within));
             }
             let mut replies: Vec<redis::RedisResult<Value>> =
                 pipe.query_async(&mut conn).await.ok()?;
-            if let Some(ack) = self.ack {
+            if let Some(ack) = ack {
                 let acknowledged = ack.count(replies.pop()?.ok()?).ok()?;
-                self.acknowledged(Some(acknowledged)).ok()?;
+                self.acknowledged(Some((acknowledged, ack))).ok()?;
             }
             match replies.pop()? {
                 Ok(value) => return renew_codes(value).ok()?.into_iter().next(),

@@ -36,6 +36,10 @@ pub(crate) struct DistributedTargets {
 /// How often a killed master's cluster is looked at until it is ok again.
 const REFUSALS_EVERY: Duration = Duration::from_millis(20);
 
+/// How long after the deployment lists a replica again every locker has read the list: they
+/// read it every second.
+const RELISTED_WITHIN: Duration = Duration::from_millis(1200);
+
 /// Waits until the cluster is ok again after a master died; returns when some node first and
 /// last said it refused commands (`cluster_state:fail`), if one did.
 fn watch_refusals(cluster: &RedisCluster) -> Option<(std::time::Instant, std::time::Instant)> {
@@ -207,6 +211,7 @@ impl DistributedTargets {
             (Deployment::Sentinel(s), FaultSpec::KillMaster(_, down)) => {
                 let s = s.clone();
                 let moved = s.clone();
+                let moved_back = s.clone();
                 let old = blocking(move || {
                     let mut set = locked(&moved);
                     let old = set.kill_master();
@@ -223,7 +228,15 @@ impl DistributedTargets {
                     set.wait_ready();
                 })
                 .await;
-                vec![rec(lost_kind(FaultKind::MasterKilled), Reach::ALL)]
+                let restarted = Instant::now();
+                let mut recs = vec![rec(lost_kind(FaultKind::MasterKilled), Reach::ALL)];
+                recs.extend(self.listed_again(&moved_back).await.map(|to| FaultRec {
+                    kind: FaultKind::Resync,
+                    reach: Reach::ALL,
+                    from: restarted,
+                    to,
+                }));
+                recs
             }
             (Deployment::Sentinel(s), FaultSpec::PauseReplica(_, pause)) => {
                 let s = s.clone();
@@ -277,8 +290,9 @@ impl DistributedTargets {
                 to: Instant::now(),
             });
         }
-        let set = set.clone();
-        blocking(move || locked(&set).wait_ready()).await;
+        let settled = set.clone();
+        blocking(move || locked(&settled).wait_ready()).await;
+        self.listed_again(set).await;
         let kind = if self.acked {
             FaultKind::AckedFailover
         } else {
@@ -306,8 +320,10 @@ impl DistributedTargets {
     /// In acknowledged runs, after a fault on the master serving name `n`: waits (up to 10 s)
     /// until that master's replica acknowledges writes again (`WAIT 1 100` answers 1). A
     /// replica that rejoined, or whose master changed, may sync for a while after the cluster
-    /// says ok, and no acknowledged write can succeed meanwhile: that span, measured, is
-    /// recorded as a fault of its own (one that loses nothing).
+    /// says ok, and no acknowledged write can succeed meanwhile; then until the cluster lists
+    /// it again and the lockers have read the list (until then their writes don't wait for
+    /// it, so the next fault must not come before). That span, measured, is recorded as a
+    /// fault of its own (one that loses nothing).
     async fn acknowledged_again(&self, c: &Arc<Mutex<RedisCluster>>, n: u8) -> Option<FaultRec> {
         if !self.acked {
             return None;
@@ -332,6 +348,10 @@ impl DistributedTargets {
                 break;
             }
         }
+        // Acknowledging, and listed too, for the lockers' writes to wait for it again.
+        let listed = c.clone();
+        blocking(move || locked(&listed).wait_replicas_listed()).await;
+        tokio::time::sleep(RELISTED_WITHIN).await;
         let to = Instant::now();
         (to - from > REFUSALS_EVERY).then_some(FaultRec {
             kind: FaultKind::Resync,
@@ -339,6 +359,21 @@ impl DistributedTargets {
             from,
             to,
         })
+    }
+
+    /// In acknowledged runs, after a failover or a master's restart: waits until the sentinels
+    /// list the replica in sync (they read a replica's state every 10 s), and the lockers have
+    /// read that list ([`RELISTED_WITHIN`]). Meanwhile the lockers' writes don't wait for the
+    /// replica (see `ReplicaAck::up_to_listed`), so the next fault must not come before. Returns
+    /// when it is over (`None` in other runs).
+    async fn listed_again(&self, set: &Arc<Mutex<RedisSentinel>>) -> Option<Instant> {
+        if !self.acked {
+            return None;
+        }
+        let set = set.clone();
+        blocking(move || locked(&set).wait_replica_listed_in_sync()).await;
+        tokio::time::sleep(RELISTED_WITHIN).await;
+        Some(Instant::now())
     }
 
     /// The port of the master that serves name `n`'s slot now.

@@ -1,0 +1,253 @@
+//! Where a failover is what the set-up is for — Sentinel and a Cluster — a `Locker`'s lock
+//! writes wait for a replica unless told not to; over masters without replicas they don't (there
+//! is nothing to wait for); on one server they never do unless asked.
+//!
+//! A replica paused with `SIGSTOP` stays listed (until the deployment counts it down) and
+//! acknowledges nothing: a grant that waits for it fails, one that doesn't goes through. A
+//! replica that died is, once the deployment lists it down, no longer waited for: its master
+//! goes on granting, without the outage that waiting for a replica that can't answer would be.
+//!
+//! The harness blocks while it polls; these tests run on two worker threads and call it inside
+//! `block_in_place`.
+
+use std::time::{Duration, Instant};
+
+use dlock_core::{LockError, Locker};
+use dlock_tests::{RedisCluster, RedisSentinel, RedisServer, unique_name};
+use tokio::task::block_in_place;
+
+/// How long after the deployment lists a replica down a `Locker` may still wait for it: it
+/// reads the list every second.
+const RELISTED_WITHIN: Duration = Duration::from_millis(2500);
+
+/// The error of a grant that no replica acknowledged.
+fn not_replicated(got: Result<dlock_core::LockGuard, LockError>) -> bool {
+    matches!(got, Err(LockError::Backend(ref e)) if e.is_not_replicated())
+}
+
+/// How many `WAIT`s the server on `port` answered.
+async fn waits(server: &RedisServer) -> u64 {
+    let mut con = server.connection().await;
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut con)
+        .await
+        .expect("INFO commandstats");
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_wait:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().expect("a count of calls"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_locker_waits_for_a_replica_unless_told_not_to() {
+    let mut cluster = block_in_place(RedisCluster::start);
+    block_in_place(|| cluster.wait_replicas_listed());
+    let by_default = (Locker::builder().cluster(cluster.seed_urls()).build())
+        .await
+        .expect("a locker on the cluster");
+    let unacked = (Locker::builder().cluster(cluster.seed_urls()))
+        .without_replica_ack()
+        .build()
+        .await
+        .expect("a locker that doesn't wait for replicas");
+    let name = unique_name("acked-by-default");
+
+    // Healthy: both lock, and the default's grant waited for the replica.
+    let master = cluster.node_for_key(by_default.key_of(name.as_str()).expect("a key"));
+    let replica = cluster.replica_of(&master);
+    let before = waits(cluster.node(master.port)).await;
+    let guard = by_default.lock(name.as_str()).await.expect("lock");
+    assert!(waits(cluster.node(master.port)).await > before);
+    assert!(guard.release().await.is_released());
+    let before = waits(cluster.node(master.port)).await;
+    let guard = unacked.lock(name.as_str()).await.expect("lock");
+    assert!(guard.release().await.is_released());
+    assert_eq!(waits(cluster.node(master.port)).await, before);
+
+    block_in_place(|| cluster.pause(replica.port));
+    let got = by_default.lock(name.as_str()).await;
+    let refused = not_replicated(got);
+    let unacked_got = unacked.lock(name.as_str()).await;
+    block_in_place(|| cluster.resume(replica.port));
+    assert!(
+        refused,
+        "a grant its replica could not acknowledge was not refused"
+    );
+    let guard = unacked_got.expect("a lock that doesn't wait for replicas");
+    assert!(guard.release().await.is_released());
+}
+
+/// Polls `listed` (up to 30 s) until it says `true`.
+async fn until(what: &str, mut listed: impl FnMut() -> bool) {
+    let give_up = Instant::now() + Duration::from_secs(30);
+    while !block_in_place(&mut listed) {
+        assert!(Instant::now() < give_up, "{what}: not within 30 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Locks and releases `name` five times in a row, every grant on time, and says how many
+/// `WAIT`s `server` answered meanwhile.
+async fn five_grants(locker: &Locker, name: &str, server: &RedisServer) -> u64 {
+    let before = waits(server).await;
+    for _ in 0..5 {
+        let guard = locker.lock(name).await.expect("lock");
+        assert!(guard.release().await.is_released());
+    }
+    waits(server).await - before
+}
+
+/// A master whose only replica died goes on granting once the cluster marks the replica
+/// failed, and its writes stop waiting for it: no outage beyond the time the cluster takes to
+/// tell, and the `Locker`'s next read of the list.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_master_whose_replica_died_grants_without_waiting_for_it() {
+    let mut cluster = block_in_place(RedisCluster::start);
+    block_in_place(|| cluster.wait_replicas_listed());
+    let locker = (Locker::builder().cluster(cluster.seed_urls()).build())
+        .await
+        .expect("a locker on the cluster");
+    let name = unique_name("replica-died");
+    let master = cluster.node_for_key(locker.key_of(name.as_str()).expect("a key"));
+    let replica = cluster.replica_of(&master);
+    assert!(five_grants(&locker, &name, cluster.node(master.port)).await >= 5);
+
+    block_in_place(|| cluster.kill(replica.port));
+    let listed = |cluster: &RedisCluster| {
+        let client = redis::Client::open(cluster.node(master.port).url()).expect("a client");
+        let mut con = client.get_connection().expect("a connection");
+        let slots: Vec<redis::Value> = redis::cmd("CLUSTER")
+            .arg("SLOTS")
+            .query(&mut con)
+            .expect("CLUSTER SLOTS");
+        // Each range: first, last, master (host, port, ..), then one entry per replica listed.
+        slots.iter().any(|range| match range {
+            redis::Value::Array(parts) => {
+                let port = match parts.get(2) {
+                    Some(redis::Value::Array(m)) => m.get(1).cloned(),
+                    _ => None,
+                };
+                let port: Option<u16> = port.and_then(|p| redis::from_redis_value(p).ok());
+                port == Some(master.port) && parts.len() > 3
+            }
+            _ => false,
+        })
+    };
+    until("the dead replica is left out of CLUSTER SLOTS", || {
+        !listed(&cluster)
+    })
+    .await;
+    let unlisted = Instant::now();
+    // Within the next read of the list, a grant goes through; from then on none waits.
+    let first = loop {
+        match locker.lock(name.as_str()).try_lock().await {
+            Ok(Some(guard)) => {
+                assert!(guard.release().await.is_released());
+                break unlisted.elapsed();
+            }
+            Ok(None) => panic!("{name} is held by nobody"),
+            Err(err) => assert!(
+                unlisted.elapsed() < RELISTED_WITHIN,
+                "still refused {:?} after the replica was listed failed: {err}",
+                unlisted.elapsed()
+            ),
+        }
+    };
+    eprintln!("granted {first:?} after the cluster listed the replica failed");
+    assert_eq!(
+        five_grants(&locker, &name, cluster.node(master.port)).await,
+        0
+    );
+}
+
+/// As on a cluster, through Sentinel: once the sentinels hold the dead replica down, the
+/// master grants without waiting for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_master_whose_replica_died_grants_without_waiting_for_it() {
+    let mut set_up = block_in_place(RedisSentinel::start);
+    block_in_place(|| set_up.wait_replica_listed_in_sync());
+    let locker = (Locker::builder().sentinel(set_up.sentinel_urls(), set_up.master_name()))
+        .build()
+        .await
+        .expect("a locker on sentinel");
+    let name = unique_name("sentinel-replica-died");
+    assert!(five_grants(&locker, &name, set_up.master()).await >= 5);
+
+    let replica = set_up.replica().port();
+    block_in_place(|| set_up.kill(replica));
+    until("the sentinels hold the dead replica down", || {
+        set_up.replica_down_everywhere(replica)
+    })
+    .await;
+    let unlisted = Instant::now();
+    let first = loop {
+        match locker.lock(name.as_str()).try_lock().await {
+            Ok(Some(guard)) => {
+                assert!(guard.release().await.is_released());
+                break unlisted.elapsed();
+            }
+            Ok(None) => panic!("{name} is held by nobody"),
+            Err(err) => assert!(
+                unlisted.elapsed() < RELISTED_WITHIN,
+                "still refused {:?} after the replica was held down: {err}",
+                unlisted.elapsed()
+            ),
+        }
+    };
+    eprintln!("granted {first:?} after the sentinels held the replica down");
+    assert_eq!(five_grants(&locker, &name, set_up.master()).await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_masters_without_replicas_writes_do_not_wait() {
+    let cluster = block_in_place(RedisCluster::start_without_replicas);
+    let locker = (Locker::builder().cluster(cluster.seed_urls()).build())
+        .await
+        .expect("a locker on a cluster without replicas");
+    for i in 0..20 {
+        let name = unique_name(&format!("unreplicated-{i}"));
+        let guard = locker.lock(name.as_str()).await.expect("lock");
+        assert!(guard.release().await.is_released());
+    }
+    for port in cluster.ports() {
+        assert_eq!(waits(cluster.node(port)).await, 0, "WAIT sent to {port}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_locker_waits_for_the_replica_unless_told_not_to() {
+    let mut set_up = block_in_place(RedisSentinel::start);
+    block_in_place(|| set_up.wait_replica_listed_in_sync());
+    let builder = || Locker::builder().sentinel(set_up.sentinel_urls(), set_up.master_name());
+    let by_default = builder().build().await.expect("a locker on sentinel");
+    let unacked = (builder().without_replica_ack().build())
+        .await
+        .expect("a locker that doesn't wait for replicas");
+    let name = unique_name("sentinel-acked-by-default");
+    let before = waits(set_up.master()).await;
+    let guard = by_default.lock(name.as_str()).await.expect("lock");
+    assert!(waits(set_up.master()).await > before);
+    assert!(guard.release().await.is_released());
+
+    block_in_place(|| set_up.pause_replica());
+    let got = by_default.lock(name.as_str()).await;
+    let refused = not_replicated(got);
+    let unacked_got = unacked.lock(name.as_str()).await;
+    block_in_place(|| set_up.resume_replica());
+    assert!(
+        refused,
+        "a grant its replica could not acknowledge was not refused"
+    );
+    let guard = unacked_got.expect("a lock that doesn't wait for replicas");
+    assert!(guard.release().await.is_released());
+}
+
+#[tokio::test]
+async fn on_one_server_writes_do_not_wait() {
+    let server = RedisServer::start();
+    let locker = Locker::connect(&server.url()).await.expect("connect");
+    let guard = locker.lock(unique_name("single").as_str()).await;
+    assert!(guard.expect("lock").release().await.is_released());
+    assert_eq!(waits(&server).await, 0);
+}
