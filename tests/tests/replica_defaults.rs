@@ -98,6 +98,26 @@ async fn five_grants(locker: &Locker, name: &str, server: &RedisServer) -> u64 {
     waits(server).await - before
 }
 
+/// Tries `name` (free) until a grant goes through, within [`RELISTED_WITHIN`] of the call,
+/// and says how long that took.
+async fn granted_again(locker: &Locker, name: &str) -> Duration {
+    let unlisted = Instant::now();
+    loop {
+        match locker.lock(name).try_lock().await {
+            Ok(Some(guard)) => {
+                assert!(guard.release().await.is_released());
+                return unlisted.elapsed();
+            }
+            Ok(None) => panic!("{name} is held by nobody"),
+            Err(err) => assert!(
+                unlisted.elapsed() < RELISTED_WITHIN,
+                "still refused {:?} after the replica was listed down: {err}",
+                unlisted.elapsed()
+            ),
+        }
+    }
+}
+
 /// A master whose only replica died goes on granting once the cluster marks the replica
 /// failed, and its writes stop waiting for it: no outage beyond the time the cluster takes to
 /// tell, and the `Locker`'s next read of the list.
@@ -138,22 +158,8 @@ async fn a_cluster_master_whose_replica_died_grants_without_waiting_for_it() {
         !listed(&cluster)
     })
     .await;
-    let unlisted = Instant::now();
     // Within the next read of the list, a grant goes through; from then on none waits.
-    let first = loop {
-        match locker.lock(name.as_str()).try_lock().await {
-            Ok(Some(guard)) => {
-                assert!(guard.release().await.is_released());
-                break unlisted.elapsed();
-            }
-            Ok(None) => panic!("{name} is held by nobody"),
-            Err(err) => assert!(
-                unlisted.elapsed() < RELISTED_WITHIN,
-                "still refused {:?} after the replica was listed failed: {err}",
-                unlisted.elapsed()
-            ),
-        }
-    };
+    let first = granted_again(&locker, &name).await;
     eprintln!("granted {first:?} after the cluster listed the replica failed");
     assert_eq!(
         five_grants(&locker, &name, cluster.node(master.port)).await,
@@ -180,21 +186,7 @@ async fn a_sentinel_master_whose_replica_died_grants_without_waiting_for_it() {
         set_up.replica_down_everywhere(replica)
     })
     .await;
-    let unlisted = Instant::now();
-    let first = loop {
-        match locker.lock(name.as_str()).try_lock().await {
-            Ok(Some(guard)) => {
-                assert!(guard.release().await.is_released());
-                break unlisted.elapsed();
-            }
-            Ok(None) => panic!("{name} is held by nobody"),
-            Err(err) => assert!(
-                unlisted.elapsed() < RELISTED_WITHIN,
-                "still refused {:?} after the replica was held down: {err}",
-                unlisted.elapsed()
-            ),
-        }
-    };
+    let first = granted_again(&locker, &name).await;
     eprintln!("granted {first:?} after the sentinels held the replica down");
     assert_eq!(five_grants(&locker, &name, set_up.master()).await, 0);
 }

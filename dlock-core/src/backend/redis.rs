@@ -277,9 +277,13 @@ impl RedisBackend {
         until: tokio::time::Instant,
     ) -> Result<(T, Acked), BackendError> {
         let started = tokio::time::Instant::now();
-        let ack = match (ack, call.first_key()) {
-            (Some(ack), Some(key)) if ack.is_up_to_listed() => self.ack_for(key).await,
-            (ack, _) => ack,
+        // The call's key is read only for a wait that depends on it: not on the common path.
+        let ack = match ack {
+            Some(listed) if listed.is_up_to_listed() => match call.first_key() {
+                Some(key) => self.ack_for(key).await,
+                None => ack,
+            },
+            other => other,
         };
         let until = match conn {
             OpConn::Pooled(_, pooled) => (*pooled).min(until),

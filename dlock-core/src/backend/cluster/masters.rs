@@ -75,6 +75,14 @@ struct State {
     stale: bool,
 }
 
+impl State {
+    /// Whether the map can be trusted as it is: read while the cluster was ok, not marked
+    /// stale since, and no older than [`RELIST_EVERY`].
+    fn fresh(&self) -> bool {
+        !self.stale && self.read_at.is_some_and(|at| at.elapsed() <= RELIST_EVERY)
+    }
+}
+
 impl Masters {
     /// Masters reached through the cluster's seed URLs.
     pub(crate) fn new(urls: &[String], connect_timeout: Duration) -> redis::RedisResult<Self> {
@@ -108,7 +116,7 @@ impl Masters {
     /// when the map must be read again first: it is stale, or older than [`RELIST_EVERY`].
     pub(crate) fn listed_replicas(&self, slot: u16) -> Result<Option<u32>, ()> {
         let state = self.state();
-        if state.stale || state.read_at.is_none_or(|at| at.elapsed() > RELIST_EVERY) {
+        if !state.fresh() {
             return Err(());
         }
         Ok((state.owners.iter())
@@ -154,7 +162,8 @@ impl Masters {
         let Ok(_refreshing) = tokio::time::timeout(within, self.refreshing.lock()).await else {
             return;
         };
-        if self.listed_replicas(0).is_err() {
+        let fresh = self.state().fresh();
+        if !fresh {
             self.read_map(within).await;
         }
     }
