@@ -59,12 +59,14 @@ impl ReplicaAck {
     /// goes to: on a Cluster, the replicas `CLUSTER SLOTS` gives for the write's slot (a
     /// replica marked failed, or not yet synced, is left out); on Sentinel, the replicas the
     /// sentinels report neither down nor out of sync with the master (`master-link-status`).
-    /// Both are read again every second, and after a write that fell short. A master listed with none — after a failover whose old master is dead, until a
+    /// Both are read again every second, after a command failed, and after a write fell
+    /// short. A master listed with none — after a failover whose old master is dead, until a
     /// replica is back — writes without waiting, where it would otherwise refuse every grant
     /// until one is back; a replica paused or cut off while still listed is waited for, and a
     /// write it does not acknowledge fails, so a master cut off from its replica does not go
-    /// on granting alone. Until the list is known (and on one server, where there is no list),
-    /// writes wait for all `replicas`. The default on Sentinel and a Cluster.
+    /// on granting alone. Until the list is known (while a cluster reports itself failing, and
+    /// on one server, where there is no list), writes wait for all `replicas`. The default on
+    /// Sentinel and a Cluster.
     ///
     /// What it gives up: a write made while the master had no replica listed is kept by no
     /// replica, and lost if that master dies before a replica has copied it.
