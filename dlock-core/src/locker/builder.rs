@@ -334,15 +334,16 @@ impl LockerBuilder {
     /// [`build`](Self::build) refuses it over the in-memory store, with no replicas, or with a
     /// timeout not under the [command timeout](Self::command_timeout).
     ///
-    /// The default depends on where the `Locker` runs. On [Sentinel](Self::sentinel) and a
-    /// [Cluster](Self::cluster) reached through its seeds, where a failover is what the set-up
-    /// is for, one replica acknowledges every write, waiting half the
-    /// [command timeout](Self::command_timeout) and at most 1 s — but never for more replicas
-    /// than the deployment lists as healthy for the write's master
+    /// The default depends on where the `Locker` runs. On Sentinel (`sentinel`) and on a
+    /// Cluster reached through its seed URLs (`cluster`), where a failover is what the set-up
+    /// is for, one replica acknowledges every write, waiting a quarter of the
+    /// [command timeout](Self::command_timeout) and at most 250 ms — but never for more
+    /// replicas than the deployment lists as healthy for the write's master
     /// ([`ReplicaAck::up_to_listed`]): over masters without replicas, or a master whose replica
-    /// died, writes don't wait. Over an application's [cluster connection](Self::cluster_connection),
-    /// which gives no way to read the list, and on one server, writes count once the master has
-    /// them. [`without_replica_ack`](Self::without_replica_ack) turns the default off.
+    /// died, writes don't wait. Over an application's cluster connection
+    /// (`cluster_connection`), which gives no way to read the list, and on one server, writes
+    /// count once the master has them. [`without_replica_ack`](Self::without_replica_ack)
+    /// turns the default off.
     pub fn replica_ack(mut self, ack: ReplicaAck) -> Self {
         self.replica_ack = AckChoice::On(ack);
         self
