@@ -68,7 +68,11 @@ async fn a_cluster_locker_waits_for_a_replica_unless_told_not_to() {
     block_in_place(|| cluster.pause(replica.port));
     let got = by_default.lock(name.as_str()).await;
     let refused = not_replicated(got);
-    let unacked_got = unacked.lock(name.as_str()).await;
+    // Within a wait: a cluster connection can stall for up to a node timeout around a paused
+    // replica while it reads the slot map (the checker's `SlotMapStall`), whatever the lock.
+    let unacked_got = (unacked.lock(name.as_str()))
+        .wait(Duration::from_secs(6))
+        .await;
     block_in_place(|| cluster.resume(replica.port));
     assert!(
         refused,

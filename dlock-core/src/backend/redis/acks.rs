@@ -4,7 +4,7 @@
 
 use std::future::Future;
 
-use super::{RedisBackend, RedisConn};
+use super::RedisBackend;
 use crate::error::BackendError;
 use crate::replication::ReplicaAck;
 
@@ -40,12 +40,12 @@ impl RedisBackend {
     fn listed_replicas(&self, key: &str) -> Result<Option<u32>, ()> {
         match &self.conn {
             #[cfg(feature = "cluster")]
-            RedisConn::Cluster(_) => match self.masters.as_ref() {
+            super::RedisConn::Cluster(_) => match self.masters.as_ref() {
                 Some(masters) => masters.listed_replicas(cluster_slot(key)),
                 None => Ok(None),
             },
             #[cfg(feature = "sentinel")]
-            RedisConn::Sentinel(c) => c.listed_replicas().map(Some).ok_or(()),
+            super::RedisConn::Sentinel(c) => c.listed_replicas().map(Some).ok_or(()),
             _ => {
                 let _ = key;
                 Ok(None)
@@ -59,7 +59,7 @@ impl RedisBackend {
     async fn listed_replicas_again(&self, key: &str) -> Option<u32> {
         match &self.conn {
             #[cfg(feature = "cluster")]
-            RedisConn::Cluster(_) => {
+            super::RedisConn::Cluster(_) => {
                 let masters = self.masters.as_ref()?;
                 masters.refresh_if_old(self.timeout / 4).await;
                 // Still not trusted (no node answered, the cluster is failing, or a read under
@@ -67,7 +67,7 @@ impl RedisBackend {
                 masters.listed_replicas(cluster_slot(key)).ok().flatten()
             }
             #[cfg(feature = "sentinel")]
-            RedisConn::Sentinel(c) => c.listed_replicas_now().await,
+            super::RedisConn::Sentinel(c) => c.listed_replicas_now().await,
             _ => {
                 let _ = key;
                 None
@@ -98,13 +98,13 @@ impl RedisBackend {
     pub(super) fn relist_soon(&self) {
         match &self.conn {
             #[cfg(feature = "cluster")]
-            RedisConn::Cluster(_) => {
+            super::RedisConn::Cluster(_) => {
                 if let Some(masters) = &self.masters {
                     masters.mark_stale();
                 }
             }
             #[cfg(feature = "sentinel")]
-            RedisConn::Sentinel(c) => c.relist_soon(),
+            super::RedisConn::Sentinel(c) => c.relist_soon(),
             _ => {}
         }
     }
