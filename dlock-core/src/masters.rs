@@ -214,7 +214,7 @@ impl MasterRequest {
                 }
             }
             // Too few: give back what was granted, on every master that granted.
-            guard.release().await;
+            guard.give_back(budget).await;
             let now = Instant::now();
             if now >= deadline {
                 return Err(LockError::Masters(Box::new(MastersError {
@@ -384,6 +384,20 @@ impl MasterGuard {
         }
     }
 
+    /// Gives back every grant of a round that got too few, waiting for the answers no longer
+    /// than `within` (one master's budget): a master that stopped answering after it granted
+    /// gets its release in the background, and costs the acquisition no more than a budget.
+    async fn give_back(mut self, within: Duration) {
+        let releases: Vec<_> = (std::mem::take(&mut self.guards).into_iter())
+            .flatten()
+            .map(|g| tokio::spawn(g.release()))
+            .collect();
+        if releases.is_empty() {
+            return;
+        }
+        let _ = tokio::time::timeout(within, join_all(releases)).await;
+    }
+
     /// Releases the lock on every master that granted it, all at once; returns each master's
     /// outcome by index (`None` where it had not granted).
     pub async fn release(mut self) -> Vec<Option<ReleaseOutcome>> {
@@ -413,7 +427,9 @@ pub enum MasterOutcome {
 }
 
 /// A lock a [`MasterSet`] could not take before its wait ran out: what each master answered to
-/// the last attempt. Nothing granted is left behind: every grant was given back.
+/// the last attempt. Nothing granted is left behind: every grant was given back (a master that
+/// stopped answering after it granted gets its release when it answers again, or its lease
+/// runs out).
 #[derive(Debug)]
 pub struct MastersError {
     name: String,

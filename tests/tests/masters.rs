@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use dlock_core::redis::AsyncCommands as _;
 use dlock_core::{LockError, Locker, MasterSet};
-use dlock_tests::{RedisServer, unique_name};
+use dlock_tests::{Proxy, RedisServer, unique_name};
 
 fn servers(n: usize) -> Vec<RedisServer> {
     (0..n).map(|_| RedisServer::start()).collect()
@@ -307,4 +307,66 @@ async fn a_hung_master_costs_a_majority_round_one_budget_not_the_lease() {
         }
     }
     masters[2].resume();
+}
+
+/// A master that stops answering right after it granted costs a failed round's give-back one
+/// budget, not the command timeout: the grant is given back in the background, and is gone once
+/// the master answers again.
+#[tokio::test]
+async fn a_master_that_hangs_after_granting_costs_the_give_back_one_budget() {
+    let masters = servers(3);
+    // Master 0 through a proxy, stalled once its grant is in.
+    let proxy = Proxy::start(masters[0].addr()).await;
+    let mut each = Vec::new();
+    for url in [proxy.url(), masters[1].url(), masters[2].url()] {
+        // The default command timeout (2 s): far longer than a budget.
+        each.push(Locker::builder().url(url).build().await.unwrap());
+    }
+    let name = unique_name("majority-hang-after-grant");
+    let key = each[0].key_of(name.as_str()).unwrap();
+    let set = MasterSet::majority(each).unwrap();
+    // Connections open everywhere, then master 1 held by a rival alone and master 2 hung: the
+    // round gets master 0's grant and nothing else.
+    set.lock(name.as_str())
+        .try_lock()
+        .await
+        .unwrap()
+        .unwrap()
+        .release()
+        .await;
+    let rival = Locker::builder()
+        .url(masters[1].url())
+        .build()
+        .await
+        .unwrap();
+    let rival_guard = rival.lock(name.as_str()).await.unwrap();
+    masters[2].pause();
+    let lease = Duration::from_millis(3_200);
+    let budget = lease / 16;
+    let started = tokio::time::Instant::now();
+    let attempt = tokio::spawn({
+        let set = set.clone();
+        let name = name.clone();
+        async move { set.lock(name.as_str()).lease(lease).try_lock().await }
+    });
+    tokio::time::sleep(budget / 4).await;
+    proxy.stall();
+    let answer = attempt.await.unwrap();
+    let took = started.elapsed();
+    assert!(matches!(answer, Ok(None)), "busy on master 1: {answer:?}");
+    assert!(
+        took <= budget * 2 + Duration::from_millis(150),
+        "answered after {took:?}: a round ({budget:?}) and a give-back ({budget:?}) at most"
+    );
+    proxy.unstall();
+    masters[2].resume();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
+    while held_on(&masters[0], &key).await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "master 0 still holds {key} a second after it answers again"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(rival_guard);
 }
