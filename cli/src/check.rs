@@ -46,9 +46,11 @@ pub(crate) fn category(invariant: Invariant) -> &'static str {
         Invariant::ReleaseTruth | Invariant::RunTruth => "untruthful outcomes",
         Invariant::LeftBehind => "leaks",
         Invariant::WatchdogKeeps => "losses",
-        Invariant::Bounded | Invariant::Panic | Invariant::WakeUp | Invariant::Progress => {
-            "slow or failed calls"
-        }
+        Invariant::Bounded
+        | Invariant::Panic
+        | Invariant::WakeUp
+        | Invariant::Progress
+        | Invariant::MasterBudget => "slow or failed calls",
     }
 }
 

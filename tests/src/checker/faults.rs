@@ -204,6 +204,10 @@ pub enum FaultFamily {
     Remote,
     /// No faults at all (`dlock check` without `--faults`).
     Quiet,
+    /// Independent masters under a `MasterSet`: a master hung or killed (restarted empty once
+    /// its leases ran out), one client stalled or cut from one master. The run deals these
+    /// itself (see `run_masters`).
+    Masters,
 }
 
 /// One planned fault.
@@ -309,6 +313,7 @@ impl FaultPlan {
                 unreachable!("distributed faults are dealt from a deck")
             }
             FaultFamily::Quiet => unreachable!("a quiet run plans no fault"),
+            FaultFamily::Masters => unreachable!("a master-set run deals its own faults"),
         };
         self.since_restart += gap;
         let mut roll = rng.random_range(0..weights.iter().sum::<u32>());
