@@ -50,6 +50,7 @@ pub(crate) fn category(invariant: Invariant) -> &'static str {
         | Invariant::Panic
         | Invariant::WakeUp
         | Invariant::Progress
+        | Invariant::Follows
         | Invariant::MasterBudget => "slow or failed calls",
     }
 }

@@ -239,6 +239,7 @@ async fn run(
     p: Params,
 ) -> (Report, Figures) {
     let wall = std::time::Instant::now();
+    let followers = lockers[..FOLLOWERS].to_vec();
     let actors = (lockers.into_iter().enumerate())
         .map(|(i, l)| {
             if i < FOLLOWERS {
@@ -265,6 +266,8 @@ async fn run(
         acked,
         partition: partitioned.proxies,
         partition_ports: partitioned.ports,
+        followers,
+        unfollowed: Mutex::default(),
     };
     let targets = super::faults::Targets::Distributed(targets);
     let faults = drive(&ctx, &targets, config, p).await;
@@ -272,6 +275,7 @@ async fn run(
         unreachable!("a distributed run");
     };
     let mut found = leftovers(targets, &prefix, p).await;
+    found.append(&mut locked(&targets.unfollowed));
     let polling: Vec<u8> = (0..ctx.actors.len())
         .filter(|&i| ctx.actors[i].polls)
         .filter_map(|i| u8::try_from(i).ok())

@@ -228,6 +228,9 @@ pub(crate) enum FaultSpec {
     Failover(u8),
     /// The master of a name's slot killed, down at least this long, then restarted.
     KillMaster(u8, Duration),
+    /// The master of a name's slot killed and kept down until its replica has taken over and
+    /// every locker that follows the cluster was seen to reach it, then restarted.
+    KillMasterForGood(u8),
     /// The replica of a name's master paused for a while.
     PauseReplica(u8, Duration),
     /// One client cut off from every node for a while: its connections stall (a partition that
@@ -270,7 +273,7 @@ pub(crate) struct FaultPlan {
 
 /// The kinds (by their pick number in [`FaultPlan::next_fault`]) of a deck: a cluster's, and a
 /// sentinel set-up's.
-const CLUSTER_DECK: [usize; 8] = [1, 7, 8, 9, 10, 11, 13, 11];
+const CLUSTER_DECK: [usize; 9] = [1, 7, 8, 9, 10, 11, 13, 11, 14];
 const SENTINEL_DECK: [usize; 6] = [1, 7, 8, 9, 10, 12];
 
 fn between(rng: &mut StdRng, lo_ms: u64, hi_ms: u64) -> Duration {
@@ -370,6 +373,7 @@ impl FaultPlan {
                 index: rng.random_range(0..3),
                 span: between(rng, 4_000, 12_000),
             },
+            14 => FaultSpec::KillMasterForGood(rng.random_range(0..self.names)),
             13 => FaultSpec::CutNode {
                 name: rng.random_range(0..self.names),
                 span: between(rng, 100, 3_000),

@@ -59,6 +59,9 @@ pub enum Invariant {
     /// (e) On a distributed deployment, every locker of a steady pair keeps getting its name:
     /// no long gap between its grants that no fault reaching it explains.
     Progress,
+    /// (e) Every locker that follows a cluster reaches a promoted replica within 2 s of the
+    /// cluster being ok again, while the master it replaced stays dead.
+    Follows,
     /// (e) On a [`dlock_core::MasterSet`], a hung master costs a round one master's budget: an
     /// acquisition answers within its wait and one budget, and a grant keeps most of its lease.
     MasterBudget,
@@ -84,6 +87,7 @@ impl fmt::Display for Invariant {
             Self::Bounded => "(e) bounded calls",
             Self::WakeUp => "(e) a release wakes its waiters in time",
             Self::Progress => "(e) every locker keeps reaching its locks between faults",
+            Self::Follows => "(e) every locker reaches a promoted replica in time",
             Self::MasterBudget => "(e) a hung master costs a round one master budget",
             Self::Panic => "(e) no panics",
         };

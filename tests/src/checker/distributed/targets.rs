@@ -7,9 +7,12 @@ use std::time::Duration;
 use dlock_core::redis::{self, AsyncCommands as _};
 use tokio::time::Instant;
 
-use super::{FOLLOW_WITHIN, PARTITIONED};
+use dlock_core::Locker;
+
+use super::{COMMAND_TIMEOUT, FOLLOW_WITHIN, PARTITIONED};
 use crate::checker::faults::{FaultKind, FaultRec, FaultSpec, Reach};
 use crate::checker::history::locked;
+use crate::checker::invariants::{Invariant, Violation};
 use crate::cluster::key_slot;
 use crate::{Proxy, RedisCluster, RedisSentinel};
 
@@ -31,6 +34,11 @@ pub(crate) struct DistributedTargets {
     pub(super) partition: Vec<Proxy>,
     /// The port behind each of those proxies (on a cluster: the node it stands for).
     pub(super) partition_ports: Vec<u16>,
+    /// The lockers that follow the deployment themselves, to see that they reach a promoted
+    /// replica in time.
+    pub(super) followers: Vec<Locker>,
+    /// Lockers seen not to reach a promoted replica in time (see [`Invariant::Follows`]).
+    pub(super) unfollowed: Mutex<Vec<Violation>>,
 }
 
 /// How often a killed master's cluster is looked at until it is ok again.
@@ -184,6 +192,45 @@ impl DistributedTargets {
                         to: Instant::from_std(to),
                     });
                 }
+                recs.extend(self.acknowledged_again(c, n).await);
+                recs
+            }
+            (Deployment::Cluster(c), FaultSpec::KillMasterForGood(n)) => {
+                let master = self.master_of(c, n).await;
+                let reach = self.names_on(c, master).await;
+                let owned = c.clone();
+                let refused = blocking(move || {
+                    let mut cluster = locked(&owned);
+                    cluster.kill(master);
+                    watch_refusals(&cluster)
+                })
+                .await;
+                // The replica took over; the old master stays dead while the lockers must
+                // reach the new one.
+                let ok = Instant::now();
+                let mut recs = vec![FaultRec {
+                    kind: lost_kind(FaultKind::MasterKilled),
+                    reach,
+                    from,
+                    to: ok + FOLLOW_WITHIN,
+                }];
+                if let Some((from, to)) = refused {
+                    recs.push(FaultRec {
+                        kind: FaultKind::ClusterDown,
+                        reach: Reach::ALL,
+                        from: Instant::from_std(from),
+                        to: Instant::from_std(to),
+                    });
+                }
+                tokio::time::sleep(FOLLOW_WITHIN).await;
+                self.probe_promoted(c, n, master).await;
+                let owned = c.clone();
+                blocking(move || {
+                    let mut cluster = locked(&owned);
+                    cluster.restart(master);
+                    cluster.wait_ok();
+                })
+                .await;
                 recs.extend(self.acknowledged_again(c, n).await);
                 recs
             }
@@ -374,6 +421,65 @@ impl DistributedTargets {
         blocking(move || locked(&set).wait_replica_listed_in_sync()).await;
         tokio::time::sleep(RELISTED_WITHIN).await;
         Some(Instant::now())
+    }
+
+    /// Has every following locker take and give back a name of its own on the master that
+    /// serves name `n`'s slot now — the replica promoted in place of `dead`, which stays dead
+    /// meanwhile — and records a [`Invariant::Follows`] violation for each that fails or
+    /// answers later than a command timeout (with room).
+    async fn probe_promoted(&self, c: &Arc<Mutex<RedisCluster>>, n: u8, dead: u16) {
+        let port = self.master_of(c, n).await;
+        let owned = c.clone();
+        let node = blocking(move || {
+            locked(&owned)
+                .masters()
+                .into_iter()
+                .find(|m| m.port == port)
+        })
+        .await;
+        let (Some(node), Some(first)) = (node, self.followers.first()) else {
+            return;
+        };
+        let serves = |name: &str| {
+            (first.key_of(name).ok()).is_some_and(|k| {
+                node.slots
+                    .iter()
+                    .any(|r| r.contains(&key_slot(k.as_bytes())))
+            })
+        };
+        let Some(name) = (0..100_000)
+            .map(|i| format!("promoted{i}"))
+            .find(|n| serves(n))
+        else {
+            return;
+        };
+        let bound = COMMAND_TIMEOUT + Duration::from_millis(200);
+        for (i, locker) in self.followers.iter().enumerate() {
+            let asked = Instant::now();
+            let answer = tokio::time::timeout(bound, locker.lock(name.as_str()).try_lock()).await;
+            let problem = match answer {
+                Ok(Ok(Some(guard))) => {
+                    let _ = guard.release().await;
+                    None
+                }
+                Ok(Ok(None)) => None,
+                Ok(Err(err)) => Some(format!("failed: {err}")),
+                Err(_) => Some(format!("gave no answer within {bound:?}")),
+            };
+            if let Some(problem) = problem {
+                locked(&self.unfollowed).push(Violation {
+                    invariant: Invariant::Follows,
+                    summary: format!(
+                        "locker {i}, asked {FOLLOW_WITHIN:?} after the cluster was ok again for \
+                         `{name}` on the promoted master {port} (master {dead} dead since), \
+                         {problem} ({:?} after it was asked)",
+                        asked.elapsed()
+                    ),
+                    window: None,
+                    hint: "",
+                });
+            }
+        }
     }
 
     /// The port of the master that serves name `n`'s slot now.
