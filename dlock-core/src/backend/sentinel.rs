@@ -9,7 +9,7 @@
 //! answer.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -48,6 +48,9 @@ pub(crate) struct SentinelMaster {
     ids: AtomicU64,
     /// How many healthy replicas the sentinels last listed, and for which master (`host:port`).
     listed: Mutex<Option<(String, u32)>>,
+    /// Whether a background [`relist`](Self::relist) is under way: writes that fall short
+    /// while a replica lags ask for one each, and one at a time is enough.
+    relisting: AtomicBool,
 }
 
 /// One sentinel: how to reach it, and a connection to ask it on (dropped when it fails).
@@ -154,6 +157,7 @@ impl SentinelMaster {
             listeners: Mutex::new(Vec::new()),
             ids: AtomicU64::new(1),
             listed: Mutex::new(None),
+            relisting: AtomicBool::new(false),
         }
     }
 
@@ -244,15 +248,21 @@ impl SentinelMaster {
     }
 
     /// Asks the sentinels for the replicas again, in the background (a write waited for more
-    /// replicas than acknowledged it).
+    /// replicas than acknowledged it), unless that is under way already.
     pub(crate) fn relist_soon(self: &Arc<Self>) {
         let (Some(addr), Ok(runtime)) =
             (self.current_addr(), tokio::runtime::Handle::try_current())
         else {
             return;
         };
+        if self.relisting.swap(true, Ordering::AcqRel) {
+            return;
+        }
         let this = Arc::clone(self);
-        runtime.spawn(async move { this.relist(addr).await });
+        runtime.spawn(async move {
+            this.relist(addr).await;
+            this.relisting.store(false, Ordering::Release);
+        });
     }
 
     /// The address of the master connected to now, if any.
