@@ -186,7 +186,7 @@ pub(crate) enum AckChoice {
 
 impl AckChoice {
     /// The acknowledgement a `Locker`'s writes wait for (`None`: none), on a deployment that
-    /// `lists_replicas` (Sentinel, or a Cluster reached through its seeds) or not: by default
+    /// `lists_replicas` (Sentinel, or a Cluster) or not: by default
     /// there, one replica [up to the listed ones](ReplicaAck::up_to_listed), within a quarter
     /// of the command timeout and at most [`DEFAULT_ACK_TIMEOUT`].
     pub(crate) fn resolve(

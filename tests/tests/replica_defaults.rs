@@ -51,15 +51,18 @@ async fn a_cluster_locker_waits_for_a_replica_unless_told_not_to() {
         .build()
         .await
         .expect("a locker that doesn't wait for replicas");
+    let over_conn = over_connection(&cluster).await;
     let name = unique_name("acked-by-default");
 
-    // Healthy: both lock, and the default's grant waited for the replica.
+    // Healthy: all lock, and the default's grants waited for the replica.
     let master = cluster.node_for_key(by_default.key_of(name.as_str()).expect("a key"));
     let replica = cluster.replica_of(&master);
-    let before = waits(cluster.node(master.port)).await;
-    let guard = by_default.lock(name.as_str()).await.expect("lock");
-    assert!(waits(cluster.node(master.port)).await > before);
-    assert!(guard.release().await.is_released());
+    for locker in [&by_default, &over_conn] {
+        let before = waits(cluster.node(master.port)).await;
+        let guard = locker.lock(name.as_str()).await.expect("lock");
+        assert!(waits(cluster.node(master.port)).await > before);
+        assert!(guard.release().await.is_released());
+    }
     let before = waits(cluster.node(master.port)).await;
     let guard = unacked.lock(name.as_str()).await.expect("lock");
     assert!(guard.release().await.is_released());
@@ -68,6 +71,8 @@ async fn a_cluster_locker_waits_for_a_replica_unless_told_not_to() {
     block_in_place(|| cluster.pause(replica.port));
     let got = by_default.lock(name.as_str()).await;
     let refused = not_replicated(got);
+    let got = over_conn.lock(name.as_str()).await;
+    let refused_over_conn = not_replicated(got);
     // Within a wait: a cluster connection can stall for up to a node timeout around a paused
     // replica while it reads the slot map (the checker's `SlotMapStall`), whatever the lock.
     let unacked_got = (unacked.lock(name.as_str()))
@@ -78,8 +83,22 @@ async fn a_cluster_locker_waits_for_a_replica_unless_told_not_to() {
         refused,
         "a grant its replica could not acknowledge was not refused"
     );
+    assert!(
+        refused_over_conn,
+        "over an application's connection, a grant its replica could not acknowledge was not \
+         refused"
+    );
     let guard = unacked_got.expect("a lock that doesn't wait for replicas");
     assert!(guard.release().await.is_released());
+}
+
+/// A `Locker` over an application's own cluster connection (which lists the replicas through
+/// that connection).
+async fn over_connection(cluster: &RedisCluster) -> Locker {
+    let conn = (cluster.client().get_async_connection().await).expect("a cluster connection");
+    (Locker::builder().cluster_connection(conn).build())
+        .await
+        .expect("a locker over an application's cluster connection")
 }
 
 /// Polls `listed` (up to 30 s) until it says `true`.
@@ -132,10 +151,12 @@ async fn a_cluster_master_whose_replica_died_grants_without_waiting_for_it() {
     let locker = (Locker::builder().cluster(cluster.seed_urls()).build())
         .await
         .expect("a locker on the cluster");
+    let over_conn = over_connection(&cluster).await;
     let name = unique_name("replica-died");
     let master = cluster.node_for_key(locker.key_of(name.as_str()).expect("a key"));
     let replica = cluster.replica_of(&master);
     assert!(five_grants(&locker, &name, cluster.node(master.port)).await >= 5);
+    assert!(five_grants(&over_conn, &name, cluster.node(master.port)).await >= 5);
 
     block_in_place(|| cluster.kill(replica.port));
     let listed = |cluster: &RedisCluster| {
@@ -163,12 +184,14 @@ async fn a_cluster_master_whose_replica_died_grants_without_waiting_for_it() {
     })
     .await;
     // Within the next read of the list, a grant goes through; from then on none waits.
-    let first = granted_again(&locker, &name).await;
-    eprintln!("granted {first:?} after the cluster listed the replica failed");
-    assert_eq!(
-        five_grants(&locker, &name, cluster.node(master.port)).await,
-        0
-    );
+    for locker in [&locker, &over_conn] {
+        let first = granted_again(locker, &name).await;
+        eprintln!("granted {first:?} after the cluster listed the replica failed");
+        assert_eq!(
+            five_grants(locker, &name, cluster.node(master.port)).await,
+            0
+        );
+    }
 }
 
 /// As on a cluster, through Sentinel: once the sentinels hold the dead replica down, the
@@ -201,10 +224,13 @@ async fn over_masters_without_replicas_writes_do_not_wait() {
     let locker = (Locker::builder().cluster(cluster.seed_urls()).build())
         .await
         .expect("a locker on a cluster without replicas");
-    for i in 0..20 {
-        let name = unique_name(&format!("unreplicated-{i}"));
-        let guard = locker.lock(name.as_str()).await.expect("lock");
-        assert!(guard.release().await.is_released());
+    let over_conn = over_connection(&cluster).await;
+    for locker in [&locker, &over_conn] {
+        for i in 0..20 {
+            let name = unique_name(&format!("unreplicated-{i}"));
+            let guard = locker.lock(name.as_str()).await.expect("lock");
+            assert!(guard.release().await.is_released());
+        }
     }
     for port in cluster.ports() {
         assert_eq!(waits(cluster.node(port)).await, 0, "WAIT sent to {port}");

@@ -138,8 +138,9 @@ pub(crate) struct RedisBackend {
     poll_slots: Arc<Slots>,
     /// Replicas that must acknowledge every write, if any.
     ack: Option<ReplicaAck>,
-    /// A cluster's masters, reached directly for the watchdog's renewals (when the `Locker` was
-    /// built from seed URLs).
+    /// A cluster's slot map and the replicas it lists (which writes wait for by default); its
+    /// masters are reached directly for the watchdog's renewals when the `Locker` was built from
+    /// seed URLs.
     #[cfg(feature = "cluster")]
     masters: Option<Arc<super::cluster::Masters>>,
 }
@@ -174,7 +175,8 @@ impl RedisBackend {
         }
     }
 
-    /// Renewals go to `masters` directly, not through the cluster connection.
+    /// Writes wait for the replicas `masters` lists; renewals go to the masters directly, not
+    /// through the cluster connection, when they can be reached so.
     #[cfg(feature = "cluster")]
     pub(crate) fn with_masters(mut self, masters: super::cluster::Masters) -> Self {
         self.masters = Some(Arc::new(masters));

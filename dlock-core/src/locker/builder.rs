@@ -335,15 +335,13 @@ impl LockerBuilder {
     /// timeout not under the [command timeout](Self::command_timeout).
     ///
     /// The default depends on where the `Locker` runs. On Sentinel (`sentinel`) and on a
-    /// Cluster reached through its seed URLs (`cluster`), where a failover is what the set-up
-    /// is for, one replica acknowledges every write, waiting a quarter of the
+    /// Cluster (`cluster`, or an application's `cluster_connection`), where a failover is what
+    /// the set-up is for, one replica acknowledges every write, waiting a quarter of the
     /// [command timeout](Self::command_timeout) and at most 250 ms — but never for more
     /// replicas than the deployment lists as healthy for the write's master
     /// ([`ReplicaAck::up_to_listed`]): over masters without replicas, or a master whose replica
-    /// died, writes don't wait. Over an application's cluster connection
-    /// (`cluster_connection`), which gives no way to read the list, and on one server, writes
-    /// count once the master has them. [`without_replica_ack`](Self::without_replica_ack)
-    /// turns the default off.
+    /// died, writes don't wait. On one server, writes count once the master has them.
+    /// [`without_replica_ack`](Self::without_replica_ack) turns the default off.
     pub fn replica_ack(mut self, ack: ReplicaAck) -> Self {
         self.replica_ack = AckChoice::On(ack);
         self
@@ -378,10 +376,13 @@ impl LockerBuilder {
         check_default_lease(default_lease)?;
         let command_timeout = self.command_timeout.unwrap_or(DEFAULT_COMMAND_TIMEOUT);
         let connect_timeout = self.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT);
-        // Sentinel and a Cluster reached through its seeds list each master's replicas, so
-        // their writes wait for one by default (see `ReplicaAck::up_to_listed`).
+        // Sentinel and a Cluster list each master's replicas, so their writes wait for one by
+        // default (see `ReplicaAck::up_to_listed`).
         #[cfg(feature = "cluster")]
-        let cluster = matches!(self.source, Source::ClusterUrls(_));
+        let cluster = matches!(
+            self.source,
+            Source::ClusterUrls(_) | Source::ClusterConnection(_)
+        );
         #[cfg(not(feature = "cluster"))]
         let cluster = false;
         #[cfg(feature = "sentinel")]
@@ -494,7 +495,7 @@ impl LockerBuilder {
                     conn,
                     config,
                     ack,
-                    command_timeout,
+                    (command_timeout, connect_timeout),
                 ));
             }
             #[cfg(feature = "sentinel")]

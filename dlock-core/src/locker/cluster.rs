@@ -82,19 +82,22 @@ pub(super) async fn locker(
 }
 
 /// A `Locker` over an application's cluster connection; without seeds for a subscriber, its
-/// waiters poll.
+/// waiters poll. The masters' replicas, which writes wait for by default, are listed through
+/// the same connection.
 pub(super) fn over_connection(
     conn: redis::cluster_async::ClusterConnection,
     config: Config,
     ack: Option<ReplicaAck>,
-    command_timeout: Duration,
+    (command_timeout, connect_timeout): (Duration, Duration),
 ) -> Locker {
+    let masters = Masters::over(conn.clone(), connect_timeout);
     let backend = RedisBackend::new(
         RedisConn::Cluster(LazyCluster::open(conn)),
         None,
         command_timeout,
     )
-    .with_ack(ack);
+    .with_ack(ack)
+    .with_masters(masters);
     Locker::from_parts(
         Backend::Redis(Arc::new(backend)),
         config,

@@ -360,9 +360,9 @@ pub async fn run_cluster(config: Config, acked: bool) -> (Report, Figures) {
         .build()
         .expect("a cluster client with an address map");
     let conn = (client.get_async_connection().await).expect("a cluster connection via proxies");
-    // An application's cluster connection gives no way to list the replicas: its writes wait
-    // for one only when asked.
-    let l = builder(&prefix, p, acked, false)
+    // Over an application's cluster connection, the replicas are listed through it: its
+    // writes wait for one by default too.
+    let l = builder(&prefix, p, acked, true)
         .cluster_connection(conn)
         .build()
         .await;

@@ -1,4 +1,5 @@
-//! Direct connections to a cluster's masters, for the watchdog's renewals.
+//! A cluster's slot map, with the replicas it lists, and direct connections to its masters
+//! for the watchdog's renewals.
 //!
 //! The renewals of every hold of a `Locker` go out at once, each slot's to its master. Sent
 //! through redis-rs's cluster connection, they share its fate: while a master is dead and its
@@ -12,13 +13,17 @@
 //! read again after a renewal met `MOVED`, `ASK` or a broken connection. It also says how many
 //! healthy replicas each master has — `CLUSTER SLOTS` leaves out a replica marked failed or not
 //! yet synced — which is what a write waits for by default (`ReplicaAck::up_to_listed`); for
-//! that, a map older than [`RELIST_EVERY`] is read again before the next write.
+//! that, a map older than [`RELIST_EVERY`] is read again before the next write. Over an
+//! application's cluster connection (no seeds, no settings to reach a master with), the map is
+//! read through that connection and the renewals go through it too.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use redis::aio::MultiplexedConnection;
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::SingleNodeRoutingInfo;
 use redis::{AsyncConnectionConfig, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, Value};
 
 /// The longest one node is waited for to answer `CLUSTER SLOTS`.
@@ -27,8 +32,12 @@ const SLOTS_TIMEOUT: Duration = Duration::from_millis(500);
 /// How old the replica counts may be before they are read again.
 const RELIST_EVERY: Duration = Duration::from_secs(1);
 
+/// How many nodes, at random, the map is asked of at once through an application's cluster
+/// connection.
+const VIA_READS: usize = 3;
+
 /// A master, by the address the cluster gives for it.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub(crate) struct Node {
     host: String,
     port: u16,
@@ -50,6 +59,9 @@ pub(crate) struct Masters {
     /// The seeds' connection settings (address, TLS, credentials): every master is reached with
     /// the first seed's settings and its own address.
     seeds: Vec<ConnectionInfo>,
+    /// An application's cluster connection, when the `Locker` was given one instead of seeds:
+    /// the map is read through it, and no master is reached directly.
+    via: Option<ClusterConnection>,
     connect_timeout: Duration,
     state: Mutex<State>,
     /// One refresh of the map at a time.
@@ -91,6 +103,7 @@ impl Masters {
             .collect::<redis::RedisResult<Vec<_>>>()?;
         Ok(Self {
             seeds,
+            via: None,
             connect_timeout,
             state: Mutex::new(State {
                 stale: true,
@@ -98,6 +111,26 @@ impl Masters {
             }),
             refreshing: tokio::sync::Mutex::new(()),
         })
+    }
+
+    /// Masters known only through an application's cluster connection: the map (and the
+    /// replicas it lists) is read through `conn`, and the renewals go through it too.
+    pub(crate) fn over(conn: ClusterConnection, connect_timeout: Duration) -> Self {
+        Self {
+            seeds: Vec::new(),
+            via: Some(conn),
+            connect_timeout,
+            state: Mutex::new(State {
+                stale: true,
+                ..State::default()
+            }),
+            refreshing: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// Whether the masters can be reached directly (the `Locker` has the seeds' settings).
+    pub(crate) fn direct(&self) -> bool {
+        self.via.is_none()
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
@@ -170,6 +203,9 @@ impl Masters {
 
     /// Reads the map from the first master (or seed) that answers within `within` each.
     async fn read_map(&self, within: Duration) {
+        if let Some(conn) = &self.via {
+            return self.read_map_via(conn, within).await;
+        }
         let mut candidates: Vec<Node> = {
             let state = self.state();
             let mut known: Vec<Node> = state.owners.iter().map(|(_, _, n)| n.clone()).collect();
@@ -185,7 +221,7 @@ impl Masters {
         }
         // All at once, each briefly: a hung master must not hold up the map.
         let within = within.min(SLOTS_TIMEOUT);
-        let mut reads: futures_util::stream::FuturesUnordered<_> = (candidates.into_iter())
+        let reads: futures_util::stream::FuturesUnordered<_> = (candidates.into_iter())
             .map(|node| async move {
                 let read = async {
                     let mut conn = self.connection(&node, within).await?;
@@ -206,9 +242,49 @@ impl Masters {
                 (node, reply)
             })
             .collect();
-        // The first map from a node that says the cluster is ok; failing that, the first map
-        // at all, kept stale: while a master is failing, its slots' owner and replicas are about
-        // to change, and a write must not wait for the replicas of a master that is gone.
+        self.keep_first(reads).await;
+    }
+
+    /// [`read_map`](Self::read_map) through an application's cluster connection: asked of a
+    /// few nodes at random, all at once (a dead one must not keep the map unread).
+    async fn read_map_via(&self, conn: &ClusterConnection, within: Duration) {
+        let within = within.min(SLOTS_TIMEOUT);
+        let reads: futures_util::stream::FuturesUnordered<_> = (0..VIA_READS)
+            .map(|_| async move {
+                let mut pipe = redis::pipe();
+                pipe.cmd("CLUSTER").arg("SLOTS").cmd("CLUSTER").arg("INFO");
+                let mut conn = conn.clone();
+                let read = conn.route_pipeline(pipe, 0, 2, SingleNodeRoutingInfo::Random);
+                let reply = match tokio::time::timeout(within, read).await {
+                    Ok(Ok(values)) => {
+                        let mut values = values.into_iter();
+                        let slots = values.next();
+                        let info: Option<String> =
+                            values.next().and_then(|v| redis::from_redis_value(v).ok());
+                        slots.zip(info.map(|i| i.contains("cluster_state:ok")))
+                    }
+                    Ok(Err(err)) => {
+                        tracing::debug!(error = %err, "dlock: CLUSTER SLOTS failed");
+                        None
+                    }
+                    Err(_) => None,
+                };
+                // A master announced without a host is on the one that answered, which this
+                // route does not say: such entries keep an empty host (they are only compared
+                // with one another).
+                (Node::default(), reply)
+            })
+            .collect();
+        self.keep_first(reads).await;
+    }
+
+    /// Keeps the first map from a node that says the cluster is ok; failing that, the first
+    /// map at all, as stale: while a master is failing, its slots' owner and replicas are about
+    /// to change, and a write must not wait for the replicas of a master that is gone.
+    async fn keep_first(
+        &self,
+        mut reads: impl futures_util::Stream<Item = (Node, Option<(Value, bool)>)> + Unpin,
+    ) {
         let mut failing = None;
         while let Some((node, reply)) = futures_util::StreamExt::next(&mut reads).await {
             let Some((slots, ok)) = reply else { continue };

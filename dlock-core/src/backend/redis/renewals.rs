@@ -61,7 +61,7 @@ impl RedisBackend {
             let slot = crate::backend::cluster::key_slot(item.key.as_bytes());
             groups.entry(slot).or_default().push(i);
         }
-        if let Some(masters) = &self.masters {
+        if let Some(masters) = self.masters.as_ref().filter(|m| m.direct()) {
             return self
                 .renew_on_masters(masters, items, groups, within.min(self.timeout))
                 .await;
