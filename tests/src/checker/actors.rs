@@ -23,6 +23,9 @@ pub(crate) struct Actor {
     pub(crate) tiny: bool,
     /// Whether its waiters poll, having no subscriber (a `Locker` over a cluster connection).
     pub(crate) polls: bool,
+    /// Whether what it sends reaches the server late (a proxy delays it): a process farther
+    /// away than the others, whose waiters join a fair line later than their calls say.
+    pub(crate) far: bool,
     current: Mutex<Locker>,
     all: Mutex<Vec<Locker>>,
 }
@@ -39,6 +42,7 @@ impl Actor {
             command_timeout,
             watchdog_lease,
             tiny: false,
+            far: false,
             polls: false,
             current: Mutex::new(l.clone()),
             all: Mutex::new(vec![l]),
@@ -67,6 +71,9 @@ impl Actor {
 pub(crate) struct RedisSetup {
     pub(crate) url: String,
     pub(crate) proxy_url: String,
+    /// A proxy that delays what is sent through it, for a locker farther away (none against a
+    /// server the run does not own).
+    pub(crate) far_url: Option<String>,
     pub(crate) prefix: String,
     pub(crate) watchdog_lease: Duration,
     pub(crate) command_timeout: Duration,
@@ -223,7 +230,15 @@ impl RedisSetup {
         let second = self.second_runtime(warm_up_name);
         let mut tiny = Actor::new("tiny-timeout", self.tiny_timeout, lease, tiny);
         tiny.tiny = true;
-        vec![
+        let mut far = None;
+        if let Some(url) = &self.far_url {
+            let l = (self.builder(ct).url(url.clone()).build().await)
+                .expect("the far locker connects");
+            let mut actor = Actor::new("far", ct, lease, l);
+            actor.far = true;
+            far = Some(actor);
+        }
+        let mut actors = vec![
             Actor::new("url", ct, lease, url),
             Actor::new("proxy", ct, lease, proxied),
             Actor::new("bb8-pool", ct, lease, pooled),
@@ -233,7 +248,9 @@ impl RedisSetup {
             Actor::new("deadpool", ct, lease, deadpooled),
             Actor::new("app-manager", ct, lease, managed),
             Actor::new("lazy", ct, lease, lazy),
-        ]
+        ];
+        actors.extend(far);
+        actors
     }
 }
 

@@ -214,6 +214,10 @@ pub enum FaultFamily {
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum FaultSpec {
     Pause(Duration),
+    /// The server's script cache emptied (`SCRIPT FLUSH`), then a pause: every locker's next
+    /// script is refused (`NOSCRIPT`) and sent again once loaded, so commands held up by the
+    /// pause reach the server later still, one at a time.
+    FlushThenPause(Duration),
     Del(u8),
     Restart {
         down: Duration,
@@ -344,6 +348,9 @@ impl FaultPlan {
         let (gap, pick) = pick;
         let rng = &mut self.rng;
         let fault = match pick {
+            // Past most command timeouts: what was sent meanwhile goes unanswered, and is
+            // sent again (after its script is loaded) when the pause ends.
+            0 if rng.random_bool(0.3) => FaultSpec::FlushThenPause(between(rng, 300, 900)),
             0 => FaultSpec::Pause(between(rng, 10, 400)),
             1 => FaultSpec::Del(rng.random_range(0..self.names)),
             2 => {
@@ -439,6 +446,16 @@ impl Targets {
             return !recs.is_empty();
         }
         let (kind, reach, applied) = match (self, fault) {
+            (Self::Redis(t), FaultSpec::FlushThenPause(d)) => {
+                let flushed = admin_cmd(&t.admin, redis::cmd("SCRIPT").arg("FLUSH")).await;
+                let mut cmd = redis::cmd("CLIENT");
+                cmd.arg("PAUSE").arg(d.as_millis() as u64).arg("WRITE");
+                let ok = flushed && admin_cmd(&t.admin, &cmd).await;
+                if ok {
+                    tokio::time::sleep(d).await;
+                }
+                (FaultKind::Pause, Reach::ALL, ok)
+            }
             (Self::Redis(t), FaultSpec::Pause(d)) => {
                 let mut cmd = redis::cmd("CLIENT");
                 cmd.arg("PAUSE").arg(d.as_millis() as u64).arg("WRITE");

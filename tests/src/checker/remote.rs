@@ -164,6 +164,7 @@ pub async fn run_remote(config: Config, remote: &Remote) -> Result<Report, Remot
     let setup = RedisSetup {
         url: remote.url.clone(),
         proxy_url,
+        far_url: None,
         prefix: prefix.clone(),
         watchdog_lease: p.watchdog_lease,
         command_timeout: p.command_timeout,
