@@ -232,8 +232,8 @@ impl RedisSetup {
         tiny.tiny = true;
         let mut far = None;
         if let Some(url) = &self.far_url {
-            let l = (self.builder(ct).url(url.clone()).build().await)
-                .expect("the far locker connects");
+            let l =
+                (self.builder(ct).url(url.clone()).build().await).expect("the far locker connects");
             let mut actor = Actor::new("far", ct, lease, l);
             actor.far = true;
             far = Some(actor);

@@ -19,7 +19,9 @@
 //! - (e) a hung master costs a round one master budget: every acquisition returns within its
 //!   wait, one budget for its last round and one for giving back what that round got (plus
 //!   scheduling slack), and every grant keeps at least 90 % of its lease (less the same slack)
-//!   — a round, or a give-back, that waits for a hung master's command timeout breaks these;
+//!   — a round, or a give-back, that waits for a hung master's command timeout breaks these.
+//!   The scheduler's own lateness while the call ran (as [`super::lag`] saw it) is added to
+//!   both allowances: it says nothing about the budget;
 //! - (d) nothing left behind: once every lease has run out, no lock key remains on a master;
 //! - (e) no panics.
 //!
@@ -39,6 +41,7 @@ use tokio::time::Instant;
 
 use super::history::ms;
 use super::invariants::{Invariant, Violation};
+use super::lag::LagLog;
 use super::{Config, FaultFamily};
 use crate::{Proxy, RedisServer, unique_name};
 
@@ -206,6 +209,12 @@ pub async fn run_masters(config: Config) -> MastersReport {
     let faults: Shared<Vec<FaultRun>> = Arc::default();
     let origin = Instant::now();
     let end = origin + duration;
+    let lags = Arc::new(LagLog::default());
+    let (stop_lags, stop) = tokio::sync::watch::channel(false);
+    let monitor = tokio::spawn({
+        let lags = lags.clone();
+        async move { lags.monitor(stop).await }
+    });
     let mut tasks = Vec::new();
     for (client, set) in sets.iter().enumerate() {
         for w in 0..WORKERS {
@@ -230,12 +239,14 @@ pub async fn run_masters(config: Config) -> MastersReport {
     if let Err(err) = injector.await {
         violations.push(panic_violation(&err.to_string()));
     }
+    let _ = stop_lags.send(true);
+    let _ = monitor.await;
     // Every lease (and every background release) has run out: nothing may remain.
     tokio::time::sleep(LONGEST_LEASE + Duration::from_millis(500)).await;
     let attempts = std::mem::take(&mut *locked(&attempts));
     let faults = std::mem::take(&mut *locked(&faults));
     exclusion(&attempts, origin, &mut violations);
-    let figures = budgets(&attempts, &faults, &mut violations);
+    let figures = budgets(&attempts, &faults, &lags, &mut violations);
     leftovers(&addrs, &prefix, &mut violations).await;
     drop(servers);
     eprintln!(
@@ -461,7 +472,12 @@ fn exclusion(attempts: &[Attempt], origin: Instant, out: &mut Vec<Violation>) {
 /// (e) Every acquisition answers within its wait and two master budgets (its last round, which
 /// starts before the wait ends, and the give-back of a round that got too few), and every grant
 /// keeps most of its lease; the figures.
-fn budgets(attempts: &[Attempt], faults: &[FaultRun], out: &mut Vec<Violation>) -> MastersFigures {
+fn budgets(
+    attempts: &[Attempt],
+    faults: &[FaultRun],
+    lags: &LagLog,
+    out: &mut Vec<Violation>,
+) -> MastersFigures {
     let mut figures = MastersFigures {
         least_kept: 1.0,
         ..MastersFigures::default()
@@ -472,9 +488,10 @@ fn budgets(attempts: &[Attempt], faults: &[FaultRun], out: &mut Vec<Violation>) 
     for a in attempts {
         let budget = a.lease / BUDGET_DIVISOR;
         let took = a.returned - a.call;
+        let slack = SLACK + lags.max_within(a.call, a.returned);
         let overrun = took.saturating_sub(a.wait);
         figures.longest_overrun = figures.longest_overrun.max(overrun);
-        if took > a.wait + budget * 2 + SLACK {
+        if took > a.wait + budget * 2 + slack {
             out.push(Violation {
                 invariant: Invariant::MasterBudget,
                 summary: format!(
@@ -496,7 +513,7 @@ fn budgets(attempts: &[Attempt], faults: &[FaultRun], out: &mut Vec<Violation>) 
                 let kept = valid_until.saturating_duration_since(a.returned);
                 let share = kept.as_secs_f64() / a.lease.as_secs_f64();
                 figures.least_kept = figures.least_kept.min(share);
-                if kept + SLACK < a.lease.mul_f64(KEPT_SHARE) {
+                if kept + slack < a.lease.mul_f64(KEPT_SHARE) {
                     out.push(Violation {
                         invariant: Invariant::MasterBudget,
                         summary: format!(
