@@ -32,7 +32,7 @@ const SLOTS_TIMEOUT: Duration = Duration::from_millis(500);
 /// How old the replica counts may be before they are read again.
 const RELIST_EVERY: Duration = Duration::from_secs(1);
 
-/// How many nodes, at random, the map is asked of at once through an application's cluster
+/// How many masters, at random, the map is asked of at once through an application's cluster
 /// connection.
 const VIA_READS: usize = 3;
 
@@ -246,7 +246,9 @@ impl Masters {
     }
 
     /// [`read_map`](Self::read_map) through an application's cluster connection: asked of a
-    /// few nodes at random, all at once (a dead one must not keep the map unread).
+    /// few masters at random, all at once (a dead one must not keep the map unread). Masters
+    /// only: a request to a paused replica can stall the whole connection (redis-rs reads its
+    /// slot map again, and waits on that replica).
     async fn read_map_via(&self, conn: &ClusterConnection, within: Duration) {
         let within = within.min(SLOTS_TIMEOUT);
         let reads: futures_util::stream::FuturesUnordered<_> = (0..VIA_READS)
@@ -254,7 +256,7 @@ impl Masters {
                 let mut pipe = redis::pipe();
                 pipe.cmd("CLUSTER").arg("SLOTS").cmd("CLUSTER").arg("INFO");
                 let mut conn = conn.clone();
-                let read = conn.route_pipeline(pipe, 0, 2, SingleNodeRoutingInfo::Random);
+                let read = conn.route_pipeline(pipe, 0, 2, SingleNodeRoutingInfo::RandomPrimary);
                 let reply = match tokio::time::timeout(within, read).await {
                     Ok(Ok(values)) => {
                         let mut values = values.into_iter();
