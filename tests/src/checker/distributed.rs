@@ -13,9 +13,7 @@
 //! locker on a floating address (a proxy moved to the new master after each failover, as a
 //! virtual IP would be). Beside the workers' sessions, steady pairs hold names on every master
 //! (see [`super::steady`]), and the run checks that a release wakes its waiter in time (see
-//! [`super::wakeups`]). Each following locker also holds a crowd of names with the watchdog
-//! throughout ([`CROWD`]), as a service does: their renewals reach every master, the dying one
-//! too.
+//! [`super::wakeups`]).
 //!
 //! Each deployment runs in two modes. With writes counted once the master has them (the
 //! default), a killed master or a `SENTINEL FAILOVER` may lose grants: those faults are
@@ -60,11 +58,6 @@ const FOLLOWERS: usize = 3;
 
 /// The partitioned client's locker: the one after the followers.
 const PARTITIONED: u8 = 3;
-
-/// How many names each following locker holds with the watchdog for the whole run, as a
-/// service holds many at once: their renewals keep every master busy, the dying one too (a
-/// cluster connection that carried them wedged after a master's death).
-const CROWD: usize = 80;
 
 /// How soon after the sentinels agree on a new master every locker must have moved to it.
 pub(super) const FOLLOW_WITHIN: Duration = Duration::from_secs(2);
@@ -162,21 +155,6 @@ fn figures(history: &History, finish: Instant) -> Figures {
         lost,
         recoveries,
     }
-}
-
-/// [`CROWD`] names per following locker, held with the watchdog until the run ends: load, not
-/// checked (the steady pairs are).
-async fn hold_crowd(followers: &[Locker], p: Params) -> Vec<dlock_core::LockGuard> {
-    let mut crowd = Vec::with_capacity(followers.len() * CROWD);
-    for (i, locker) in followers.iter().enumerate() {
-        for j in 0..CROWD {
-            let name = format!("crowd{i}-{j}");
-            let request = locker.lock(name.as_str()).watchdog_lease(p.watchdog_lease);
-            let guard = request.wait(Duration::from_secs(2)).await;
-            crowd.push(guard.expect("a crowd name, free before any fault"));
-        }
-    }
-    crowd
 }
 
 /// Lock keys and fair line keys (not fencing counters) left on the masters after every lease
@@ -282,7 +260,6 @@ async fn run(
         })
         .collect();
     let ctx = ctx_with_steady(actors, p, None, &steady, pairs);
-    let crowd = hold_crowd(&followers, p).await;
     let targets = DistributedTargets {
         deployment,
         keys: ctx.name_keys.clone(),
@@ -297,9 +274,6 @@ async fn run(
     let super::faults::Targets::Distributed(targets) = &targets else {
         unreachable!("a distributed run");
     };
-    for guard in crowd {
-        let _ = guard.release().await;
-    }
     let mut found = leftovers(targets, &prefix, p).await;
     found.append(&mut locked(&targets.unfollowed));
     let polling: Vec<u8> = (0..ctx.actors.len())
