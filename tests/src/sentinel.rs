@@ -129,6 +129,15 @@ impl RedisSentinel {
         .expect("a sentinel client")
     }
 
+    /// Every process's log so far, each with a label (`sentinel <port>`, `data <port>`): what
+    /// a failed run prints to show what the sentinels did.
+    pub fn logs(&self) -> Vec<(String, String)> {
+        let data = (self.data.iter()).map(|n| (format!("data {}", n.port()), n.log()));
+        let sentinels =
+            (self.sentinels.iter()).map(|n| (format!("sentinel {}", n.port()), n.log()));
+        data.chain(sentinels).collect()
+    }
+
     /// The ports of the two data nodes, in start order.
     pub fn data_ports(&self) -> Vec<u16> {
         self.data.iter().map(RedisServer::port).collect()
@@ -236,7 +245,13 @@ impl RedisSentinel {
             // An aborted failover is given up after the failover timeout.
             match try_poll(FAILOVER_TIMEOUT * 2 + DOWN_AFTER, || self.promoted(old)) {
                 Ok(master) => return master,
-                Err(state) => last = state,
+                Err(state) => {
+                    eprintln!(
+                        "requested failover {} of 3 did not promote the replica: {state}",
+                        attempt + 1
+                    );
+                    last = state;
+                }
             }
         }
         panic!("three requested failovers did not promote the replica; last seen: {last}")

@@ -157,6 +157,36 @@ fn figures(history: &History, finish: Instant) -> Figures {
     }
 }
 
+/// Prints every server's log, for a run that found violations: what the sentinels or the
+/// cluster did around them. The logs' times are the wall clock (UTC here); the run's `+ms`
+/// times count from `origin`, whose wall-clock time comes first.
+async fn print_logs(deployment: &Deployment, origin: Instant) {
+    let wall = std::time::SystemTime::now() - origin.elapsed();
+    let ms = (wall.duration_since(std::time::UNIX_EPOCH))
+        .map_or(0, |d| d.as_millis() % (24 * 3600 * 1000));
+    eprintln!(
+        "server logs; the run's +0 ms is {:02}:{:02}:{:02}.{:03} UTC",
+        ms / 3_600_000,
+        ms / 60_000 % 60,
+        ms / 1000 % 60,
+        ms % 1000
+    );
+    let deployment = deployment.clone();
+    let logs = blocking(move || match &deployment {
+        Deployment::Sentinel(s) => locked(s).logs(),
+        Deployment::Cluster(c) => {
+            let c = locked(c);
+            (c.ports().into_iter())
+                .map(|port| (format!("node {port}"), c.node(port).log()))
+                .collect()
+        }
+    })
+    .await;
+    for (label, log) in logs {
+        eprintln!("--- {label} ---\n{log}");
+    }
+}
+
 /// Lock keys and fair line keys (not fencing counters) left on the masters after every lease
 /// and every waiter's place in line ran out.
 async fn leftovers(targets: &DistributedTargets, prefix: &str, p: Params) -> Vec<Violation> {
@@ -300,6 +330,9 @@ async fn run(
     watchdog_probe(&ctx.actors, None, &mut found).await;
     let figures = figures(&ctx.history, Instant::now());
     let report = finish(config, wall, &ctx, faults, found);
+    if !report.violations.is_empty() {
+        print_logs(&targets.deployment, ctx.history.origin).await;
+    }
     eprintln!("{}", report.summary());
     eprintln!(
         "checker {:?}{}: {figures}",
