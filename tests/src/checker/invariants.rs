@@ -23,6 +23,11 @@ pub const RUN_TIMER_TOLERANCE: Duration = Duration::from_millis(2);
 /// server clocks count whole milliseconds.
 const LEASE_ROUNDING: Duration = Duration::from_millis(5);
 
+/// How long after the checker reads the clock for a release the library may read it to judge
+/// whether its guard let go in time (plus the lateness the lag monitor saw meanwhile): a release
+/// called just before `valid_until` may find its deadline passed, and says the loss truthfully.
+const LET_GO_TOLERANCE: Duration = Duration::from_millis(1);
+
 /// Which invariant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Invariant {
@@ -598,7 +603,8 @@ fn release_truth(
             let paused = faults
                 .iter()
                 .any(|f| f.kind == FaultKind::Pause && f.to >= end.at && f.from <= ret);
-            if !lost && end.at < end.valid_until && !destroyed && !paused {
+            let let_go = LET_GO_TOLERANCE + history.lags.max_within(end.at, ret);
+            if !lost && end.at + let_go < end.valid_until && !destroyed && !paused {
                 out.push(Violation {
                     invariant: Invariant::ReleaseTruth,
                     summary: format!(
