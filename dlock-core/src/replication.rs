@@ -58,7 +58,9 @@ impl ReplicaAck {
     /// Wait for no more replicas than the deployment lists as healthy for the master a write
     /// goes to: on a Cluster, the replicas `CLUSTER SLOTS` gives for the write's slot (a
     /// replica marked failed, or not yet synced, is left out); on Sentinel, the replicas the
-    /// sentinels report neither down nor out of sync with the master (`master-link-status`).
+    /// sentinels report neither down nor still a master out of sync with this one (the old
+    /// master after a failover, until it follows: a replica that is syncing again, or cut off
+    /// from its master, still counts).
     /// Both are read again every second, after a command failed, and after a write fell
     /// short. A master listed with none — after a failover whose old master is dead, until a
     /// replica is back — writes without waiting, where it would otherwise refuse every grant

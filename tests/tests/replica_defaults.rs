@@ -275,6 +275,95 @@ async fn a_sentinel_locker_waits_for_the_replica_unless_told_not_to() {
     assert!(guard.release().await.is_released());
 }
 
+/// Whether every sentinel last read the replica on `port` as out of sync with its master
+/// (`master-link-status err`) while it still calls itself a replica.
+async fn listed_out_of_sync(set_up: &RedisSentinel, port: u16) -> bool {
+    for sentinel in set_up.sentinels() {
+        let mut con = sentinel.connection().await;
+        let replicas: Vec<Vec<String>> = redis::cmd("SENTINEL")
+            .arg("REPLICAS")
+            .arg(set_up.master_name())
+            .query_async(&mut con)
+            .await
+            .expect("SENTINEL REPLICAS");
+        let field = |r: &[String], name: &str| {
+            (r.chunks(2)).find_map(|kv| (kv[0] == name).then(|| kv[1].clone()))
+        };
+        let seen = replicas
+            .iter()
+            .find(|r| field(r, "port") == Some(port.to_string()));
+        let out_of_sync = seen.is_some_and(|r| {
+            field(r, "master-link-status").as_deref() == Some("err")
+                && field(r, "role-reported").as_deref() == Some("slave")
+        });
+        if !out_of_sync {
+            return false;
+        }
+    }
+    true
+}
+
+/// A replica that is up and calls itself a replica, but can't sync with its master (here it
+/// can no longer authenticate, as after a password rotated on one side only), is still waited
+/// for once the sentinels have read it out of sync (they read a replica every ten seconds):
+/// its master grants nothing alone, where it granted without waiting before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_master_whose_replica_cannot_sync_grants_nothing_alone() {
+    let set_up = block_in_place(RedisSentinel::start);
+    block_in_place(|| set_up.wait_replica_listed_in_sync());
+    let locker = (Locker::builder().sentinel(set_up.sentinel_urls(), set_up.master_name()))
+        .build()
+        .await
+        .expect("a locker on sentinel");
+    let name = unique_name("sentinel-replica-cut-off");
+    assert!(five_grants(&locker, &name, set_up.master()).await >= 5);
+
+    let replica = set_up.replica();
+    let mut con = replica.connection().await;
+    let cut_off = |user: &str, password: &str| {
+        let mut pipe = redis::pipe();
+        pipe.cmd("CONFIG")
+            .arg("SET")
+            .arg("masteruser")
+            .arg(user)
+            .ignore();
+        pipe.cmd("CONFIG")
+            .arg("SET")
+            .arg("masterauth")
+            .arg(password)
+            .ignore();
+        pipe.cmd("CLIENT")
+            .arg("KILL")
+            .arg("TYPE")
+            .arg("master")
+            .ignore();
+        pipe
+    };
+    let () = (cut_off("nobody", "wrong").query_async(&mut con).await)
+        .expect("the replica set to fail its master's AUTH");
+    let port = replica.port();
+    let give_up = Instant::now() + Duration::from_secs(30);
+    while !listed_out_of_sync(&set_up, port).await {
+        assert!(
+            Instant::now() < give_up,
+            "the sentinels did not read the replica out of sync within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Long enough for the Locker to read the list again.
+    tokio::time::sleep(RELISTED_WITHIN).await;
+    let got = locker.lock(name.as_str()).try_lock().await;
+    let refused = matches!(got, Err(LockError::Backend(ref e)) if e.is_not_replicated());
+    if let Ok(Some(guard)) = got {
+        let _ = guard.release().await;
+    }
+    let () = (cut_off("", "").query_async(&mut con).await).expect("the replica's AUTH restored");
+    assert!(
+        refused,
+        "a master granted alone while its listed replica could not sync"
+    );
+}
+
 #[tokio::test]
 async fn on_one_server_writes_do_not_wait() {
     let server = RedisServer::start();
