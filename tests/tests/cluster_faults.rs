@@ -361,6 +361,63 @@ async fn a_release_during_a_slot_migration_answers_at_once() {
     }
 }
 
+/// A permit's and a reader's release while their slot migrates answer at once too, with the
+/// set still on the old master and after it moved (`ASK`): they name their set alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_or_reader_released_during_a_slot_migration_answers_at_once() {
+    let cluster = block_in_place(RedisCluster::start);
+    let locker = cluster.locker(Duration::from_secs(30)).await;
+    let name = unique_name("cluster-migrating-sets");
+    let lock_key = locker.key_of(name.as_str()).unwrap();
+    let slot = key_slot(lock_key.as_bytes());
+    let (_, to) = move_from_to(&cluster, slot);
+    let semaphore = locker.semaphore(name.as_str(), 2);
+    let rw = locker.read_write_lock(name.as_str());
+    let permits = [
+        semaphore.acquire().await.expect("a permit"),
+        semaphore.acquire().await.expect("a second permit"),
+    ];
+    let readers = [
+        rw.read().await.expect("a reader"),
+        rw.read().await.expect("a second reader"),
+    ];
+    let migration = block_in_place(|| cluster.begin_migration(slot, to.port));
+    let [permit_here, permit_moved] = permits;
+    let [reader_here, reader_moved] = readers;
+    let started = Instant::now();
+    let outcome = permit_here.release().await;
+    assert!(
+        outcome.is_released(),
+        "a permit on the old master: {outcome:?} after {:?}",
+        started.elapsed()
+    );
+    let outcome = reader_here.release().await;
+    assert!(
+        outcome.is_released(),
+        "a reader on the old master: {outcome:?} after {:?}",
+        started.elapsed()
+    );
+    let sets = [format!("{lock_key}:permits"), format!("{lock_key}:read")];
+    block_in_place(|| cluster.migrate_keys(&migration, &[&sets[0], &sets[1]]));
+    let started = Instant::now();
+    let outcome = permit_moved.release().await;
+    assert!(
+        outcome.is_released(),
+        "a permit moved: {outcome:?} after {:?}",
+        started.elapsed()
+    );
+    let outcome = reader_moved.release().await;
+    assert!(
+        outcome.is_released(),
+        "a reader moved: {outcome:?} after {:?}",
+        started.elapsed()
+    );
+    block_in_place(|| cluster.finish_migration(migration));
+    let write = (rw.write().try_lock().await.expect("try")).expect("no reader left");
+    assert!(write.release().await.is_released());
+    assert_eq!(semaphore.status().await.expect("status").held, 0);
+}
+
 /// Holds in a slot that stays migrating for longer than their lease — some keys moved, some not
 /// (a large slot being resharded) — are renewed wherever their keys are.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -99,8 +99,8 @@ return {0, -1}
 
 /// Gives a permit back and wakes waiters.
 ///
-/// `KEYS[1]` permits, `KEYS[2]` wake channel; `ARGV[1]` the permit id, `ARGV[2]` the command that
-/// wakes waiters. Returns, as [`RELEASE`](crate::script::RELEASE) does, `woken >= 0` given back,
+/// `KEYS[1]` permits; `ARGV[1]` the permit id, `ARGV[2]` the command that wakes waiters, `ARGV[3]`
+/// the wake channel (an argument, not a key: see `release_of`). Returns, as [`RELEASE`](crate::script::RELEASE) does, `woken >= 0` given back,
 /// `-1` it was gone: expired (an expired permit stays in the set until an acquisition sweeps
 /// it; it is removed here, and counts as gone), or given back by an earlier try of the same
 /// release.
@@ -119,7 +119,7 @@ redis.call('ZREM', KEYS[1], ARGV[1])
 if tonumber(expiry) <= now_ms() then
   return -1
 end
-return redis.call(ARGV[2], KEYS[2], '1')
+return redis.call(ARGV[2], ARGV[3], '1')
 "#
 );
 
@@ -228,8 +228,8 @@ return {1, 0}
 
 /// A reader leaves; the last one wakes the waiters (writers).
 ///
-/// `KEYS[1]` readers, `KEYS[2]` wake channel; `ARGV[1]` reader id, `ARGV[2]` the command that
-/// wakes waiters. Returns, as [`RELEASE`](crate::script::RELEASE) does, `woken >= 0` left, `-1`
+/// `KEYS[1]` readers; `ARGV[1]` reader id, `ARGV[2]` the command that wakes waiters, `ARGV[3]`
+/// the wake channel (an argument, not a key). Returns, as [`RELEASE`](crate::script::RELEASE) does, `woken >= 0` left, `-1`
 /// it was gone: expired (an expired reader stays in the set until an acquisition sweeps it; it
 /// is removed here, counts as gone, and wakes the writers if it was the last), or an earlier try
 /// of the same release.
@@ -246,7 +246,7 @@ end
 redis.call('ZREM', KEYS[1], ARGV[1])
 local woken = 0
 if redis.call('EXISTS', KEYS[1]) == 0 then
-  woken = redis.call(ARGV[2], KEYS[2], '1')
+  woken = redis.call(ARGV[2], ARGV[3], '1')
 end
 if tonumber(expiry) <= now_ms() then
   return -1

@@ -339,19 +339,23 @@ impl RedisBackend {
         keep: Option<Duration>,
     ) -> Release<'k> {
         let (lock, channel) = (keys.lock.as_str(), keys.channel());
+        // A permit's or a reader's set is named alone, its channel passed as an argument: on a
+        // cluster a command naming two keys of a migrating slot fails (`TRYAGAIN`) until the
+        // migration ends unless both are on the same side, and a channel is never a key that
+        // exists. (The channel shares the set's hash tag, so the script may publish on it.)
         let member = |script, lua| Release {
             script,
             lua,
-            keys: ([lock, channel, "", ""], 2),
+            keys: ([lock, "", "", ""], 1),
             args: (
                 [
                     Arg::Text(owner),
                     Arg::Text(self.publish()),
-                    Arg::Text(""),
+                    Arg::Text(channel),
                     Arg::Text(""),
                     Arg::Text(""),
                 ],
-                2,
+                3,
             ),
         };
         let (mode, keys) = match &keys.kind {
