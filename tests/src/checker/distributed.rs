@@ -319,6 +319,7 @@ async fn run(
     };
     let waits = (polling.as_slice(), acknowledged);
     super::wakeups::check(&ctx.history, &faults_seen, waits, &mut found);
+    super::wakeups::migrating_releases(&ctx.history, &faults_seen, &mut found);
     let stopped = ctx
         .steady_stopped
         .get()

@@ -273,6 +273,10 @@ pub(crate) struct FaultPlan {
     /// Distributed families draw kinds from a shuffled deck holding each kind they inject, so
     /// that a run of a few decks' length sees several faults of every kind.
     deck: Vec<usize>,
+    /// The steady names (see [`super::steady`]), which a fault aimed at one name's master or
+    /// slot targets three times in four: they have one waiter per release and holds that live
+    /// through the fault, where a lost wake-up or a failed release shows.
+    steady: std::ops::Range<u8>,
 }
 
 /// The kinds (by their pick number in [`FaultPlan::next_fault`]) of a deck: a cluster's, and a
@@ -293,6 +297,22 @@ impl FaultPlan {
             longest_lease,
             since_restart: Duration::ZERO,
             deck: Vec::new(),
+            steady: 0..0,
+        }
+    }
+
+    /// Aims most faults at one name's master or slot at the `steady` names.
+    pub(crate) fn targeting_steady(mut self, steady: std::ops::Range<u8>) -> Self {
+        self.steady = steady;
+        self
+    }
+
+    /// The name a fault aimed at one name's master or slot targets.
+    fn target(&mut self) -> u8 {
+        if !self.steady.is_empty() && self.rng.random_bool(0.75) {
+            self.rng.random_range(self.steady.clone())
+        } else {
+            self.rng.random_range(0..self.names)
         }
     }
 
@@ -346,6 +366,11 @@ impl FaultPlan {
             _ => self.draw(),
         };
         let (gap, pick) = pick;
+        // Only the distributed families aim faults at one name's master or slot (and draw it).
+        let target = match self.family {
+            FaultFamily::Cluster | FaultFamily::Sentinel => self.target(),
+            _ => 0,
+        };
         let rng = &mut self.rng;
         let fault = match pick {
             // Past most command timeouts: what was sent meanwhile goes unanswered, and is
@@ -363,9 +388,9 @@ impl FaultPlan {
             // Long enough to outlast a lease: the other holds must be renewed meanwhile.
             6 => FaultSpec::Stall(between(rng, 50, 1_000)),
             5 => FaultSpec::Clobber(rng.random_range(0..self.names), between(rng, 200, 1500)),
-            7 => FaultSpec::Failover(rng.random_range(0..self.names)),
-            8 => FaultSpec::KillMaster(rng.random_range(0..self.names), between(rng, 0, 300)),
-            9 => FaultSpec::PauseReplica(rng.random_range(0..self.names), between(rng, 50, 800)),
+            7 => FaultSpec::Failover(target),
+            8 => FaultSpec::KillMaster(target, between(rng, 0, 300)),
+            9 => FaultSpec::PauseReplica(target, between(rng, 50, 800)),
             // Up to about three leases: the partitioned holder must let go by its own clock
             // while the others take over.
             10 => FaultSpec::Partition {
@@ -373,16 +398,16 @@ impl FaultPlan {
                 cut: rng.random_bool(0.3),
             },
             // Open past a lease or two, as a large slot stays while its keys move.
-            11 => FaultSpec::Migrate(rng.random_range(0..self.names), between(rng, 200, 2_500)),
+            11 => FaultSpec::Migrate(target, between(rng, 200, 2_500)),
             // Mute past the failover: a sentinel that comes back tells its subscribers what
             // they missed.
             12 => FaultSpec::MuteSentinel {
                 index: rng.random_range(0..3),
                 span: between(rng, 4_000, 12_000),
             },
-            14 => FaultSpec::KillMasterForGood(rng.random_range(0..self.names)),
+            14 => FaultSpec::KillMasterForGood(target),
             13 => FaultSpec::CutNode {
-                name: rng.random_range(0..self.names),
+                name: target,
                 span: between(rng, 100, 3_000),
                 cut: rng.random_bool(0.3),
             },

@@ -221,7 +221,10 @@ pub(super) async fn drive(
     let (stop_tx, stop_rx) = watch::channel(false);
     // Faults may target the steady names too: their holds live through the faults.
     let targets_names = u8::try_from(ctx.history.names.len()).expect("a few names");
-    let plan = FaultPlan::new(config.seed, config.family, targets_names, MAX_PLANNED_LEASE);
+    let steady_names =
+        (ctx.steady.iter().map(|t| t.name).min()).map_or(0..0, |first| first..targets_names);
+    let plan = FaultPlan::new(config.seed, config.family, targets_names, MAX_PLANNED_LEASE)
+        .targeting_steady(steady_names);
     let lag_stop = stop_rx.clone();
     let lags = async move {
         // Virtual time has no scheduler lag, and a sleeper would keep it moving.
@@ -283,7 +286,12 @@ pub(super) async fn drive(
     };
     let (counts, (), ()) = tokio::join!(faults, work, lags);
     reset_permits(ctx, p).await;
-    tokio::time::sleep(settle(p)).await;
+    let settle = if ctx.steady.is_empty() {
+        settle(p)
+    } else {
+        settle(p).max(super::steady::STEADY_LEASE + SETTLE_MARGIN)
+    };
+    tokio::time::sleep(settle).await;
     counts
 }
 

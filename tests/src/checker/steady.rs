@@ -41,13 +41,19 @@ pub(crate) struct Steady {
 /// How long a steady acquisition waits: past a partner's longest hold.
 const WAIT: Duration = Duration::from_secs(5);
 
+/// The steady holds' watchdog lease: long, as a service's are (the default is 30 s), so that a
+/// waiter whose wake-up was lost sleeps for seconds, until its timer at the holder's lease,
+/// where the wake-up bound is a second; and a release that fails leaves its partner waiting as
+/// long. With the workers' leases of a second or less, either would go unseen.
+pub(crate) const STEADY_LEASE: Duration = Duration::from_secs(4);
+
 /// The longest gap between two grants of one steady task outside faults: its partner's hold,
 /// its own, and the pause between them, with room.
 pub(super) const PROGRESS_WITHIN: Duration = Duration::from_secs(8);
 
-/// One steady task: acquire, hold for 1–2.5 s, release, pause 300–600 ms (longer than the
-/// wake-up bound, so that the partner's grant is the only one that can come in time), again,
-/// until the run winds down.
+/// One steady task: acquire, hold for 1–2.5 s, release, pause 1.5–1.8 s (longer than the
+/// wake-up bound, the one just after a fault too, so that the partner's grant is the only one
+/// that can come in time), again, until the run winds down.
 pub(crate) async fn run(ctx: Arc<Ctx>, task: Steady, seed: u64) {
     let mut rng = StdRng::seed_from_u64(seed ^ u64::from(task.worker).wrapping_mul(0x9e37));
     while !ctx.halt.load(Ordering::Relaxed) {
@@ -58,7 +64,7 @@ pub(crate) async fn run(ctx: Arc<Ctx>, task: Steady, seed: u64) {
             acquire: Acquire {
                 try_lock: false,
                 wait: WAIT,
-                lease: LeaseSpec::LockerDefault,
+                lease: LeaseSpec::Watchdog(STEADY_LEASE),
                 cancel_after: None,
                 at_least: None,
             },
@@ -66,7 +72,7 @@ pub(crate) async fn run(ctx: Arc<Ctx>, task: Steady, seed: u64) {
             end: End::Release,
         };
         run_session(ctx.clone(), task.worker, session).await;
-        let pause = Duration::from_millis(rng.random_range(300..=600));
+        let pause = Duration::from_millis(rng.random_range(1_500..=1_800));
         tokio::time::sleep(pause).await;
     }
 }
