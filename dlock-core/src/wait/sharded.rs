@@ -201,6 +201,9 @@ impl Lapsed {
                 Ok(Ok(()))
             ) {
                 slots.confirm(&channel);
+                // A release between the drop and now was published where nobody listened:
+                // its waiters try again now, and hear every release from here on.
+                slots.wake(&channel);
             } else {
                 self.channels.insert(channel);
             }
