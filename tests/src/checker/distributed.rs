@@ -13,7 +13,9 @@
 //! locker on a floating address (a proxy moved to the new master after each failover, as a
 //! virtual IP would be). Beside the workers' sessions, steady pairs hold names on every master
 //! (see [`super::steady`]), and the run checks that a release wakes its waiter in time (see
-//! [`super::wakeups`]).
+//! [`super::wakeups`]). On the cluster, in the mode where writes count once the master has
+//! them, each following locker also holds a crowd of names with the watchdog throughout
+//! ([`CROWD`]), as a service does: their renewals reach every master, the dying one too.
 //!
 //! Each deployment runs in two modes. With writes counted once the master has them (the
 //! default), a killed master or a `SENTINEL FAILOVER` may lose grants: those faults are
@@ -58,6 +60,14 @@ const FOLLOWERS: usize = 3;
 
 /// The partitioned client's locker: the one after the followers.
 const PARTITIONED: u8 = 3;
+
+/// How many names each following locker holds with the watchdog for the whole cluster run
+/// without acknowledgement, as a service holds many at once: their renewals keep every master
+/// busy, the dying one too (a cluster connection that carried them wedged after a master's
+/// death, and the follow probe finds that only with a crowd). One mode suffices: the wedge is
+/// the connection's, whatever the writes wait for; the acknowledged runs are slower per write
+/// and are left without it.
+const CROWD: usize = 80;
 
 /// How soon after the sentinels agree on a new master every locker must have moved to it.
 pub(super) const FOLLOW_WITHIN: Duration = Duration::from_secs(2);
@@ -187,6 +197,21 @@ async fn print_logs(deployment: &Deployment, origin: Instant) {
     }
 }
 
+/// [`CROWD`] names per following locker, held with the watchdog until the run ends: load, not
+/// checked (the steady pairs are).
+async fn hold_crowd(followers: &[Locker], p: Params) -> Vec<dlock_core::LockGuard> {
+    let mut crowd = Vec::with_capacity(followers.len() * CROWD);
+    for (i, locker) in followers.iter().enumerate() {
+        for j in 0..CROWD {
+            let name = format!("crowd{i}-{j}");
+            let request = locker.lock(name.as_str()).watchdog_lease(p.watchdog_lease);
+            let guard = request.wait(Duration::from_secs(2)).await;
+            crowd.push(guard.expect("a crowd name, free before any fault"));
+        }
+    }
+    crowd
+}
+
 /// Lock keys and fair line keys (not fencing counters) left on the masters after every lease
 /// and every waiter's place in line ran out.
 async fn leftovers(targets: &DistributedTargets, prefix: &str, p: Params) -> Vec<Violation> {
@@ -290,6 +315,10 @@ async fn run(
         })
         .collect();
     let ctx = ctx_with_steady(actors, p, None, &steady, pairs);
+    let crowd = match deployment {
+        Deployment::Cluster(_) if !acked => hold_crowd(&followers, p).await,
+        _ => Vec::new(),
+    };
     let targets = DistributedTargets {
         deployment,
         keys: ctx.name_keys.clone(),
@@ -304,6 +333,9 @@ async fn run(
     let super::faults::Targets::Distributed(targets) = &targets else {
         unreachable!("a distributed run");
     };
+    for guard in crowd {
+        let _ = guard.release().await;
+    }
     let mut found = leftovers(targets, &prefix, p).await;
     found.append(&mut locked(&targets.unfollowed));
     let polling: Vec<u8> = (0..ctx.actors.len())
