@@ -468,6 +468,11 @@ return {0, redis.call('PTTL', KEYS[1])}
 /// is `2` and `KEYS[3]` the writers waiting: `ARGV[1]` stops waiting too (a writer giving up
 /// sends this), and readers held back by its wait are woken when the lock is free.
 ///
+/// Mode `3` releases a fair lock's or a writer's hold by its key alone, `ARGV[6]` the wake
+/// channel: on a cluster, while the lock's slot moves and its line's keys are not all on one side
+/// (Redis refuses a script naming them, `TRYAGAIN`). It leaves the line as it is (its entries
+/// expire by themselves) and wakes whoever listens on that channel, whether anyone waits or not.
+///
 /// A plain lock whose hold a waiter marked as next in turn (` w`, see [`ACQUIRE`]) and that is not
 /// kept (`ARGV[4]` is `0`) stays reserved for that waiter's `Locker` (`#r:`) for the time it asked for.
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_LUA));
@@ -490,7 +495,7 @@ end
     let_go_lua!(),
     r#"
 local handed_to, publish = ARGV[2] or '', ARGV[3] or 'PUBLISH'
-local channel = KEYS[2] or (KEYS[1] .. ':wake')
+local channel = KEYS[2] or ARGV[6] or (KEYS[1] .. ':wake')
 local fair = mode == '1'
 local writer = mode == '2'
 local function wake(message)

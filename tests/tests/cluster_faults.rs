@@ -418,6 +418,61 @@ async fn a_permit_or_reader_released_during_a_slot_migration_answers_at_once() {
     assert_eq!(semaphore.status().await.expect("status").held, 0);
 }
 
+/// A fair lock's and a writer's release while their slot migrates answer too, though their
+/// line's keys can't be named then: they are released by the lock's key alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_lock_or_writer_released_during_a_slot_migration_answers() {
+    let cluster = block_in_place(RedisCluster::start);
+    let locker = cluster.locker(Duration::from_secs(30)).await;
+    let rival = cluster.locker(Duration::from_secs(30)).await;
+    let name = unique_name("cluster-migrating-lines");
+    let slot = key_slot(locker.key_of(name.as_str()).unwrap().as_bytes());
+    let (_, to) = move_from_to(&cluster, slot);
+    let rw = locker.read_write_lock(name.as_str());
+    let fair = locker
+        .fair_lock(name.as_str())
+        .await
+        .expect("the fair lock");
+    let write = rw.write().await.expect("the write lock");
+    // Someone stood in the fair line and gave up: the line's keys exist.
+    let tried = rival
+        .fair_lock(name.as_str())
+        .wait(Duration::from_millis(50))
+        .await;
+    assert!(tried.is_err(), "the fair lock is held");
+    let migration = block_in_place(|| cluster.begin_migration(slot, to.port));
+    let started = Instant::now();
+    let outcome = fair.release().await;
+    assert!(
+        outcome.is_released(),
+        "the fair lock: {outcome:?} after {:?}",
+        started.elapsed()
+    );
+    let started = Instant::now();
+    let outcome = write.release().await;
+    assert!(
+        outcome.is_released(),
+        "the writer: {outcome:?} after {:?}",
+        started.elapsed()
+    );
+    block_in_place(|| cluster.finish_migration(migration));
+    let again = (rival
+        .fair_lock(name.as_str())
+        .try_lock()
+        .await
+        .expect("try"))
+    .expect("free");
+    assert!(again.release().await.is_released());
+    let read = (rival
+        .read_write_lock(name.as_str())
+        .read()
+        .try_lock()
+        .await
+        .expect("try"))
+    .expect("no writer left");
+    assert!(read.release().await.is_released());
+}
+
 /// Holds in a slot that stays migrating for longer than their lease — some keys moved, some not
 /// (a large slot being resharded) — are renewed wherever their keys are.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

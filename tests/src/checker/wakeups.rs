@@ -18,7 +18,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::faults::{FaultKind, FaultRec};
-use super::history::{AcquireKind, EventKind, GuardRec, History, Outcome, Share, ms};
+use super::history::{AcquireKind, EventKind, History, Outcome, ms};
 use super::invariants::{Invariant, Violation};
 
 /// How soon after a release's answer a waiting name must be granted again.
@@ -162,21 +162,8 @@ pub(super) fn check(
 /// fault reached it or its locker: a migration loses nothing and leaves every key reachable (on
 /// one side or the other), so a release must be answered; one that fails leaves its waiters
 /// asleep until the hold's lease runs out.
-///
-/// Plain locks, permits and readers only: their releases name one key. A fair lock's or a
-/// writer's release names its line's keys too, some of which may be missing or on the other
-/// side while the slot moves, and Redis refuses it (`TRYAGAIN`) until the move ends.
 pub(super) fn migrating_releases(history: &History, faults: &[FaultRec], out: &mut Vec<Violation>) {
-    let one_key = |g: &GuardRec| match g.share {
-        Share::Exclusive => !history.is_fair(g.name) && !history.is_rw(g.name),
-        Share::Read | Share::Permit => true,
-        Share::ReadInWrite => false,
-    };
-    for g in history
-        .guards()
-        .iter()
-        .filter(|g| !g.reentrant && one_key(g))
-    {
+    for g in history.guards().iter().filter(|g| !g.reentrant) {
         let Some(end) = g.end() else { continue };
         let Some((answered, Outcome::Unreachable)) = end.returned else {
             continue;

@@ -254,7 +254,23 @@ impl RedisBackend {
             }
             call
         };
-        let (mut reply, acknowledged): (i64, _) = self.invoke(conn, call, true, self.ack).await?;
+        let (mut reply, acknowledged): (i64, _) =
+            match self.invoke(conn, call, true, self.ack).await {
+                // The lock's slot is moving and its line's keys are not all on one side: the
+                // hold is released by its key alone (see the script's mode 3).
+                Err(err)
+                    if err.is_migrating()
+                        && matches!(keys.kind, KeyKind::Fair(_) | KeyKind::Write(_)) =>
+                {
+                    let release = Self::release_alone(keys, owner, handed_to, keep, self.publish());
+                    let mut call = ScriptCall::new(release.script, release.keys());
+                    for arg in release.args() {
+                        call = call.arg(arg);
+                    }
+                    self.invoke(conn, call, true, self.ack).await?
+                }
+                other => other?,
+            };
         if reply == UNHEARD {
             reply = self.wake_again(conn, keys).await;
         }
@@ -354,6 +370,7 @@ impl RedisBackend {
                     Arg::Text(channel),
                     Arg::Text(""),
                     Arg::Text(""),
+                    Arg::Text(""),
                 ],
                 3,
             ),
@@ -374,6 +391,7 @@ impl RedisBackend {
                     args: (
                         [
                             Arg::Text(owner),
+                            Arg::Number(0),
                             Arg::Number(0),
                             Arg::Number(0),
                             Arg::Number(0),
@@ -405,6 +423,7 @@ impl RedisBackend {
                     Arg::Text(self.publish()),
                     Arg::Number(keep.map_or(0, millis_up)),
                     Arg::Text(mode),
+                    Arg::Text(""),
                 ],
                 5,
             ),
@@ -448,6 +467,35 @@ impl RedisBackend {
     }
 }
 
+impl RedisBackend {
+    /// A fair lock's or a writer's release by the lock's key alone, the channel an argument
+    /// (the script's mode 3): for a slot that is moving.
+    fn release_alone<'k>(
+        keys: &'k LockKeys,
+        owner: &'k str,
+        handed_to: Option<&'k str>,
+        keep: Option<Duration>,
+        publish: &'k str,
+    ) -> Release<'k> {
+        Release {
+            script: &script::RELEASE,
+            lua: script::RELEASE_LUA,
+            keys: ([keys.lock.as_str(), "", "", ""], 1),
+            args: (
+                [
+                    Arg::Text(owner),
+                    Arg::Text(handed_to.unwrap_or("")),
+                    Arg::Text(publish),
+                    Arg::Number(keep.map_or(0, millis_up)),
+                    Arg::Text("3"),
+                    Arg::Text(keys.channel()),
+                ],
+                6,
+            ),
+        }
+    }
+}
+
 /// A release's script, as `EVALSHA` ([`script`](Release::script)) or `EVAL` (its `lua`), with
 /// its keys and arguments — the first so many of each, kept in place (a release is on every
 /// lock's path, and needs no `Vec` for them).
@@ -455,7 +503,7 @@ struct Release<'k> {
     script: &'static redis::Script,
     lua: &'static str,
     keys: ([&'k str; 4], usize),
-    args: ([Arg<'k>; 5], usize),
+    args: ([Arg<'k>; 6], usize),
 }
 
 impl<'k> Release<'k> {
