@@ -160,6 +160,12 @@ impl LockerBuilder {
     /// Run over an application's cluster connection. It brings no subscriber: waiters poll
     /// (every [`poll_interval`](Self::poll_interval)) instead of being woken; use
     /// [`cluster`](Self::cluster) for wake-ups.
+    ///
+    /// Give that connection bounded waits per node (redis-rs's `ClusterClientBuilder::
+    /// response_timeout`, and a few `retries`): with redis-rs's defaults (no response timeout,
+    /// 16 retries) a node that hangs — a paused replica asked for the slot map, say — can hold
+    /// up every command of the connection, the lock's too, for as long as it hangs. A `Locker`
+    /// built with [`cluster`](Self::cluster) sets such bounds itself (2 s a node, 3 retries).
     #[cfg(feature = "cluster")]
     #[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
     pub fn cluster_connection(mut self, conn: redis::cluster_async::ClusterConnection) -> Self {
