@@ -69,6 +69,37 @@ fn watch_refusals(cluster: &RedisCluster) -> Option<(std::time::Instant, std::ti
     }
 }
 
+/// Kills master `port` and waits until the cluster is ok again; returns the span in which the
+/// whole cluster refused commands, if it did: no hold anywhere could be renewed then.
+async fn kill_and_watch(c: &Arc<Mutex<RedisCluster>>, port: u16) -> Option<FaultRec> {
+    let owned = c.clone();
+    let refused = blocking(move || {
+        let mut cluster = locked(&owned);
+        cluster.kill(port);
+        watch_refusals(&cluster)
+    })
+    .await;
+    refused.map(|(from, to)| FaultRec {
+        kind: FaultKind::ClusterDown,
+        reach: Reach::ALL,
+        from: Instant::from_std(from),
+        to: Instant::from_std(to),
+    })
+}
+
+/// After `down`, starts the killed master `port` again (empty; the cluster makes it a replica
+/// of the node that took over) and waits until the cluster is ok.
+async fn restart_old_master(c: &Arc<Mutex<RedisCluster>>, port: u16, down: Duration) {
+    let owned = c.clone();
+    blocking(move || {
+        std::thread::sleep(down);
+        let mut cluster = locked(&owned);
+        cluster.restart(port);
+        cluster.wait_ok();
+    })
+    .await;
+}
+
 /// Runs a blocking harness call on the blocking pool.
 pub(super) async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
     tokio::task::spawn_blocking(f)
@@ -170,67 +201,25 @@ impl DistributedTargets {
             (Deployment::Cluster(c), FaultSpec::KillMaster(n, down)) => {
                 let master = self.master_of(c, n).await;
                 let reach = self.names_on(c, master).await;
-                let owned = c.clone();
-                let refused = blocking(move || {
-                    let mut cluster = locked(&owned);
-                    cluster.kill(master);
-                    let refused = watch_refusals(&cluster);
-                    std::thread::sleep(down);
-                    cluster.restart(master);
-                    cluster.wait_ok();
-                    refused
-                })
-                .await;
+                let refused = kill_and_watch(c, master).await;
+                restart_old_master(c, master, down).await;
                 let mut recs = vec![rec(lost_kind(FaultKind::MasterKilled), reach)];
-                // The whole cluster refused commands for a while: no hold anywhere could be
-                // renewed then.
-                if let Some((from, to)) = refused {
-                    recs.push(FaultRec {
-                        kind: FaultKind::ClusterDown,
-                        reach: Reach::ALL,
-                        from: Instant::from_std(from),
-                        to: Instant::from_std(to),
-                    });
-                }
+                recs.extend(refused);
                 recs.extend(self.acknowledged_again(c, n).await);
                 recs
             }
             (Deployment::Cluster(c), FaultSpec::KillMasterForGood(n)) => {
                 let master = self.master_of(c, n).await;
                 let reach = self.names_on(c, master).await;
-                let owned = c.clone();
-                let refused = blocking(move || {
-                    let mut cluster = locked(&owned);
-                    cluster.kill(master);
-                    watch_refusals(&cluster)
-                })
-                .await;
+                let refused = kill_and_watch(c, master).await;
                 // The replica took over; the old master stays dead while the lockers must
-                // reach the new one.
-                let ok = Instant::now();
-                let mut recs = vec![FaultRec {
-                    kind: lost_kind(FaultKind::MasterKilled),
-                    reach,
-                    from,
-                    to: ok + FOLLOW_WITHIN,
-                }];
-                if let Some((from, to)) = refused {
-                    recs.push(FaultRec {
-                        kind: FaultKind::ClusterDown,
-                        reach: Reach::ALL,
-                        from: Instant::from_std(from),
-                        to: Instant::from_std(to),
-                    });
-                }
+                // reach the new one, then comes back empty as a replica. The record runs to
+                // then: a node that restarts may serve its old slots for a moment.
                 tokio::time::sleep(FOLLOW_WITHIN).await;
                 self.probe_promoted(c, n, master).await;
-                let owned = c.clone();
-                blocking(move || {
-                    let mut cluster = locked(&owned);
-                    cluster.restart(master);
-                    cluster.wait_ok();
-                })
-                .await;
+                restart_old_master(c, master, Duration::ZERO).await;
+                let mut recs = vec![rec(lost_kind(FaultKind::MasterKilled), reach)];
+                recs.extend(refused);
                 recs.extend(self.acknowledged_again(c, n).await);
                 recs
             }
