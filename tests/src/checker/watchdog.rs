@@ -50,9 +50,10 @@ pub(super) fn check(
             invariant: Invariant::WatchdogKeeps,
             summary: format!(
                 "a watchdog hold (lease {}) was lost {} after it was acquired with no fault \
-                 near it: {}",
+                 near it (the scheduler was up to {} late meanwhile): {}",
                 ms(g.lease),
                 ms(lost - g.start),
+                ms(history.lags.max_within(g.start, lost)),
                 describe(history, g, finish)
             ),
             window: Some((g.name, g.call, last_of(g, finish))),
