@@ -361,6 +361,17 @@ async fn a_release_during_a_slot_migration_answers_at_once() {
     }
 }
 
+/// Awaits a release made while its slot migrates, and asserts that it answered `Released`.
+async fn released_at_once(what: &str, release: impl Future<Output = dlock_core::ReleaseOutcome>) {
+    let started = Instant::now();
+    let outcome = release.await;
+    assert!(
+        outcome.is_released(),
+        "{what}: {outcome:?} after {:?}",
+        started.elapsed()
+    );
+}
+
 /// A permit's and a reader's release while their slot migrates answer at once too, with the
 /// set still on the old master and after it moved (`ASK`): they name their set alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -384,34 +395,12 @@ async fn a_permit_or_reader_released_during_a_slot_migration_answers_at_once() {
     let migration = block_in_place(|| cluster.begin_migration(slot, to.port));
     let [permit_here, permit_moved] = permits;
     let [reader_here, reader_moved] = readers;
-    let started = Instant::now();
-    let outcome = permit_here.release().await;
-    assert!(
-        outcome.is_released(),
-        "a permit on the old master: {outcome:?} after {:?}",
-        started.elapsed()
-    );
-    let outcome = reader_here.release().await;
-    assert!(
-        outcome.is_released(),
-        "a reader on the old master: {outcome:?} after {:?}",
-        started.elapsed()
-    );
+    released_at_once("a permit on the old master", permit_here.release()).await;
+    released_at_once("a reader on the old master", reader_here.release()).await;
     let sets = [format!("{lock_key}:permits"), format!("{lock_key}:read")];
     block_in_place(|| cluster.migrate_keys(&migration, &[&sets[0], &sets[1]]));
-    let started = Instant::now();
-    let outcome = permit_moved.release().await;
-    assert!(
-        outcome.is_released(),
-        "a permit moved: {outcome:?} after {:?}",
-        started.elapsed()
-    );
-    let outcome = reader_moved.release().await;
-    assert!(
-        outcome.is_released(),
-        "a reader moved: {outcome:?} after {:?}",
-        started.elapsed()
-    );
+    released_at_once("a permit moved", permit_moved.release()).await;
+    released_at_once("a reader moved", reader_moved.release()).await;
     block_in_place(|| cluster.finish_migration(migration));
     let write = (rw.write().try_lock().await.expect("try")).expect("no reader left");
     assert!(write.release().await.is_released());
@@ -441,20 +430,8 @@ async fn a_fair_lock_or_writer_released_during_a_slot_migration_answers() {
         .await;
     assert!(tried.is_err(), "the fair lock is held");
     let migration = block_in_place(|| cluster.begin_migration(slot, to.port));
-    let started = Instant::now();
-    let outcome = fair.release().await;
-    assert!(
-        outcome.is_released(),
-        "the fair lock: {outcome:?} after {:?}",
-        started.elapsed()
-    );
-    let started = Instant::now();
-    let outcome = write.release().await;
-    assert!(
-        outcome.is_released(),
-        "the writer: {outcome:?} after {:?}",
-        started.elapsed()
-    );
+    released_at_once("the fair lock", fair.release()).await;
+    released_at_once("the writer", write.release()).await;
     block_in_place(|| cluster.finish_migration(migration));
     let again = (rival
         .fair_lock(name.as_str())
