@@ -262,7 +262,7 @@ impl RedisBackend {
                     if err.is_migrating()
                         && matches!(keys.kind, KeyKind::Fair(_) | KeyKind::Write(_)) =>
                 {
-                    let release = Self::release_alone(keys, owner, handed_to, keep, self.publish());
+                    let release = release_alone(keys, owner, handed_to, keep, self.publish());
                     let mut call = ScriptCall::new(release.script, release.keys());
                     for arg in release.args() {
                         call = call.arg(arg);
@@ -467,32 +467,30 @@ impl RedisBackend {
     }
 }
 
-impl RedisBackend {
-    /// A fair lock's or a writer's release by the lock's key alone, the channel an argument
-    /// (the script's mode 3): for a slot that is moving.
-    fn release_alone<'k>(
-        keys: &'k LockKeys,
-        owner: &'k str,
-        handed_to: Option<&'k str>,
-        keep: Option<Duration>,
-        publish: &'k str,
-    ) -> Release<'k> {
-        Release {
-            script: &script::RELEASE,
-            lua: script::RELEASE_LUA,
-            keys: ([keys.lock.as_str(), "", "", ""], 1),
-            args: (
-                [
-                    Arg::Text(owner),
-                    Arg::Text(handed_to.unwrap_or("")),
-                    Arg::Text(publish),
-                    Arg::Number(keep.map_or(0, millis_up)),
-                    Arg::Text("3"),
-                    Arg::Text(keys.channel()),
-                ],
-                6,
-            ),
-        }
+/// A fair lock's or a writer's release by the lock's key alone, the channel an argument (the
+/// script's mode 3): for a slot that is moving.
+fn release_alone<'k>(
+    keys: &'k LockKeys,
+    owner: &'k str,
+    handed_to: Option<&'k str>,
+    keep: Option<Duration>,
+    publish: &'k str,
+) -> Release<'k> {
+    Release {
+        script: &script::RELEASE,
+        lua: script::RELEASE_LUA,
+        keys: ([keys.lock.as_str(), "", "", ""], 1),
+        args: (
+            [
+                Arg::Text(owner),
+                Arg::Text(handed_to.unwrap_or("")),
+                Arg::Text(publish),
+                Arg::Number(keep.map_or(0, millis_up)),
+                Arg::Text("3"),
+                Arg::Text(keys.channel()),
+            ],
+            6,
+        ),
     }
 }
 
