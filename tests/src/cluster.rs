@@ -342,6 +342,15 @@ impl RedisCluster {
     }
 
     fn fail_over(&self, replica: u16, option: Option<&str>) {
+        self.promote(replica, option);
+        self.wait_ok();
+    }
+
+    /// `CLUSTER FAILOVER [option]` on `replica`, returning as soon as it says it is a master:
+    /// the other nodes may not have heard yet (the old master may still think it serves the
+    /// slots, and refuse writes while it waits to hear). [`wait_ok`](Self::wait_ok) waits for
+    /// them.
+    pub fn promote(&self, replica: u16, option: Option<&str>) {
         let node = self.topology().by_port(replica).cloned();
         assert!(
             node.is_some_and(|n| !n.is_master()),
@@ -361,7 +370,6 @@ impl RedisCluster {
                 Err(e) => Err(e.to_string()),
             },
         );
-        self.wait_ok();
     }
 
     /// Waits (up to 30 s) until every running node agrees on who serves which slot and who

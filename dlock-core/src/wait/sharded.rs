@@ -195,11 +195,7 @@ impl Lapsed {
             if !slots.contains(&channel) {
                 continue;
             }
-            let mut c = conn.clone();
-            if matches!(
-                tokio::time::timeout(timeout, c.ssubscribe(&channel)).await,
-                Ok(Ok(()))
-            ) {
+            if subscribe_on_master(conn, &channel, timeout).await {
                 slots.confirm(&channel);
                 // A release between the drop and now was published where nobody listened:
                 // its waiters try again now, and hear every release from here on.
@@ -219,4 +215,33 @@ impl Lapsed {
             self.retry_at = Instant::now() + self.backoff;
         }
     }
+}
+
+/// Subscribes `channel` again after its slot changed hands, on the slot's master.
+///
+/// redis-rs sends `SSUBSCRIBE` to the node its slot map names, and a replica takes a shard
+/// subscription as well as a master does. After a failover the map still names the old master,
+/// now a replica: the subscription lands there, and a release published on the new master
+/// before it has heard of its new replica never reaches it — the waiter sleeps until the lease
+/// runs out. A keyed read of the channel's slot goes first: only the slot's master answers it, a
+/// replica answers `MOVED`, and redis-rs reads the slot map again before the subscription goes
+/// out. The read names a key no lock uses (the channel's own name) and writes nothing.
+async fn subscribe_on_master(
+    conn: &redis::cluster_async::ClusterConnection,
+    channel: &str,
+    timeout: Duration,
+) -> bool {
+    let mut c = conn.clone();
+    let mut read = redis::cmd("EXISTS");
+    read.arg(channel);
+    if !matches!(
+        tokio::time::timeout(timeout, read.query_async::<i64>(&mut c)).await,
+        Ok(Ok(_))
+    ) {
+        return false;
+    }
+    matches!(
+        tokio::time::timeout(timeout, c.ssubscribe(channel)).await,
+        Ok(Ok(()))
+    )
 }
