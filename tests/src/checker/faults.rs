@@ -35,7 +35,13 @@ pub enum FaultKind {
     /// The proxy forwarded nothing for a while (its lockers' commands went unanswered).
     Stall,
     /// A coordinated failover (`CLUSTER FAILOVER`): the replica caught up before it took over.
+    /// It ends when the replica says it is the master.
     Failover,
+    /// What follows a [`Failover`](Self::Failover) until every node agrees on it: the old master
+    /// may still take itself for the master and hold writes back, so it excuses a late or failed
+    /// command. It excuses no lost wake-up: a release the new master ran was published there,
+    /// and a subscription in the right place hears it.
+    Promoted,
     /// `SENTINEL FAILOVER` with writes counted once the master has them: the old master stays
     /// writable for a while, and what is written there is lost.
     Switch,
@@ -464,7 +470,7 @@ impl Targets {
         let from = Instant::now();
         if let Self::Distributed(t) = self {
             // A distributed fault may act in more than one way, over spans of its own.
-            let recs = t.apply(fault, from).await;
+            let recs = t.apply(fault, from, history).await;
             for &rec in &recs {
                 history.fault(rec);
             }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::faults::FaultRec;
+use super::faults::{FaultRec, Reach};
 
 /// Locks a mutex, tolerating poison: a panicking worker must not hide the history.
 pub(crate) fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -459,6 +459,11 @@ pub struct History {
     hung: Mutex<Vec<HungRec>>,
     /// How late the machine woke tasks during the run (Redis runs only).
     pub(crate) lags: super::lag::LagLog,
+    /// Told the names whose slots a failover's replica has just taken over, as it does: the
+    /// steady holds on them let go soon after (see [`Step::HoldPastPromotion`]).
+    ///
+    /// [`Step::HoldPastPromotion`]: super::plan::Step::HoldPastPromotion
+    pub(crate) promotions: tokio::sync::watch::Sender<Option<Reach>>,
     panics: Mutex<Vec<String>>,
     next_guard: AtomicU32,
     next_call: AtomicU32,
@@ -493,6 +498,7 @@ impl History {
             samples: Mutex::default(),
             hung: Mutex::default(),
             lags: super::lag::LagLog::default(),
+            promotions: tokio::sync::watch::Sender::new(None),
             calls: Mutex::default(),
             runs: Mutex::default(),
             panics: Mutex::default(),

@@ -418,6 +418,7 @@ async fn steps(guard: &Tracked, steps: &[Step]) {
     for step in steps {
         match *step {
             Step::Hold(d) => tokio::time::sleep(d).await,
+            Step::HoldPastPromotion { most, after } => guard.hold_past_promotion(most, after).await,
             Step::Extend(d) => guard.extend(d).await,
             Step::Run(work) => guard.run(work).await,
             Step::Fence => guard.fence().await,

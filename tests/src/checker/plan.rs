@@ -39,6 +39,15 @@ impl Acquire {
 pub(crate) enum Step {
     /// Sleep this long.
     Hold(Duration),
+    /// Sleep up to `most`; if a failover's replica takes over the name's slot meanwhile, only
+    /// until `after` past that moment. A release then is one the new master runs while the
+    /// waiters' subscriptions are still being taken again, where a wake-up is most easily lost.
+    HoldPastPromotion {
+        /// The longest hold.
+        most: Duration,
+        /// How long after a promotion the hold ends.
+        after: Duration,
+    },
     /// `guard.extend(d)`.
     Extend(Duration),
     /// `guard.run(sleep(work))`.

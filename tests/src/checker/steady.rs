@@ -57,7 +57,10 @@ pub(super) const PROGRESS_WITHIN: Duration = Duration::from_secs(8);
 pub(crate) async fn run(ctx: Arc<Ctx>, task: Steady, seed: u64) {
     let mut rng = StdRng::seed_from_u64(seed ^ u64::from(task.worker).wrapping_mul(0x9e37));
     while !ctx.halt.load(Ordering::Relaxed) {
-        let hold = Duration::from_millis(rng.random_range(1_000..=2_500));
+        let hold = Step::HoldPastPromotion {
+            most: Duration::from_millis(rng.random_range(1_000..=2_500)),
+            after: Duration::from_millis(rng.random_range(0..=400)),
+        };
         let session = Session::Single {
             locker: task.locker,
             name: task.name,
@@ -68,7 +71,7 @@ pub(crate) async fn run(ctx: Arc<Ctx>, task: Steady, seed: u64) {
                 cancel_after: None,
                 at_least: None,
             },
-            steps: vec![Step::Hold(hold)],
+            steps: vec![hold],
             end: End::Release,
         };
         run_session(ctx.clone(), task.worker, session).await;

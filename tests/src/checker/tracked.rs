@@ -211,6 +211,26 @@ impl Tracked {
         self.ctx.actors[usize::from(self.rec.locker)].command_timeout
     }
 
+    /// Holds for `most`, or until `after` past a failover's promotion that reached this name.
+    pub(super) async fn hold_past_promotion(&self, most: Duration, after: Duration) {
+        let mut promotions = self.ctx.history.promotions.subscribe();
+        let name = self.rec.name;
+        let promoted = async {
+            loop {
+                if promotions.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+                if promotions.borrow_and_update().is_some_and(|r| r.hits(name)) {
+                    return;
+                }
+            }
+        };
+        tokio::select! {
+            () = tokio::time::sleep(most) => {}
+            () = promoted => tokio::time::sleep(after).await,
+        }
+    }
+
     /// `extend(lease)`, recorded.
     pub(super) async fn extend(&self, lease: Duration) {
         bump(&self.ctx.stats.calls);

@@ -10,7 +10,8 @@
 //! return a guard of the name within [`WAKE_WITHIN`] of the release's answer (within
 //! [`WAKE_WITHIN_AFTER_A_FAULT`] just after a fault that reached the name), plus the scheduler's
 //! lag, unless a fault reached the name (or that waiter's locker) meanwhile — a slot migration
-//! never does: the lock's key, its channel and a kept lock stay reachable all along.
+//! never does: the lock's key, its channel and a kept lock stay reachable all along; nor does a
+//! failover once its replica has taken over.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -95,9 +96,10 @@ pub(super) fn check(
         if !end.final_of_hold {
             continue;
         }
-        let settling = faults
-            .iter()
-            .any(|f| f.hits(g.name) && f.to <= end.at && end.at - f.to < SETTLING);
+        let settling = faults.iter().filter(|f| f.hits(g.name)).any(|f| {
+            (f.to <= end.at && end.at - f.to < SETTLING)
+                || (f.kind == FaultKind::Promoted && f.from <= end.at && f.to >= end.at)
+        });
         let bound = acknowledged
             + if settling {
                 WAKE_WITHIN_AFTER_A_FAULT
@@ -107,10 +109,11 @@ pub(super) fn check(
         let deadline = answered + bound;
         // A slot on its way to another master excuses nothing: its keys and its channel stay
         // reachable all along (a lock kept for a claimant's `Locker` is taken by an attempt
-        // that names its key alone).
+        // that names its key alone). Nor does a failover once its replica took over: the
+        // release ran on the new master, which published its wake-up.
         let reached = |locker: u8| {
             faults.iter().any(|f| {
-                f.kind != FaultKind::Migration
+                !matches!(f.kind, FaultKind::Migration | FaultKind::Promoted)
                     && f.reach.hits_hold(g.name, locker)
                     && f.from <= deadline
                     && f.to >= end.at

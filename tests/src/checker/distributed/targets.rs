@@ -11,7 +11,7 @@ use dlock_core::Locker;
 
 use super::{COMMAND_TIMEOUT, FOLLOW_WITHIN, PARTITIONED};
 use crate::checker::faults::{FaultKind, FaultRec, FaultSpec, Reach};
-use crate::checker::history::locked;
+use crate::checker::history::{History, locked};
 use crate::checker::invariants::{Invariant, Violation};
 use crate::cluster::key_slot;
 use crate::{Proxy, RedisCluster, RedisSentinel};
@@ -109,7 +109,12 @@ pub(super) async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + '
 
 impl DistributedTargets {
     /// Carries out one fault, begun at `from`; returns what to record (nothing: not applied).
-    pub(crate) async fn apply(&self, fault: FaultSpec, from: Instant) -> Vec<FaultRec> {
+    pub(crate) async fn apply(
+        &self,
+        fault: FaultSpec,
+        from: Instant,
+        history: &History,
+    ) -> Vec<FaultRec> {
         let lost_kind = |kind| {
             if self.acked {
                 FaultKind::AckedFailover
@@ -188,13 +193,28 @@ impl DistributedTargets {
                 let port = self.master_of(c, n).await;
                 let reach = self.names_on(c, port).await;
                 let (owned, key) = (c.clone(), self.keys[usize::from(n)][0].clone());
-                blocking(move || {
+                // The failover's record ends at the promotion: a release the new master runs
+                // from then on must wake its waiter (see `FaultKind::Promoted`), and the steady
+                // holds on these names let go soon after.
+                let promoted = blocking(move || {
                     let cluster = locked(&owned);
                     let replica = cluster.replica_of(&cluster.node_for_key(&key));
-                    cluster.failover(replica.port);
+                    cluster.promote(replica.port, None);
+                    Instant::now()
                 })
                 .await;
-                let mut recs = vec![rec(FaultKind::Failover, reach)];
+                history.promotions.send_replace(Some(reach));
+                let owned = c.clone();
+                blocking(move || locked(&owned).wait_ok()).await;
+                let failover = FaultRec {
+                    to: promoted,
+                    ..rec(FaultKind::Failover, reach)
+                };
+                let spread = FaultRec {
+                    from: promoted,
+                    ..rec(FaultKind::Promoted, reach)
+                };
+                let mut recs = vec![failover, spread];
                 recs.extend(self.acknowledged_again(c, n).await);
                 recs
             }
