@@ -510,7 +510,6 @@ impl ScriptCall {
         }
     }
 
-    /// `SET key value NX PX ms`: a plain lock's first attempt (see the `script` module).
     /// `SPUBLISH <channel> <message>`: a wake-up sent by the client, routed to the node that
     /// serves the channel's slot.
     #[cfg(feature = "cluster")]

@@ -245,29 +245,12 @@ impl RedisBackend {
         handed_to: Option<&str>,
         keep: Option<Duration>,
     ) -> Result<ReleaseReply, BackendError> {
-        // Built in a block of its own: the release's parts are not kept across the `.await`.
-        let call = {
-            let release = self.release_of(keys, owner, handed_to, keep);
-            let mut call = ScriptCall::new(release.script, release.keys());
-            for arg in release.args() {
-                call = call.arg(arg);
-            }
-            call
-        };
+        let call = self.release_of(keys, owner, handed_to, keep).call();
         let (mut reply, acknowledged): (i64, _) =
             match self.invoke(conn, call, true, self.ack).await {
-                // The lock's slot is moving and its line's keys are not all on one side: the
-                // hold is released by its key alone (see the script's mode 3).
-                Err(err)
-                    if err.is_migrating()
-                        && matches!(keys.kind, KeyKind::Fair(_) | KeyKind::Write(_)) =>
-                {
-                    let release = release_alone(keys, owner, handed_to, keep, self.publish());
-                    let mut call = ScriptCall::new(release.script, release.keys());
-                    for arg in release.args() {
-                        call = call.arg(arg);
-                    }
-                    self.invoke(conn, call, true, self.ack).await?
+                Err(err) if moving_line(&err, keys) => {
+                    let alone = release_alone(keys, owner, handed_to, keep, self.publish());
+                    self.invoke(conn, alone.call(), true, self.ack).await?
                 }
                 other => other?,
             };
@@ -316,16 +299,8 @@ impl RedisBackend {
         owner: &str,
         keep: Option<Duration>,
     ) -> Result<ReleaseReply, BackendError> {
-        let release = self.release_of(keys, owner, None, keep);
-        let mut cmd = redis::cmd("EVAL");
-        cmd.arg(release.lua)
-            .arg(release.keys().len())
-            .arg(release.keys());
-        for arg in release.args() {
-            cmd.arg(arg);
-        }
-        let mut reply: i64 = self
-            .bounded(async {
+        let eval = |cmd: redis::Cmd| {
+            self.bounded(async move {
                 let res: RedisResult<i64> = match conn {
                     OpConn::Manager(c) => cmd.query_async(&mut c.clone()).await,
                     #[cfg(feature = "sentinel")]
@@ -338,7 +313,13 @@ impl RedisBackend {
                 };
                 res.map_err(BackendError::redis)
             })
-            .await?;
+        };
+        let mut reply = match eval(self.release_of(keys, owner, None, keep).eval()).await {
+            Err(err) if moving_line(&err, keys) => {
+                eval(release_alone(keys, owner, None, keep, self.publish()).eval()).await?
+            }
+            other => other?,
+        };
         if reply == UNHEARD {
             reply = self.wake_again(conn, keys).await;
         }
@@ -512,6 +493,33 @@ impl<'k> Release<'k> {
     fn args(&self) -> &[Arg<'k>] {
         &self.args.0[..self.args.1]
     }
+
+    /// The release as `EVALSHA` (the script loaded if the server lacks it).
+    fn call(&self) -> ScriptCall {
+        let mut call = ScriptCall::new(self.script, self.keys());
+        for arg in self.args() {
+            call = call.arg(arg);
+        }
+        call
+    }
+
+    /// The release as `EVAL` with the script's text: it runs even on a server whose script
+    /// cache is empty.
+    fn eval(&self) -> redis::Cmd {
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(self.lua).arg(self.keys().len()).arg(self.keys());
+        for arg in self.args() {
+            cmd.arg(arg);
+        }
+        cmd
+    }
+}
+
+/// Whether a release failed because `keys`' slot is moving and the line's keys of a fair lock
+/// or a writer are not all on one side: such a hold is released by its key alone (see the
+/// script's mode 3).
+fn moving_line(err: &BackendError, keys: &LockKeys) -> bool {
+    err.is_migrating() && matches!(keys.kind, KeyKind::Fair(_) | KeyKind::Write(_))
 }
 
 /// An argument of a release: borrowed text or a number, written into the command as it is
