@@ -77,7 +77,7 @@ end
 local holder = who(v)
 local granted = (ARGV[5] or '') ~= '' and holder == ARGV[5]
 if granted or (holder == '#r:' .. ARGV[2] and ARGV[3] == '1') then
-  redis.call(ARGV[4], KEYS[2], let_go(KEYS[1], claim, v, ARGV[7] == 'SPUBLISH'))
+  redis.call(ARGV[4], KEYS[2], let_go(KEYS[1], claim, v, ARGV[4] == 'SPUBLISH'))
   return 1
 end
 if left == 1 then
@@ -86,3 +86,30 @@ end
 return left
 "#
 );
+
+#[cfg(test)]
+mod tests {
+    use super::{HANDOFF_LUA, LEAVE_TURN_LUA};
+
+    /// A script that publishes what `let_go` returns tells it whether it runs on a cluster by the
+    /// very argument it publishes with: another argument would leave a cluster's grant rules
+    /// (a token minted only where the name's fence is) to whatever that argument holds.
+    #[test]
+    fn let_go_is_told_of_a_cluster_by_the_publishing_argument() {
+        for lua in [HANDOFF_LUA, LEAVE_TURN_LUA] {
+            let call = lua
+                .lines()
+                .find(|l| l.contains("let_go(KEYS[1]"))
+                .expect("the script lets go");
+            let published = call
+                .split("redis.call(")
+                .nth(1)
+                .and_then(|rest| rest.split(',').next())
+                .expect("the publish command's argument");
+            assert!(
+                call.contains(&format!("{published} == 'SPUBLISH'")),
+                "{call}"
+            );
+        }
+    }
+}
