@@ -3,7 +3,11 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::guard::FencingToken;
+use crate::fencing::FencingToken;
+
+mod masters;
+
+pub use masters::{MasterOutcome, MastersError};
 
 /// Why acquiring, holding or releasing a lock failed.
 ///
@@ -44,7 +48,7 @@ pub enum LockError {
     /// A [`MasterSet`](crate::MasterSet) got too few grants before its wait ran out; says what
     /// each master answered.
     #[error("{0}")]
-    Masters(Box<crate::masters::MastersError>),
+    Masters(Box<MastersError>),
 }
 
 /// ` (fencing token N)`, or nothing for a hold that never had one.

@@ -130,6 +130,7 @@
 mod backend;
 mod clock;
 mod error;
+mod fencing;
 mod guard;
 mod locker;
 #[doc(hidden)]
@@ -148,15 +149,18 @@ mod wait;
 mod watchdog;
 
 pub use backend::MemoryStore;
-pub use error::{BackendError, InvalidName, LockError, ReleaseOutcome};
-pub use guard::{FencingToken, LockGuard, Lost};
+pub use error::{
+    BackendError, InvalidName, LockError, MasterOutcome, MastersError, ReleaseOutcome,
+};
+pub use fencing::FencingToken;
+pub use guard::{LockGuard, Lost};
 pub use locker::{
     DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DEAD_WAITER_TIMEOUT,
     DEFAULT_FENCE_TTL, DEFAULT_POLL_INTERVAL, DEFAULT_PREFIX, DEFAULT_WATCHDOG_LEASE, Holder,
     Lease, LockInfo, LockRequest, Locker, LockerBuilder, Permit, PermitRequest, ReadGuard,
     ReadRequest, ReadWriteLock, Semaphore, SemaphoreStatus, default_locker, set_default_locker,
 };
-pub use masters::{MasterGuard, MasterOutcome, MasterRequest, MasterSet, MastersError};
+pub use masters::{MasterGuard, MasterRequest, MasterSet};
 pub use multi::{MultiGuard, MultiLockRequest};
 pub use name::{IntoLockName, LockName, MAX_NAME_LEN, NameBuilder};
 pub use policy::OnLost;

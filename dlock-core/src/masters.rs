@@ -18,8 +18,9 @@ use futures_util::future::{join_all, select_all};
 use tokio::time::Instant;
 
 use crate::clock;
-use crate::error::{BackendError, LockError, ReleaseOutcome};
-use crate::guard::{FencingToken, LockGuard};
+use crate::error::{BackendError, LockError, MasterOutcome, MastersError, ReleaseOutcome};
+use crate::fencing::FencingToken;
+use crate::guard::LockGuard;
 use crate::locker::{Lease, Locker};
 use crate::name::{IntoLockName, LockName};
 
@@ -217,11 +218,8 @@ impl MasterRequest {
             guard.give_back(budget).await;
             let now = Instant::now();
             if now >= deadline {
-                return Err(LockError::Masters(Box::new(MastersError {
-                    name: name.to_string(),
-                    need: set.need,
-                    outcomes,
-                })));
+                let error = MastersError::new(name.to_string(), set.need, outcomes);
+                return Err(LockError::Masters(Box::new(error)));
             }
             // A random pause, so that rivals that split the masters between them do not retry
             // in step.
@@ -409,141 +407,5 @@ impl MasterGuard {
             }
         });
         join_all(releases).await
-    }
-}
-
-/// What one master answered to an acquisition on a [`MasterSet`].
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum MasterOutcome {
-    /// Granted (and given back, as the set did not get enough grants).
-    Granted,
-    /// Granted, but the grant's validity ran out before enough masters answered.
-    Expired,
-    /// Held by someone else.
-    Busy,
-    /// Unreachable or failing, or too slow for its budget; the error says why.
-    Failed(LockError),
-}
-
-/// A lock a [`MasterSet`] could not take before its wait ran out: what each master answered to
-/// the last attempt. Nothing granted is left behind: every grant was given back (a master that
-/// stopped answering after it granted gets its release when it answers again, or its lease
-/// runs out).
-#[derive(Debug)]
-pub struct MastersError {
-    name: String,
-    need: usize,
-    outcomes: Vec<MasterOutcome>,
-}
-
-impl MastersError {
-    /// The lock's name.
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    /// How many masters had to grant.
-    pub fn needed(&self) -> usize {
-        self.need
-    }
-
-    /// Each master's answer to the last attempt, by index in the set.
-    pub fn outcomes(&self) -> &[MasterOutcome] {
-        &self.outcomes
-    }
-
-    fn indices(&self, pick: impl Fn(&MasterOutcome) -> bool) -> Vec<usize> {
-        (self.outcomes.iter().enumerate())
-            .filter(|(_, o)| pick(o))
-            .map(|(i, _)| i)
-            .collect()
-    }
-
-    /// The masters that granted the lock (and were given it back).
-    pub fn granted(&self) -> Vec<usize> {
-        self.indices(|o| matches!(o, MasterOutcome::Granted | MasterOutcome::Expired))
-    }
-
-    /// The masters where someone else held it.
-    pub fn busy(&self) -> Vec<usize> {
-        self.indices(|o| matches!(o, MasterOutcome::Busy))
-    }
-
-    /// The masters that could not be reached or failed.
-    pub fn failed(&self) -> Vec<usize> {
-        self.indices(|o| matches!(o, MasterOutcome::Failed(_)))
-    }
-
-    /// Whether enough masters answered that only a rival's hold stood in the way (no master
-    /// failure decided it): the lock is busy, worth retrying later.
-    pub fn is_busy(&self) -> bool {
-        self.outcomes.len() - self.failed().len() >= self.need
-    }
-}
-
-impl fmt::Display for MastersError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "lock `{}` needs {} of {} masters: granted by {:?}, busy on {:?}, failed on {:?}",
-            self.name,
-            self.need,
-            self.outcomes.len(),
-            self.granted(),
-            self.busy(),
-            self.failed()
-        )?;
-        for (i, outcome) in self.outcomes.iter().enumerate() {
-            if let MasterOutcome::Failed(err) = outcome {
-                write!(f, "; master {i}: {err}")?;
-            }
-        }
-        Ok(())
-    }
-}
-
-impl std::error::Error for MastersError {}
-
-#[cfg(test)]
-impl MastersError {
-    pub(crate) fn for_test(name: &str, need: usize, outcomes: Vec<MasterOutcome>) -> Self {
-        Self {
-            name: name.to_owned(),
-            need,
-            outcomes,
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::error::BackendError;
-
-    fn unreachable() -> MasterOutcome {
-        MasterOutcome::Failed(LockError::Backend(BackendError::timeout(
-            Duration::from_millis(5),
-        )))
-    }
-
-    #[test]
-    fn busy_means_enough_masters_answered() {
-        use MasterOutcome::{Busy, Granted};
-        let busy = MastersError::for_test("a", 2, vec![Granted, Busy, unreachable()]);
-        assert!(busy.is_busy());
-        assert!(LockError::Masters(Box::new(busy)).is_timeout());
-        let down = MastersError::for_test("a", 2, vec![Granted, unreachable(), unreachable()]);
-        assert!(!down.is_busy());
-        assert_eq!(down.granted(), vec![0]);
-        assert_eq!(down.failed(), vec![1, 2]);
-        assert_eq!(
-            down.to_string(),
-            "lock `a` needs 2 of 3 masters: granted by [0], busy on [], failed on [1, 2]; \
-             master 1: lock backend unavailable: no answer from redis within 5ms; \
-             master 2: lock backend unavailable: no answer from redis within 5ms"
-        );
-        let err = LockError::Masters(Box::new(down));
-        assert!(err.is_backend() && !err.is_timeout());
     }
 }

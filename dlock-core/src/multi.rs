@@ -15,7 +15,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::error::{LockError, ReleaseOutcome};
-use crate::guard::{FencingToken, LockGuard};
+use crate::fencing::FencingToken;
+use crate::guard::LockGuard;
 use crate::locker::{Lease, Locker, TriedAll, is_permanent};
 use crate::name::{IntoLockName, LockName};
 

@@ -278,8 +278,8 @@ mod tests {
 
     use super::*;
     use crate::error::{BackendError, InvalidName};
-    use crate::guard::FencingToken;
-    use crate::masters::{MasterOutcome, MastersError};
+    use crate::error::{MasterOutcome, MastersError};
+    use crate::fencing::FencingToken;
 
     fn busy(retry_after: Option<Duration>) -> LockError {
         LockError::Timeout {
@@ -354,16 +354,16 @@ mod tests {
                 StatusCode::INTERNAL_SERVER_ERROR,
             ),
             (
-                LockError::Masters(Box::new(MastersError::for_test(
-                    "secret-user-42",
+                LockError::Masters(Box::new(MastersError::new(
+                    "secret-user-42".to_owned(),
                     2,
                     vec![MasterOutcome::Busy, MasterOutcome::Busy],
                 ))),
                 StatusCode::LOCKED,
             ),
             (
-                LockError::Masters(Box::new(MastersError::for_test(
-                    "secret-user-42",
+                LockError::Masters(Box::new(MastersError::new(
+                    "secret-user-42".to_owned(),
                     2,
                     vec![
                         MasterOutcome::Granted,

@@ -30,7 +30,8 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use crate::error::LockError;
-use crate::guard::{FencingToken, HoldState};
+use crate::fencing::FencingToken;
+use crate::guard::HoldState;
 use crate::locker::Locker;
 
 tokio::task_local! {

@@ -3,7 +3,8 @@
 use std::sync::Arc;
 
 use super::*;
-use crate::guard::{FencingToken, HoldState, LossReason};
+use crate::fencing::FencingToken;
+use crate::guard::{HoldState, LossReason};
 
 impl Locker {
     /// `hold`'s fencing token: the one it got with its grant or an earlier ask, or one Redis

@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::Locker;
 use crate::backend::Backend;
 use crate::error::LockError;
-use crate::guard::FencingToken;
+use crate::fencing::FencingToken;
 use crate::name::{IntoLockName, LockKeys};
 
 /// One holder of a lock, as an operator may see it — never its whole owner token, which would
