@@ -145,7 +145,6 @@ mod replication;
 mod response;
 mod scope;
 mod script;
-mod wait;
 mod watchdog;
 
 pub use backend::MemoryStore;

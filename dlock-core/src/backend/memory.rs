@@ -14,9 +14,9 @@ use super::{
     AcquireAllReply, AcquireReply, HandoffReply, RawInfo, ReleaseReply, RenewItem, RenewReply,
     Successor, Turn,
 };
+use crate::backend::wait::{Slots, Watch};
 use crate::clock;
 use crate::name::{KeyKind, LockKeys};
-use crate::wait::{Slots, Watch};
 
 mod sorted_sets;
 

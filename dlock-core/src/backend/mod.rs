@@ -1,11 +1,12 @@
 //! Where locks live: Redis (single server, over a connection manager, a multiplexed connection or
-//! a bb8 pool) or an in-process memory store with the same semantics.
+//! a bb8 pool) or an in-process memory store with the same semantics; and how a waiter hears
+//! that a lock was let go (`wait`).
 
 use std::time::Duration;
 
 use crate::error::BackendError;
 use crate::name::LockKeys;
-use crate::wait::Watch;
+use wait::Watch;
 
 #[cfg(feature = "cluster")]
 pub(crate) mod cluster;
@@ -13,6 +14,7 @@ pub(crate) mod memory;
 pub(crate) mod redis;
 #[cfg(feature = "sentinel")]
 pub(crate) mod sentinel;
+pub(crate) mod wait;
 
 pub use memory::MemoryStore;
 

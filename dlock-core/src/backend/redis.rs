@@ -15,9 +15,9 @@ mod sorted_sets;
 
 #[cfg(feature = "sentinel")]
 use super::sentinel::SentinelConnection;
+use crate::backend::wait::{Slots, Subscriber, SubscriberSource, Watch};
 use crate::error::BackendError;
 use crate::replication::ReplicaAck;
-use crate::wait::{Slots, Subscriber, SubscriberSource, Watch};
 
 use acks::Acked;
 

@@ -9,10 +9,10 @@ use crate::backend::Backend;
 use crate::backend::MemoryStore;
 use crate::backend::memory::MemoryBackend;
 use crate::backend::redis::{Pool, RedisBackend, RedisConn};
+use crate::backend::wait::SubscriberSource;
 use crate::error::LockError;
 use crate::name::validate_prefix;
 use crate::replication::{AckChoice, ReplicaAck};
-use crate::wait::SubscriberSource;
 use std::fmt;
 
 use super::checks::{

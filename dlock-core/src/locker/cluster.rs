@@ -10,9 +10,9 @@ use super::{Config, Locker};
 use crate::backend::Backend;
 use crate::backend::cluster::{ClusterSeeds, LazyCluster, Masters};
 use crate::backend::redis::{RedisBackend, RedisConn};
+use crate::backend::wait::SubscriberSource;
 use crate::error::{BackendError, LockError};
 use crate::replication::ReplicaAck;
-use crate::wait::SubscriberSource;
 
 /// Connects to the cluster through `urls` (within twice the connect timeout; unless `lazy`: then
 /// the first command connects) and builds a `Locker` whose waiters are woken through sharded

@@ -158,7 +158,7 @@ impl Locker {
 /// lock, a release for its token that takes it out of the line when the waiter stops waiting
 /// (its deadline, an error, or its future dropped).
 struct Place {
-    watch: Arc<crate::wait::Watch>,
+    watch: Arc<crate::backend::wait::Watch>,
     leave: Leave,
 }
 

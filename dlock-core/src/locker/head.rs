@@ -83,7 +83,7 @@ impl Locker {
             // way, so the grant would leave a guard about to be lost), is taken over by the next
             // attempt instead, with a lease of its own.
             let granted = watch.take_grant(&handoff_owner);
-            let fresh = |sent_at: Instant, g: &crate::wait::Granted| {
+            let fresh = |sent_at: Instant, g: &crate::backend::wait::Granted| {
                 Instant::now().saturating_duration_since(sent_at) < g.lease / 2
             };
             let taken = granted.and_then(|g| Some((offers.sent(g.attempt)?, g)));

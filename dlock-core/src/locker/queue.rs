@@ -9,11 +9,11 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::*;
+use crate::backend::wait::Watch;
 use crate::backend::{HandoffReply, Successor};
 use crate::error::ReleaseOutcome;
 use crate::guard::HoldState;
 use crate::name::LockKeys;
-use crate::wait::Watch;
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU32;
 use std::sync::{Mutex, MutexGuard, OnceLock};

@@ -8,9 +8,9 @@ use super::url::redact_url;
 use super::{Config, Locker};
 use crate::backend::Backend;
 use crate::backend::redis::{RedisBackend, RedisConn};
+use crate::backend::wait::SubscriberSource;
 use crate::error::{BackendError, LockError};
 use crate::replication::ReplicaAck;
-use crate::wait::SubscriberSource;
 
 pub(super) fn client(
     urls: Vec<String>,
