@@ -16,6 +16,10 @@ use crate::fencing::FencingToken;
 use crate::locker::{Locker, LockerInner};
 use crate::name::{LockKeys, LockName};
 
+mod held_lock;
+
+pub use held_lock::HeldLock;
+
 /// Why a hold was lost.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum LossReason {
@@ -37,7 +41,6 @@ pub(crate) struct HoldState {
     /// The `Locker` that took the hold, to mint its token at the first ask from a [`HeldLock`]
     /// (weak: a hold kept past its `Locker` can't reach Redis anyway).
     ///
-    /// [`HeldLock`]: crate::HeldLock
     pub(crate) locker: Weak<LockerInner>,
     /// Renewed by the watchdog (otherwise a fixed lease).
     pub(crate) watchdog: bool,
@@ -389,8 +392,8 @@ impl LockGuard {
 
     /// A view of this hold that may be kept apart from the guard (in a request's extensions,
     /// say): its name, its fencing token, its loss. It neither holds nor releases anything.
-    pub fn held_lock(&self) -> crate::HeldLock {
-        crate::HeldLock {
+    pub fn held_lock(&self) -> HeldLock {
+        HeldLock {
             hold: self.state.clone(),
         }
     }

@@ -152,7 +152,7 @@ pub use error::{
     BackendError, InvalidName, LockError, MasterOutcome, MastersError, ReleaseOutcome,
 };
 pub use fencing::FencingToken;
-pub use guard::{LockGuard, Lost};
+pub use guard::{HeldLock, LockGuard, Lost};
 pub use locker::{
     DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DEAD_WAITER_TIMEOUT,
     DEFAULT_FENCE_TTL, DEFAULT_POLL_INTERVAL, DEFAULT_PREFIX, DEFAULT_WATCHDOG_LEASE, Holder,
@@ -167,9 +167,7 @@ pub use replication::ReplicaAck;
 #[cfg(feature = "http")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub use response::ErrorResponses;
-pub use scope::{
-    HeldLock, LockScope, Scoped, fencing_token, held_lock, in_scope, isolated_scope, scope,
-};
+pub use scope::{LockScope, Scoped, fencing_token, held_lock, in_scope, isolated_scope, scope};
 
 /// The `redis` crate this version of dlock is built on: its `Client` and connection types are
 /// what [`LockerBuilder`] takes.

@@ -31,8 +31,7 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use crate::error::LockError;
 use crate::fencing::FencingToken;
-use crate::guard::HoldState;
-use crate::locker::Locker;
+use crate::guard::{HeldLock, HoldState};
 
 tokio::task_local! {
     static SCOPE: Arc<ScopeState>;
@@ -266,44 +265,6 @@ pub fn held_lock() -> Option<HeldLock> {
         })
         .ok()
         .flatten()
-}
-
-/// A view of a lock held in the current scope. See [`held_lock`].
-#[derive(Debug, Clone)]
-pub struct HeldLock {
-    pub(crate) hold: Arc<HoldState>,
-}
-
-impl HeldLock {
-    /// The lock's name.
-    pub fn name(&self) -> &crate::LockName {
-        &self.hold.name
-    }
-
-    /// The fencing token of the hold, as
-    /// [`LockGuard::fencing_token`](crate::LockGuard::fencing_token) gives it.
-    pub async fn fencing_token(&self) -> Result<FencingToken, LockError> {
-        match Locker::from_inner(&self.hold.locker) {
-            Some(locker) => locker.fencing_token(&self.hold).await,
-            None => Err(self.hold.lost_error()),
-        }
-    }
-
-    /// The fencing token if the hold has one already, without asking Redis (see
-    /// [`LockGuard::minted_fencing_token`](crate::LockGuard::minted_fencing_token)).
-    pub fn minted_fencing_token(&self) -> Option<FencingToken> {
-        self.hold.fence.get().copied()
-    }
-
-    /// Whether the lock was lost.
-    pub fn is_lost(&self) -> bool {
-        self.hold.is_lost()
-    }
-
-    /// Resolves when the lock is lost (never, once it is released).
-    pub fn lost(&self) -> crate::Lost {
-        crate::guard::Lost::of(self.hold.clone())
-    }
 }
 
 /// The hold of `lock_key` through `locker` in the current scope (or a scope it is nested in)
