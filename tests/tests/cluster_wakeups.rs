@@ -60,10 +60,21 @@ struct Waited {
 /// A fresh name held by a `Locker` (the default 30 s lease: a waiter that is not woken sleeps
 /// until it runs out) and waited for, once the waiter is subscribed, by another.
 async fn held_and_waited_for(cluster: &RedisCluster, prefix: &str) -> Waited {
+    held_and_waited_for_on(cluster, prefix, &[]).await
+}
+
+/// As [`held_and_waited_for`], for a name served by one of the nodes on `ports` (any node if
+/// none is given).
+async fn held_and_waited_for_on(cluster: &RedisCluster, prefix: &str, ports: &[u16]) -> Waited {
     let holder = cluster.locker(Duration::from_secs(30)).await;
     let rival = cluster.locker(Duration::from_secs(30)).await;
-    let name = unique_name(prefix);
-    let key = holder.key_of(name.as_str()).unwrap();
+    let (name, key) = loop {
+        let name = unique_name(prefix);
+        let key = holder.key_of(name.as_str()).unwrap();
+        if ports.is_empty() || ports.contains(&cluster.node_for_key(&key).port) {
+            break (name, key);
+        }
+    };
     let guard = holder.lock(name.as_str()).await.expect("lock");
     let waiting = waiter(&rival, &name);
     assert_eq!(until_waiting(&holder, &name, 1).await.waiting_lockers, 1);
@@ -187,16 +198,25 @@ async fn until_replica(cluster: &RedisCluster, port: u16) -> bool {
 /// that the old one is now its replica. The old master drops the waiter's subscription; taken
 /// again where a stale slot map points, it would land on the old master, now a replica that
 /// the new master does not yet send its messages to, and the release's wake-up would be lost.
+///
+/// Each round fails over the next shard in turn: a master may refuse to vote for the failover of
+/// a master it voted about within twice the node timeout, so a shard fails over again only
+/// three rounds later, and back to the same master only six rounds later.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_just_after_a_failover_wakes_its_waiter() {
     let cluster = block_in_place(RedisCluster::start);
+    let shards: Vec<[u16; 2]> = (cluster.masters().iter())
+        .map(|m| [m.port, cluster.replica_of(m).port])
+        .collect();
     for round in 0..6u64 {
+        let shard = shards[usize::try_from(round).unwrap() % shards.len()];
+        let prefix = format!("cluster-promoted-wake-{round}");
         let Waited {
             key,
             guard,
             waiting,
             ..
-        } = held_and_waited_for(&cluster, &format!("cluster-promoted-wake-{round}")).await;
+        } = held_and_waited_for_on(&cluster, &prefix, &shard).await;
         let master = cluster.node_for_key(&key);
         let replica = cluster.replica_of(&master);
         block_in_place(|| cluster.promote(replica.port, None));
