@@ -1,0 +1,128 @@
+//! Owner tokens: the random name a hold goes by in Redis, fresh for every acquisition.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// A fresh owner token, 32 hex digits, then `@label` if the `Locker` has a holder label.
+///
+/// The first 64 bits are this process's count of tokens, scrambled with a random key by a
+/// bijection (so no two tokens of one process share them, and a token's short prefix still
+/// tells holds apart); the last 64 are random bits drawn once per process, which set its tokens
+/// apart from every other process's. A forked child would repeat its parent's tokens, so the
+/// bits are drawn again when the process id changes. One draw from the operating system per
+/// process rather than per acquisition: the draw is a system call, and a costly one. Should the
+/// system have no randomness to give, the process id and the time stand in for it.
+pub(super) fn new_owner(label: Option<&str>) -> Arc<str> {
+    // The process id the bits below were drawn in (0: not drawn yet); written last, after them.
+    static DRAWN_IN: AtomicU32 = AtomicU32::new(0);
+    static KEY: AtomicU64 = AtomicU64::new(0);
+    static PROCESS: AtomicU64 = AtomicU64::new(0);
+    static COUNT: AtomicU64 = AtomicU64::new(0);
+    // Taken only to draw: once per process.
+    static DRAWING: Mutex<()> = Mutex::new(());
+    let pid = std::process::id();
+    if DRAWN_IN.load(Ordering::Acquire) != pid {
+        let _drawing = DRAWING
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if DRAWN_IN.load(Ordering::Acquire) != pid {
+            let (key, process) = draw_seed(pid);
+            KEY.store(key, Ordering::Relaxed);
+            PROCESS.store(process, Ordering::Relaxed);
+            DRAWN_IN.store(pid, Ordering::Release);
+        }
+    }
+    let n = COUNT.fetch_add(1, Ordering::Relaxed);
+    let mut hex = [0u8; 32];
+    write_hex(&mut hex[..16], scramble(n ^ KEY.load(Ordering::Relaxed)));
+    write_hex(&mut hex[16..], PROCESS.load(Ordering::Relaxed));
+    let hex = std::str::from_utf8(&hex).unwrap_or_default();
+    match label {
+        Some(label) => Arc::from(format!("{hex}@{label}")),
+        None => Arc::from(hex),
+    }
+}
+
+/// 128 bits from the operating system, as a scrambling key and a process's own bits; the
+/// process id and the time stand in should the system have no randomness to give.
+fn draw_seed(pid: u32) -> (u64, u64) {
+    let mut bytes = [0u8; 16];
+    let value = match getrandom::fill(&mut bytes) {
+        Ok(()) => u128::from_le_bytes(bytes),
+        Err(_) => {
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos());
+            (u128::from(pid) << 96) ^ nanos
+        }
+    };
+    ((value >> 64) as u64, value as u64)
+}
+
+/// A bijection on 64-bit values that spreads neighbouring inputs far apart (the finaliser of
+/// SplitMix64: each step, a xor-shift or a multiplication by an odd constant, is invertible).
+fn scramble(mut x: u64) -> u64 {
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+/// `value` as 16 lowercase hex digits into `out`.
+fn write_hex(out: &mut [u8], value: u64) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for (i, byte) in out.iter_mut().enumerate().take(16) {
+        let shift = 60 - 4 * i;
+        *byte = DIGITS[((value >> shift) & 0xf) as usize];
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use super::*;
+
+    #[test]
+    fn owner_tokens_are_unique_hex_with_the_label_after_them() {
+        let tokens: HashSet<Arc<str>> = (0..10_000).map(|_| new_owner(None)).collect();
+        assert_eq!(tokens.len(), 10_000);
+        assert!(tokens.iter().all(|t| {
+            t.len() == 32
+                && t.bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        }));
+        // The short prefix operators see tells holds apart.
+        let prefixes: HashSet<&str> = tokens.iter().map(|t| &t[..8]).collect();
+        assert!(
+            prefixes.len() > 9_900,
+            "{} distinct prefixes",
+            prefixes.len()
+        );
+        let labelled = new_owner(Some("host-1:42"));
+        assert_eq!(labelled.len(), 32 + "@host-1:42".len());
+        assert!(labelled.ends_with("@host-1:42"));
+    }
+
+    #[test]
+    fn owner_tokens_made_on_many_threads_at_once_are_unique() {
+        let threads: Vec<_> = (0..4)
+            .map(|_| std::thread::spawn(|| (0..5_000).map(|_| new_owner(None)).collect::<Vec<_>>()))
+            .collect();
+        let mut all = HashSet::new();
+        for thread in threads {
+            for token in thread.join().expect("thread") {
+                assert!(all.insert(token), "a token was made twice");
+            }
+        }
+        assert_eq!(all.len(), 20_000);
+    }
+
+    #[test]
+    fn scrambling_is_a_bijection_on_neighbours() {
+        let out: HashSet<u64> = (0..100_000u64).map(scramble).collect();
+        assert_eq!(out.len(), 100_000);
+        let mut hex = [0u8; 16];
+        write_hex(&mut hex, 0x0123_4567_89ab_cdef);
+        assert_eq!(&hex, b"0123456789abcdef");
+    }
+}
