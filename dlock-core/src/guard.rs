@@ -164,7 +164,7 @@ impl HoldState {
     }
 
     /// The hold is known to last `lease` from no earlier than `sent_at` — shorter than its own
-    /// lease (a grant made by another's release, see the `script` module): its belief ends then,
+    /// lease (a grant made by another's release, see the `protocol` module): its belief ends then,
     /// until a change of its lease applies.
     pub(crate) fn believe_until(&self, sent_at: Instant, lease: Duration) {
         let deadline = lease_deadline(sent_at, lease);

@@ -140,11 +140,12 @@ pub mod metrics;
 mod multi;
 mod name;
 mod policy;
+#[doc(hidden)]
+pub mod protocol;
 mod replication;
 #[cfg(feature = "http")]
 mod response;
 mod scope;
-mod script;
 mod watchdog;
 
 pub use backend::MemoryStore;

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use dlock_core::redis::AsyncCommands as _;
 use dlock_core::{LockError, Locker};
-use dlock_tests::hold::RawHold;
+use dlock_tests::hold::HoldValue;
 use dlock_tests::{RedisServer, pause_writes, unique_name, unpause};
 use tokio::time::Instant;
 
@@ -26,7 +26,7 @@ async fn an_early_release_keeps_the_name_taken_until_the_period_ends() {
     // Taken by nobody: no owner on the key, only the released one (`#k:`), until the period
     // ends.
     let mut con = server.connection().await;
-    let hold = RawHold::read(&mut con, &key).await.expect("GET");
+    let hold = HoldValue::read(&mut con, &key).await.expect("GET");
     assert!(
         hold.as_ref()
             .is_some_and(|h| h.owner.is_none() && h.kept_after.is_some()),
@@ -120,7 +120,7 @@ async fn a_release_dropped_mid_flight_still_keeps_the_period() {
     assert!(dropped.is_err(), "the release waited in the paused server");
     unpause(&mut admin).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let hold = RawHold::read(&mut admin, &key).await.expect("GET");
+    let hold = HoldValue::read(&mut admin, &key).await.expect("GET");
     assert!(
         hold.as_ref()
             .is_some_and(|h| h.owner.is_none() && h.kept_after.is_some()),

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use dlock_core::redis::{self, AsyncCommands as _};
 use dlock_core::{LockError, Locker, ReplicaAck};
 use dlock_tests::cluster::key_slot;
-use dlock_tests::hold::RawHold;
+use dlock_tests::hold::HoldValue;
 use dlock_tests::{RedisCluster, unique_name};
 use tokio::task::block_in_place;
 
@@ -110,7 +110,7 @@ async fn locks_on_a_cluster_exclude_each_other_in_every_slot() {
         let key = first.key_of(name.as_str()).unwrap();
         let node = cluster.node_for_key(&key);
         let mut con = cluster.node(node.port).connection().await;
-        let hold = RawHold::read(&mut con, &key).await.unwrap();
+        let hold = HoldValue::read(&mut con, &key).await.unwrap();
         assert!(
             hold.as_ref().is_none_or(|h| h.owner.is_none()),
             "{key} is still held: {hold:?}"
@@ -157,7 +157,7 @@ async fn waiters_are_woken_through_sharded_pub_sub_on_the_locks_shard_only() {
 
     let guard = holder.lock(name.as_str()).await.expect("lock");
     // The name has a fencing counter: on a cluster a release grants only on a counter that is
-    // on its node (see the `script` module), and a first lock mints none until asked.
+    // on its node (see the `protocol` module), and a first lock mints none until asked.
     guard.fencing_token().await.expect("a token");
     let waiting = tokio::spawn({
         let (waiter, name) = (waiter.clone(), name.clone());
@@ -179,11 +179,8 @@ async fn waiters_are_woken_through_sharded_pub_sub_on_the_locks_shard_only() {
         .await
         .expect("PUBSUB SHARDNUMSUB");
     assert_eq!(subscribed.1, 1, "the waiter subscribed on the lock's shard");
-    let claim = RawHold::read(&mut on_owner, &key).await.expect("GET");
-    let offered = claim
-        .as_ref()
-        .and_then(|h| h.claim_token())
-        .map(str::to_owned);
+    let claim = HoldValue::read(&mut on_owner, &key).await.expect("GET");
+    let offered = claim.as_ref().and_then(|h| h.claim_token());
     assert!(
         offered.is_some(),
         "no claim offered a hand-over token: {claim:?}"
@@ -199,7 +196,7 @@ async fn waiters_are_woken_through_sharded_pub_sub_on_the_locks_shard_only() {
     );
     // The release granted it to the waiter's claim, and the sharded wake-up said so: the
     // hold is the offered token's, its fencing token the guard's.
-    let hold = RawHold::read(&mut on_owner, &key).await.expect("GET");
+    let hold = HoldValue::read(&mut on_owner, &key).await.expect("GET");
     assert_eq!(hold.as_ref().and_then(|h| h.owner.clone()), offered);
     let minted = granted.minted_fencing_token().map(|t| t.get());
     assert!(minted.is_some() && minted == hold.and_then(|h| h.token));
@@ -330,7 +327,7 @@ async fn replica_acknowledged_grants_on_a_cluster_are_on_the_slots_replica() {
             .await
             .unwrap();
         // The grant is the owner on the key (its token is minted when asked for, later).
-        let hold = RawHold::read(&mut on_replica, &key)
+        let hold = HoldValue::read(&mut on_replica, &key)
             .await
             .expect("GET on the replica");
         assert!(

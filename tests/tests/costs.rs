@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use dlock_core::Locker;
-use dlock_tests::hold::RawHold;
+use dlock_tests::hold::HoldValue;
 use dlock_tests::{RedisServer, unique_name};
 
 /// What one operation cost: commands clients sent (one round trip each, unless pipelined), and
@@ -264,7 +264,7 @@ async fn a_release_past_local_waiters_to_another_process_is_one_round_trip() {
     // One script: EVALSHA; GET, PUBSUB NUMSUB (the claim came first: Lua's `or` stops there,
     // so no), PSETEX (kept for the claimant, written over the hold), PUBLISH.
     assert_eq!(released, cost_of(1, 4));
-    let kept = RawHold::read(&mut con, &key).await.expect("GET");
+    let kept = HoldValue::read(&mut con, &key).await.expect("GET");
     assert_eq!(kept.and_then(|h| h.kept_for).as_deref(), Some(other));
     // The turn passes unused; the local waiter gets the lock on its next try.
     assert!(

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use dlock_core::redis::{self, AsyncCommands as _};
 use dlock_core::{Locker, ReplicaAck};
-use dlock_tests::hold::RawHold;
+use dlock_tests::hold::HoldValue;
 use dlock_tests::{Proxy, RedisServer, unique_name};
 
 /// A connection that waits up to 10 s for an answer (for `WAIT`).
@@ -165,7 +165,7 @@ async fn acknowledged_grants_are_on_the_replica_when_the_call_returns() {
             .expect("lock");
         // The grant is the owner on the lock's key (its token is minted later, when asked
         // for): the replica has it as soon as the call returns.
-        let hold = RawHold::read(&mut on_replica, &key)
+        let hold = HoldValue::read(&mut on_replica, &key)
             .await
             .expect("GET on the replica");
         assert!(

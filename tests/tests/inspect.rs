@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use dlock_core::redis::AsyncCommands as _;
 use dlock_core::{LockError, Locker};
-use dlock_tests::hold::RawHold;
+use dlock_tests::hold::HoldValue;
 use dlock_tests::{RedisServer, unique_name};
 use tokio::time::Instant;
 
@@ -46,7 +46,7 @@ async fn inspect_shows_the_holder_its_label_tokens_and_ttl_as_redis_has_them() {
     let info = locker.inspect(name.as_str()).await.expect("inspect");
     let mut con = server.connection().await;
     let pttl: u64 = con.pttl(&key).await.expect("PTTL");
-    let hold = RawHold::read(&mut con, &key).await.expect("GET");
+    let hold = HoldValue::read(&mut con, &key).await.expect("GET");
     let owner = hold.and_then(|h| h.owner).expect("an owner");
 
     assert!(info.is_taken() && !info.kept && !info.foreign, "{info:?}");

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use dlock_core::redis::{self, AsyncCommands as _};
 use dlock_core::{Locker, LockerBuilder};
-use dlock_tests::hold::RawHold;
+use dlock_tests::hold::HoldValue;
 use dlock_tests::{Proxy, RedisServer, unique_name};
 
 /// Wakes the waiters of `name` as a release would, while the lock stays held: each finds it
@@ -26,7 +26,7 @@ async fn wake(con: &mut redis::aio::MultiplexedConnection, key: &str) {
 async fn marked(con: &mut redis::aio::MultiplexedConnection, key: &str) -> bool {
     let until = Instant::now() + Duration::from_secs(1);
     while Instant::now() < until {
-        let hold = RawHold::read(con, key).await.expect("GET");
+        let hold = HoldValue::read(con, key).await.expect("GET");
         if hold.is_some_and(|h| h.claim.is_some()) {
             return true;
         }
@@ -40,9 +40,9 @@ async fn marked(con: &mut redis::aio::MultiplexedConnection, key: &str) -> bool 
 async fn offered_token(con: &mut redis::aio::MultiplexedConnection, key: &str) -> String {
     let until = Instant::now() + Duration::from_secs(2);
     loop {
-        let hold = RawHold::read(con, key).await.expect("GET");
+        let hold = HoldValue::read(con, key).await.expect("GET");
         if let Some(token) = hold.as_ref().and_then(|h| h.claim_token()) {
-            return token.to_owned();
+            return token;
         }
         assert!(Instant::now() < until, "no claim offered a hand-over token");
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -137,11 +137,8 @@ async fn a_marked_waiter_that_died_delays_the_lock_by_its_turn_only() {
         marked(&mut con, &key).await,
         "the waiter never marked the hold"
     );
-    let claim = RawHold::read(&mut con, &key).await.expect("GET");
-    let offered = claim
-        .as_ref()
-        .and_then(|h| h.claim_token())
-        .map(str::to_owned);
+    let claim = HoldValue::read(&mut con, &key).await.expect("GET");
+    let offered = claim.as_ref().and_then(|h| h.claim_token());
     // Its process dies (cut off, then gone): the mark stays.
     line.cut();
     waiting.abort();
@@ -153,7 +150,7 @@ async fn a_marked_waiter_that_died_delays_the_lock_by_its_turn_only() {
     // for a fraction of a second only (twice its command timeout at most).
     let pttl: i64 = con.pttl(&key).await.expect("PTTL");
     assert!((1..=1_000).contains(&pttl), "kept for {pttl} ms");
-    let passed_on = RawHold::read(&mut con, &key).await.expect("GET");
+    let passed_on = HoldValue::read(&mut con, &key).await.expect("GET");
     assert!(
         passed_on
             .is_some_and(|h| h.kept_for.is_some() || (h.owner.is_some() && h.owner == offered)),
@@ -198,7 +195,7 @@ async fn a_waiter_that_gives_up_or_is_dropped_takes_its_claim_back() {
         .await
         .expect_err("the lock is held");
     assert!(err.is_timeout(), "{err}");
-    let mark = RawHold::read(&mut con, &key).await.expect("GET");
+    let mark = HoldValue::read(&mut con, &key).await.expect("GET");
     assert_eq!(
         mark.and_then(|h| h.claim),
         None,
@@ -230,7 +227,7 @@ async fn a_waiter_that_gives_up_or_is_dropped_takes_its_claim_back() {
     let _ = waiting.await;
     let until = Instant::now() + Duration::from_secs(2);
     loop {
-        let hold = RawHold::read(&mut con, &key).await.expect("GET");
+        let hold = HoldValue::read(&mut con, &key).await.expect("GET");
         if hold.is_none_or(|h| h.claim.is_none()) {
             break;
         }
@@ -327,7 +324,7 @@ async fn a_release_grants_the_lock_to_the_waiter_next_in_turn_in_its_wake_up() {
     // The release granted it: the token the claim offered holds the lock (an attempt of the
     // waiter's would have taken it with an owner of its own), its fencing token minted with the
     // grant and known to the guard.
-    let hold = RawHold::read(&mut con, &key)
+    let hold = HoldValue::read(&mut con, &key)
         .await
         .expect("GET")
         .expect("held");
@@ -370,7 +367,7 @@ struct UnheardGrant {
     key: String,
     waiting: tokio::task::JoinHandle<Result<dlock_core::LockGuard, dlock_core::LockError>>,
     /// The hold right after the release: the grant.
-    granted: RawHold,
+    granted: HoldValue,
     /// The grant's PTTL right after the release.
     pttl: i64,
 }
@@ -398,7 +395,7 @@ async fn unheard_grant(
     // The waiter sleeps on: its fallback timer is the holder's lease away.
     line.stall();
     assert!(held.release().await.is_released());
-    let granted = RawHold::read(con, &key)
+    let granted = HoldValue::read(con, &key)
         .await
         .expect("GET")
         .expect("granted");
@@ -426,7 +423,7 @@ async fn a_grant_whose_wake_up_was_lost_is_taken_over_by_the_next_attempt() {
     let guard = grant.waiting.await.expect("waiter task").expect("waiter");
     // Its subscriber gone, the waiter tried again (and polls): that attempt took the grant
     // over — its own owner, a token minted, its own lease.
-    let hold = RawHold::read(&mut con, key)
+    let hold = HoldValue::read(&mut con, key)
         .await
         .expect("GET")
         .expect("held");

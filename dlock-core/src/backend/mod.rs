@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use crate::error::BackendError;
 use crate::name::LockKeys;
+pub(crate) use crate::protocol::{Claim, GrantTo, RenewItem, Turn};
 use wait::Watch;
 
 #[cfg(feature = "cluster")]
@@ -96,38 +97,6 @@ impl ReleaseReply {
     }
 }
 
-/// Turns across processes (plain locks, see the `script` module): the `Locker` an attempt comes
-/// from, whether it comes from the waiter at the head of that `Locker`'s local queue (only that
-/// one takes a lock kept for its `Locker`), and its claim to be next in turn, if it makes one.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Turn<'a> {
-    pub(crate) locker: &'a str,
-    pub(crate) head: bool,
-    pub(crate) claim: Option<Claim>,
-    /// A head waiter's hand-over token, which a release may grant the lock to (with a claim)
-    /// and which the attempt takes a grant over from.
-    pub(crate) grant: Option<GrantTo<'a>>,
-}
-
-/// A head waiter's offer to be granted the lock by a release (see the `script` module): its
-/// hand-over token, and the number of the attempt that carries the claim (the wake-up names it,
-/// so the waiter knows when it sent the claim that was granted).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct GrantTo<'a> {
-    pub(crate) token: &'a str,
-    pub(crate) attempt: u64,
-    /// How old the claim may be when granted, and how long past that age the grant lasts.
-    pub(crate) window: Duration,
-}
-
-/// A claim to be next in turn: how long a release keeps the lock for the claimant's `Locker`,
-/// and since when its waiter waits (wall-clock ms: the earlier claim wins).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Claim {
-    pub(crate) window: Duration,
-    pub(crate) since: u64,
-}
-
 /// Who a hand-over goes to: the local head waiter's hand-over token, and the `Locker` it waits
 /// in (a waiter of that `Locker` next in turn lets the hand-over through).
 #[derive(Debug, Clone, Copy)]
@@ -149,19 +118,6 @@ pub(crate) enum HandoffReply {
     ReleasedInstead {
         woke: u32,
     },
-}
-
-/// One lease change in a batch (a watchdog renewal or an `extend`).
-#[derive(Debug, Clone)]
-pub(crate) struct RenewItem {
-    pub(crate) key: String,
-    pub(crate) owner: String,
-    pub(crate) lease_ms: u64,
-    /// The hold's sequence number for this change: applied only above the last one applied.
-    pub(crate) seq: u64,
-    /// A semaphore's permit (`key` its permits, `owner` the permit id): the lease moves
-    /// whenever the permit has not expired.
-    pub(crate) permit: bool,
 }
 
 /// What became of one lease change.
@@ -409,7 +365,7 @@ impl Session {
 
     /// A waiter of `locker` that claimed the next turn since `since` stops waiting without the
     /// lock (`last`: no other waiter of `locker` is left for the name; `granted_to`: the
-    /// hand-over token its claims offered, whose grant goes too); see the `script` module's
+    /// hand-over token its claims offered, whose grant goes too); see the `protocol` module's
     /// `LEAVE_TURN`. The memory store grants nothing to claims.
     pub(crate) async fn leave_turn(
         &self,

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, MultiplexedConnection};
-use redis::{FromRedisValue, Pipeline, RedisResult, Script, ToRedisArgs, Value};
+use redis::{FromRedisValue, Pipeline, RedisResult, Script, Value};
 
 mod acks;
 mod locks;
@@ -17,6 +17,7 @@ mod sorted_sets;
 use super::sentinel::SentinelConnection;
 use crate::backend::wait::{Slots, Subscriber, SubscriberSource, Watch};
 use crate::error::BackendError;
+use crate::protocol::{Call, Out, Publish};
 use crate::replication::ReplicaAck;
 
 use acks::Acked;
@@ -194,27 +195,13 @@ impl RedisBackend {
         self.timeout
     }
 
-    /// Whether wake-ups go by sharded pub/sub (a cluster), not the scripts' default `PUBLISH`.
-    fn sharded(&self) -> bool {
-        self.publish() != "PUBLISH"
-    }
-
-    /// The command a release wakes waiters with: sharded pub/sub on a cluster, so the wake-up
-    /// stays on the lock's shard.
-    fn publish(&self) -> &'static str {
+    /// How a release wakes waiters: sharded pub/sub on a cluster, so the wake-up stays on the
+    /// lock's shard.
+    fn publish(&self) -> Publish {
         match self.conn {
             #[cfg(feature = "cluster")]
-            RedisConn::Cluster(_) => "SPUBLISH",
-            _ => "PUBLISH",
-        }
-    }
-
-    /// The `PUBSUB` subcommand that counts a wake-up channel's subscribers.
-    fn numsub(&self) -> &'static str {
-        match self.conn {
-            #[cfg(feature = "cluster")]
-            RedisConn::Cluster(_) => "SHARDNUMSUB",
-            _ => "NUMSUB",
+            RedisConn::Cluster(_) => Publish::Sharded,
+            _ => Publish::Plain,
         }
     }
 
@@ -495,19 +482,33 @@ struct ScriptCall {
 }
 
 impl ScriptCall {
-    fn new(script: &'static Script, keys: &[&str]) -> Self {
-        // Room for every part up front: growing the buffers argument by argument costs an
-        // allocation each time they double, on every acquisition and release.
-        let key_bytes: usize = keys.iter().map(|k| k.len()).sum();
-        let mut cmd = redis::Cmd::with_capacity(keys.len() + 12, key_bytes + 192);
-        cmd.arg("EVALSHA").arg(script.get_hash()).arg(keys.len());
-        for key in keys {
-            cmd.arg(*key);
-        }
+    /// The call as `EVALSHA`, the script loaded if the server lacks it.
+    fn of(call: &impl Call) -> Self {
+        let script = call.lua().script();
+        let mut cmd = ScriptCall::with_room(call);
+        cmd.arg("EVALSHA")
+            .arg(script.get_hash())
+            .arg(call.key_count());
+        call.write(&mut CmdOut(&mut cmd));
         Self {
             script: Some(script),
             cmd,
         }
+    }
+
+    /// The call as `EVAL` with the script's text: it runs even on a server whose script cache
+    /// is empty.
+    fn eval(call: &impl Call) -> redis::Cmd {
+        let mut cmd = ScriptCall::with_room(call);
+        cmd.arg("EVAL").arg(call.lua().text()).arg(call.key_count());
+        call.write(&mut CmdOut(&mut cmd));
+        cmd
+    }
+
+    /// A command with room for a call's parts up front: growing the buffers argument by
+    /// argument costs an allocation each time they double, on every acquisition and release.
+    fn with_room(call: &impl Call) -> redis::Cmd {
+        redis::Cmd::with_capacity(call.key_count() + 12, 64 * call.key_count() + 192)
     }
 
     /// `SPUBLISH <channel> <message>`: a wake-up sent by the client, routed to the node that
@@ -528,11 +529,6 @@ impl ScriptCall {
             .arg("PX")
             .arg(ms);
         Self { script: None, cmd }
-    }
-
-    fn arg(mut self, arg: impl ToRedisArgs) -> Self {
-        self.cmd.arg(arg);
-        self
     }
 
     /// The key the call is routed by: a script's first key, or a command's first argument.
@@ -583,13 +579,15 @@ impl ScriptCall {
     }
 }
 
-/// `d` in whole milliseconds, rounded up: a period kept in Redis must not end early.
-fn millis_up(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos().div_ceil(1_000_000))
-        .unwrap_or(u64::MAX)
-        .max(1)
-}
+/// A command being built, as a call writes its keys and arguments into it.
+struct CmdOut<'c>(&'c mut redis::Cmd);
 
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+impl Out for CmdOut<'_> {
+    fn text(&mut self, text: &str) {
+        self.0.arg(text);
+    }
+
+    fn number(&mut self, n: u64) {
+        self.0.arg(n);
+    }
 }

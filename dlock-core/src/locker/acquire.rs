@@ -27,7 +27,7 @@ impl Locker {
     ///
     /// `head`: the attempt comes from the waiter at the head of the local queue (which may take
     /// a lock kept for this `Locker`); `claim`: a plain lock found taken is claimed as next in
-    /// turn for this `Locker` (see the `script` module), and, with `grant`, offered to be granted
+    /// turn for this `Locker` (see the `protocol` module), and, with `grant`, offered to be granted
     /// to the head waiter's hand-over token by the release.
     pub(super) async fn attempt(
         &self,

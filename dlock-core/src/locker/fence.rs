@@ -1,4 +1,4 @@
-//! Fencing tokens minted at the first ask (see the `script` module).
+//! Fencing tokens minted at the first ask (see the `protocol` module).
 
 use std::sync::Arc;
 

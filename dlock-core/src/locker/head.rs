@@ -208,7 +208,7 @@ impl Locker {
 }
 
 /// How old a head waiter's claim may be when a release grants it the lock, and how long past
-/// that age the grant lasts (see the `script` module): the command timeout, so the extension
+/// that age the grant lasts (see the `protocol` module): the command timeout, so the extension
 /// to the waiter's own lease has the time any command has to answer (at most a third of the
 /// lease, no less than the time a release keeps the lock for the claimant otherwise).
 fn grant_window(claim_window: Duration, lease: Duration, command_timeout: Duration) -> Duration {

@@ -52,7 +52,7 @@ impl Drop for Leave {
     }
 }
 
-/// A plain-lock waiter's claim to the next turn (see the `script` module): once it has sent
+/// A plain-lock waiter's claim to the next turn (see the `protocol` module): once it has sent
 /// one, a waiter that stops waiting without the lock takes it back — awaited when the request
 /// gives up (so the next request sees the name as the holder left it), in the background when
 /// the request is dropped.

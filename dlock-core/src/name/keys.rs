@@ -7,7 +7,7 @@ use super::LockName;
 #[derive(Debug, Clone)]
 pub(crate) struct LockKeys {
     /// What is held: a lock's hold (a string: the owner token, then the hold's fencing token,
-    /// lease sequence number and turn fields; see the `script` module), or the sorted set of a
+    /// lease sequence number and turn fields; see the `protocol` module), or the sorted set of a
     /// semaphore's permits or a read-write lock's readers (`id -> expiry`).
     pub(crate) lock: String,
     /// The fencing counter's key, then the wake-up channel, in one string (one allocation for

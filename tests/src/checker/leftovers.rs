@@ -2,7 +2,7 @@
 //! place in line ran out: keys in Redis, waiters in a memory store's fair line, holds a locker
 //! still renews or names it still watches.
 
-use crate::hold::RawHold;
+use crate::hold::HoldValue;
 use std::time::Duration;
 
 use dlock_core::redis::{self, AsyncCommands as _};
@@ -107,7 +107,7 @@ pub(super) async fn redis_leftovers(
         let fields: Option<String> = con.get(&key).await.unwrap_or_default();
         let name = ctx.keys.iter().position(|k| *k == key);
         let token = (fields.as_deref())
-            .and_then(|v| RawHold::try_parse(v).ok())
+            .and_then(|v| HoldValue::try_parse(v).ok())
             .and_then(|h| h.token);
         let holder = guards
             .iter()

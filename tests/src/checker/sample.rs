@@ -17,7 +17,7 @@ use tokio::time::Instant;
 use super::history::{GuardRec, History, ms};
 use super::invariants::{Invariant, Violation};
 use super::ops::Ctx;
-use crate::hold::RawHold;
+use crate::hold::HoldValue;
 
 /// PTTL is read in whole milliseconds, and two clocks are read around it.
 const TOLERANCE: Duration = Duration::from_millis(3);
@@ -55,7 +55,7 @@ pub(crate) async fn sample(ctx: &Ctx, rec: &Arc<GuardRec>, guard: &LockGuard, af
         return;
     };
     let token = hold
-        .and_then(|v| RawHold::try_parse(&v).ok())
+        .and_then(|v| HoldValue::try_parse(&v).ok())
         .and_then(|h| h.token);
     let read_by = Instant::now();
     if token == Some(rec.token()) && pttl_ms >= 0 {

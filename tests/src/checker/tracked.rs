@@ -14,7 +14,7 @@ use super::history::{
 };
 use super::ops::{Ctx, SLACK, bump};
 use super::plan::End;
-use crate::hold::RawHold;
+use crate::hold::HoldValue;
 
 /// How long an admin command (`HGET`) may take before its check is skipped.
 const ADMIN_TIMEOUT: Duration = Duration::from_secs(1);
@@ -378,7 +378,7 @@ impl Tracked {
             (Some(admin), true, Outcome::Released) => {
                 let key = &self.ctx.keys[usize::from(self.rec.name)];
                 let mut con = admin.clone();
-                let read = RawHold::token_on(&mut con, key);
+                let read = HoldValue::token_on(&mut con, key);
                 match tokio::time::timeout(ADMIN_TIMEOUT, read).await {
                     Ok(Ok(found)) => {
                         let at = Instant::now();

@@ -5,13 +5,13 @@ use std::time::Duration;
 
 use redis::{RedisResult, Value};
 
-use super::{OpConn, RedisBackend, ScriptCall, millis, millis_up};
+use super::{OpConn, RedisBackend, ScriptCall};
 use crate::backend::{
     AcquireAllReply, AcquireReply, HandoffReply, RawInfo, ReleaseReply, Successor, Turn,
 };
 use crate::error::BackendError;
 use crate::name::{FairKeys, KeyKind, LockKeys};
-use crate::script;
+use crate::protocol::{self, Released, millis};
 
 /// A release script's answer when it released and published a wake-up that nobody heard on a
 /// cluster node (see [`RedisBackend::wake_again`]).
@@ -62,23 +62,19 @@ impl RedisBackend {
         let grant = turn
             .grant
             .filter(|_| keys.hands_over() && self.ack.is_none());
-        let attempt = |keys_named: &[&str]| {
-            let call = ScriptCall::new(&script::ACQUIRE, keys_named)
-                .arg(owner)
-                .arg(millis(lease))
-                .arg(claim.map_or(0, |c| millis_up(c.window)))
-                .arg(claim.map_or(0, |c| c.since))
-                .arg(turn.locker)
-                .arg(if turn.head { "1" } else { "0" })
-                .arg(fence_ttl.map_or(0, millis));
-            match grant {
-                Some(grant) => {
-                    (call.arg(grant.token).arg(grant.attempt)).arg(millis_up(grant.window))
-                }
-                None => call,
-            }
+        let mut attempt = protocol::Acquire {
+            lock: &keys.lock,
+            fence: Some(keys.fence()),
+            owner,
+            lease,
+            fence_ttl,
+            turn: Turn {
+                claim,
+                grant,
+                ..turn
+            },
         };
-        let call = attempt(&[&keys.lock, keys.fence()]);
+        let call = ScriptCall::of(&attempt);
         let (reply, acknowledged) = match self.invoke_until(conn, call, true, self.ack, until).await
         {
             // The lock's slot is moving and its keys are on both sides (the fencing counter
@@ -87,7 +83,8 @@ impl RedisBackend {
             // and does all the same — takes a lock kept or granted for this waiter, claims the
             // next turn — except mint a token: that is minted when asked, as for a first attempt.
             Err(err) if err.is_migrating() && matches!(keys.kind, KeyKind::Lock) => {
-                let call = attempt(&[&keys.lock]);
+                attempt.fence = None;
+                let call = ScriptCall::of(&attempt);
                 self.invoke_until(conn, call, true, self.ack, until).await?
             }
             other => other?,
@@ -107,15 +104,14 @@ impl RedisBackend {
         lease: Duration,
         fence_ttl: Option<Duration>,
     ) -> Result<AcquireAllReply, BackendError> {
-        let keys: Vec<&str> = (locks.iter())
-            .flat_map(|(keys, _)| [keys.lock.as_str(), keys.fence()])
+        let named: Vec<(&str, &str, &str)> = (locks.iter())
+            .map(|(keys, owner)| (keys.lock.as_str(), keys.fence(), *owner))
             .collect();
-        let mut call = ScriptCall::new(&script::ACQUIRE_ALL, &keys)
-            .arg(millis(lease))
-            .arg(fence_ttl.map_or(0, millis));
-        for (_, owner) in locks {
-            call = call.arg(*owner);
-        }
+        let call = ScriptCall::of(&protocol::AcquireAll {
+            locks: &named,
+            lease,
+            fence_ttl,
+        });
         let (reply, acknowledged): (Vec<i64>, _) = self.invoke(conn, call, true, self.ack).await?;
         let reply = acquire_all_reply(&reply, locks.len())?;
         if matches!(reply, AcquireAllReply::Acquired { .. }) {
@@ -131,11 +127,13 @@ impl RedisBackend {
         keys: &LockKeys,
     ) -> Result<RawInfo, BackendError> {
         let queue = format!("{}:queue", keys.lock);
-        let call = ScriptCall::new(
-            &script::INSPECT,
-            &[&keys.lock, keys.fence(), keys.channel(), &queue],
-        )
-        .arg(self.numsub());
+        let call = ScriptCall::of(&protocol::Inspect {
+            lock: &keys.lock,
+            fence: keys.fence(),
+            channel: keys.channel(),
+            queue: &queue,
+            publish: self.publish(),
+        });
         type Reply = (i64, Vec<String>, String, i64, i64, String, i64, i64);
         let ((pttl, holders, token, kept, foreign, last, waiting, queued), _): (Reply, _) =
             self.invoke(conn, call, true, None).await?;
@@ -164,11 +162,13 @@ impl RedisBackend {
         keys: &LockKeys,
     ) -> Result<bool, BackendError> {
         let fair = fair_keys(keys)?;
-        let call = ScriptCall::new(
-            &script::FORCE_RELEASE,
-            &[&keys.lock, keys.channel(), &fair.queue, &fair.alive],
-        )
-        .arg(self.publish());
+        let call = ScriptCall::of(&protocol::ForceRelease {
+            lock: &keys.lock,
+            channel: keys.channel(),
+            queue: &fair.queue,
+            alive: &fair.alive,
+            publish: self.publish(),
+        });
         let (removed, _): (i64, _) = self.invoke(conn, call, true, self.ack).await?;
         Ok(removed == 1)
     }
@@ -182,12 +182,15 @@ impl RedisBackend {
         last: bool,
         granted_to: Option<&str>,
     ) -> Result<(), BackendError> {
-        let call = ScriptCall::new(&script::LEAVE_TURN, &[&keys.lock, keys.channel()])
-            .arg(since)
-            .arg(locker)
-            .arg(if last { "1" } else { "0" })
-            .arg(self.publish())
-            .arg(granted_to.unwrap_or(""));
+        let call = ScriptCall::of(&protocol::LeaveTurn {
+            lock: &keys.lock,
+            channel: keys.channel(),
+            since,
+            locker,
+            last,
+            publish: self.publish(),
+            granted_to,
+        });
         let (_left, _): (i64, _) = self.invoke(conn, call, true, self.ack).await?;
         Ok(())
     }
@@ -212,10 +215,13 @@ impl RedisBackend {
         fence_ttl: Option<Duration>,
     ) -> Result<Option<u64>, BackendError> {
         // Nothing to acknowledge: a token is worth as much after a failover that lost it (the
-        // next one minted is above it still, see the `script` module).
-        let call = ScriptCall::new(&script::FENCE, &[&keys.lock, keys.fence()])
-            .arg(owner)
-            .arg(fence_ttl.map_or(0, millis));
+        // next one minted is above it still, see the `protocol` module).
+        let call = ScriptCall::of(&protocol::Fence {
+            lock: &keys.lock,
+            fence: keys.fence(),
+            owner,
+            fence_ttl,
+        });
         let (token, _): (i64, _) = self.invoke(conn, call, true, None).await?;
         Ok(u64::try_from(token).ok())
     }
@@ -227,12 +233,11 @@ impl RedisBackend {
         owner: &str,
     ) -> Result<AcquireReply, BackendError> {
         // Read-only: nothing to acknowledge.
-        let check = if keys.is_member() {
-            &script::HOLDS_MEMBER
-        } else {
-            &script::HOLDS
-        };
-        let call = ScriptCall::new(check, &[&keys.lock]).arg(owner);
+        let call = ScriptCall::of(&protocol::Holds {
+            key: &keys.lock,
+            owner,
+            member: keys.is_member(),
+        });
         let (reply, _) = self.invoke(conn, call, true, None).await?;
         acquire_reply(reply)
     }
@@ -245,12 +250,13 @@ impl RedisBackend {
         handed_to: Option<&str>,
         keep: Option<Duration>,
     ) -> Result<ReleaseReply, BackendError> {
-        let call = self.release_of(keys, owner, handed_to, keep).call();
+        let call = ScriptCall::of(&self.release_of(keys, owner, handed_to, keep));
         let (mut reply, acknowledged): (i64, _) =
             match self.invoke(conn, call, true, self.ack).await {
                 Err(err) if moving_line(&err, keys) => {
-                    let alone = release_alone(keys, owner, handed_to, keep, self.publish());
-                    self.invoke(conn, alone.call(), true, self.ack).await?
+                    let alone = self.release_alone(keys, owner, handed_to, keep);
+                    self.invoke(conn, ScriptCall::of(&alone), true, self.ack)
+                        .await?
                 }
                 other => other?,
             };
@@ -314,12 +320,16 @@ impl RedisBackend {
                 res.map_err(BackendError::redis)
             })
         };
-        let mut reply = match eval(self.release_of(keys, owner, None, keep).eval()).await {
-            Err(err) if moving_line(&err, keys) => {
-                eval(release_alone(keys, owner, None, keep, self.publish()).eval()).await?
-            }
-            other => other?,
-        };
+        let mut reply =
+            match eval(ScriptCall::eval(&self.release_of(keys, owner, None, keep))).await {
+                Err(err) if moving_line(&err, keys) => {
+                    eval(ScriptCall::eval(
+                        &self.release_alone(keys, owner, None, keep),
+                    ))
+                    .await?
+                }
+                other => other?,
+            };
         if reply == UNHEARD {
             reply = self.wake_again(conn, keys).await;
         }
@@ -334,80 +344,50 @@ impl RedisBackend {
         owner: &'k str,
         handed_to: Option<&'k str>,
         keep: Option<Duration>,
-    ) -> Release<'k> {
-        let (lock, channel) = (keys.lock.as_str(), keys.channel());
-        // A permit's or a reader's set is named alone, its channel passed as an argument: on a
-        // cluster a command naming two keys of a migrating slot fails (`TRYAGAIN`) until the
-        // migration ends unless both are on the same side, and a channel is never a key that
-        // exists. (The channel shares the set's hash tag, so the script may publish on it.)
-        let member = |script, lua| Release {
-            script,
-            lua,
-            keys: ([lock, "", "", ""], 1),
-            args: (
-                [
-                    Arg::Text(owner),
-                    Arg::Text(self.publish()),
-                    Arg::Text(channel),
-                    Arg::Text(""),
-                    Arg::Text(""),
-                    Arg::Text(""),
-                ],
-                3,
-            ),
-        };
-        let (mode, keys) = match &keys.kind {
-            KeyKind::Semaphore(_) => {
-                return member(&script::RELEASE_PERMIT, script::RELEASE_PERMIT_LUA);
-            }
-            KeyKind::Read(_) => return member(&script::RELEASE_READ, script::RELEASE_READ_LUA),
-            // The common release: the lock's key and owner alone, every other key and argument
-            // its default (on a cluster, the channel is named: it must be in the key's slot).
-            KeyKind::Lock if handed_to.is_none() && keep.is_none() && !self.sharded() => {
-                debug_assert_eq!(channel.strip_suffix(":wake"), Some(lock));
-                return Release {
-                    script: &script::RELEASE,
-                    lua: script::RELEASE_LUA,
-                    keys: ([lock, "", "", ""], 1),
-                    args: (
-                        [
-                            Arg::Text(owner),
-                            Arg::Number(0),
-                            Arg::Number(0),
-                            Arg::Number(0),
-                            Arg::Number(0),
-                            Arg::Number(0),
-                        ],
-                        1,
-                    ),
-                };
-            }
-            // The channel is the script's default (the key's `:wake`), so the key is named alone:
-            // on a cluster a command naming two keys of a migrating slot fails (`TRYAGAIN`) until
-            // the migration ends unless both are on the same side, and a channel is never a key
-            // that exists.
+    ) -> protocol::Release<'k> {
+        let channel = keys.channel();
+        let kind = match &keys.kind {
+            KeyKind::Semaphore(_) => Released::Permit { channel },
+            KeyKind::Read(_) => Released::Reader { channel },
             KeyKind::Lock => {
-                debug_assert_eq!(channel.strip_suffix(":wake"), Some(lock));
-                ("0", ([lock, "", "", ""], 1))
+                // The script's default channel: the key's `:wake`.
+                debug_assert_eq!(channel.strip_suffix(":wake"), Some(keys.lock.as_str()));
+                Released::Lock
             }
-            KeyKind::Fair(fair) => ("1", ([lock, channel, &fair.queue, &fair.alive], 4)),
-            KeyKind::Write(rw) => ("2", ([lock, channel, &rw.waiting, ""], 3)),
+            KeyKind::Fair(fair) => Released::Fair {
+                channel,
+                queue: &fair.queue,
+                alive: &fair.alive,
+            },
+            KeyKind::Write(rw) => Released::Writer {
+                channel,
+                waiting: &rw.waiting,
+            },
         };
-        Release {
-            script: &script::RELEASE,
-            lua: script::RELEASE_LUA,
-            keys,
-            args: (
-                [
-                    Arg::Text(owner),
-                    Arg::Text(handed_to.unwrap_or("")),
-                    Arg::Text(self.publish()),
-                    Arg::Number(keep.map_or(0, millis_up)),
-                    Arg::Text(mode),
-                    Arg::Text(""),
-                ],
-                5,
-            ),
+        protocol::Release {
+            key: &keys.lock,
+            owner,
+            kind,
+            handed_to,
+            keep,
+            publish: self.publish(),
+        }
+    }
+
+    /// A fair lock's or a writer's release by the lock's key alone, the channel an argument:
+    /// for a slot that is moving.
+    fn release_alone<'k>(
+        &self,
+        keys: &'k LockKeys,
+        owner: &'k str,
+        handed_to: Option<&'k str>,
+        keep: Option<Duration>,
+    ) -> protocol::Release<'k> {
+        protocol::Release {
+            kind: Released::Alone {
+                channel: keys.channel(),
+            },
+            ..self.release_of(keys, owner, handed_to, keep)
         }
     }
 
@@ -420,17 +400,17 @@ impl RedisBackend {
         lease: Duration,
         fence_ttl: Option<Duration>,
     ) -> Result<HandoffReply, BackendError> {
-        let call = ScriptCall::new(
-            &script::HANDOFF,
-            &[&keys.lock, keys.fence(), keys.channel()],
-        )
-        .arg(from)
-        .arg(to.owner)
-        .arg(millis(lease))
-        .arg(fence_ttl.map_or(0, millis))
-        .arg(self.numsub())
-        .arg(to.locker)
-        .arg(self.publish());
+        let call = ScriptCall::of(&protocol::Handoff {
+            lock: &keys.lock,
+            fence: keys.fence(),
+            channel: keys.channel(),
+            from,
+            to: to.owner,
+            locker: to.locker,
+            lease,
+            fence_ttl,
+            publish: self.publish(),
+        });
         // Hand-over is off when replicas must acknowledge (see `ReplicaAck`).
         let ((code, value), _): ((i64, i64), _) = self.invoke(conn, call, false, self.ack).await?;
         if code == 1 {
@@ -448,97 +428,11 @@ impl RedisBackend {
     }
 }
 
-/// A fair lock's or a writer's release by the lock's key alone, the channel an argument (the
-/// script's mode 3): for a slot that is moving.
-fn release_alone<'k>(
-    keys: &'k LockKeys,
-    owner: &'k str,
-    handed_to: Option<&'k str>,
-    keep: Option<Duration>,
-    publish: &'k str,
-) -> Release<'k> {
-    Release {
-        script: &script::RELEASE,
-        lua: script::RELEASE_LUA,
-        keys: ([keys.lock.as_str(), "", "", ""], 1),
-        args: (
-            [
-                Arg::Text(owner),
-                Arg::Text(handed_to.unwrap_or("")),
-                Arg::Text(publish),
-                Arg::Number(keep.map_or(0, millis_up)),
-                Arg::Text("3"),
-                Arg::Text(keys.channel()),
-            ],
-            6,
-        ),
-    }
-}
-
-/// A release's script, as `EVALSHA` ([`script`](Release::script)) or `EVAL` (its `lua`), with
-/// its keys and arguments — the first so many of each, kept in place (a release is on every
-/// lock's path, and needs no `Vec` for them).
-struct Release<'k> {
-    script: &'static redis::Script,
-    lua: &'static str,
-    keys: ([&'k str; 4], usize),
-    args: ([Arg<'k>; 6], usize),
-}
-
-impl<'k> Release<'k> {
-    fn keys(&self) -> &[&'k str] {
-        &self.keys.0[..self.keys.1]
-    }
-
-    fn args(&self) -> &[Arg<'k>] {
-        &self.args.0[..self.args.1]
-    }
-
-    /// The release as `EVALSHA` (the script loaded if the server lacks it).
-    fn call(&self) -> ScriptCall {
-        let mut call = ScriptCall::new(self.script, self.keys());
-        for arg in self.args() {
-            call = call.arg(arg);
-        }
-        call
-    }
-
-    /// The release as `EVAL` with the script's text: it runs even on a server whose script
-    /// cache is empty.
-    fn eval(&self) -> redis::Cmd {
-        let mut cmd = redis::cmd("EVAL");
-        cmd.arg(self.lua).arg(self.keys().len()).arg(self.keys());
-        for arg in self.args() {
-            cmd.arg(arg);
-        }
-        cmd
-    }
-}
-
 /// Whether a release failed because `keys`' slot is moving and the line's keys of a fair lock
 /// or a writer are not all on one side: such a hold is released by its key alone (see the
 /// script's mode 3).
 fn moving_line(err: &BackendError, keys: &LockKeys) -> bool {
     err.is_migrating() && matches!(keys.kind, KeyKind::Fair(_) | KeyKind::Write(_))
-}
-
-/// An argument of a release: borrowed text or a number, written into the command as it is
-/// (no string of its own for each).
-enum Arg<'k> {
-    Text(&'k str),
-    Number(u64),
-}
-
-impl redis::ToRedisArgs for Arg<'_> {
-    fn write_redis_args<W>(&self, out: &mut W)
-    where
-        W: ?Sized + redis::RedisWrite,
-    {
-        match self {
-            Arg::Text(text) => text.write_redis_args(out),
-            Arg::Number(n) => n.write_redis_args(out),
-        }
-    }
 }
 
 fn acquire_all_reply(reply: &[i64], n: usize) -> Result<AcquireAllReply, BackendError> {

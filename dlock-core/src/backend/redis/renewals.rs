@@ -8,12 +8,12 @@ use redis::{FromRedisValue, Value};
 #[cfg(feature = "cluster")]
 use crate::backend::cluster::Masters;
 
-use super::RedisBackend;
 #[cfg(feature = "cluster")]
 use super::RedisConn;
+use super::{RedisBackend, ScriptCall};
 use crate::backend::{RenewItem, RenewReply};
 use crate::error::BackendError;
-use crate::script;
+use crate::protocol::{self, RENEW};
 
 /// How many locks one renewal script call carries; a tick pipelines as many calls as needed.
 const RENEW_CHUNK: usize = 256;
@@ -130,7 +130,7 @@ impl RedisBackend {
         if let Some(ack) = ack {
             pipe.add_command(ack.command_within(within));
         }
-        let mut replies = self.pipeline(&pipe, &[&script::RENEW]).await?;
+        let mut replies = self.pipeline(&pipe, &[RENEW.script()]).await?;
         if let Some(ack) = ack {
             let acknowledged = match replies.pop() {
                 Some(value) => ack
@@ -287,7 +287,7 @@ impl RedisBackend {
         };
         if replies.iter().any(no_script) {
             // Changes carry sequence numbers: sending them again is harmless.
-            (script::RENEW.prepare_invoke().load_async(&mut conn).await)
+            (RENEW.script().prepare_invoke().load_async(&mut conn).await)
                 .map_err(BackendError::redis)?;
             replies = pipe.query_async(&mut conn).await.map_err(|err| {
                 masters.forget(node);
@@ -376,7 +376,7 @@ impl RedisBackend {
                 Err(err)
                     if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
                 {
-                    (script::RENEW.prepare_invoke().load_async(&mut conn).await).ok()?;
+                    (RENEW.script().prepare_invoke().load_async(&mut conn).await).ok()?;
                 }
                 Err(_) => return None,
             }
@@ -387,20 +387,7 @@ impl RedisBackend {
 
 /// One renewal script call for `chunk` (all of one slot on a cluster).
 fn renew_call(chunk: &[RenewItem]) -> redis::Cmd {
-    let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(script::RENEW.get_hash()).arg(chunk.len());
-    for item in chunk {
-        cmd.arg(&item.key);
-    }
-    for item in chunk {
-        cmd.arg(&item.owner).arg(item.lease_ms);
-        if item.permit {
-            cmd.arg(format!("p{}", item.seq));
-        } else {
-            cmd.arg(item.seq);
-        }
-    }
-    cmd
+    ScriptCall::of(&protocol::Renew { items: chunk }).cmd
 }
 
 /// A renewal script's reply: one code per item.

@@ -3,11 +3,11 @@
 
 use std::time::Duration;
 
-use super::{OpConn, RedisBackend, ScriptCall, millis};
+use super::{OpConn, RedisBackend, ScriptCall};
 use crate::backend::{AcquireReply, FairReply};
 use crate::error::BackendError;
 use crate::name::{LockKeys, RwKeys};
-use crate::script;
+use crate::protocol;
 
 impl RedisBackend {
     /// A semaphore's attempt: a permit `owner` (its id) if fewer than the count are held.
@@ -20,10 +20,13 @@ impl RedisBackend {
         owner: &str,
         lease: Duration,
     ) -> Result<AcquireReply, BackendError> {
-        let call = ScriptCall::new(&script::ACQUIRE_PERMIT, &[&keys.lock, limit])
-            .arg(owner)
-            .arg(millis(lease))
-            .arg(permits);
+        let call = ScriptCall::of(&protocol::AcquirePermit {
+            permits: &keys.lock,
+            limit,
+            id: owner,
+            lease,
+            count: permits,
+        });
         let ((code, ms), acknowledged): ((i64, i64), _) =
             self.invoke(conn, call, true, self.ack).await?;
         if code == 1 {
@@ -46,14 +49,16 @@ impl RedisBackend {
         lease: Duration,
         fence_ttl: Option<Duration>,
     ) -> Result<AcquireReply, BackendError> {
-        let call = ScriptCall::new(
-            &script::ACQUIRE_WRITE,
-            &[&rw.write, keys.fence(), &rw.readers, &rw.waiting],
-        )
-        .arg(owner)
-        .arg(millis(lease))
-        .arg(fence_ttl.map_or(0, millis))
-        .arg(rw.wait_counts.map_or(0, millis));
+        let call = ScriptCall::of(&protocol::AcquireWrite {
+            write: &rw.write,
+            fence: keys.fence(),
+            readers: &rw.readers,
+            waiting: &rw.waiting,
+            owner,
+            lease,
+            fence_ttl,
+            wait_counts: rw.wait_counts,
+        });
         let ((code, value), acknowledged): ((i64, i64), _) =
             self.invoke(conn, call, true, self.ack).await?;
         if code == 1 {
@@ -75,13 +80,14 @@ impl RedisBackend {
         owner: &str,
         lease: Duration,
     ) -> Result<AcquireReply, BackendError> {
-        let call = ScriptCall::new(
-            &script::ACQUIRE_READ,
-            &[&rw.readers, &rw.write, &rw.waiting],
-        )
-        .arg(owner)
-        .arg(millis(lease))
-        .arg(u8::from(rw.prefer_writers));
+        let call = ScriptCall::of(&protocol::AcquireRead {
+            readers: &rw.readers,
+            write: &rw.write,
+            waiting: &rw.waiting,
+            id: owner,
+            lease,
+            prefer_writers: rw.prefer_writers,
+        });
         let ((code, value), acknowledged): ((i64, i64), _) =
             self.invoke(conn, call, true, self.ack).await?;
         if code == 1 {
@@ -100,9 +106,12 @@ impl RedisBackend {
         permits: Option<u32>,
     ) -> Result<(), BackendError> {
         let limit = semaphore_limit(keys)?;
-        let call = ScriptCall::new(&script::SET_PERMITS, &[limit, keys.channel()])
-            .arg(permits.map_or(String::new(), |n| n.to_string()))
-            .arg(self.publish());
+        let call = ScriptCall::of(&protocol::SetPermits {
+            limit,
+            channel: keys.channel(),
+            count: permits,
+            publish: self.publish(),
+        });
         let (_, acknowledged): (i64, _) = self.invoke(conn, call, true, self.ack).await?;
         self.acknowledged(acknowledged)
     }
@@ -113,7 +122,10 @@ impl RedisBackend {
         keys: &LockKeys,
     ) -> Result<(u32, Option<u32>), BackendError> {
         let limit = semaphore_limit(keys)?;
-        let call = ScriptCall::new(&script::PERMITS, &[&keys.lock, limit]);
+        let call = ScriptCall::of(&protocol::Permits {
+            permits: &keys.lock,
+            limit,
+        });
         let ((held, set), _): ((i64, i64), _) = self.invoke(conn, call, true, None).await?;
         Ok((
             u32::try_from(held).unwrap_or(u32::MAX),
@@ -134,21 +146,18 @@ impl RedisBackend {
         let fair = keys
             .fair_keys()
             .ok_or_else(|| BackendError::protocol("a fair attempt on a plain lock"))?;
-        let call = ScriptCall::new(
-            &script::ACQUIRE_FAIR,
-            &[
-                &keys.lock,
-                keys.fence(),
-                keys.channel(),
-                &fair.queue,
-                &fair.alive,
-            ],
-        )
-        .arg(owner)
-        .arg(millis(lease))
-        .arg(fence_ttl.map_or(0, millis))
-        .arg(alive.map_or(0, millis))
-        .arg(self.publish());
+        let call = ScriptCall::of(&protocol::AcquireFair {
+            lock: &keys.lock,
+            fence: keys.fence(),
+            channel: keys.channel(),
+            queue: &fair.queue,
+            alive: &fair.alive,
+            owner,
+            lease,
+            fence_ttl,
+            alive_for: alive,
+            publish: self.publish(),
+        });
         let (reply, acknowledged): (Vec<i64>, _) = self.invoke(conn, call, true, self.ack).await?;
         let reply = match reply.as_slice() {
             [1, fence] => FairReply {

@@ -1,0 +1,263 @@
+//! The protocol: every Lua script dlock runs, the typed calls that run them, and the codec of
+//! what a lock's key holds, in one place.
+//!
+//! Each script is a file in `protocol/lua/`, headed by its `KEYS`, `ARGV` and replies; the
+//! helpers they share are in `protocol/lua/lib/` (the hold codec in `hold.lua`), pulled in by an
+//! `--@include <name>` line where the script needs them. A call site never lists a script's
+//! arguments by position: it fills a struct of `calls`, which writes them in the script's
+//! order. [`hold`] reads and writes what a lock's key holds, as `hold.lua` does in the scripts.
+//!
+//! Key layout (all keys of one lock share the `{name}` hash tag):
+//!
+//! | key | type | holds |
+//! | --- | --- | --- |
+//! | `<prefix>{<name>}` | string | the hold (see below); lease = PTTL |
+//! | `<prefix>{<name>}:fence` | hash | `n -> last fencing token` |
+//! | `<prefix>{<name>}:wake` | channel | a message on every final release (sharded on a cluster) |
+//! | `<prefix>{<name>}:queue` | sorted set | fair locks: `waiter -> place in line` |
+//! | `<prefix>{<name>}:alive` | sorted set | fair locks: `waiter -> until when it counts as alive` (server ms) |
+//! | `<prefix>{<name>}:wake:<waiter>` | channel | fair locks: wakes that waiter, once it heads the line |
+//! | `<prefix>{<name>}:permits` | sorted set | semaphores: `permit id -> expiry` (server ms) |
+//! | `<prefix>{<name>}:permits:limit` | string | semaphores: the permit count set at run time |
+//! | `<prefix>{<name>}:permits:wake` | channel | semaphores: a message on every release |
+//! | `<prefix>{<name>}:write` | string | read-write locks: the writer's hold, as a lock's |
+//! | `<prefix>{<name>}:write:fence` | hash | read-write locks: the writers' fencing counter |
+//! | `<prefix>{<name>}:write:waiting` | sorted set | read-write locks: `writer -> until when its wait counts` (server ms) |
+//! | `<prefix>{<name>}:read` | sorted set | read-write locks: `reader id -> expiry` (server ms) |
+//! | `<prefix>{<name>}:rw:wake` | channel | read-write locks: a message when the writer or the last reader leaves |
+//!
+//! A lock's key holds one string, its first word saying what it is:
+//!
+//! - `<owner token>`: held by that owner (plain, fair, all-or-none locks, a writer);
+//! - `#k:<owner token>`: kept taken after that owner's release (`at_least`), until it expires;
+//! - `#r:<locker id>`: kept for the `Locker` next in turn after a release, for the time it asked.
+//!
+//! Then fields, each one word after a space: ` f<token>` the hold's fencing token (once minted),
+//! ` s<n>` the sequence number of the last lease change, ` w<waiting since>:<ms>:<locker id>`
+//! the `Locker` next in turn (plain locks; a head waiter's claim goes on with
+//! `:<server ms>:<grant window ms>:<fence TTL ms>:<attempt>:<hand-over token>`), ` l` a waiter
+//! found the hold taken (so a release wakes the waiters; one nobody waits for publishes
+//! nothing). A plain lock taken at a first
+//! attempt is `SET NX PX` of its owner token: no script runs for an uncontended acquisition.
+//! Scripts write a hold with `PSETEX` (the same as `SET .. PX`), so `SET` in `INFO
+//! commandstats` counts first attempts only.
+//!
+//! Fencing tokens: a plain lock's hold taken at a first attempt gets its token when its holder
+//! first asks for it (`FENCE`, owner-checked; the token is kept on the hold as ` f`); one taken
+//! after a wait, and the other kinds' holds (fair, writer, all-or-none, hand-over), get theirs
+//! with the grant. Minting takes the server's
+//! clock in microseconds (`TIME`), or the last token + 1 when that is not below it, and stores it
+//! as the last token. So tokens
+//! strictly increase on one server, and they also keep increasing when the last token is gone:
+//! after the counter key expired, and after a failover to a replica that never received the
+//! latest tokens (asynchronous replication). The second needs only that the new master's clock
+//! is not behind the old master's by more than the time between the old master's last grant and
+//! the new one's first — a failover takes seconds; NTP keeps clocks within milliseconds — and
+//! that tokens do not run ahead of the clock, which takes more than one acquisition of one name
+//! per microsecond. The counter key gets the configured TTL when it is created and is not
+//! refreshed, so no counter key outlives its use by more than the TTL; only minting creates it
+//! (a name whose holders never ask for a token has none).
+//!
+//! Holds are not counted in Redis: one owner token is one hold, and re-entry inside a lock scope
+//! counts guards in the process (see `scope`). A re-entry only checks, read-only, that Redis still
+//! has the hold, so nothing a re-entry does can be left behind by a dropped future or a timeout.
+//!
+//! A fair lock is a plain lock plus a waiting line: a waiter joins the line when it finds the lock
+//! taken, and while anyone is in line only the head may take the free lock. Waiters prove they
+//! are alive with every attempt (one per third of their timeout at least); the head of the line
+//! is dropped, by whichever script next looks at it, once its time is up. Each waiter has its
+//! own wake-up channel, and a release wakes only the head. Both sorted sets expire no earlier
+//! than their last waiter's deadline, and Redis deletes a sorted set when its last member goes,
+//! so no key outlives the line.
+//!
+//! Turns across processes (plain locks): a waiter that finds the lock taken claims the next turn
+//! for its `Locker` (` w` on the hold), unless a claim from a waiter that has waited as long or
+//! longer is there (by wall clock: hosts whose clocks are apart favour one by that much). So a
+//! process farther from Redis, which loses every race to a nearer one, still gets its turn. A
+//! `Locker` hands the lock from task to task only while no other `Locker`
+//! listens for its release and no other `Locker` claimed the turn; otherwise it releases. A
+//! release with a claim on the hold keeps the key for the claimant's `Locker` (`#r:`) for the time
+//! it asked for (a few of its round trips), and wakes the waiters as usual: a waiter of that
+//! `Locker` takes it, the others find it taken and claim the next turn. A claimant that never
+//! comes delays the lock by that time only; the kept key's PTTL is what the others wait for.
+//!
+//! A claim made by the head of a `Locker`'s local line carries that waiter's hand-over token,
+//! a grant window (its command timeout, at most a third of its lease, at least its claim's
+//! time), its fence TTL, the server's clock and the attempt's number. A release that finds such
+//! a claim no older than its window grants the lock to the token in the same step, for the
+//! claim's age plus the window (its fencing token minted with the grant), and says so in the
+//! wake-up (`g<attempt>:<ms>:<fencing token>:<token>`): the waiter has the lock without a round
+//! trip of its own, counts that lease from when it sent the attempt (before the grant), and
+//! extends it to its own lease at once (the window gives that extension the time any command
+//! has). A claimant that died delays the lock by twice its window at most; an older claim gets
+//! the kept key instead. A waiter that leaves lets a grant to its token go, as a release would;
+//! one whose wake-up was lost finds the grant at its next attempt and takes it over (its own
+//! lease and owner token).
+//!
+//! Lease changes (watchdog renewals, `extend`) carry a per-hold sequence number and apply only
+//! if it is higher than the last one applied: a renewal that arrives late (a slow server, a
+//! command that timed out but ran anyway) can't undo a later `extend`.
+
+use std::sync::LazyLock;
+
+use redis::Script;
+
+pub(crate) mod calls;
+pub mod hold;
+
+pub(crate) use calls::*;
+
+/// A script of the protocol: its text, as sent with `EVAL`, and the `redis::Script` that sends
+/// it as `EVALSHA` (loading it when the server does not have it).
+pub(crate) struct Lua {
+    text: String,
+    script: Script,
+}
+
+impl Lua {
+    fn new(file: &str) -> Self {
+        let text = compose(file);
+        let script = Script::new(&text);
+        Self { text, script }
+    }
+
+    /// The script, for `EVALSHA`.
+    pub(crate) fn script(&self) -> &Script {
+        &self.script
+    }
+
+    /// The script's text, for `EVAL`.
+    pub(crate) fn text(&self) -> &str {
+        &self.text
+    }
+}
+
+/// A script's file made whole: each `--@include <name>` line replaced by the helpers of
+/// `lua/lib/<name>.lua`, and comment lines left out (they are for the reader of the file; the
+/// server would parse them on every load, and an `EVAL` would send them).
+fn compose(file: &str) -> String {
+    let mut text = String::with_capacity(file.len() + 4096);
+    for line in file.lines() {
+        if let Some(name) = line.trim_start().strip_prefix("--@include ") {
+            match library(name.trim()) {
+                Some(lib) => text.push_str(&compose(lib)),
+                // Kept as it is, a comment the server ignores; a test fails on it.
+                None => text.push_str(line),
+            }
+        } else if !line.trim_start().starts_with("--") {
+            text.push_str(line);
+        }
+        text.push('\n');
+    }
+    text
+}
+
+/// The helpers a script may include, by name.
+fn library(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "clock" => include_str!("protocol/lua/lib/clock.lua"),
+        "fence" => include_str!("protocol/lua/lib/fence.lua"),
+        "hold" => include_str!("protocol/lua/lib/hold.lua"),
+        "let_go" => include_str!("protocol/lua/lib/let_go.lua"),
+        "sorted_sets" => include_str!("protocol/lua/lib/sorted_sets.lua"),
+        _ => return None,
+    })
+}
+
+/// Declares each script as a `static` read from its file.
+macro_rules! scripts {
+    ($($(#[$doc:meta])* $name:ident = $file:literal;)*) => {
+        $(
+            $(#[$doc])*
+            pub(crate) static $name: LazyLock<Lua> =
+                LazyLock::new(|| Lua::new(include_str!(concat!("protocol/lua/", $file))));
+        )*
+
+        /// Every script, by name.
+        #[cfg(test)]
+        pub(crate) static ALL: &[(&str, &LazyLock<Lua>)] = &[$((stringify!($name), &$name)),*];
+    };
+}
+
+scripts! {
+    /// A plain lock's attempt after a first `SET NX PX` found it taken, or a head waiter's.
+    ACQUIRE = "acquire.lua";
+    /// The fencing token of a plain lock's hold, minted when its holder first asks.
+    FENCE = "fence.lua";
+    /// All-or-none acquisition of several locks in one slot.
+    ACQUIRE_ALL = "acquire_all.lua";
+    /// A re-entry's read-only check of a lock's hold.
+    HOLDS = "holds.lua";
+    /// The owner-checked release of a lock or a writer's hold, passing it on to a claimant.
+    RELEASE = "release.lua";
+    /// A batch of lease changes.
+    RENEW = "renew.lua";
+    /// A hand-over inside one process.
+    HANDOFF = "handoff.lua";
+    /// A waiter that claimed the next turn leaves without the lock.
+    LEAVE_TURN = "leave_turn.lua";
+    /// What a name holds, for operators.
+    INSPECT = "inspect.lua";
+    /// An operator's release of whatever holds a name.
+    FORCE_RELEASE = "force_release.lua";
+    /// A fair lock's attempt, and its waiter's place in line.
+    ACQUIRE_FAIR = "acquire_fair.lua";
+    /// A semaphore's permit.
+    ACQUIRE_PERMIT = "acquire_permit.lua";
+    /// A permit given back.
+    RELEASE_PERMIT = "release_permit.lua";
+    /// A semaphore's permit count set at run time.
+    SET_PERMITS = "set_permits.lua";
+    /// A semaphore's permits now.
+    PERMITS = "permits.lua";
+    /// A read-write lock's writer's attempt.
+    ACQUIRE_WRITE = "acquire_write.lua";
+    /// A read-write lock's reader's attempt.
+    ACQUIRE_READ = "acquire_read.lua";
+    /// A reader leaves.
+    RELEASE_READ = "release_read.lua";
+    /// A permit's or a reader's read-only check.
+    HOLDS_MEMBER = "holds_member.lua";
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ALL, HANDOFF, LEAVE_TURN, compose};
+
+    /// Every `--@include` names a helper that exists, and every script is made whole.
+    #[test]
+    fn every_include_is_resolved() {
+        for (name, lua) in ALL {
+            assert!(
+                !lua.text().contains("--@include"),
+                "{name} includes an unknown helper"
+            );
+            assert!(!lua.text().trim().is_empty(), "{name} is empty");
+        }
+        assert_eq!(
+            compose("--@include none\nreturn 1"),
+            "--@include none\nreturn 1\n"
+        );
+    }
+
+    /// A script that publishes what `let_go` returns tells it whether it runs on a cluster by the
+    /// very argument it publishes with: another argument would leave a cluster's grant rules
+    /// (a token minted only where the name's fence is) to whatever that argument holds.
+    #[test]
+    fn let_go_is_told_of_a_cluster_by_the_publishing_argument() {
+        for lua in [&HANDOFF, &LEAVE_TURN] {
+            let call = (lua.text().lines())
+                .find(|l| l.contains("let_go(KEYS[1]"))
+                .expect("the script lets go");
+            let published = call
+                .split("redis.call(")
+                .nth(1)
+                .and_then(|rest| rest.split(',').next())
+                .expect("the publish command's argument");
+            assert!(
+                call.contains(&format!("{published} == 'SPUBLISH'")),
+                "{call}"
+            );
+        }
+    }
+}

@@ -1,0 +1,89 @@
+-- ACQUIRE: an attempt at a plain lock, when a first `SET NX PX` of the owner found it taken,
+-- or when the attempt comes from the head of its `Locker`'s local line (which mints its fencing
+-- token with the grant).
+--
+-- KEYS[1]   the lock
+-- KEYS[2]   its fencing counter; left out while the name's slot migrates between cluster nodes,
+--           so the script runs where the lock's key is (the token is then minted when asked,
+--           as for a first attempt)
+-- ARGV[1]   owner: a fresh owner token
+-- ARGV[2]   lease, ms
+-- ARGV[3]   `0`, or the ms a release should keep the lock for this attempt's `Locker` if it
+--           finds the lock taken: the attempt then claims the next turn for that `Locker`,
+--           unless another `Locker`'s claim as old as this one or older is there (a claim of
+--           the same `Locker` is replaced)
+-- ARGV[4]   since when the waiter waits (wall-clock ms): the claim's age
+-- ARGV[5]   the id of the attempt's `Locker`
+-- ARGV[6]   `1` if the attempt comes from the head of its local line (which alone takes a lock
+--           kept for its `Locker`), else `0`
+-- ARGV[7]   fence TTL, ms (`0`: none)
+-- ARGV[8]   optional: the head waiter's hand-over token, to which a release may grant the lock
+--           (see `let_go`); the claim then also carries the server's clock, the grant window,
+--           the fence TTL and the attempt's number
+-- ARGV[9]   with ARGV[8]: the attempt's number
+-- ARGV[10]  with ARGV[8]: the grant window, ms
+--
+-- Returns
+--   {1, token}  acquired: also when ARGV[1] holds it already (it was handed the lock, or this is
+--               a retry of this script or of the `SET`), when the lock was kept for ARGV[5]
+--               (another `Locker`'s claim made since stays on the new hold), and when it was
+--               granted to ARGV[8]; `token` is -1 when none was minted
+--   {0, pttl}   busy: the hold is then flagged as waited for, so its release wakes the waiters
+--
+-- A first attempt mints no fencing token: the holder's first ask does (FENCE), so an
+-- uncontended acquisition costs no clock read and no write to the counter. An attempt from the
+-- head of a local line mints with the grant: its name is contended, and its holder's token is
+-- likely to be asked for while others wait.
+--@include clock
+--@include hold
+local owner, locker, head, token = ARGV[1], ARGV[5], ARGV[6] == '1', ARGV[8] or ''
+local v = redis.call('GET', KEYS[1])
+local value = owner
+if v then
+  local holder = who(v)
+  if holder == owner then
+    return {1, tonumber(field(v, 'f') or '-1')}
+  end
+  if token ~= '' and holder == token then
+    -- A release granted the lock to this waiter's hand-over token (see `let_go`): it takes the
+    -- hold over, with its lease from now and a token of its own.
+    value = without(without(owner .. string.sub(v, #holder + 1), 'f'), 's')
+  elseif not head or holder ~= kept_for(locker) then
+    local changed = flagged(v)
+    if ARGV[3] ~= '0' then
+      local since, _, claimant = claim_of(field(v, 'w'))
+      if not since or claimant == locker or tonumber(since) > tonumber(ARGV[4]) then
+        local grant
+        if token ~= '' then
+          grant = {string.format('%d', now_ms()), ARGV[10], ARGV[7], ARGV[9], token}
+        end
+        changed = without(changed, 'w') .. ' w' .. encode_claim(ARGV[4], ARGV[3], locker, grant)
+      end
+    end
+    local pttl = redis.call('PTTL', KEYS[1])
+    if changed ~= v and pttl > 0 then
+      redis.call('PSETEX', KEYS[1], pttl, changed)
+    end
+    return {0, pttl}
+  else
+    -- Kept for this Locker: its waiter takes the lock, and another Locker that claimed a turn
+    -- since stays next (and is woken at the release).
+    local claim = field(v, 'w')
+    local _, _, claimant = claim_of(claim)
+    if claim and claimant ~= locker then
+      value = value .. ' w' .. claim
+    end
+    if field(v, 'l') then
+      value = value .. ' l'
+    end
+  end
+end
+local f = -1
+if head and KEYS[2] then
+  -- Defined here, not for every call: a first attempt has no use for it.
+--@include fence
+  f = next_fence(KEYS[2], ARGV[7])
+  value = value .. ' f' .. string.format('%d', f)
+end
+redis.call('PSETEX', KEYS[1], ARGV[2], value)
+return {1, f}

@@ -1,0 +1,42 @@
+-- ACQUIRE_ALL: all-or-none acquisition of several locks on one server (in one slot, on a
+-- cluster).
+--
+-- KEYS[2i-1]  lock i
+-- KEYS[2i]    its fencing counter
+-- ARGV[1]     lease, ms
+-- ARGV[2]     fence TTL, ms (`0`: none)
+-- ARGV[2+i]   the owner for lock i (a fresh token each)
+--
+-- Returns
+--   {1, token_1, .., token_n}  every lock is held by its owner now (one its owner held already
+--                              counts: a retry)
+--   {0, i, pttl}               lock i is busy; nothing was written but the busy hold's flag
+--                              that it is waited for
+--@include fence
+--@include hold
+local n = #KEYS / 2
+local held = {}
+for i = 1, n do
+  local lock = KEYS[2 * i - 1]
+  local v = redis.call('GET', lock)
+  if v and who(v) ~= ARGV[2 + i] then
+    local changed = flagged(v)
+    if changed ~= v then
+      rewrite(lock, changed)
+    end
+    return {0, i, redis.call('PTTL', lock)}
+  end
+  held[i] = v
+end
+local out = {1}
+for i = 1, n do
+  local lock = KEYS[2 * i - 1]
+  if held[i] then
+    out[i + 1] = tonumber(field(held[i], 'f'))
+  else
+    local f = next_fence(KEYS[2 * i], ARGV[2])
+    redis.call('PSETEX', lock, ARGV[1], ARGV[2 + i] .. ' f' .. string.format('%d', f))
+    out[i + 1] = f
+  end
+end
+return out

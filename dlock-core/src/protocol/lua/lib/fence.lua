@@ -1,0 +1,24 @@
+-- `next_fence(fence_key, fence_ttl, known)`: the next fencing token of `fence_key` — the server
+-- clock in microseconds, or the last token + 1 when the clock is not past it — stored as its last
+-- token; a new counter key gets the TTL in `fence_ttl` (ms, `'0'`: none). `known`, if given, is
+-- the last token the caller read already. Lua numbers are doubles: microseconds since 1970 stay
+-- exact until 2255.
+local function next_fence(fence_key, fence_ttl, known)
+  local t = redis.call('TIME')
+  local f = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local last = known
+  if last == nil then
+    last = redis.call('HGET', fence_key, 'n')
+  end
+  if last then
+    last = tonumber(last)
+    if f <= last then
+      f = last + 1
+    end
+  end
+  redis.call('HSET', fence_key, 'n', string.format('%d', f))
+  if not last and fence_ttl ~= '0' and redis.call('PTTL', fence_key) == -1 then
+    redis.call('PEXPIRE', fence_key, fence_ttl)
+  end
+  return f
+end

@@ -1,0 +1,68 @@
+-- The hold codec: the one place a script reads or writes what a lock's key holds (the format is
+-- in ARCHITECTURE.md, "What a lock's key holds"; `protocol/hold.rs` is the same codec in Rust).
+--
+-- who(v)              the first word: the owner token, or `#k:<owner>` / `#r:<locker>`
+-- field(v, tag)       the field `tag` (`nil` when absent; a flag answers `''`)
+-- without(v, tag)     `v` without the field `tag`
+-- flagged(v)          `v` with the ` l` flag (a waiter found it taken)
+-- rewrite(key, v)     stores `v` at `key`, keeping its expiry
+-- kept_after(owner)   the first word of a key kept taken after `owner`'s release (`at_least`)
+-- kept_for(locker)    the first word of a key kept for `locker`, next in turn
+-- is_kept_after(h)    whether the first word `h` is a `kept_after` one
+-- is_kept_for(h)      whether the first word `h` is a `kept_for` one
+-- encode_claim(since, ms, locker, grant)
+--                     a claim to the next turn (the ` w` field's value); `grant`, if given, is
+--                     `{at, window, fence_ttl, n, token}` of a head waiter's claim
+-- claim_of(w)         `since, ms, locker, grant` of a claim (`grant` as above, or `nil`); all
+--                     `nil` when `w` is `nil`
+local function who(v)
+  return string.match(v, '^[^ ]+')
+end
+local function field(v, tag)
+  return string.match(v, ' ' .. tag .. '([^ ]*)')
+end
+local function without(v, tag)
+  return (string.gsub(v, ' ' .. tag .. '[^ ]*', ''))
+end
+local function rewrite(key, v)
+  local pttl = redis.call('PTTL', key)
+  if pttl > 0 then
+    redis.call('PSETEX', key, pttl, v)
+  end
+end
+local function flagged(v)
+  if field(v, 'l') then
+    return v
+  end
+  return v .. ' l'
+end
+local function kept_after(owner)
+  return '#k:' .. owner
+end
+local function kept_for(locker)
+  return '#r:' .. locker
+end
+local function is_kept_after(holder)
+  return string.sub(holder, 1, 3) == '#k:'
+end
+local function is_kept_for(holder)
+  return string.sub(holder, 1, 3) == '#r:'
+end
+local function encode_claim(since, ms, locker, grant)
+  local w = since .. ':' .. ms .. ':' .. locker
+  if grant then
+    w = w .. ':' .. table.concat(grant, ':')
+  end
+  return w
+end
+local function claim_of(w)
+  if not w then
+    return nil
+  end
+  local since, ms, locker, rest = string.match(w, '^(%d+):(%d+):(%x+)(.*)$')
+  local at, window, fence_ttl, n, token = string.match(rest or '', '^:(%d+):(%d+):(%d+):(%d+):(.+)$')
+  if token then
+    return since, ms, locker, {at, window, fence_ttl, n, token}
+  end
+  return since, ms, locker, nil
+end

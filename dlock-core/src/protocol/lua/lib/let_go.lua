@@ -1,0 +1,48 @@
+-- `let_go(lock, claim, v, sharded)`: ends the hold `lock` (whose string was `v`) and passes the lock on to
+-- the `Locker` that claimed the next turn, if `claim` (the hold's ` w` field) names one. A head
+-- waiter's claim made no longer ago than its grant window is granted: the lock is held for the
+-- claim's hand-over token (with `v`'s ` l` flag and a fencing token minted on the plain lock's
+-- counter, `lock` and `:fence`) for the claim's age plus that window — the waiter counts its
+-- hold from when it sent the claim, and extends it at once. Any other claim has the lock kept
+-- for its `Locker` (`#r:`) for the time it asked, and its attempt takes it. Returns the wake-up
+-- message: `g<n>:<ms>:<fencing token>:<token>` for a grant (`n` the number of the attempt whose
+-- claim it was, `ms` the grant's lease), `1` otherwise. Needs `now_ms`, `next_fence` and the
+-- hold codec.
+--
+-- On a cluster (`sharded`) the release does not name the counter (a command naming two keys
+-- of a slot on its way to another master fails until the move ends), so a grant mints only on
+-- a counter that is here: read with `pcall`, as on the old master of a moving slot whose
+-- counter moved already the read is refused. A counter that is not here — never made, expired,
+-- or on the other side of a moving slot, where minting a new one would fork it and stop the
+-- move (`BUSYKEY`) — has the claim kept for its `Locker` instead, whose attempt names the
+-- counter. And a lock passed on is written over, never deleted and written again: while its
+-- slot moves, a key deleted on the old master may not be written there again in the same
+-- script.
+local function let_go(lock, claim, v, sharded)
+  local _, ms, locker, grant = claim_of(claim)
+  if not locker then
+    redis.call('DEL', lock)
+    return '1'
+  end
+  if grant then
+    local at, window, fence_ttl, n, token = unpack(grant)
+    local age = now_ms() - tonumber(at)
+    local fence = lock .. ':fence'
+    local last = redis.pcall('HGET', fence, 'n')
+    if type(last) == 'table' then
+      last = nil
+    end
+    if (last or not sharded) and age >= 0 and age <= tonumber(window) then
+      local f = string.format('%d', next_fence(fence, fence_ttl, last))
+      local held = token .. ' f' .. f
+      if field(v, 'l') then
+        held = held .. ' l'
+      end
+      local px = string.format('%d', age + tonumber(window))
+      redis.call('PSETEX', lock, px, held)
+      return 'g' .. n .. ':' .. px .. ':' .. f .. ':' .. token
+    end
+  end
+  redis.call('PSETEX', lock, ms, kept_for(locker))
+  return '1'
+end
