@@ -118,8 +118,9 @@
 //!
 //! # Testing your code
 //!
-//! [`Locker::memory`] gives a `Locker` over an in-process store with the same semantics (expiry,
-//! reentrancy, fencing, waiting) whose time is tokio's, so paused-time tests work.
+//! [`Locker::memory`] gives a `Locker` over an in-process store that runs the very scripts a
+//! Redis server runs (expiry, reentrancy, fencing, waiting, turns), on tokio's time, so
+//! paused-time tests work.
 //!
 //! # Supported Rust versions
 //!

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::backend::memory::MemoryBackend;
+use crate::backend::redis::RedisBackend;
 use crate::backend::{Backend, MemoryStore};
 use crate::error::LockError;
 use crate::multi::MultiLockRequest;
@@ -187,7 +187,10 @@ impl Locker {
     /// A `Locker` over a shared in-process [`MemoryStore`].
     pub fn memory_with(store: MemoryStore) -> Self {
         Self::from_parts(
-            Backend::Memory(MemoryBackend::new(store)),
+            Backend::Redis(Arc::new(RedisBackend::memory(
+                store,
+                DEFAULT_COMMAND_TIMEOUT,
+            ))),
             Config::default(),
             "memory".to_owned(),
         )
@@ -315,11 +318,10 @@ impl Locker {
         self.inner.watchdog.round_trips.load(Ordering::Relaxed)
     }
 
-    /// How many names the subscriber connection is subscribed to now (Redis backends).
+    /// How many names the subscriber connection is subscribed to now.
     pub fn watched_names(&self) -> usize {
         match &self.inner.backend {
             Backend::Redis(r) => r.watched_channels(),
-            Backend::Memory(_) => 0,
         }
     }
 
@@ -333,11 +335,11 @@ impl Locker {
             .len()
     }
 
-    /// Whether the subscriber connection is up (Redis backends; false before the first wait).
+    /// Whether the subscriber connection is up (false before the first wait; always true on a
+    /// [`MemoryStore`]).
     pub fn subscriber_connected(&self) -> bool {
         match &self.inner.backend {
             Backend::Redis(r) => r.subscriber_healthy(),
-            Backend::Memory(_) => true,
         }
     }
 
@@ -345,7 +347,6 @@ impl Locker {
     pub async fn ping(&self) -> Result<(), LockError> {
         match &self.inner.backend {
             Backend::Redis(r) => r.ping().await.map_err(LockError::Backend),
-            Backend::Memory(_) => Ok(()),
         }
     }
 }

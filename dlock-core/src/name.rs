@@ -25,9 +25,11 @@ use std::sync::Arc;
 
 use crate::error::{InvalidName, LockError};
 
+mod glob;
 mod keys;
 
-pub(crate) use keys::{FairKeys, KeyKind, LockKeys, RwKeys, SemaphoreKeys};
+pub(crate) use glob::{escape_glob, glob_matches};
+pub(crate) use keys::{FairKeys, KeyKind, LockKeys, RwKeys};
 
 /// The longest lock name accepted, in bytes, after escaping.
 pub const MAX_NAME_LEN: usize = 512;

@@ -1,5 +1,5 @@
 //! Where locks live: Redis (single server, over a connection manager, a multiplexed connection or
-//! a bb8 pool) or an in-process memory store with the same semantics; and how a waiter hears
+//! a bb8 pool, or an in-process memory store that runs the same scripts); and how a waiter hears
 //! that a lock was let go (`wait`).
 
 use std::time::Duration;
@@ -139,7 +139,6 @@ pub(crate) enum RenewReply {
 #[derive(Debug, Clone)]
 pub(crate) enum Backend {
     Redis(std::sync::Arc<redis::RedisBackend>),
-    Memory(memory::MemoryBackend),
 }
 
 /// One connection for the commands of one operation, in order: a clean-up sent on it after a
@@ -147,7 +146,6 @@ pub(crate) enum Backend {
 #[derive(Debug, Clone)]
 pub(crate) enum Session {
     Redis(std::sync::Arc<redis::RedisBackend>, redis::OpConn),
-    Memory(memory::MemoryBackend),
 }
 
 impl Backend {
@@ -155,7 +153,6 @@ impl Backend {
     pub(crate) async fn session(&self) -> Result<Session, BackendError> {
         match self {
             Self::Redis(r) => Ok(Session::Redis(r.clone(), r.op_conn().await?)),
-            Self::Memory(m) => Ok(Session::Memory(m.clone())),
         }
     }
 
@@ -173,7 +170,6 @@ impl Backend {
         }
         match self {
             Self::Redis(r) => r.renew(items, within).await,
-            Self::Memory(m) => Ok(m.renew(items)),
         }
     }
 
@@ -183,7 +179,6 @@ impl Backend {
     pub(crate) async fn watch(&self, channel: &str, deadline: tokio::time::Instant) -> Watch {
         match self {
             Self::Redis(r) => r.watch(channel, deadline).await,
-            Self::Memory(m) => m.watch(channel),
         }
     }
 
@@ -192,28 +187,27 @@ impl Backend {
     pub(crate) fn slot(&self, key: &str) -> Option<u16> {
         match self {
             Self::Redis(r) => r.slot(key),
-            Self::Memory(_) => None,
         }
     }
 
     /// Whether this backend runs commands over the network (and so needs cancellation-safe
     /// operations).
     pub(crate) fn is_remote(&self) -> bool {
-        matches!(self, Self::Redis(_))
+        match self {
+            Self::Redis(r) => !r.is_memory(),
+        }
     }
 
-    /// How long one command may take before it fails (zero on the memory store).
+    /// How long one command may take before it fails.
     pub(crate) fn command_timeout(&self) -> Duration {
         match self {
             Self::Redis(r) => r.command_timeout(),
-            Self::Memory(_) => Duration::ZERO,
         }
     }
 
     pub(crate) fn kind(&self) -> &'static str {
         match self {
             Self::Redis(r) => r.kind(),
-            Self::Memory(_) => "memory",
         }
     }
 }
@@ -229,7 +223,6 @@ impl Session {
     ) -> Result<AcquireReply, BackendError> {
         match self {
             Self::Redis(r, c) => r.acquire(c, keys, owner, lease, fence_ttl, turn).await,
-            Self::Memory(m) => Ok(m.acquire(keys, owner, lease, turn)),
         }
     }
 
@@ -241,10 +234,6 @@ impl Session {
     ) -> Result<(), BackendError> {
         match self {
             Self::Redis(r, c) => r.set_permits(c, keys, permits).await,
-            Self::Memory(m) => {
-                m.set_permits(keys, permits);
-                Ok(())
-            }
         }
     }
 
@@ -255,7 +244,6 @@ impl Session {
     ) -> Result<(u32, Option<u32>), BackendError> {
         match self {
             Self::Redis(r, c) => r.permits(c, keys).await,
-            Self::Memory(m) => Ok(m.permits(keys)),
         }
     }
 
@@ -275,7 +263,6 @@ impl Session {
                 r.acquire_fair(c, keys, owner, lease, fence_ttl, alive)
                     .await
             }
-            Self::Memory(m) => Ok(m.acquire_fair(keys, owner, lease, alive)),
         }
     }
 
@@ -288,7 +275,6 @@ impl Session {
     ) -> Result<AcquireAllReply, BackendError> {
         match self {
             Self::Redis(r, c) => r.acquire_all(c, locks, lease, fence_ttl).await,
-            Self::Memory(m) => Ok(m.acquire_all(locks, lease)),
         }
     }
 
@@ -296,7 +282,6 @@ impl Session {
     pub(crate) async fn inspect(&self, keys: &LockKeys) -> Result<RawInfo, BackendError> {
         match self {
             Self::Redis(r, c) => r.inspect(c, keys).await,
-            Self::Memory(m) => Ok(m.inspect(keys)),
         }
     }
 
@@ -304,7 +289,6 @@ impl Session {
     pub(crate) async fn force_release(&self, keys: &LockKeys) -> Result<bool, BackendError> {
         match self {
             Self::Redis(r, c) => r.force_release(c, keys).await,
-            Self::Memory(m) => Ok(m.force_release(keys)),
         }
     }
 
@@ -318,7 +302,6 @@ impl Session {
     ) -> Result<Option<u64>, BackendError> {
         match self {
             Self::Redis(r, c) => r.fence(c, keys, owner, fence_ttl).await,
-            Self::Memory(m) => Ok(m.fence(keys, owner)),
         }
     }
 
@@ -330,7 +313,6 @@ impl Session {
     ) -> Result<AcquireReply, BackendError> {
         match self {
             Self::Redis(r, c) => r.holds(c, keys, owner).await,
-            Self::Memory(m) => Ok(m.holds(keys, owner)),
         }
     }
 
@@ -345,7 +327,6 @@ impl Session {
     ) -> Result<ReleaseReply, BackendError> {
         match self {
             Self::Redis(r, c) => r.release(c, keys, owner, handed_to, keep).await,
-            Self::Memory(m) => Ok(m.release(keys, owner, handed_to, keep)),
         }
     }
 
@@ -359,14 +340,13 @@ impl Session {
     ) -> Result<ReleaseReply, BackendError> {
         match self {
             Self::Redis(r, c) => r.clean_up(c, keys, owner, keep).await,
-            Self::Memory(m) => Ok(m.release(keys, owner, None, keep)),
         }
     }
 
     /// A waiter of `locker` that claimed the next turn since `since` stops waiting without the
     /// lock (`last`: no other waiter of `locker` is left for the name; `granted_to`: the
     /// hand-over token its claims offered, whose grant goes too); see the `protocol` module's
-    /// `LEAVE_TURN`. The memory store grants nothing to claims.
+    /// `LEAVE_TURN`.
     pub(crate) async fn leave_turn(
         &self,
         keys: &LockKeys,
@@ -377,10 +357,6 @@ impl Session {
     ) -> Result<(), BackendError> {
         match self {
             Self::Redis(r, c) => r.leave_turn(c, keys, locker, since, last, granted_to).await,
-            Self::Memory(m) => {
-                m.leave_turn(keys, locker, since, last);
-                Ok(())
-            }
         }
     }
 
@@ -394,7 +370,6 @@ impl Session {
     ) -> Result<HandoffReply, BackendError> {
         match self {
             Self::Redis(r, c) => r.handoff(c, keys, from, to, lease, fence_ttl).await,
-            Self::Memory(m) => Ok(m.handoff(keys, from, to, lease)),
         }
     }
 }

@@ -13,6 +13,7 @@ mod locks;
 mod renewals;
 mod sorted_sets;
 
+use super::memory::{MemoryConn, MemoryStore};
 #[cfg(feature = "sentinel")]
 use super::sentinel::SentinelConnection;
 use crate::backend::wait::{Slots, Subscriber, SubscriberSource, Watch};
@@ -33,6 +34,8 @@ pub(crate) enum RedisConn {
     /// A Redis Cluster: each command goes to its key's slot.
     #[cfg(feature = "cluster")]
     Cluster(super::cluster::LazyCluster),
+    /// A [`MemoryStore`](super::MemoryStore) in this process.
+    Memory(MemoryConn),
 }
 
 impl RedisConn {
@@ -45,6 +48,7 @@ impl RedisConn {
             Self::Cluster(_) => "redis (cluster)",
             Self::Multiplexed(_) => "redis (multiplexed connection)",
             Self::Pool(p) => p.kind(),
+            Self::Memory(_) => "memory",
         }
     }
 }
@@ -110,6 +114,7 @@ pub(crate) enum OpConn {
     /// A pool's connection, and the end of the command timeout that started when it was asked
     /// for: checking it out and the first command share one timeout.
     Pooled(MultiplexedConnection, tokio::time::Instant),
+    Memory(MemoryConn),
 }
 
 impl fmt::Debug for OpConn {
@@ -122,6 +127,7 @@ impl fmt::Debug for OpConn {
             Self::Sentinel(_) => "OpConn::Sentinel",
             Self::Multiplexed(_) => "OpConn::Multiplexed",
             Self::Pooled(..) => "OpConn::Pooled",
+            Self::Memory(_) => "OpConn::Memory",
         })
     }
 }
@@ -174,6 +180,22 @@ impl RedisBackend {
             #[cfg(feature = "cluster")]
             masters: None,
         }
+    }
+
+    /// A backend over `store`, in this process: its wake-ups come straight from the store's
+    /// releases, and count as one subscriber, as a server's would over the subscriber
+    /// connection.
+    pub(crate) fn memory(store: MemoryStore, timeout: Duration) -> Self {
+        let backend = Self::new(RedisConn::Memory(MemoryConn::new(store)), None, timeout);
+        if let RedisConn::Memory(conn) = &backend.conn {
+            conn.store().listen(&backend.sub_slots);
+        }
+        backend
+    }
+
+    /// Whether the store is in this process (its commands run at once, and cannot be lost).
+    pub(crate) fn is_memory(&self) -> bool {
+        matches!(self.conn, RedisConn::Memory(_))
     }
 
     /// Writes wait for the replicas `masters` lists; renewals go to the masters directly, not
@@ -229,6 +251,7 @@ impl RedisBackend {
             #[cfg(feature = "cluster")]
             RedisConn::Cluster(c) => Ok(OpConn::Cluster(c.clone())),
             RedisConn::Multiplexed(c) => Ok(OpConn::Multiplexed(c.clone())),
+            RedisConn::Memory(c) => Ok(OpConn::Memory(c.clone())),
             RedisConn::Pool(pool) => {
                 let until = tokio::time::Instant::now() + self.timeout;
                 let pooled = self.bounded(pool.checkout()).await?;
@@ -305,6 +328,7 @@ impl RedisBackend {
                     }
                 }
                 OpConn::Pooled(c, _) => call.run(&mut c.clone(), ack).await,
+                OpConn::Memory(c) => call.run(&mut c.clone(), ack).await,
                 // The cluster client follows MOVED and ASK and retries while a failover settles.
                 #[cfg(feature = "cluster")]
                 OpConn::Cluster(c) => call.run(&mut c.clone(), ack).await,
@@ -377,6 +401,7 @@ impl RedisBackend {
                 #[cfg(feature = "cluster")]
                 RedisConn::Cluster(c) => go(&mut c.clone(), pipe, reload).await,
                 RedisConn::Pool(pool) => go(&mut pool.checkout().await?, pipe, reload).await,
+                RedisConn::Memory(c) => go(&mut c.clone(), pipe, reload).await,
             };
             res.map_err(BackendError::redis)
         })
@@ -435,6 +460,12 @@ impl RedisBackend {
     }
 
     pub(crate) async fn watch(&self, channel: &str, deadline: tokio::time::Instant) -> Watch {
+        if self.is_memory() {
+            // The store publishes to `sub_slots` itself: subscribed at once.
+            let (watch, _) = Watch::new(self.sub_slots.clone(), channel, None);
+            watch.mark_confirmed();
+            return watch;
+        }
         match &self.client {
             Some(client) => {
                 let sub = self.subscriber(client);
@@ -464,13 +495,16 @@ impl RedisBackend {
         self.sub_slots.len()
     }
 
-    /// Whether the subscriber connection is up (false when none was started).
+    /// Whether the subscriber connection is up (false when none was started; always true in
+    /// process).
     pub(crate) fn subscriber_healthy(&self) -> bool {
-        self.subscriber
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-            .is_some_and(|s| s.is_running() && s.is_healthy())
+        self.is_memory()
+            || self
+                .subscriber
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_ref()
+                .is_some_and(|s| s.is_running() && s.is_healthy())
     }
 }
 

@@ -110,11 +110,6 @@ impl Slots {
         self.lock().contains_key(channel)
     }
 
-    /// Wakes every watcher of `channel`; returns how many there were.
-    pub(crate) fn wake(&self, channel: &str) -> usize {
-        self.wake_with(channel, None)
-    }
-
     /// Wakes every watcher of `channel` with the wake-up `message` (a grant it announces is kept
     /// for the head waiter to take); returns how many watchers there were.
     pub(crate) fn wake_with(&self, channel: &str, message: Option<&[u8]>) -> usize {

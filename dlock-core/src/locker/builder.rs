@@ -7,7 +7,6 @@ use super::url::redact_url;
 use super::*;
 use crate::backend::Backend;
 use crate::backend::MemoryStore;
-use crate::backend::memory::MemoryBackend;
 use crate::backend::redis::{Pool, RedisBackend, RedisConn};
 use crate::backend::wait::SubscriberSource;
 use crate::error::LockError;
@@ -438,7 +437,7 @@ impl LockerBuilder {
             }
             Source::Memory(store) => {
                 return Ok(Locker::from_parts(
-                    Backend::Memory(MemoryBackend::new(store)),
+                    Backend::Redis(Arc::new(RedisBackend::memory(store, command_timeout))),
                     config,
                     "memory".to_owned(),
                 ));

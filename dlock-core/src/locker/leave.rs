@@ -43,12 +43,20 @@ impl Drop for Leave {
         if !self.armed {
             return;
         }
-        match &self.locker.inner.backend {
-            Backend::Memory(m) => {
-                let _ = m.release(&self.keys, &self.owner, None, None);
-            }
-            Backend::Redis(_) => drop(InFlight::new(&self.locker, &self.keys, &self.owner)),
+        if self.locker.inner.backend.is_remote() {
+            drop(InFlight::new(&self.locker, &self.keys, &self.owner));
+            return;
         }
+        let (backend, keys, owner) = (
+            self.locker.inner.backend.clone(),
+            self.keys.clone(),
+            self.owner.clone(),
+        );
+        at_once(async move {
+            if let Ok(session) = backend.session().await {
+                let _ = session.release(&keys, &owner, None, None).await;
+            }
+        });
     }
 }
 
@@ -120,16 +128,27 @@ impl Drop for LeaveTurn {
             return;
         }
         let (locker, keys, since) = (self.locker.clone(), self.keys.clone(), self.since);
-        match &locker.inner.backend {
-            Backend::Memory(m) => {
-                let last = locker.queue_users(&keys.lock) == 0;
-                m.leave_turn(&keys, &locker.inner.turn_id, since, last);
+        let leave = leave_turn(locker.clone(), keys, since, self.offered.take());
+        if locker.inner.backend.is_remote() {
+            if let Ok(handle) = tokio::runtime::Handle::try_current() {
+                handle.spawn(leave);
             }
-            Backend::Redis(_) => {
-                if let Ok(handle) = tokio::runtime::Handle::try_current() {
-                    handle.spawn(leave_turn(locker, keys, since, self.offered.take()));
-                }
-            }
+        } else {
+            at_once(leave);
         }
+    }
+}
+
+/// Runs `work` to its end now, when every command it sends completes at once (an in-process
+/// store): the next request sees the name as `work` leaves it. Should it wait after all, it
+/// goes on in the background.
+fn at_once(work: impl Future<Output = ()> + Send + 'static) {
+    // Commands are bounded by tokio's timer, which needs the runtime.
+    let Ok(handle) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let mut work = Box::pin(work);
+    if futures_util::FutureExt::now_or_never(&mut work).is_none() {
+        handle.spawn(work);
     }
 }

@@ -248,6 +248,7 @@ impl Call for Holds<'_> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Publish {
     Plain,
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
     Sharded,
 }
 

@@ -51,14 +51,17 @@ pub(super) fn locker_leftovers(actors: &[Actor], out: &mut Vec<Violation>) {
     }
 }
 
-/// (d) on Redis: every key of the run's prefix but the fencing counters (which must have a
-/// TTL), after every lease and every waiter's place in line ran out.
-pub(super) async fn redis_leftovers(
+/// (d) on Redis or the memory store: every key of the run's prefix but the fencing counters
+/// (which must have a TTL), after every lease and every waiter's place in line ran out.
+pub(super) async fn redis_leftovers<C>(
     ctx: &Ctx,
-    admin: &redis::aio::ConnectionManager,
+    admin: &C,
     prefix: &str,
     settle: Duration,
-) -> Vec<Violation> {
+) -> Vec<Violation>
+where
+    C: redis::aio::ConnectionLike + Clone + Send + Sync,
+{
     let mut out = Vec::new();
     let mut con = admin.clone();
     let keys: Vec<String> = {

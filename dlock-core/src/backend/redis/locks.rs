@@ -316,6 +316,7 @@ impl RedisBackend {
                     OpConn::Multiplexed(c) | OpConn::Pooled(c, _) => {
                         cmd.query_async(&mut c.clone()).await
                     }
+                    OpConn::Memory(c) => cmd.query_async(&mut c.clone()).await,
                 };
                 res.map_err(BackendError::redis)
             })

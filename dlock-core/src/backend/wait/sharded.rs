@@ -96,7 +96,7 @@ pub(super) async fn run(
                                     let channel = String::from_utf8_lossy(channel);
                                     if slots.contains(&channel) {
                                         slots.unconfirm(&channel);
-                                        slots.wake(&channel);
+                                        slots.wake_with(&channel, None);
                                         lapsed.add(channel.into_owned());
                                     }
                                 }
@@ -199,7 +199,7 @@ impl Lapsed {
                 slots.confirm(&channel);
                 // A release between the drop and now was published where nobody listened:
                 // its waiters try again now, and hear every release from here on.
-                slots.wake(&channel);
+                slots.wake_with(&channel, None);
             } else {
                 self.channels.insert(channel);
             }

@@ -88,11 +88,15 @@ async fn a_stale_order_writer_that_wrote_first_is_seen_by_its_successor() {
     assert_eq!(app.stats().await.unwrap().voucher_orders, 1);
 }
 
+/// Fencing tokens numbered `token` above any the lock store mints (it mints from its clock, in
+/// µs since 1970), so they count as newer than those of the locks the test's calls took.
 fn fences(cart_of: i64, skus: &[i64], token: u64) -> Fences {
+    const ABOVE_THE_CLOCK: u64 = 1 << 62;
+    let token = FencingToken::new(ABOVE_THE_CLOCK + token);
     let mut fences = Fences::default();
-    fences.insert(&cart_lock_name(cart_of).unwrap(), FencingToken::new(token));
+    fences.insert(&cart_lock_name(cart_of).unwrap(), token);
     for sku in skus {
-        fences.insert(&sku_lock_name(*sku).unwrap(), FencingToken::new(token));
+        fences.insert(&sku_lock_name(*sku).unwrap(), token);
     }
     fences
 }
