@@ -174,8 +174,7 @@ macro_rules! scripts {
         )*
 
         /// Every script, by name.
-        #[cfg(test)]
-        pub(crate) static ALL: &[(&str, &LazyLock<Lua>)] = &[$((stringify!($name), &$name)),*];
+        static ALL: &[(&str, &LazyLock<Lua>)] = &[$((stringify!($name), &$name)),*];
     };
 }
 
@@ -218,6 +217,12 @@ scripts! {
     RELEASE_READ = "release_read.lua";
     /// A permit's or a reader's read-only check.
     HOLDS_MEMBER = "holds_member.lua";
+}
+
+/// Every script's name (`ACQUIRE`, …) and text as the server gets it: for the conformance
+/// tests, which run each one on a server and on the memory store.
+pub fn script_texts() -> Vec<(&'static str, &'static str)> {
+    ALL.iter().map(|(name, lua)| (*name, lua.text())).collect()
 }
 
 #[cfg(test)]
