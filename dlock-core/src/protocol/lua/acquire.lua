@@ -57,7 +57,7 @@ if v then
         if token ~= '' then
           grant = {string.format('%d', now_ms()), ARGV[10], ARGV[7], ARGV[9], token}
         end
-        changed = without(changed, 'w') .. ' w' .. encode_claim(ARGV[4], ARGV[3], locker, grant)
+        changed = set_field(changed, 'w', encode_claim(ARGV[4], ARGV[3], locker, grant))
       end
     end
     local pttl = redis.call('PTTL', KEYS[1])
@@ -71,10 +71,10 @@ if v then
     local claim = field(v, 'w')
     local _, _, claimant = claim_of(claim)
     if claim and claimant ~= locker then
-      value = value .. ' w' .. claim
+      value = with_field(value, 'w', claim)
     end
     if field(v, 'l') then
-      value = value .. ' l'
+      value = with_field(value, 'l')
     end
   end
 end
@@ -83,7 +83,7 @@ if head and KEYS[2] then
   -- Defined here, not for every call: a first attempt has no use for it.
 --@include fence
   f = next_fence(KEYS[2], ARGV[7])
-  value = value .. ' f' .. string.format('%d', f)
+  value = with_field(value, 'f', string.format('%d', f))
 end
 redis.call('PSETEX', KEYS[1], ARGV[2], value)
 return {1, f}

@@ -12,8 +12,8 @@
 --                              counts: a retry)
 --   {0, i, pttl}               lock i is busy; nothing was written but the busy hold's flag
 --                              that it is waited for
---@include fence
 --@include hold
+--@include fence
 local n = #KEYS / 2
 local held = {}
 for i = 1, n do
@@ -34,9 +34,7 @@ for i = 1, n do
   if held[i] then
     out[i + 1] = tonumber(field(held[i], 'f'))
   else
-    local f = next_fence(KEYS[2 * i], ARGV[2])
-    redis.call('PSETEX', lock, ARGV[1], ARGV[2 + i] .. ' f' .. string.format('%d', f))
-    out[i + 1] = f
+    out[i + 1] = take_fenced(lock, KEYS[2 * i], ARGV[2], ARGV[2 + i], ARGV[1])
   end
 end
 return out

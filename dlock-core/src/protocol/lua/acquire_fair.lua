@@ -18,10 +18,10 @@
 --   {0, pttl, place}     busy: the holder's PTTL (-2: free, but another waiter heads the line,
 --                        and was woken), and the waiter's place in line (0: the head; -1: not
 --                        in line)
---@include fence
 --@include clock
 --@include sorted_sets
 --@include hold
+--@include fence
 local now = now_ms()
 local function join()
   if ARGV[4] == '0' then
@@ -56,9 +56,7 @@ if head == nil or head == ARGV[1] then
     redis.call('ZREM', KEYS[4], ARGV[1])
     redis.call('ZREM', KEYS[5], ARGV[1])
   end
-  local f = next_fence(KEYS[2], ARGV[3])
-  redis.call('PSETEX', KEYS[1], ARGV[2], ARGV[1] .. ' f' .. string.format('%d', f))
-  return {1, f}
+  return {1, take_fenced(KEYS[1], KEYS[2], ARGV[3], ARGV[1], ARGV[2])}
 end
 redis.call(ARGV[5], KEYS[3] .. ':' .. head, '1')
 return {0, -2, join()}

@@ -14,10 +14,10 @@
 -- Returns
 --   {1, token}  acquired (also a retry)
 --   {0, ms}     busy: the writer's PTTL, or when the first reader's lease ends
---@include fence
 --@include clock
 --@include sorted_sets
 --@include hold
+--@include fence
 local now = now_ms()
 redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
 redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
@@ -40,6 +40,4 @@ if first[2] then
   return {0, tonumber(first[2]) - now}
 end
 redis.call('ZREM', KEYS[4], ARGV[1])
-local f = next_fence(KEYS[2], ARGV[3])
-redis.call('PSETEX', KEYS[1], ARGV[2], ARGV[1] .. ' f' .. string.format('%d', f))
-return {1, f}
+return {1, take_fenced(KEYS[1], KEYS[2], ARGV[3], ARGV[1], ARGV[2])}

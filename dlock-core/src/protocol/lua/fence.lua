@@ -11,8 +11,8 @@
 -- A token minted only while its owner holds the lock orders holds as one minted at the grant
 -- would: every earlier hold minted its own before this one began, every later one will mint
 -- after it ends.
---@include fence
 --@include hold
+--@include fence
 local v = redis.call('GET', KEYS[1])
 if not v or who(v) ~= ARGV[1] then
   return -1
@@ -22,5 +22,5 @@ if f then
   return tonumber(f)
 end
 f = next_fence(KEYS[2], ARGV[2])
-redis.call('APPEND', KEYS[1], ' f' .. string.format('%d', f))
+redis.call('APPEND', KEYS[1], with_field('', 'f', string.format('%d', f)))
 return f

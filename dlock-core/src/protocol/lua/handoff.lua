@@ -21,8 +21,8 @@
 --               waiter of another `Locker` is next in turn), so it was released instead, as
 --               RELEASE does; `woken` subscribers got the wake-up
 --@include clock
---@include fence
 --@include hold
+--@include fence
 --@include let_go
 local v = redis.call('GET', KEYS[1])
 if not v or who(v) ~= ARGV[1] then
@@ -36,6 +36,4 @@ local _, _, next_in = claim_of(claim)
 if (next_in and next_in ~= ARGV[6]) or redis.call('PUBSUB', ARGV[5], KEYS[3])[2] > 1 then
   return {2, redis.call(ARGV[7], KEYS[3], let_go(KEYS[1], claim, v, ARGV[7] == 'SPUBLISH'))}
 end
-local f = next_fence(KEYS[2], ARGV[4])
-redis.call('PSETEX', KEYS[1], ARGV[3], ARGV[2] .. ' f' .. string.format('%d', f))
-return {1, f}
+return {1, take_fenced(KEYS[1], KEYS[2], ARGV[4], ARGV[2], ARGV[3])}

@@ -15,8 +15,8 @@
 --
 -- Returns 1 if it removed anything, else 0.
 --@include clock
---@include fence
 --@include hold
+--@include fence
 --@include let_go
 local v = redis.call('GET', KEYS[1])
 if not v then

@@ -44,8 +44,8 @@ if v == ARGV[1] and mode == '0' and keep_ms == '0' then
 end
 --@include clock
 --@include sorted_sets
---@include fence
 --@include hold
+--@include fence
 --@include let_go
 local handed_to, publish = ARGV[2] or '', ARGV[3] or 'PUBLISH'
 local channel = KEYS[2] or ARGV[6] or (KEYS[1] .. ':wake')

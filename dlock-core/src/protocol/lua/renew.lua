@@ -30,7 +30,7 @@ for i = 1, #KEYS do
     if type(v) == 'string' and who(v) == ARGV[3 * i - 2] then
       local seq = tonumber(ARGV[3 * i])
       if seq > tonumber(field(v, 's') or '0') then
-        redis.call('PSETEX', KEYS[i], ARGV[3 * i - 1], without(v, 's') .. ' s' .. ARGV[3 * i])
+        redis.call('PSETEX', KEYS[i], ARGV[3 * i - 1], set_field(v, 's', ARGV[3 * i]))
         out[i] = 1
       else
         out[i] = 2

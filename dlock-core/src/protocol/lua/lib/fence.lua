@@ -3,6 +3,9 @@
 -- token; a new counter key gets the TTL in `fence_ttl` (ms, `'0'`: none). `known`, if given, is
 -- the last token the caller read already. Lua numbers are doubles: microseconds since 1970 stay
 -- exact until 2255.
+-- `take_fenced(lock, fence_key, fence_ttl, owner, lease_ms)`: `lock` held by `owner` for
+-- `lease_ms`, with a fresh fencing token of `fence_key`, which it returns. Needs the hold codec
+-- (scripts include `hold` before `fence`).
 local function next_fence(fence_key, fence_ttl, known)
   local t = redis.call('TIME')
   local f = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -20,5 +23,10 @@ local function next_fence(fence_key, fence_ttl, known)
   if not last and fence_ttl ~= '0' and redis.call('PTTL', fence_key) == -1 then
     redis.call('PEXPIRE', fence_key, fence_ttl)
   end
+  return f
+end
+local function take_fenced(lock, fence_key, fence_ttl, owner, lease_ms)
+  local f = next_fence(fence_key, fence_ttl)
+  redis.call('PSETEX', lock, lease_ms, new_hold(owner, f))
   return f
 end

@@ -5,6 +5,12 @@
 -- field(v, tag)       the field `tag` (`nil` when absent; a flag answers `''`)
 -- without(v, tag)     `v` without the field `tag`
 -- flagged(v)          `v` with the ` l` flag (a waiter found it taken)
+-- with_field(v, tag, value)
+--                     `v` with the field `tag` added at its end (`value` nil for a flag):
+--                     for a field `v` does not have
+-- set_field(v, tag, value)
+--                     `v` with the field `tag` set to `value`, whatever it had
+-- new_hold(owner, f)  a hold of `owner` with the fencing token `f`
 -- rewrite(key, v)     stores `v` at `key`, keeping its expiry
 -- kept_after(owner)   the first word of a key kept taken after `owner`'s release (`at_least`)
 -- kept_for(locker)    the first word of a key kept for `locker`, next in turn
@@ -30,11 +36,20 @@ local function rewrite(key, v)
     redis.call('PSETEX', key, pttl, v)
   end
 end
+local function with_field(v, tag, value)
+  return v .. ' ' .. tag .. (value or '')
+end
+local function set_field(v, tag, value)
+  return with_field(without(v, tag), tag, value)
+end
 local function flagged(v)
   if field(v, 'l') then
     return v
   end
-  return v .. ' l'
+  return with_field(v, 'l')
+end
+local function new_hold(owner, f)
+  return with_field(owner, 'f', string.format('%d', f))
 end
 local function kept_after(owner)
   return '#k:' .. owner

@@ -34,9 +34,9 @@ local function let_go(lock, claim, v, sharded)
     end
     if (last or not sharded) and age >= 0 and age <= tonumber(window) then
       local f = string.format('%d', next_fence(fence, fence_ttl, last))
-      local held = token .. ' f' .. f
+      local held = with_field(token, 'f', f)
       if field(v, 'l') then
-        held = held .. ' l'
+        held = with_field(held, 'l')
       end
       local px = string.format('%d', age + tonumber(window))
       redis.call('PSETEX', lock, px, held)
