@@ -8,6 +8,7 @@
 
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
 
 use redis::aio::ConnectionLike;
 use redis::{Cmd, Pipeline, RedisFuture, Value};
@@ -150,6 +151,13 @@ impl MemoryStore {
     /// Whether the store holds no unexpired key but fencing counters.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// The store's clock (its `TIME`), since 1970: the wall clock when the store was made, moved
+    /// on by tokio's time.
+    pub(crate) fn now(&self) -> Duration {
+        let now = self.with_server(|s| s.with_keyspace(|k| k.time()));
+        now.ok().flatten().unwrap_or_default()
     }
 
     /// A connection to the store, as to a Redis server: for tests that look behind the

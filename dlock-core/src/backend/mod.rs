@@ -198,6 +198,14 @@ impl Backend {
         }
     }
 
+    /// Milliseconds since 1970 on the clock that orders claims to the next turn (see
+    /// [`redis::RedisBackend::wall_ms`]).
+    pub(crate) fn wall_ms(&self) -> u64 {
+        match self {
+            Self::Redis(r) => r.wall_ms(),
+        }
+    }
+
     /// How long one command may take before it fails.
     pub(crate) fn command_timeout(&self) -> Duration {
         match self {

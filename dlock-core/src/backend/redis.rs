@@ -193,6 +193,20 @@ impl RedisBackend {
         backend
     }
 
+    /// Milliseconds since 1970 on the clock that orders claims to the next turn: this machine's
+    /// (0 if it is set before then), or a memory store's, which follows tokio's time so a paused
+    /// test replays. Only the order of claims depends on it: hosts whose clocks are apart by
+    /// some milliseconds favour one by that much.
+    pub(crate) fn wall_ms(&self) -> u64 {
+        let since_1970 = match &self.conn {
+            RedisConn::Memory(c) => c.store().now(),
+            _ => (std::time::SystemTime::now())
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default(),
+        };
+        u64::try_from(since_1970.as_millis()).unwrap_or(u64::MAX)
+    }
+
     /// Whether the store is in this process (its commands run at once, and cannot be lost).
     pub(crate) fn is_memory(&self) -> bool {
         matches!(self.conn, RedisConn::Memory(_))

@@ -196,7 +196,7 @@ impl Locker {
             let mut came_back: Option<Instant> = None;
             // When this request began to wait, on the wall clock: claims to the next turn go to the
             // one that has waited longest, whichever process it is in.
-            let since = wall_ms();
+            let since = self.inner.backend.wall_ms();
             // A request that will wait for a lock that hands over takes its place in the local
             // queue at once. One that finds others there (waiting, or making their own first
             // attempt) waits its turn behind them without a first attempt of its own: the lock
@@ -427,14 +427,6 @@ impl Locker {
             done: false,
         }
     }
-}
-
-/// Milliseconds since 1970 on this machine's clock (0 if it is set before then). Only the order
-/// of claims depends on it: clocks apart by some milliseconds favour one host by that much.
-fn wall_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// What one all-or-none attempt at several locks did.

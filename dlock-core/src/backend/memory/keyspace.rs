@@ -158,7 +158,7 @@ impl Keyspace {
     }
 
     /// The keyspace's clock: the wall clock when it was made, moved on by tokio's time.
-    fn time(&self) -> Duration {
+    pub(crate) fn time(&self) -> Duration {
         self.wall + Instant::now().saturating_duration_since(self.started)
     }
 
