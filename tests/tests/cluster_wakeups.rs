@@ -239,3 +239,54 @@ async fn a_release_just_after_a_failover_wakes_its_waiter() {
         block_in_place(|| cluster.wait_ok());
     }
 }
+
+/// A `Locker` whose subscriber connection was up before a failover, and that first waits for a
+/// name of the failed-over shard just after it: its new subscription goes where its slot map
+/// points, which still names the old master, now a replica that the new master may not yet
+/// send its messages to. The waiter must subscribe on the new master all the same, and a
+/// release must wake it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_wait_just_after_a_failover_subscribes_on_the_new_master() {
+    let cluster = block_in_place(RedisCluster::start);
+    let shards: Vec<[u16; 2]> = (cluster.masters().iter())
+        .map(|m| [m.port, cluster.replica_of(m).port])
+        .collect();
+    for (round, shard) in shards.iter().enumerate() {
+        let holder = cluster.locker(Duration::from_secs(30)).await;
+        let rival = cluster.locker(Duration::from_secs(30)).await;
+        let name_on_shard = |prefix: String| loop {
+            let name = unique_name(&prefix);
+            let key = holder.key_of(name.as_str()).unwrap();
+            if shard.contains(&cluster.node_for_key(&key).port) {
+                break name;
+            }
+        };
+        // The rival's subscriber connects before the failover: it waits once, for another name.
+        let early = name_on_shard(format!("cluster-early-{round}"));
+        let guard = holder.lock(early.as_str()).await.expect("lock");
+        let waiting = waiter(&rival, &early);
+        assert_eq!(until_waiting(&holder, &early, 1).await.waiting_lockers, 1);
+        assert!(guard.release().await.is_released());
+        let (_, first) = waiting.await.expect("the first waiter");
+        assert!(first.release().await.is_released());
+        // A name of the same shard, held.
+        let name = name_on_shard(format!("cluster-first-wait-{round}"));
+        let key = holder.key_of(name.as_str()).unwrap();
+        let guard = holder.lock(name.as_str()).await.expect("lock");
+        let master = cluster.node_for_key(&key);
+        let replica = cluster.replica_of(&master);
+        block_in_place(|| cluster.promote(replica.port, None));
+        if !until_replica(&cluster, master.port).await {
+            eprintln!("round {round}: the old master did not hear of the failover in time");
+            block_in_place(|| cluster.wait_ok());
+        }
+        let waiting = waiter(&rival, &name);
+        let info = until_waiting(&holder, &name, 1).await;
+        assert_eq!(
+            info.waiting_lockers, 1,
+            "round {round}: the waiter is not subscribed on the slot's master"
+        );
+        release_wakes(guard, waiting, &format!("round {round}, a first wait")).await;
+        block_in_place(|| cluster.wait_ok());
+    }
+}
