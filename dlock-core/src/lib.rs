@@ -158,8 +158,9 @@ pub use guard::{HeldLock, LockGuard, Lost};
 pub use locker::{
     DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DEAD_WAITER_TIMEOUT,
     DEFAULT_FENCE_TTL, DEFAULT_POLL_INTERVAL, DEFAULT_PREFIX, DEFAULT_WATCHDOG_LEASE, Holder,
-    Lease, LockInfo, LockRequest, Locker, LockerBuilder, Permit, PermitRequest, ReadGuard,
-    ReadRequest, ReadWriteLock, Semaphore, SemaphoreStatus, default_locker, set_default_locker,
+    Lease, LockInfo, LockRequest, Locker, LockerBuilder, LockerStats, Permit, PermitRequest,
+    ReadGuard, ReadRequest, ReadWriteLock, Semaphore, SemaphoreStatus, default_locker,
+    set_default_locker,
 };
 pub use masters::{MasterGuard, MasterRequest, MasterSet};
 pub use multi::{MultiGuard, MultiLockRequest};

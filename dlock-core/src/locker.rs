@@ -35,6 +35,7 @@ mod rw;
 mod semaphore;
 #[cfg(feature = "sentinel")]
 mod sentinel;
+mod stats;
 mod url;
 
 use acquire::Attempted;
@@ -52,6 +53,7 @@ pub use request::LockRequest;
 use request::RequestKind;
 pub use rw::{ReadGuard, ReadRequest, ReadWriteLock};
 pub use semaphore::{Permit, PermitRequest, Semaphore, SemaphoreStatus};
+pub use stats::LockerStats;
 
 /// The default lease of a watchdog-mode lock; it is renewed every third of it.
 pub const DEFAULT_WATCHDOG_LEASE: Duration = Duration::from_secs(30);
@@ -306,41 +308,6 @@ impl Locker {
 
     pub(crate) fn id(&self) -> u64 {
         self.inner.id
-    }
-
-    /// How many holds the watchdog renews now.
-    pub fn renewed_holds(&self) -> usize {
-        self.inner.watchdog.len()
-    }
-
-    /// How many renewal round trips the watchdog has made.
-    pub fn renewal_round_trips(&self) -> u64 {
-        self.inner.watchdog.round_trips.load(Ordering::Relaxed)
-    }
-
-    /// How many names the subscriber connection is subscribed to now.
-    pub fn watched_names(&self) -> usize {
-        match &self.inner.backend {
-            Backend::Redis(r) => r.watched_channels(),
-        }
-    }
-
-    /// How many names have waiters of this `Locker` queued in the process now (a diagnostic:
-    /// zero once nobody waits).
-    pub fn queued_names(&self) -> usize {
-        self.inner
-            .queues
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .len()
-    }
-
-    /// Whether the subscriber connection is up (false before the first wait; always true on a
-    /// [`MemoryStore`]).
-    pub fn subscriber_connected(&self) -> bool {
-        match &self.inner.backend {
-            Backend::Redis(r) => r.subscriber_healthy(),
-        }
     }
 
     /// Checks that the backend answers, within the command timeout.

@@ -47,10 +47,10 @@ async fn watchdog_keeps_a_long_critical_section_alive() {
     }
     assert!(guard.remaining() > Duration::from_secs(1));
     // One round trip per tick, a tick every third of the lease: about 20 in 20 s.
-    let trips = locker.renewal_round_trips();
+    let trips = locker.stats().renewal_round_trips;
     assert!((18..=22).contains(&trips), "{trips} renewal round trips");
     assert!(guard.release().await.is_released());
-    assert_eq!(locker.renewed_holds(), 0);
+    assert_eq!(locker.stats().renewed_holds, 0);
 }
 
 #[tokio::test(start_paused = true)]

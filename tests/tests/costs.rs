@@ -451,7 +451,7 @@ async fn waiters_behind_a_local_line_send_no_attempt_of_their_own() {
         })
         .collect();
     let until = std::time::Instant::now() + Duration::from_secs(5);
-    while waiter.watched_names() < 1 {
+    while waiter.stats().watched_names < 1 {
         assert!(std::time::Instant::now() < until, "no waiter subscribed");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }

@@ -111,8 +111,8 @@ async fn a_renewal_that_lands_after_extend_cannot_shorten_the_lease_behind_the_g
     for _ in 0..5 {
         // Right after a watchdog tick (one every 300 ms), writes wait in the server: the extend
         // goes in first, then the next tick queues behind it.
-        let ticks = locker.renewal_round_trips();
-        while locker.renewal_round_trips() == ticks {
+        let ticks = locker.stats().renewal_round_trips;
+        while locker.stats().renewal_round_trips == ticks {
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
         pause_writes(&mut con, 400).await;
@@ -244,7 +244,7 @@ fn a_locker_first_used_on_a_runtime_that_is_gone_keeps_renewing_and_waking() {
         let (got, waited) = waiting.await.expect("waiter");
         got.expect("the waiter got the lock");
         assert!(waited < Duration::from_secs(2), "woken after {waited:?}");
-        assert!(locker.subscriber_connected());
+        assert!(locker.stats().subscriber_connected);
         assert!(guard.release().await.is_released());
     });
 }

@@ -72,7 +72,7 @@ async fn free_names_are_taken_in_one_script_with_a_token_each() {
     for guard in guards {
         assert!(guard.release().await.is_released());
     }
-    assert_eq!(locker.renewed_holds(), 0);
+    assert_eq!(locker.stats().renewed_holds, 0);
 }
 
 #[tokio::test]
@@ -117,7 +117,7 @@ async fn one_busy_name_takes_nothing_and_a_try_makes_no_second_call() {
     assert!(releaser.await.expect("releaser").is_released());
     assert_eq!(all.len(), 4);
     assert!(all.release().await.iter().all(|o| o.is_released()));
-    assert_eq!(locker.renewed_holds(), 0);
+    assert_eq!(locker.stats().renewed_holds, 0);
 }
 
 #[tokio::test]
@@ -169,7 +169,7 @@ async fn a_multi_lock_dropped_or_timed_out_mid_flight_leaves_nothing_behind() {
         .await
         .expect("try");
     assert!(all.is_some(), "every name is free");
-    assert_eq!(locker.renewed_holds(), 0);
+    assert_eq!(locker.stats().renewed_holds, 0);
 }
 
 #[tokio::test]
@@ -198,7 +198,7 @@ async fn inside_a_scope_a_held_name_is_re_entered_and_the_rest_taken() {
         assert!(outer.release().await.is_released());
     })
     .await;
-    assert_eq!(locker.renewed_holds(), 0);
+    assert_eq!(locker.stats().renewed_holds, 0);
 }
 
 #[tokio::test]

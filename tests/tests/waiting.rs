@@ -232,16 +232,16 @@ async fn waiters_that_give_up_together_leave_no_queue_or_subscription() {
         }
     }
     let deadline = Instant::now() + Duration::from_secs(2);
-    while locker.watched_names() != 0 && Instant::now() < deadline {
+    while locker.stats().watched_names != 0 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert_eq!(
-        locker.watched_names(),
+        locker.stats().watched_names,
         0,
         "a subscription outlived its waiters"
     );
     assert_eq!(
-        locker.queued_names(),
+        locker.stats().queued_names,
         0,
         "a local queue outlived its waiters"
     );

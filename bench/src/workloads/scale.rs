@@ -144,10 +144,10 @@ pub(super) async fn w5(settings: &Settings, server: &Server) -> Row {
             }
         }
     }
-    let trips_before = locker.renewal_round_trips();
+    let trips_before = locker.stats().renewal_round_trips;
     let before = server.info("all");
     tokio::time::sleep(hold).await;
-    let trips = locker.renewal_round_trips() - trips_before;
+    let trips = locker.stats().renewal_round_trips - trips_before;
     let after = server.info("all");
     let evalsha = |info: &str| {
         crate::parse_commandstats(info)
@@ -264,7 +264,7 @@ pub(super) async fn w6(settings: &Settings, server: &Server) -> Row {
     }
     // Every name waited in Redis (one head waiter per name) before the releases start.
     let settle = Instant::now() + Duration::from_secs(60);
-    while waiter.watched_names() < names && Instant::now() < settle {
+    while waiter.stats().watched_names < names && Instant::now() < settle {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let settled = started.elapsed();

@@ -34,7 +34,7 @@ pub(super) fn is_fair_line(key: &str) -> bool {
 pub(super) fn locker_leftovers(actors: &[Actor], out: &mut Vec<Violation>) {
     for actor in actors {
         for (generation, l) in actor.generations().iter().enumerate() {
-            let (renewed, watched) = (l.renewed_holds(), l.watched_names());
+            let (renewed, watched) = (l.stats().renewed_holds, l.stats().watched_names);
             if renewed != 0 || watched != 0 {
                 out.push(Violation {
                     invariant: Invariant::LeftBehind,

@@ -363,7 +363,7 @@ pub(super) async fn watchdog_probe(
                     return true;
                 }
                 for _ in 0..100 {
-                    if l.subscriber_connected() {
+                    if l.stats().subscriber_connected {
                         return true;
                     }
                     tokio::time::sleep(Duration::from_millis(20)).await;
@@ -379,7 +379,7 @@ pub(super) async fn watchdog_probe(
                     } else {
                         "timed out"
                     },
-                    l.subscriber_connected()
+                    l.stats().subscriber_connected
                 ));
             }
             let mut clobbered = None;
@@ -408,7 +408,7 @@ pub(super) async fn watchdog_probe(
                 drop(g);
             }
             let lost = guard.is_lost();
-            let renewals = l.renewal_round_trips();
+            let renewals = l.stats().renewal_round_trips;
             let outcome = guard.release().await;
             (lost || !outcome.is_released()).then(|| {
             format!(

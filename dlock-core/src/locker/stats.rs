@@ -1,0 +1,49 @@
+//! A `Locker`'s diagnostics, read in one call: what its watchdog renews, what its subscriber
+//! watches, what waits in the process.
+
+use std::sync::atomic::Ordering;
+
+use super::Locker;
+use crate::backend::Backend;
+
+/// One reading of a `Locker`'s counters, for dashboards and tests ([`Locker::stats`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LockerStats {
+    /// Holds the watchdog renews now.
+    pub renewed_holds: usize,
+    /// Renewal round trips the watchdog has made since the `Locker` was built.
+    pub renewal_round_trips: u64,
+    /// Names the subscriber connection is subscribed to now.
+    pub watched_names: usize,
+    /// Names with waiters of this `Locker` queued in the process now (zero once nobody waits).
+    pub queued_names: usize,
+    /// Whether the subscriber connection is up (false before the first wait; always true on a
+    /// [`MemoryStore`](crate::MemoryStore)).
+    pub subscriber_connected: bool,
+}
+
+impl Locker {
+    /// Reads the `Locker`'s counters.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let locker = dlock_core::Locker::memory();
+    /// let guard = locker.lock("report").await.unwrap();
+    /// assert_eq!(locker.stats().renewed_holds, 1);
+    /// # drop(guard);
+    /// # }
+    /// ```
+    pub fn stats(&self) -> LockerStats {
+        let Backend::Redis(backend) = &self.inner.backend;
+        let queues = self.inner.queues.lock().unwrap_or_else(|e| e.into_inner());
+        LockerStats {
+            renewed_holds: self.inner.watchdog.len(),
+            renewal_round_trips: self.inner.watchdog.round_trips.load(Ordering::Relaxed),
+            watched_names: backend.watched_channels(),
+            queued_names: queues.len(),
+            subscriber_connected: backend.subscriber_healthy(),
+        }
+    }
+}
