@@ -129,9 +129,11 @@ pub(super) async fn run(
         match cmd {
             None => {}
             Some(SubCmd::Subscribe(channel, ack)) => {
-                // On the slot's master even when this connection's slot map is stale: a first
-                // wait just after a failover would otherwise subscribe on the old master.
-                let ok = subscribe_on_master(&conn, &channel, timeout).await;
+                let mut c = conn.clone();
+                let ok = matches!(
+                    tokio::time::timeout(timeout, c.ssubscribe(&channel)).await,
+                    Ok(Ok(()))
+                );
                 if ok {
                     slots.confirm(&channel);
                     lapsed.channels.remove(&channel);
@@ -215,13 +217,11 @@ impl Lapsed {
     }
 }
 
-/// Subscribes `channel` on its slot's master: a first subscription, or one taken again after
-/// its slot changed hands.
+/// Subscribes `channel` again after its slot changed hands, on the slot's master.
 ///
 /// redis-rs sends `SSUBSCRIBE` to the node its slot map names, and a replica takes a shard
 /// subscription as well as a master does. After a failover the map still names the old master,
-/// now a replica (this connection sends no keyed command that would have told it otherwise):
-/// the subscription lands there, and a release published on the new master
+/// now a replica: the subscription lands there, and a release published on the new master
 /// before it has heard of its new replica never reaches it — the waiter sleeps until the lease
 /// runs out. A keyed read of the channel's slot goes first: only the slot's master answers it, a
 /// replica answers `MOVED`, and redis-rs reads the slot map again before the subscription goes
