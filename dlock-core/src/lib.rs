@@ -130,9 +130,10 @@
 
 mod backend;
 mod clock;
+mod engine;
 mod error;
 mod fencing;
-mod guard;
+mod hold;
 mod locker;
 #[doc(hidden)]
 pub mod macro_support;
@@ -144,33 +145,40 @@ mod policy;
 #[doc(hidden)]
 pub mod protocol;
 mod replication;
+mod request;
 #[cfg(feature = "http")]
 mod response;
+mod rw;
 mod scope;
+mod semaphore;
 mod watchdog;
 
 pub use backend::MemoryStore;
+pub use engine::{
+    DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DEAD_WAITER_TIMEOUT,
+    DEFAULT_FENCE_TTL, DEFAULT_POLL_INTERVAL, DEFAULT_PREFIX, DEFAULT_WATCHDOG_LEASE, Lease,
+    LockGuard,
+};
 pub use error::{
     BackendError, InvalidName, LockError, MasterOutcome, MastersError, ReleaseOutcome,
 };
 pub use fencing::FencingToken;
-pub use guard::{HeldLock, LockGuard, Lost};
+pub use hold::{HeldLock, Lost};
 pub use locker::{
-    DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DEAD_WAITER_TIMEOUT,
-    DEFAULT_FENCE_TTL, DEFAULT_POLL_INTERVAL, DEFAULT_PREFIX, DEFAULT_WATCHDOG_LEASE, Holder,
-    Lease, LockInfo, LockRequest, Locker, LockerBuilder, LockerStats, Permit, PermitRequest,
-    ReadGuard, ReadRequest, ReadWriteLock, Semaphore, SemaphoreStatus, default_locker,
-    set_default_locker,
+    Holder, LockInfo, Locker, LockerBuilder, LockerStats, default_locker, set_default_locker,
 };
 pub use masters::{MasterGuard, MasterRequest, MasterSet};
 pub use multi::{MultiGuard, MultiLockRequest};
 pub use name::{IntoLockName, LockName, MAX_NAME_LEN, NameBuilder};
 pub use policy::OnLost;
 pub use replication::ReplicaAck;
+pub use request::LockRequest;
 #[cfg(feature = "http")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub use response::ErrorResponses;
+pub use rw::{ReadGuard, ReadRequest, ReadWriteLock};
 pub use scope::{LockScope, Scoped, fencing_token, held_lock, in_scope, isolated_scope, scope};
+pub use semaphore::{Permit, PermitRequest, Semaphore, SemaphoreStatus};
 
 /// The `redis` crate this version of dlock is built on: its `Client` and connection types are
 /// what [`LockerBuilder`] takes.

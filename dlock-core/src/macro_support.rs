@@ -5,9 +5,10 @@ use std::future::Future;
 use std::time::Duration;
 
 use crate::error::LockError;
-use crate::locker::{LockRequest, Locker};
+use crate::locker::Locker;
 use crate::multi::MultiLockRequest;
 use crate::name::LockName;
+use crate::request::LockRequest;
 
 pub use crate::name::NameBuilder;
 pub use crate::policy::OnLost;

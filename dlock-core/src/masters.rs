@@ -18,10 +18,10 @@ use futures_util::future::{join_all, select_all};
 use tokio::time::Instant;
 
 use crate::clock;
+use crate::engine::{Lease, LockGuard};
 use crate::error::{BackendError, LockError, MasterOutcome, MastersError, ReleaseOutcome};
 use crate::fencing::FencingToken;
-use crate::guard::LockGuard;
-use crate::locker::{Lease, Locker};
+use crate::locker::Locker;
 use crate::name::{IntoLockName, LockName};
 
 /// Independent Redis masters, one [`Locker`] each, that lock together. Cheap to clone.

@@ -14,11 +14,11 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::engine::{Engine, Lease, LockGuard, TriedAll, check_at_least, is_permanent};
 use crate::error::{LockError, ReleaseOutcome};
 use crate::fencing::FencingToken;
-use crate::guard::LockGuard;
-use crate::locker::{Lease, Locker, TriedAll, is_permanent};
 use crate::name::{IntoLockName, LockName};
+use crate::request::{LockRequest, RequestKind};
 
 /// A request for several locks at once: set the wait and lease, then `.await` it.
 ///
@@ -27,7 +27,7 @@ use crate::name::{IntoLockName, LockName};
 /// timeouts more), so that none is held when it returns.
 #[must_use = "a lock request does nothing until awaited"]
 pub struct MultiLockRequest {
-    locker: Locker,
+    engine: Engine,
     names: Result<Vec<LockName>, LockError>,
     wait: Duration,
     lease: Option<Lease>,
@@ -45,7 +45,7 @@ impl fmt::Debug for MultiLockRequest {
 }
 
 impl MultiLockRequest {
-    pub(crate) fn new<I>(locker: Locker, names: I) -> Self
+    pub(crate) fn new<I>(engine: Engine, names: I) -> Self
     where
         I: IntoIterator,
         I::Item: IntoLockName,
@@ -55,8 +55,8 @@ impl MultiLockRequest {
             .map(IntoLockName::into_lock_name)
             .collect::<Result<Vec<_>, _>>();
         Self {
-            wait: locker.default_wait(),
-            locker,
+            wait: engine.default_wait(),
+            engine,
             names,
             lease: None,
             at_least: None,
@@ -64,8 +64,8 @@ impl MultiLockRequest {
     }
 
     /// Waits up to `wait` (one deadline for all names, counted from the call; default: the
-    /// `Locker`'s [`default_wait`](Locker::default_wait)). Without a lease setting, every lock
-    /// takes the `Locker`'s [`default_lease`](Locker::default_lease).
+    /// `Locker`'s [`default_wait`](crate::Locker::default_wait)). Without a lease setting, every lock
+    /// takes the `Locker`'s [`default_lease`](crate::Locker::default_lease).
     pub fn wait(mut self, wait: Duration) -> Self {
         self.wait = wait;
         self
@@ -116,16 +116,16 @@ impl MultiLockRequest {
         // Key order is the global order every multi-lock follows.
         names.sort_by(|a, b| a.as_str().cmp(b.as_str()));
         names.dedup();
-        let lease = self.lease.unwrap_or(self.locker.default_lease());
+        let lease = self.lease.unwrap_or(self.engine.default_lease());
         if let Some(at_least) = self.at_least {
-            crate::locker::check_at_least(at_least, lease)?;
+            check_at_least(at_least, lease)?;
         }
         let mut guards = Vec::with_capacity(names.len());
-        for run in self.locker.runs_together(&names) {
+        for run in self.engine.runs_together(&names) {
             // One script for the run: taking them all at once, holding only names before them,
             // keeps the order. Busy, or not for this call to try: one by one, in order.
             if run.len() > 1 {
-                match self.locker.try_all(run, lease).await {
+                match self.engine.try_all(run, lease).await {
                     Ok(TriedAll::Taken(taken)) => {
                         guards.extend(taken);
                         continue;
@@ -135,7 +135,7 @@ impl MultiLockRequest {
                     Ok(TriedAll::Busy(name, retry_after))
                         if self.wait.is_zero() || Instant::now() >= deadline =>
                     {
-                        let err = self.locker.busy_at_once(&name, started, retry_after);
+                        let err = self.engine.busy_at_once(&name, started, retry_after);
                         return Err(give_back(guards, err).await);
                     }
                     Ok(TriedAll::Busy(..) | TriedAll::NotTried) => {}
@@ -147,7 +147,9 @@ impl MultiLockRequest {
             }
             for name in run {
                 let wait = deadline.saturating_duration_since(Instant::now());
-                let request = self.locker.lock(name.clone()).wait(wait);
+                let request =
+                    LockRequest::new(self.engine.clone(), name.clone(), RequestKind::Plain)
+                        .wait(wait);
                 let request = match lease {
                     Lease::Fixed(lease) => request.lease(lease),
                     Lease::Watchdog(lease) => request.watchdog_lease(lease),

@@ -31,7 +31,7 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use crate::error::LockError;
 use crate::fencing::FencingToken;
-use crate::guard::{HeldLock, HoldState};
+use crate::hold::{HeldLock, HoldState};
 
 tokio::task_local! {
     static SCOPE: Arc<ScopeState>;
@@ -170,12 +170,13 @@ impl LockScope {
         }
     }
 
-    /// Makes `guard`'s hold re-enterable (and visible to [`fencing_token`]) inside this scope.
-    pub fn adopt(&self, guard: &crate::LockGuard) {
+    /// Makes `hold`, taken by the `Locker` `locker`, re-enterable inside this scope (see
+    /// `Scope::adopt`, next to the guard).
+    pub(crate) fn adopt_hold(&self, locker: u64, hold: &Arc<HoldState>) {
         let mut held = self.state.held.lock().unwrap_or_else(|e| e.into_inner());
         held.push(Entry {
-            locker: guard.locker.id(),
-            hold: Arc::downgrade(&guard.state),
+            locker,
+            hold: Arc::downgrade(hold),
             reentrant: true,
         });
     }

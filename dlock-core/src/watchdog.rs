@@ -10,12 +10,26 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::backend::{RenewItem, RenewReply};
-use crate::guard::{HoldState, LossReason};
-use crate::locker::LockerInner;
+use crate::backend::{Backend, RenewItem, RenewReply, WeakBackend};
+use crate::hold::{HoldState, LossReason};
 
+/// A `Locker`'s watchdog: the holds it renews, and the task that renews them. The task lives
+/// while the watchdog does.
 #[derive(Debug, Default)]
 pub(crate) struct Watchdog {
+    state: Arc<State>,
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        // Lets the task see that the watchdog is gone and end.
+        self.state.wake.notify_one();
+    }
+}
+
+/// What the watchdog and its task share.
+#[derive(Debug, Default)]
+struct State {
     holds: Mutex<HashMap<u64, Arc<HoldState>>>,
     /// Wakes the task: a first hold, a shorter lease, or the `Locker` going away.
     wake: Arc<Notify>,
@@ -24,52 +38,64 @@ pub(crate) struct Watchdog {
     /// Whether the task runs; cleared by the task itself when it ends or is dropped.
     started: Arc<AtomicBool>,
     /// Renewal round trips made (for tests and benchmarks).
-    pub(crate) round_trips: AtomicU64,
+    round_trips: AtomicU64,
 }
 
 impl Watchdog {
-    fn holds(&self) -> MutexGuard<'_, HashMap<u64, Arc<HoldState>>> {
-        self.holds.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Starts renewing `hold`.
-    pub(crate) fn register(&self, inner: &Arc<LockerInner>, hold: Arc<HoldState>) {
+    /// Starts renewing `hold`, over `backend`.
+    pub(crate) fn register(&self, backend: &Backend, hold: Arc<HoldState>) {
         let lease_ms = hold.lease_ms.load(Ordering::Relaxed);
-        self.holds().insert(hold.id, hold);
-        self.ensure_running(inner);
+        self.state.holds().insert(hold.id, hold);
+        self.ensure_running(backend);
         self.replan(lease_ms);
     }
 
     /// Starts the task on the current runtime if it isn't running: a runtime that shuts down
     /// drops its tasks, and a `Locker` may be used from another runtime afterwards.
-    pub(crate) fn ensure_running(&self, inner: &Arc<LockerInner>) {
-        if !self.started.swap(true, Ordering::AcqRel) {
-            let running = Running(self.started.clone());
-            tokio::spawn(run(Arc::downgrade(inner), self.wake.clone(), running));
+    pub(crate) fn ensure_running(&self, backend: &Backend) {
+        let state = &self.state;
+        if !state.started.swap(true, Ordering::AcqRel) {
+            let running = Running(state.started.clone());
+            tokio::spawn(run(
+                Arc::downgrade(state),
+                backend.downgrade(),
+                state.wake.clone(),
+                running,
+            ));
         }
     }
 
     /// A hold's lease is now `lease_ms`: plan the next tick again if it must come sooner.
     pub(crate) fn replan(&self, lease_ms: u64) {
-        let basis = self.basis_ms.load(Ordering::Relaxed);
+        let basis = self.state.basis_ms.load(Ordering::Relaxed);
         if basis == 0 || lease_ms < basis {
-            self.wake.notify_one();
+            self.state.wake.notify_one();
         }
     }
 
     /// Stops renewing the hold `id`.
     pub(crate) fn deregister(&self, id: u64) {
-        self.holds().remove(&id);
+        self.state.deregister(id);
     }
 
     /// How many holds are renewed.
     pub(crate) fn len(&self) -> usize {
-        self.holds().len()
+        self.state.holds().len()
     }
 
-    /// Lets the task exit once the `Locker` is gone.
-    pub(crate) fn shutdown(&self) {
-        self.wake.notify_one();
+    /// Renewal round trips made (for tests and benchmarks).
+    pub(crate) fn round_trips(&self) -> u64 {
+        self.state.round_trips.load(Ordering::Relaxed)
+    }
+}
+
+impl State {
+    fn holds(&self) -> MutexGuard<'_, HashMap<u64, Arc<HoldState>>> {
+        self.holds.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn deregister(&self, id: u64) {
+        self.holds().remove(&id);
     }
 
     /// The tick period: a third of the shortest lease held.
@@ -84,7 +110,7 @@ impl Watchdog {
     }
 
     /// One tick: renew everything in one round trip, then apply the answers and the deadlines.
-    pub(crate) async fn tick(&self, inner: &LockerInner) {
+    async fn tick(&self, backend: &Backend) {
         let snapshot: Vec<Arc<HoldState>> = self.holds().values().cloned().collect();
         if snapshot.is_empty() {
             return;
@@ -109,7 +135,7 @@ impl Watchdog {
         let within = (items.iter().map(|i| i.lease_ms).min()).map_or(Duration::MAX, |ms| {
             Duration::from_millis(ms / 3).max(Duration::from_millis(1))
         });
-        match inner.backend.renew(&items, within).await {
+        match backend.renew(&items, within).await {
             Ok(replies) => {
                 let mut renewed = 0u64;
                 let mut unanswered = 0u64;
@@ -161,10 +187,10 @@ impl Drop for Running {
     }
 }
 
-async fn run(inner: Weak<LockerInner>, wake: Arc<Notify>, _running: Running) {
+async fn run(state: Weak<State>, backend: WeakBackend, wake: Arc<Notify>, _running: Running) {
     loop {
-        let period = match inner.upgrade() {
-            Some(inner) => inner.watchdog.period(),
+        let period = match state.upgrade() {
+            Some(state) => state.period(),
             None => return,
         };
         match period {
@@ -172,8 +198,11 @@ async fn run(inner: Weak<LockerInner>, wake: Arc<Notify>, _running: Running) {
             Some(period) => {
                 tokio::select! {
                     () = tokio::time::sleep(period) => {
-                        let Some(inner) = inner.upgrade() else { return };
-                        inner.watchdog.tick(&inner).await;
+                        let (Some(state), Some(backend)) = (state.upgrade(), backend.upgrade())
+                        else {
+                            return;
+                        };
+                        state.tick(&backend).await;
                     }
                     () = wake.notified() => {}
                 }

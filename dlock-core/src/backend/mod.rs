@@ -148,7 +148,29 @@ pub(crate) enum Session {
     Redis(std::sync::Arc<redis::RedisBackend>, redis::OpConn),
 }
 
+/// A [`Backend`] that does not keep its connections alive: for what may outlive its `Locker`.
+#[derive(Debug, Clone)]
+pub(crate) enum WeakBackend {
+    Redis(std::sync::Weak<redis::RedisBackend>),
+}
+
+impl WeakBackend {
+    /// The backend, if its `Locker` still lives.
+    pub(crate) fn upgrade(&self) -> Option<Backend> {
+        match self {
+            Self::Redis(r) => r.upgrade().map(Backend::Redis),
+        }
+    }
+}
+
 impl Backend {
+    /// A handle that does not keep the backend alive.
+    pub(crate) fn downgrade(&self) -> WeakBackend {
+        match self {
+            Self::Redis(r) => WeakBackend::Redis(std::sync::Arc::downgrade(r)),
+        }
+    }
+
     /// A connection to run one operation's commands on, in order.
     pub(crate) async fn session(&self) -> Result<Session, BackendError> {
         match self {

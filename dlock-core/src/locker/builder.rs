@@ -407,11 +407,11 @@ impl LockerBuilder {
         let dead_waiter_timeout = self
             .dead_waiter_timeout
             .unwrap_or(DEFAULT_DEAD_WAITER_TIMEOUT);
-        if !(MIN_DEAD_WAITER_TIMEOUT..=lease::MAX_LEASE).contains(&dead_waiter_timeout) {
+        if !(MIN_DEAD_WAITER_TIMEOUT..=MAX_LEASE).contains(&dead_waiter_timeout) {
             return Err(LockError::Config(format!(
                 "dead_waiter_timeout {dead_waiter_timeout:?} is out of range: from \
                  {MIN_DEAD_WAITER_TIMEOUT:?} to {} days",
-                lease::MAX_LEASE.as_secs() / 86_400
+                MAX_LEASE.as_secs() / 86_400
             )));
         }
         let config = Config {

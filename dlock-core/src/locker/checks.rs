@@ -34,7 +34,7 @@ pub(super) fn tls_ready(at: &str) -> Result<(), LockError> {
 /// `WAITAOF` is there (Redis / Valkey 7.2 or newer), asked with `COMMAND INFO`; a server that
 /// can't be asked now is left to answer the first write.
 pub(super) async fn waitaof_supported(locker: &Locker) -> Result<(), LockError> {
-    let Backend::Redis(backend) = &locker.inner.backend;
+    let Backend::Redis(backend) = &locker.engine.inner.backend;
     match backend.knows_command("WAITAOF").await {
         Ok(false) => Err(LockError::Config(
             "replica acknowledgement with fsync needs WAITAOF (Redis or Valkey 7.2 or newer); \
@@ -83,7 +83,7 @@ pub(super) fn check_default_lease(lease: Lease) -> Result<(), LockError> {
             "watchdog lease {watchdog_lease:?} is too short; the minimum is {MIN_WATCHDOG_LEASE:?}"
         )));
     }
-    super::lease::check_lease(lease.duration()).map_err(|err| match err {
+    check_lease(lease.duration()).map_err(|err| match err {
         LockError::Config(message) => LockError::Config(format!("default {message}")),
         other => other,
     })

@@ -66,8 +66,8 @@ impl Locker {
     /// each batch is bounded by the command timeout. On a cluster it scans every master in turn
     /// and merges their names; a name whose slot moves during the scan may be missed.
     pub async fn list(&self, pattern: &str) -> Result<Vec<String>, LockError> {
-        let prefix = &self.inner.config.prefix;
-        let keys = match &self.inner.backend {
+        let prefix = &self.engine.inner.config.prefix;
+        let keys = match &self.engine.inner.backend {
             Backend::Redis(r) => {
                 let glob = format!("{}{{{pattern}}}", escape_glob(prefix));
                 (r.scan(&glob).await).map_err(LockError::Backend)?
@@ -88,9 +88,9 @@ impl Locker {
     /// the remaining TTL, the current and the last fencing token, and how many `Locker`s wait.
     /// Read-only; one round trip.
     pub async fn inspect(&self, name: impl IntoLockName) -> Result<LockInfo, LockError> {
-        let name = self.name(name)?;
-        let keys = LockKeys::new(&self.inner.config.prefix, &name);
-        let session = (self.inner.backend.session().await).map_err(LockError::Backend)?;
+        let name = self.engine.name(name)?;
+        let keys = LockKeys::new(&self.engine.inner.config.prefix, &name);
+        let session = (self.engine.inner.backend.session().await).map_err(LockError::Backend)?;
         let raw = (session.inspect(&keys).await).map_err(LockError::Backend)?;
         Ok(LockInfo {
             name: name.to_string(),
@@ -119,10 +119,10 @@ impl Locker {
     /// The next holder gets a higher fencing token, so a resource that checks tokens refuses
     /// the old holder's late writes.
     pub async fn force_release(&self, name: impl IntoLockName) -> Result<bool, LockError> {
-        let name = self.name(name)?;
+        let name = self.engine.name(name)?;
         // A fair lock's keys: the plain lock's, and the line whose head must be woken too.
-        let keys = LockKeys::fair(&self.inner.config.prefix, &name);
-        let session = (self.inner.backend.session().await).map_err(LockError::Backend)?;
+        let keys = LockKeys::fair(&self.engine.inner.config.prefix, &name);
+        let session = (self.engine.inner.backend.session().await).map_err(LockError::Backend)?;
         let removed = (session.force_release(&keys).await).map_err(LockError::Backend)?;
         tracing::warn!(
             name = name.for_logs(),

@@ -1,8 +1,6 @@
 //! A `Locker`'s diagnostics, read in one call: what its watchdog renews, what its subscriber
 //! watches, what waits in the process.
 
-use std::sync::atomic::Ordering;
-
 use super::Locker;
 use crate::backend::Backend;
 
@@ -36,13 +34,12 @@ impl Locker {
     /// # }
     /// ```
     pub fn stats(&self) -> LockerStats {
-        let Backend::Redis(backend) = &self.inner.backend;
-        let queues = self.inner.queues.lock().unwrap_or_else(|e| e.into_inner());
+        let Backend::Redis(backend) = &self.engine.inner.backend;
         LockerStats {
-            renewed_holds: self.inner.watchdog.len(),
-            renewal_round_trips: self.inner.watchdog.round_trips.load(Ordering::Relaxed),
+            renewed_holds: self.engine.inner.watchdog.len(),
+            renewal_round_trips: self.engine.inner.watchdog.round_trips(),
             watched_names: backend.watched_channels(),
-            queued_names: queues.len(),
+            queued_names: self.engine.queue_count(),
             subscriber_connected: backend.subscriber_healthy(),
         }
     }

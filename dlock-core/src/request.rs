@@ -7,10 +7,11 @@ use futures_util::future::Either;
 use tokio::time::Instant;
 use tracing::Instrument as _;
 
-use super::*;
+use crate::engine::{
+    Attempted, Engine, Lease, LockGuard, check_at_least, check_lease, held_or_timed_out,
+};
 use crate::error::LockError;
-use crate::guard::LockGuard;
-use crate::name::LockName;
+use crate::name::{IntoLockName, LockName};
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
 
@@ -18,21 +19,21 @@ use std::pin::Pin;
 #[must_use = "a lock request does nothing until awaited"]
 #[derive(Debug)]
 pub struct LockRequest {
-    pub(super) locker: Locker,
-    pub(super) name: Result<LockName, LockError>,
-    pub(super) wait: Duration,
-    pub(super) lease: Lease,
-    pub(super) at_least: Option<Duration>,
+    engine: Engine,
+    name: Result<LockName, LockError>,
+    wait: Duration,
+    lease: Lease,
+    at_least: Option<Duration>,
     /// What kind of lock.
-    pub(super) kind: RequestKind,
+    kind: RequestKind,
 }
 
 /// What kind of lock a [`LockRequest`] takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum RequestKind {
-    /// A plain lock ([`Locker::lock`]).
+pub(crate) enum RequestKind {
+    /// A plain lock ([`Locker::lock`](crate::Locker::lock)).
     Plain,
-    /// A fair lock ([`Locker::fair_lock`]).
+    /// A fair lock ([`Locker::fair_lock`](crate::Locker::fair_lock)).
     Fair,
     /// A read-write lock's writer ([`ReadWriteLock::write`](crate::ReadWriteLock::write)).
     Write {
@@ -42,8 +43,20 @@ pub(super) enum RequestKind {
 }
 
 impl LockRequest {
+    /// A request of `kind` for `name`, with the `Locker`'s default wait and lease.
+    pub(crate) fn new(engine: Engine, name: impl IntoLockName, kind: RequestKind) -> Self {
+        Self {
+            name: engine.name(name),
+            wait: engine.default_wait(),
+            lease: engine.default_lease(),
+            at_least: None,
+            kind,
+            engine,
+        }
+    }
+
     /// Waits up to `wait`, counted from the call, for the lock to become free (default: the
-    /// `Locker`'s [`default_wait`](Locker::default_wait), which is one attempt, no waiting,
+    /// `Locker`'s [`default_wait`](crate::Locker::default_wait), which is one attempt, no waiting,
     /// unless configured). `Duration::MAX` waits for as long as it takes.
     ///
     /// The call returns within `wait` plus one command timeout. A backend error during the wait
@@ -56,7 +69,7 @@ impl LockRequest {
 
     /// A fixed lease: the lock is not renewed and expires `lease` after acquisition unless
     /// released first. Without a lease setting, the request takes the `Locker`'s
-    /// [`default_lease`](Locker::default_lease).
+    /// [`default_lease`](crate::Locker::default_lease).
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = Lease::Fixed(lease);
         self
@@ -108,7 +121,7 @@ impl LockRequest {
     /// future is what each of thousands of waiters holds.
     fn run(self) -> impl Future<Output = Result<(Attempted, LockName), LockError>> + Send {
         let LockRequest {
-            locker,
+            engine,
             name,
             wait,
             lease,
@@ -116,9 +129,9 @@ impl LockRequest {
             kind,
         } = self;
         let checked = name.and_then(|name| {
-            super::lease::check_lease(lease.duration())?;
+            check_lease(lease.duration())?;
             if let Some(at_least) = at_least {
-                super::lease::check_at_least(at_least, lease)?;
+                check_at_least(at_least, lease)?;
             }
             Ok(name)
         });
@@ -128,19 +141,19 @@ impl LockRequest {
         };
         let span = tracing::debug_span!("dlock.acquire", name = name.for_logs());
         let attempt = match kind {
-            RequestKind::Plain => Either::Left(locker.acquire(name.clone(), wait, lease)),
+            RequestKind::Plain => Either::Left(engine.acquire(name.clone(), wait, lease)),
             // Boxed: the fair and write paths have larger futures than the plain one, which
             // would otherwise size every plain request's future too.
             RequestKind::Fair => {
-                Either::Right(Box::pin(locker.acquire_fair(name.clone(), wait, lease))
+                Either::Right(Box::pin(engine.acquire_fair(name.clone(), wait, lease))
                     as Pin<Box<dyn Future<Output = Result<Attempted, LockError>> + Send>>)
             }
             RequestKind::Write { prefer_writers } => {
-                let keys = match locker.write_keys(&name, prefer_writers, wait) {
+                let keys = match engine.write_keys(&name, prefer_writers, wait) {
                     Ok(keys) => keys,
                     Err(err) => return Either::Left(std::future::ready(Err(err))),
                 };
-                Either::Right(Box::pin(locker.acquire_keys(name.clone(), keys, wait, lease)) as _)
+                Either::Right(Box::pin(engine.acquire_keys(name.clone(), keys, wait, lease)) as _)
             }
         };
         Either::Right(attempt.instrument(span).map(move |attempted| {
@@ -156,9 +169,9 @@ impl LockRequest {
 
     fn acquire_or_timeout(self) -> impl Future<Output = Result<LockGuard, LockError>> + Send {
         let started = Instant::now();
-        let labelled = self.locker.inner.config.metrics_name_label;
+        let labelled = self.engine.inner.config.metrics_name_label;
         self.run()
-            .map(move |run| super::acquire::held_or_timed_out(run?, labelled, started))
+            .map(move |run| held_or_timed_out(run?, labelled, started))
     }
 }
 

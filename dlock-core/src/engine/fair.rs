@@ -1,5 +1,5 @@
 //! Fair locks: waiters stand in one line in Redis and get the lock in the order they came,
-//! across processes (see [`Locker::fair_lock`]).
+//! across processes (see [`Locker::fair_lock`](crate::Locker::fair_lock)).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,7 +15,7 @@ use crate::error::LockError;
 use crate::name::{LockKeys, LockName};
 use crate::scope;
 
-impl Locker {
+impl Engine {
     /// One attempt at the fair lock for `owner`, joining (or staying in) the line when `alive`
     /// is set. Cancellation-safe like [`attempt`](Self::attempt): a dropped or failed call is
     /// followed by a release for `owner`, which also takes it out of the line.
@@ -40,7 +40,7 @@ impl Locker {
     /// Acquires the fair lock `name`: one attempt that does not join the line, then, if it may
     /// wait, a place in line, renewed by an attempt at least every third of the dead-waiter
     /// timeout, until the head's wake-up or the deadline.
-    pub(super) async fn acquire_fair(
+    pub(crate) async fn acquire_fair(
         self,
         name: LockName,
         wait: Duration,
@@ -166,7 +166,7 @@ impl Place {
     /// Subscribes to `owner`'s wake-up channel (before the first attempt that joins the line,
     /// so no wake-up is missed).
     async fn new(
-        locker: &Locker,
+        locker: &Engine,
         keys: &Arc<LockKeys>,
         owner: &Arc<str>,
         deadline: Instant,

@@ -15,12 +15,12 @@ use crate::backend::{AcquireAllReply, AcquireReply, Claim, GrantTo, Turn};
 use crate::clock;
 use crate::error::LockError;
 use crate::fencing::FencingToken;
-use crate::guard::{HoldState, LockGuard, LossReason};
+use crate::hold::{HoldState, LossReason};
 use crate::metrics;
 use crate::name::{LockKeys, LockName};
 use crate::scope;
 
-impl Locker {
+impl Engine {
     /// One acquisition attempt for `owner`, cancellation-safe: if the caller's future is dropped
     /// while the script is in flight, or the call fails (so the script may have run), a release
     /// for `owner` follows it down the same connection, where it can only arrive after it.
@@ -29,7 +29,7 @@ impl Locker {
     /// a lock kept for this `Locker`); `claim`: a plain lock found taken is claimed as next in
     /// turn for this `Locker` (see the `protocol` module), and, with `grant`, offered to be granted
     /// to the head waiter's hand-over token by the release.
-    pub(super) async fn attempt(
+    pub(crate) async fn attempt(
         &self,
         keys: &Arc<LockKeys>,
         owner: &Arc<str>,
@@ -68,7 +68,7 @@ impl Locker {
 
     /// Notes how long an answered attempt, sent at `sent_at`, took to come back at `came_back`
     /// (claims size their window by it).
-    pub(super) fn note_round_trip(&self, sent_at: Instant, came_back: Instant) {
+    pub(crate) fn note_round_trip(&self, sent_at: Instant, came_back: Instant) {
         let us = u64::try_from((came_back - sent_at).as_micros()).unwrap_or(u64::MAX);
         self.inner.round_trip_us.store(us, Ordering::Relaxed);
     }
@@ -76,7 +76,7 @@ impl Locker {
     /// A claim to be next in turn for a request waiting since `since` (wall-clock ms). A release
     /// keeps the lock for this `Locker` long enough for the wake-up, a subscription and an
     /// attempt: four of its round trips and 2 ms (at least 5 ms, at most 1 s).
-    pub(super) fn claim(&self, since: u64) -> Claim {
+    pub(crate) fn claim(&self, since: u64) -> Claim {
         let us = self.inner.round_trip_us.load(Ordering::Relaxed).max(1_000);
         let window = Duration::from_micros(us.saturating_mul(4)) + Duration::from_millis(2);
         Claim {
@@ -88,7 +88,7 @@ impl Locker {
     /// Re-enters `hold`, which this task holds in the current scope: checks (read-only) that
     /// Redis still has it, then counts one more guard in. `Ok(None)` when the hold was released
     /// meanwhile (the caller acquires afresh); the loss when it was lost.
-    pub(super) async fn reenter(
+    pub(crate) async fn reenter(
         &self,
         hold: Arc<HoldState>,
     ) -> Result<Option<LockGuard>, LockError> {
@@ -124,7 +124,7 @@ impl Locker {
                 );
                 Ok(Some(LockGuard {
                     state: hold,
-                    locker: self.clone(),
+                    engine: self.clone(),
                     reentrant: true,
                     done: false,
                 }))
@@ -138,7 +138,7 @@ impl Locker {
     }
 
     /// A plain lock's acquisition (a plain `fn`: see [`LockRequest::run`]).
-    pub(super) fn acquire(
+    pub(crate) fn acquire(
         self,
         name: LockName,
         wait: Duration,
@@ -149,7 +149,7 @@ impl Locker {
     }
 
     /// Acquires what `keys` hold for `name`: its lock, or one of its semaphore's permits.
-    pub(super) async fn acquire_keys(
+    pub(crate) async fn acquire_keys(
         self,
         name: LockName,
         keys: Arc<LockKeys>,
@@ -380,7 +380,7 @@ impl Locker {
 
     /// Turns a grant into a guard: the hold's state, the watchdog, the scope; no `.await`.
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn acquired(
+    pub(crate) fn acquired(
         &self,
         name: LockName,
         keys: Arc<LockKeys>,
@@ -408,21 +408,23 @@ impl Locker {
             keys,
             owner,
             fence.map(FencingToken::new),
-            Arc::downgrade(&self.inner),
+            (self.inner.backend.downgrade(), self.inner.config.fence_ttl),
             watchdog,
             lease.duration(),
             (sent_at, now),
             label,
         ));
         if watchdog {
-            self.inner.watchdog.register(&self.inner, state.clone());
+            self.inner
+                .watchdog
+                .register(&self.inner.backend, state.clone());
         }
         if state.keys.reenters() {
             scope::record(self.inner.id, &state);
         }
         LockGuard {
             state,
-            locker: self.clone(),
+            engine: self.clone(),
             reentrant: false,
             done: false,
         }
@@ -435,18 +437,18 @@ pub(crate) enum TriedAll {
     Taken(Vec<LockGuard>),
     /// This one was busy (its holder has this much lease left, if known); nothing was taken.
     Busy(LockName, Option<Duration>),
-    /// Not tried (see [`Locker::try_all`]).
+    /// Not tried (see [`Locker::try_all`](crate::Locker::try_all)).
     NotTried,
 }
 
 /// The result of an acquisition that did not fail.
-pub(super) enum Attempted {
+pub(crate) enum Attempted {
     Held(LockGuard),
     /// Still busy at the deadline; the holder's remaining lease, if known.
     Busy(Option<Duration>),
 }
 
-pub(super) fn busy(
+pub(crate) fn busy(
     name: &LockName,
     labelled: bool,
     started: Instant,
@@ -481,7 +483,7 @@ pub(crate) fn timed_out(
 
 /// A request's guard, or its [`LockError::Timeout`] when it was still busy at its deadline
 /// (`started` when it was called).
-pub(super) fn held_or_timed_out(
+pub(crate) fn held_or_timed_out(
     (attempted, name): (Attempted, LockName),
     labelled: bool,
     started: Instant,
@@ -498,7 +500,7 @@ pub(crate) fn is_permanent(err: &LockError) -> bool {
 }
 
 /// The deadline came: busy, or the backend error if Redis failed since the last answer.
-pub(super) fn gave_up(
+pub(crate) fn gave_up(
     name: &LockName,
     labelled: bool,
     started: Instant,

@@ -9,15 +9,15 @@ use crate::name::LockKeys;
 /// Until disarmed (the waiter got the hold, which took its trace away), dropping this sends a
 /// release for the waiter's token: on Redis in the background, after anything sent before it
 /// on the same connection; on the memory store at once.
-pub(super) struct Leave {
-    locker: Locker,
+pub(crate) struct Leave {
+    locker: Engine,
     keys: Arc<LockKeys>,
     owner: Arc<str>,
     armed: bool,
 }
 
 impl Leave {
-    pub(super) fn new(locker: &Locker, keys: &Arc<LockKeys>, owner: &Arc<str>) -> Self {
+    pub(crate) fn new(locker: &Engine, keys: &Arc<LockKeys>, owner: &Arc<str>) -> Self {
         Self {
             locker: locker.clone(),
             keys: keys.clone(),
@@ -28,12 +28,12 @@ impl Leave {
 
     /// The waiter goes on with a new token (its old one is cleaned up by the attempt that
     /// failed with it).
-    pub(super) fn set_owner(&mut self, owner: &Arc<str>) {
+    pub(crate) fn set_owner(&mut self, owner: &Arc<str>) {
         self.owner = owner.clone();
     }
 
     /// The waiter got the hold.
-    pub(super) fn disarm(&mut self) {
+    pub(crate) fn disarm(&mut self) {
         self.armed = false;
     }
 }
@@ -64,8 +64,8 @@ impl Drop for Leave {
 /// one, a waiter that stops waiting without the lock takes it back — awaited when the request
 /// gives up (so the next request sees the name as the holder left it), in the background when
 /// the request is dropped.
-pub(super) struct LeaveTurn {
-    locker: Locker,
+pub(crate) struct LeaveTurn {
+    locker: Engine,
     keys: Arc<LockKeys>,
     /// Since when the request waits (wall-clock ms), as in its claims.
     since: u64,
@@ -76,7 +76,7 @@ pub(super) struct LeaveTurn {
 }
 
 impl LeaveTurn {
-    pub(super) fn new(locker: &Locker, keys: &Arc<LockKeys>, since: u64) -> Self {
+    pub(crate) fn new(locker: &Engine, keys: &Arc<LockKeys>, since: u64) -> Self {
         Self {
             locker: locker.clone(),
             keys: keys.clone(),
@@ -88,18 +88,18 @@ impl LeaveTurn {
 
     /// Its claims offer `token` to be granted the lock (a request is a head waiter once, with
     /// one token).
-    pub(super) fn offered(&mut self, token: &Arc<str>) {
+    pub(crate) fn offered(&mut self, token: &Arc<str>) {
         self.offered.get_or_insert_with(|| token.clone());
     }
 
     /// The request got the lock: its claim went with the hold it replaced.
-    pub(super) fn disarm(&mut self) {
+    pub(crate) fn disarm(&mut self) {
         self.claimed = false;
     }
 
     /// The request gave up: its claim goes now (best effort; a claim left behind delays the
     /// lock by the time it asked for at most).
-    pub(super) async fn leave(mut self) {
+    pub(crate) async fn leave(mut self) {
         if !std::mem::take(&mut self.claimed) {
             return;
         }
@@ -110,7 +110,7 @@ impl LeaveTurn {
 
 /// Takes back the claim of `locker`'s waiter since `since`, and lets go a grant to the token it
 /// `offered`; its last waiter for the name also gives up a lock kept for `locker`.
-async fn leave_turn(locker: Locker, keys: Arc<LockKeys>, since: u64, offered: Option<Arc<str>>) {
+async fn leave_turn(locker: Engine, keys: Arc<LockKeys>, since: u64, offered: Option<Arc<str>>) {
     let Ok(session) = locker.inner.backend.session().await else {
         return;
     };

@@ -8,19 +8,19 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::Instrument as _;
 
-use super::request::RequestKind;
-use super::*;
+use crate::engine::{Attempted, Engine, Lease, LockGuard, check_lease, held_or_timed_out};
 use crate::error::{LockError, ReleaseOutcome};
-use crate::guard::{LockGuard, Lost};
-use crate::name::{LockKeys, LockName};
+use crate::hold::Lost;
+use crate::name::{IntoLockName, LockKeys, LockName};
+use crate::request::{LockRequest, RequestKind};
 use crate::scope;
 
 /// A read-write lock in Redis: any number of readers at once, or one writer. Made by
-/// [`Locker::read_write_lock`]; cheap to clone.
+/// [`Locker::read_write_lock`](crate::Locker::read_write_lock); cheap to clone.
 ///
 /// - **Writers are preferred** by default: while a writer waits, new readers stay out, so a
 ///   stream of readers can't starve writers. A waiting writer's wait counts for the
-///   [dead-waiter timeout](LockerBuilder::dead_waiter_timeout) after each of its attempts (it
+///   [dead-waiter timeout](crate::LockerBuilder::dead_waiter_timeout) after each of its attempts (it
 ///   attempts at least every third of it), so a writer whose process died holds readers back
 ///   for at most that long. [`prefer_writers(false)`](Self::prefer_writers) lets readers in
 ///   whenever no writer holds the lock.
@@ -51,46 +51,21 @@ use crate::scope;
 /// ```
 #[derive(Debug, Clone)]
 pub struct ReadWriteLock {
-    locker: Locker,
+    engine: Engine,
     /// The name, or why it is not one (kept to be returned by every request).
     name: Result<LockName, Arc<LockError>>,
     prefer_writers: bool,
 }
 
-impl Locker {
-    /// The read-write lock `name` (writers preferred; see [`ReadWriteLock`]).
-    pub fn read_write_lock(&self, name: impl IntoLockName) -> ReadWriteLock {
-        ReadWriteLock {
-            locker: self.clone(),
-            name: self.name(name).map_err(Arc::new),
+impl ReadWriteLock {
+    pub(crate) fn new(engine: Engine, name: impl IntoLockName) -> Self {
+        Self {
+            name: engine.name(name).map_err(Arc::new),
+            engine,
             prefer_writers: true,
         }
     }
 
-    /// A writer's keys; its wait is recorded (keeping new readers out) when writers are
-    /// preferred and the request may wait.
-    pub(super) fn write_keys(
-        &self,
-        name: &LockName,
-        prefer_writers: bool,
-        wait: Duration,
-    ) -> Result<Arc<LockKeys>, LockError> {
-        let prefix = &self.inner.config.prefix;
-        let counts = (!wait.is_zero()).then_some(self.inner.config.dead_waiter_timeout);
-        let keys = LockKeys::read_write(prefix, name, true, prefer_writers, counts);
-        let read = LockKeys::read_write(prefix, name, false, prefer_writers, None);
-        if scope::find(self.inner.id, &keys.lock).is_none()
-            && scope::find(self.inner.id, &read.lock).is_some()
-        {
-            return Err(LockError::Config(format!(
-                "the read lock on {name} can't be upgraded to a write lock: release it first"
-            )));
-        }
-        Ok(Arc::new(keys))
-    }
-}
-
-impl ReadWriteLock {
     /// Whether new readers stay out while a writer waits (default true). Every handle on one
     /// name should say the same: readers and writers each follow their own handle's setting.
     pub fn prefer_writers(mut self, prefer: bool) -> Self {
@@ -109,11 +84,10 @@ impl ReadWriteLock {
     /// for a [`LockGuard`] with its fencing token. It waits for the writer before it and for
     /// every reader to leave.
     pub fn write(&self) -> LockRequest {
-        let mut request = self.locker.lock(self.name());
-        request.kind = RequestKind::Write {
+        let kind = RequestKind::Write {
             prefer_writers: self.prefer_writers,
         };
-        request
+        LockRequest::new(self.engine.clone(), self.name(), kind)
     }
 
     /// Starts a request for a read lock: await it (or [`try_lock`](ReadRequest::try_lock)) for
@@ -121,8 +95,8 @@ impl ReadWriteLock {
     pub fn read(&self) -> ReadRequest {
         ReadRequest {
             lock: self.clone(),
-            wait: self.locker.inner.config.default_wait,
-            lease: self.locker.inner.config.default_lease,
+            wait: self.engine.inner.config.default_wait,
+            lease: self.engine.inner.config.default_lease,
         }
     }
 }
@@ -167,20 +141,20 @@ impl ReadRequest {
 
     async fn run(self) -> Result<(Attempted, LockName), LockError> {
         let name = self.lock.name()?;
-        super::lease::check_lease(self.lease.duration())?;
-        let locker = self.lock.locker.clone();
-        let prefix = &locker.inner.config.prefix;
+        check_lease(self.lease.duration())?;
+        let engine = self.lock.engine.clone();
+        let prefix = &engine.inner.config.prefix;
         let prefer = self.lock.prefer_writers;
         // The writer reads too: a read inside its scope re-enters the write hold.
         let write = LockKeys::read_write(prefix, &name, true, prefer, None);
-        if let Some(hold) = scope::find(locker.inner.id, &write.lock)
-            && let Some(guard) = locker.reenter(hold).await?
+        if let Some(hold) = scope::find(engine.id(), &write.lock)
+            && let Some(guard) = engine.reenter(hold).await?
         {
             return Ok((Attempted::Held(guard), name));
         }
         let keys = Arc::new(LockKeys::read_write(prefix, &name, false, prefer, None));
         let span = tracing::debug_span!("dlock.acquire_read", name = name.for_logs());
-        let attempted = (locker.acquire_keys(name.clone(), keys, self.wait, self.lease))
+        let attempted = (engine.acquire_keys(name.clone(), keys, self.wait, self.lease))
             .instrument(span)
             .await?;
         Ok((attempted, name))
@@ -188,10 +162,9 @@ impl ReadRequest {
 
     async fn acquire_or_timeout(self) -> Result<ReadGuard, LockError> {
         let started = Instant::now();
-        let labelled = self.lock.locker.inner.config.metrics_name_label;
+        let labelled = self.lock.engine.inner.config.metrics_name_label;
         let attempted = self.run().await?;
-        super::acquire::held_or_timed_out(attempted, labelled, started)
-            .map(|guard| ReadGuard { guard })
+        held_or_timed_out(attempted, labelled, started).map(|guard| ReadGuard { guard })
     }
 }
 

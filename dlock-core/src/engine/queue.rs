@@ -12,7 +12,7 @@ use super::*;
 use crate::backend::wait::Watch;
 use crate::backend::{HandoffReply, Successor};
 use crate::error::ReleaseOutcome;
-use crate::guard::HoldState;
+use crate::hold::HoldState;
 use crate::name::LockKeys;
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU32;
@@ -28,8 +28,8 @@ const YIELD_WINDOW: Duration = Duration::from_millis(2);
 
 /// Local waiters for one name: only the head waits in Redis; the others queue here.
 #[derive(Debug, Default)]
-pub(super) struct LocalQueue {
-    pub(super) turn: tokio::sync::Mutex<()>,
+pub(crate) struct LocalQueue {
+    pub(crate) turn: tokio::sync::Mutex<()>,
     handoff: Mutex<Option<HandoffSlot>>,
     streak: AtomicU32,
     /// The wake-up registration, passed from one head waiter to the next.
@@ -67,10 +67,10 @@ impl HandoffSlot {
 /// A lock handed over to a head waiter: to which of its tokens, with what fencing token, and
 /// when the releaser sent the hand-over.
 #[derive(Debug)]
-pub(super) struct Handed {
-    pub(super) owner: Arc<str>,
-    pub(super) fence: u64,
-    pub(super) sent_at: Instant,
+pub(crate) struct Handed {
+    pub(crate) owner: Arc<str>,
+    pub(crate) fence: u64,
+    pub(crate) sent_at: Instant,
 }
 
 impl LocalQueue {
@@ -79,7 +79,7 @@ impl LocalQueue {
     }
 
     /// Until when local waiters hold back, if that is still ahead.
-    pub(super) fn deferred(&self) -> Option<Instant> {
+    pub(crate) fn deferred(&self) -> Option<Instant> {
         let until = *self.defer_until.lock().unwrap_or_else(|e| e.into_inner());
         until.filter(|u| *u > Instant::now())
     }
@@ -103,7 +103,7 @@ impl LocalQueue {
 /// reference counts). The queue itself is made when a ticket first needs it: a request that
 /// takes the lock at its first attempt only counts itself in.
 #[derive(Debug)]
-pub(super) struct QueueEntry {
+pub(crate) struct QueueEntry {
     queue: Option<Arc<LocalQueue>>,
     users: usize,
 }
@@ -111,7 +111,7 @@ pub(super) struct QueueEntry {
 /// A queue's place in the map: the name's keys, compared and hashed by the lock's key (so the
 /// map is looked up by `&str`, and an entry costs no copy of the key).
 #[derive(Debug)]
-pub(super) struct ByLock(Arc<LockKeys>);
+pub(crate) struct ByLock(Arc<LockKeys>);
 
 impl PartialEq for ByLock {
     fn eq(&self, other: &Self) -> bool {
@@ -134,17 +134,17 @@ impl std::borrow::Borrow<str> for ByLock {
     }
 }
 
-impl Locker {
-    fn queues(&self) -> MutexGuard<'_, HashMap<ByLock, QueueEntry>> {
+impl Engine {
+    pub(crate) fn queues(&self) -> MutexGuard<'_, HashMap<ByLock, QueueEntry>> {
         self.inner.queues.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub(super) fn queue(&self, keys: &Arc<LockKeys>) -> QueueTicket {
+    pub(crate) fn queue(&self, keys: &Arc<LockKeys>) -> QueueTicket {
         self.queue_counted(keys).0
     }
 
     /// A place in the queue of `keys`' lock, and how many places were out before it.
-    pub(super) fn queue_counted(&self, keys: &Arc<LockKeys>) -> (QueueTicket, usize) {
+    pub(crate) fn queue_counted(&self, keys: &Arc<LockKeys>) -> (QueueTicket, usize) {
         let mut queues = self.queues();
         let entry = queues
             .entry(ByLock(keys.clone()))
@@ -163,19 +163,19 @@ impl Locker {
     }
 
     /// The local line of `lock_key`, if one was made (see [`QueueEntry`]).
-    pub(super) fn existing_queue(&self, lock_key: &str) -> Option<Arc<LocalQueue>> {
+    pub(crate) fn existing_queue(&self, lock_key: &str) -> Option<Arc<LocalQueue>> {
         self.queues().get(lock_key).and_then(|e| e.queue.clone())
     }
 
     /// How many local waiters (tickets) the queue of `lock_key` has.
-    pub(super) fn queue_users(&self, lock_key: &str) -> usize {
+    pub(crate) fn queue_users(&self, lock_key: &str) -> usize {
         self.queues().get(lock_key).map_or(0, |e| e.users)
     }
 
     /// After a release that broke a hand-over streak: if the wake-up reached another process
     /// (more subscribers than this `Locker`'s own), local waiters hold back briefly so that one
     /// of those can take the lock.
-    pub(super) fn yield_to_other_processes(queue: Option<&Arc<LocalQueue>>, woke: u32) {
+    pub(crate) fn yield_to_other_processes(queue: Option<&Arc<LocalQueue>>, woke: u32) {
         let Some(queue) = queue else {
             return;
         };
@@ -186,7 +186,7 @@ impl Locker {
 
     /// Hands the lock straight to the local head waiter of `queue` (the name's local line, if
     /// it has one), if there is one; `None` when the lock is to be released normally.
-    pub(super) async fn try_handoff(
+    pub(crate) async fn try_handoff(
         &self,
         hold: &HoldState,
         queue: Option<&Arc<LocalQueue>>,
@@ -282,23 +282,23 @@ impl Locker {
 /// A hand-over gives the lock to a token of its own, never used for attempts: if the waiter
 /// leaves before taking a lock handed to it, that token's hold is released, and nothing else can
 /// be confused with it.
-pub(super) struct HeadWait<'a> {
-    locker: &'a Locker,
+pub(crate) struct HeadWait<'a> {
+    locker: &'a Engine,
     queue: &'a Arc<LocalQueue>,
     ticket: &'a QueueTicket,
     keys: Arc<LockKeys>,
     watch: Arc<Watch>,
     /// The token a release may grant the lock to when this waiter claimed the next turn.
     /// A hand-over inside the process goes to a token of its own (see [`HandoffSlot`]).
-    pub(super) handoff_owner: Arc<str>,
+    pub(crate) handoff_owner: Arc<str>,
     rx: Option<oneshot::Receiver<Handed>>,
 }
 
 impl<'a> HeadWait<'a> {
     /// Becomes the head waiter: subscribes to wake-ups (giving up on the confirmation at
     /// `deadline`, then polling) and offers to take a hand-over.
-    pub(super) async fn new(
-        locker: &'a Locker,
+    pub(crate) async fn new(
+        locker: &'a Engine,
         ticket: &'a QueueTicket,
         keys: &Arc<LockKeys>,
         lease: Duration,
@@ -338,7 +338,7 @@ impl<'a> HeadWait<'a> {
     }
 
     /// The wake-up registration and the hand-over receiver.
-    pub(super) fn parts(&mut self) -> (&Watch, &mut Option<oneshot::Receiver<Handed>>) {
+    pub(crate) fn parts(&mut self) -> (&Watch, &mut Option<oneshot::Receiver<Handed>>) {
         (&self.watch, &mut self.rx)
     }
 }
@@ -375,7 +375,7 @@ fn reclaim<T>(rx: &mut oneshot::Receiver<T>) -> Option<T> {
 }
 
 /// Resolves when a local releaser hands the lock over (never, with hand-over off).
-pub(super) async fn handed(rx: &mut Option<oneshot::Receiver<Handed>>) -> Option<Handed> {
+pub(crate) async fn handed(rx: &mut Option<oneshot::Receiver<Handed>>) -> Option<Handed> {
     let answer = match rx.as_mut() {
         Some(receiver) => receiver.await,
         None => std::future::pending().await,
@@ -386,16 +386,16 @@ pub(super) async fn handed(rx: &mut Option<oneshot::Receiver<Handed>>) -> Option
 }
 
 /// A place in a local queue; removes the queue from the map when its last user leaves.
-pub(super) struct QueueTicket {
-    locker: Locker,
+pub(crate) struct QueueTicket {
+    locker: Engine,
     /// The name's keys: the queue is the one of `keys.lock`.
-    pub(super) keys: Arc<LockKeys>,
+    pub(crate) keys: Arc<LockKeys>,
     queue: OnceLock<Arc<LocalQueue>>,
 }
 
 impl QueueTicket {
     /// The queue, made now if no ticket needed it before.
-    pub(super) fn queue(&self) -> &Arc<LocalQueue> {
+    pub(crate) fn queue(&self) -> &Arc<LocalQueue> {
         self.queue.get_or_init(|| {
             let mut queues = self.locker.queues();
             // The entry lives while this ticket does (it counts as one of its users).
@@ -408,7 +408,7 @@ impl QueueTicket {
 
     /// The queue, if it was made when this ticket was taken or a call to [`queue`](Self::queue)
     /// made it since.
-    pub(super) fn made(&self) -> Option<&Arc<LocalQueue>> {
+    pub(crate) fn made(&self) -> Option<&Arc<LocalQueue>> {
         self.queue.get()
     }
 }

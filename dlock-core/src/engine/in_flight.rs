@@ -12,9 +12,9 @@ use crate::name::LockKeys;
 /// A command whose reply may not have come: dropped while armed, it sends a release for its
 /// owner in the background — on the command's own connection when there is one, so the release
 /// arrives after it.
-pub(super) struct InFlight {
+pub(crate) struct InFlight {
     backend: Backend,
-    pub(super) session: Option<Session>,
+    pub(crate) session: Option<Session>,
     /// The lock the command was for, with its owner (a command for one lock needs no `Vec`)...
     one: Option<(Arc<LockKeys>, Arc<str>)>,
     /// ...or the locks of a command for several.
@@ -25,7 +25,7 @@ pub(super) struct InFlight {
 }
 
 impl InFlight {
-    pub(super) fn new(locker: &Locker, keys: &Arc<LockKeys>, owner: &Arc<str>) -> Self {
+    pub(crate) fn new(locker: &Engine, keys: &Arc<LockKeys>, owner: &Arc<str>) -> Self {
         Self {
             backend: locker.inner.backend.clone(),
             session: None,
@@ -37,7 +37,7 @@ impl InFlight {
     }
 
     /// For a command that took (or may have taken) several locks.
-    pub(super) fn many(locker: &Locker, holds: Vec<(Arc<LockKeys>, Arc<str>)>) -> Self {
+    pub(crate) fn many(locker: &Engine, holds: Vec<(Arc<LockKeys>, Arc<str>)>) -> Self {
         Self {
             backend: locker.inner.backend.clone(),
             session: None,
@@ -49,12 +49,12 @@ impl InFlight {
     }
 
     /// For a release that keeps the name taken until `until`.
-    pub(super) fn keeping(mut self, until: Option<&Instant>) -> Self {
+    pub(crate) fn keeping(mut self, until: Option<&Instant>) -> Self {
         self.keep_until = until.copied();
         self
     }
 
-    pub(super) fn disarm(&mut self) {
+    pub(crate) fn disarm(&mut self) {
         self.armed = false;
     }
 }

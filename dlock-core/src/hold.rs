@@ -1,19 +1,20 @@
-//! What holding a lock gives you: the guard, its fencing token, its validity and its loss.
+//! A hold: what this process knows of one lock it took (its owner token, its fencing token, its
+//! lease and its loss), shared by the guards of the hold, the watchdog and the scope.
 
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::backend::WeakBackend;
 use crate::clock;
-use crate::error::{LockError, ReleaseOutcome};
+use crate::error::LockError;
 use crate::fencing::FencingToken;
-use crate::locker::{Locker, LockerInner};
 use crate::name::{LockKeys, LockName};
 
 mod held_lock;
@@ -38,10 +39,11 @@ pub(crate) struct HoldState {
     pub(crate) owner: Arc<str>,
     /// The hold's fencing token, once minted (with the grant, or at the first ask).
     pub(crate) fence: OnceLock<FencingToken>,
-    /// The `Locker` that took the hold, to mint its token at the first ask from a [`HeldLock`]
-    /// (weak: a hold kept past its `Locker` can't reach Redis anyway).
-    ///
-    pub(crate) locker: Weak<LockerInner>,
+    /// Where the hold lives, to mint its token at the first ask (weak: a hold kept past its
+    /// `Locker` can't reach Redis anyway).
+    backend: WeakBackend,
+    /// How long the name's fencing counter lives unused (`LockerBuilder::fence_ttl`).
+    fence_ttl: Option<Duration>,
     /// Renewed by the watchdog (otherwise a fixed lease).
     pub(crate) watchdog: bool,
     /// The lease that renewals apply, in ms (set by `extend`).
@@ -116,6 +118,35 @@ pub(crate) fn drift(lease: Duration) -> Duration {
 }
 
 impl HoldState {
+    /// The hold's fencing token: the one it got with its grant or an earlier ask, or one Redis
+    /// mints now after checking that the hold is still there. A hold known to be lost gets
+    /// `Lost`; one Redis no longer has is marked lost.
+    pub(crate) async fn fencing_token(&self) -> Result<FencingToken, LockError> {
+        // A hold kept past its `Locker` has no authority left to give.
+        let Some(backend) = self.backend.upgrade() else {
+            return Err(self.lost_error());
+        };
+        // Lost here first: a token known from the grant is no authority once the hold is gone.
+        if self.is_lost() {
+            return Err(self.lost_error());
+        }
+        if let Some(token) = self.fence.get() {
+            return Ok(*token);
+        }
+        let session = (backend.session().await).map_err(LockError::Backend)?;
+        let minted = session
+            .fence(&self.keys, &self.owner, self.fence_ttl)
+            .await
+            .map_err(LockError::Backend)?;
+        match minted {
+            Some(token) => Ok(*self.fence.get_or_init(|| FencingToken::new(token))),
+            None => {
+                self.mark_lost(LossReason::Gone);
+                Err(self.lost_error())
+            }
+        }
+    }
+
     /// How long a release sent now must keep the name taken (`at_least`), if at all.
     pub(crate) fn keep_for(&self) -> Option<Duration> {
         let until = *self.keep_until.get()?;
@@ -130,7 +161,7 @@ impl HoldState {
         keys: Arc<LockKeys>,
         owner: Arc<str>,
         fence: Option<FencingToken>,
-        locker: Weak<LockerInner>,
+        (backend, fence_ttl): (WeakBackend, Option<Duration>),
         watchdog: bool,
         lease: Duration,
         (sent_at, acquired_at): (Instant, Instant),
@@ -142,7 +173,8 @@ impl HoldState {
             keys,
             owner,
             fence: fence.map(OnceLock::from).unwrap_or_default(),
-            locker,
+            backend,
+            fence_ttl,
             watchdog,
             lease_ms: AtomicU64::new(u64::try_from(lease.as_millis()).unwrap_or(u64::MAX)),
             holds: AtomicU32::new(1),
@@ -339,150 +371,7 @@ impl HoldState {
     }
 }
 
-/// A held lock.
-///
-/// Dropping the guard releases the lock in the background (a runtime must be running); prefer
-/// [`release`](LockGuard::release) to learn the outcome. The guard is `Send` and may be released
-/// from any task: ownership is the guard's random token, never a thread or task id.
-#[must_use = "the lock is released as soon as the guard is dropped"]
-pub struct LockGuard {
-    pub(crate) state: Arc<HoldState>,
-    pub(crate) locker: Locker,
-    pub(crate) reentrant: bool,
-    pub(crate) done: bool,
-}
-
-impl fmt::Debug for LockGuard {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LockGuard")
-            .field("name", &self.state.name)
-            .field("fencing_token", &self.state.fence.get())
-            .field("reentrant", &self.reentrant)
-            .field("remaining", &self.remaining())
-            .field("lost", &self.state.is_lost())
-            .finish()
-    }
-}
-
-impl LockGuard {
-    /// The lock's name.
-    pub fn name(&self) -> &LockName {
-        &self.state.name
-    }
-
-    /// The fencing token of this hold, to hand to the resource the lock protects.
-    ///
-    /// A plain lock's first call asks Redis for it (one round trip, owner-checked): an
-    /// acquisition that never asks pays nothing for fencing. Later calls, and the guards that
-    /// re-entered this hold, get the same token without a round trip. Fails with
-    /// [`LockError::Lost`] once the hold is known lost (its lease ran out here, a renewal found
-    /// it gone), or if Redis no longer has it when the token is minted (which marks it lost);
-    /// with [`LockError::Backend`] if Redis can't be asked. Either way the work must not go on
-    /// with this hold's authority.
-    pub async fn fencing_token(&self) -> Result<FencingToken, LockError> {
-        self.locker.fencing_token(&self.state).await
-    }
-
-    /// The fencing token if this hold has one already (from its grant or an earlier ask), without
-    /// asking Redis: for logs and error reports. Use [`fencing_token`](Self::fencing_token) to
-    /// hand a token to a resource.
-    pub fn minted_fencing_token(&self) -> Option<FencingToken> {
-        self.state.fence.get().copied()
-    }
-
-    /// A view of this hold that may be kept apart from the guard (in a request's extensions,
-    /// say): its name, its fencing token, its loss. It neither holds nor releases anything.
-    pub fn held_lock(&self) -> HeldLock {
-        HeldLock {
-            hold: self.state.clone(),
-        }
-    }
-
-    /// Whether this guard re-entered a hold that the same task already had.
-    pub fn is_reentrant(&self) -> bool {
-        self.reentrant
-    }
-
-    /// Whether the lock is renewed by the watchdog (otherwise it has a fixed lease).
-    pub fn is_watchdog(&self) -> bool {
-        self.state.watchdog
-    }
-
-    /// The validity deadline on tokio's monotonic clock: acquisition (or last renewal) time plus
-    /// the lease, minus a drift margin.
-    pub fn valid_until(&self) -> Instant {
-        self.state.deadline()
-    }
-
-    /// How long the lock is certainly still held for, as far as this process knows; zero once
-    /// lost.
-    pub fn remaining(&self) -> Duration {
-        if self.state.is_lost() {
-            return Duration::ZERO;
-        }
-        self.state
-            .deadline()
-            .saturating_duration_since(Instant::now())
-    }
-
-    /// Whether the lock was lost (expired, deleted or taken over).
-    pub fn is_lost(&self) -> bool {
-        self.state.is_lost()
-    }
-
-    /// A future that resolves when the lock is lost. It never resolves for a lock that is
-    /// released normally; it resolves at once if the lock is already lost.
-    pub fn lost(&self) -> Lost {
-        Lost::of(self.state.clone())
-    }
-
-    /// Runs `fut` while the lock is held and cancels it (drops it at its next `.await`) as soon
-    /// as the lock is lost, returning [`LockError::Lost`].
-    pub async fn run<F: Future>(&self, fut: F) -> Result<F::Output, LockError> {
-        if self.state.is_lost() {
-            return Err(self.state.lost_error());
-        }
-        let lost = self.lost();
-        tokio::select! {
-            biased;
-            () = lost => Err(self.state.lost_error()),
-            out = fut => Ok(out),
-        }
-    }
-
-    /// Sets the lease to `lease` from now (owner-checked), shorter or longer than before:
-    /// [`valid_until`](LockGuard::valid_until) follows it either way. For a watchdog lock, later
-    /// renewals use the new lease too (every third of it).
-    ///
-    /// If the call fails (the backend timed out, say), the change may still reach Redis later:
-    /// until a later renewal is confirmed, the guard counts on the shorter of the two leases.
-    pub async fn extend(&self, lease: Duration) -> Result<(), LockError> {
-        if self.state.is_lost() {
-            return Err(self.state.lost_error());
-        }
-        self.locker.extend(&self.state, lease).await
-    }
-
-    /// Releases the lock and says what Redis found.
-    ///
-    /// A re-entered guard counts its hold down; the lock stays held by the enclosing guard.
-    pub async fn release(mut self) -> ReleaseOutcome {
-        self.done = true;
-        // Boxed: a task that holds a release future for later (say, after a long wait for the
-        // lock) keeps only a pointer until it releases.
-        Box::pin(self.locker.release_hold(self.state.clone())).await
-    }
-}
-
-impl Drop for LockGuard {
-    fn drop(&mut self) {
-        if !self.done {
-            self.locker.release_in_background(self.state.clone());
-        }
-    }
-}
-
-/// Resolves when a lock is lost. See [`LockGuard::lost`].
+/// Resolves when a lock is lost. See [`LockGuard::lost`](crate::LockGuard::lost).
 #[must_use = "futures do nothing unless polled"]
 pub struct Lost {
     inner: Pin<Box<dyn Future<Output = ()> + Send>>,

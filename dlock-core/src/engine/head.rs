@@ -13,34 +13,34 @@ use super::queue::QueueTicket;
 use super::*;
 use crate::backend::{AcquireReply, GrantTo};
 use crate::error::LockError;
-use crate::guard::HoldState;
+use crate::hold::HoldState;
 use crate::name::{LockKeys, LockName};
 
 /// A waiting request's state, from the local line to the head of it.
-pub(super) struct Waiting {
-    pub(super) name: LockName,
-    pub(super) keys: Arc<LockKeys>,
-    pub(super) owner: Arc<str>,
-    pub(super) lease: Lease,
-    pub(super) started: Instant,
-    pub(super) deadline: Instant,
+pub(crate) struct Waiting {
+    pub(crate) name: LockName,
+    pub(crate) keys: Arc<LockKeys>,
+    pub(crate) owner: Arc<str>,
+    pub(crate) lease: Lease,
+    pub(crate) started: Instant,
+    pub(crate) deadline: Instant,
     /// When it began to wait, on the wall clock (for its claims).
-    pub(super) since: u64,
+    pub(crate) since: u64,
     /// The holder's remaining lease, as the last answer gave it.
-    pub(super) pttl: Option<Duration>,
+    pub(crate) pttl: Option<Duration>,
     /// When the last attempt came back.
-    pub(super) came_back: Option<Instant>,
+    pub(crate) came_back: Option<Instant>,
     /// The last backend error, while no attempt has answered since.
-    pub(super) failed: Option<LockError>,
-    pub(super) leave: Leave,
+    pub(crate) failed: Option<LockError>,
+    pub(crate) leave: Leave,
     /// How long a writer's recorded wait counts (a writer's request only).
-    pub(super) wait_counts: Option<Duration>,
+    pub(crate) wait_counts: Option<Duration>,
 }
 
-impl Locker {
+impl Engine {
     /// The head waiter's wait in Redis: an attempt after every wake-up or timer, a hand-over
     /// from a local releaser, until the deadline.
-    pub(super) async fn wait_at_head(
+    pub(crate) async fn wait_at_head(
         &self,
         waiting: Waiting,
         ticket: &QueueTicket,
@@ -192,7 +192,7 @@ impl Locker {
     }
 }
 
-impl Locker {
+impl Engine {
     /// A hold granted to a head waiter by another's release lasts `held_for` from the grant, and
     /// the waiter sent the claim at `sent_at`, before it: its belief ends that long after
     /// `sent_at` until its own lease, asked for at once (in the background: the caller has its

@@ -11,10 +11,10 @@ use super::queue::LocalQueue;
 use super::*;
 use crate::backend::ReleaseReply;
 use crate::error::{BackendError, LockError, ReleaseOutcome};
-use crate::guard::{HoldState, LossReason};
+use crate::hold::{HoldState, LossReason};
 use crate::metrics;
 
-impl Locker {
+impl Engine {
     /// Releases one guard of `hold`. A guard that re-entered the hold only counts down here
     /// (Redis has one hold per owner); the last one releases in Redis, cancellation-safe.
     pub(crate) async fn release_hold(&self, hold: Arc<HoldState>) -> ReleaseOutcome {
@@ -117,7 +117,7 @@ impl Locker {
     /// after a hand-over whose answer was lost with `Try::AfterHandoff` (which may have let the
     /// lock go already; a release takes at most two command timeouts, whatever went before it).
     /// `queue`: the name's local line, whose waiters may hold back for other processes.
-    pub(super) async fn release_in_redis(
+    pub(crate) async fn release_in_redis(
         &self,
         hold: &HoldState,
         handed_to: Option<&str>,
@@ -197,7 +197,7 @@ fn inner_outcome(hold: &HoldState) -> ReleaseOutcome {
 }
 
 /// What a release reply means for the hold (marking it lost when it was).
-pub(super) fn release_outcome(hold: &HoldState, reply: ReleaseReply) -> ReleaseOutcome {
+pub(crate) fn release_outcome(hold: &HoldState, reply: ReleaseReply) -> ReleaseOutcome {
     match reply {
         ReleaseReply::Released { .. } => ReleaseOutcome::Released,
         ReleaseReply::Expired => {
@@ -247,9 +247,9 @@ fn log_release(hold: &HoldState, outcome: &ReleaseOutcome) {
     }
 }
 
-/// What went before a release in Redis (see [`Locker::release_in_redis`]).
+/// What went before a release in Redis (see [`Locker::release_in_redis`](crate::Locker::release_in_redis)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Try {
+pub(crate) enum Try {
     /// Nothing: the release is the first command to let the hold go.
     First,
     /// A hand-over whose answer was lost: it may have let the hold go (handed to the waiter, or

@@ -8,13 +8,13 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::Instrument as _;
 
-use super::*;
+use crate::engine::{Attempted, Engine, Lease, LockGuard, check_lease, held_or_timed_out};
 use crate::error::{LockError, ReleaseOutcome};
-use crate::guard::{LockGuard, Lost};
-use crate::name::{LockKeys, LockName};
+use crate::hold::Lost;
+use crate::name::{IntoLockName, LockKeys, LockName};
 
 /// A counting semaphore in Redis: at most [`permits`](Self::permits) holders of one name at a
-/// time, across tasks and processes. Made by [`Locker::semaphore`]; cheap to clone.
+/// time, across tasks and processes. Made by [`Locker::semaphore`](crate::Locker::semaphore); cheap to clone.
 ///
 /// Each [`Permit`] has an id and a lease of its own, renewed by the watchdog while the permit
 /// lives (or fixed), so a holder that crashed gives its permit back when its lease ends. Waiters
@@ -35,7 +35,7 @@ use crate::name::{LockKeys, LockName};
 /// ```
 #[derive(Debug, Clone)]
 pub struct Semaphore {
-    locker: Locker,
+    engine: Engine,
     /// The name, or why it is not one (kept to be returned by every call).
     name: Result<LockName, Arc<LockError>>,
     permits: u32,
@@ -53,24 +53,15 @@ pub struct SemaphoreStatus {
     pub set: bool,
 }
 
-impl Locker {
-    /// A semaphore named `name` with `permits` permits (unless a count was set for the name at
-    /// run time, see [`Semaphore::set_permits`]). A semaphore's keys never collide with a lock's
-    /// of the same name.
-    ///
-    /// A handle needs at least one permit of its own: a request on a handle made with `0` is a
-    /// [`LockError::Config`], whatever count is set at run time (its `status` still reads that
-    /// count). To stop granting permits for a while, set the count to `0` at run time.
-    pub fn semaphore(&self, name: impl IntoLockName, permits: u32) -> Semaphore {
-        Semaphore {
-            locker: self.clone(),
-            name: self.name(name).map_err(Arc::new),
+impl Semaphore {
+    pub(crate) fn new(engine: Engine, name: impl IntoLockName, permits: u32) -> Self {
+        Self {
+            name: engine.name(name).map_err(Arc::new),
+            engine,
             permits,
         }
     }
-}
 
-impl Semaphore {
     /// The count this handle uses when none was set at run time.
     pub fn permits(&self) -> u32 {
         self.permits
@@ -81,7 +72,7 @@ impl Semaphore {
             LockError::InvalidName(invalid) => LockError::InvalidName(invalid.clone()),
             other => LockError::Config(other.to_string()),
         })?;
-        let prefix = &self.locker.inner.config.prefix;
+        let prefix = &self.engine.inner.config.prefix;
         let keys = Arc::new(LockKeys::semaphore(prefix, &name, self.permits));
         Ok((name, keys))
     }
@@ -90,8 +81,8 @@ impl Semaphore {
     pub fn acquire(&self) -> PermitRequest {
         PermitRequest {
             semaphore: self.clone(),
-            wait: self.locker.inner.config.default_wait,
-            lease: self.locker.inner.config.default_lease,
+            wait: self.engine.inner.config.default_wait,
+            lease: self.engine.inner.config.default_lease,
         }
     }
 
@@ -118,14 +109,14 @@ impl Semaphore {
 
     async fn store_permits(&self, permits: Option<u32>) -> Result<(), LockError> {
         let (_, keys) = self.keys()?;
-        let session = (self.locker.inner.backend.session().await).map_err(LockError::Backend)?;
+        let session = (self.engine.inner.backend.session().await).map_err(LockError::Backend)?;
         (session.set_permits(&keys, permits).await).map_err(LockError::Backend)
     }
 
     /// How many permits are held now and the count in force, read from Redis in one script.
     pub async fn status(&self) -> Result<SemaphoreStatus, LockError> {
         let (_, keys) = self.keys()?;
-        let session = (self.locker.inner.backend.session().await).map_err(LockError::Backend)?;
+        let session = (self.engine.inner.backend.session().await).map_err(LockError::Backend)?;
         let (held, set) = (session.permits(&keys).await).map_err(LockError::Backend)?;
         Ok(SemaphoreStatus {
             held,
@@ -182,10 +173,10 @@ impl PermitRequest {
                 "semaphore {name} has no permits: give it at least one"
             )));
         }
-        super::lease::check_lease(self.lease.duration())?;
+        check_lease(self.lease.duration())?;
         let span = tracing::debug_span!("dlock.acquire_permit", name = name.for_logs());
-        let locker = self.semaphore.locker.clone();
-        let attempted = (locker.acquire_keys(name.clone(), keys, self.wait, self.lease))
+        let engine = self.semaphore.engine.clone();
+        let attempted = (engine.acquire_keys(name.clone(), keys, self.wait, self.lease))
             .instrument(span)
             .await?;
         Ok((attempted, name))
@@ -193,10 +184,9 @@ impl PermitRequest {
 
     async fn acquire_or_timeout(self) -> Result<Permit, LockError> {
         let started = Instant::now();
-        let labelled = self.semaphore.locker.inner.config.metrics_name_label;
+        let labelled = self.semaphore.engine.inner.config.metrics_name_label;
         let attempted = self.run().await?;
-        super::acquire::held_or_timed_out(attempted, labelled, started)
-            .map(|guard| Permit { guard })
+        held_or_timed_out(attempted, labelled, started).map(|guard| Permit { guard })
     }
 }
 

@@ -8,7 +8,7 @@ use tokio::time::Instant;
 use super::*;
 use crate::backend::{RenewItem, RenewReply};
 use crate::error::{BackendError, LockError};
-use crate::guard::{HoldState, LossReason};
+use crate::hold::{HoldState, LossReason};
 
 /// How a lock is leased: renewed by the watchdog, or fixed.
 ///
@@ -99,7 +99,7 @@ pub(crate) fn check_at_least(at_least: Duration, lease: Lease) -> Result<(), Loc
     }
 }
 
-impl Locker {
+impl Engine {
     /// Sets `hold`'s lease to `lease` from now, owner-checked. The change carries the hold's next
     /// sequence number, so a renewal still in flight can't undo it, and the validity deadline
     /// follows it whether it moves later or earlier.
@@ -109,7 +109,7 @@ impl Locker {
         // Renewals from now on carry the new lease, whatever becomes of this call.
         hold.lease_ms.store(lease_ms, Ordering::Relaxed);
         if hold.watchdog {
-            self.inner.watchdog.ensure_running(&self.inner);
+            self.inner.watchdog.ensure_running(&self.inner.backend);
             self.inner.watchdog.replan(lease_ms);
         }
         let sent_at = Instant::now();

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 /// bits are drawn again when the process id changes. One draw from the operating system per
 /// process rather than per acquisition: the draw is a system call, and a costly one. Should the
 /// system have no randomness to give, the process id and the time stand in for it.
-pub(super) fn new_owner(label: Option<&str>) -> Arc<str> {
+pub(crate) fn new_owner(label: Option<&str>) -> Arc<str> {
     // The process id the bits below were drawn in (0: not drawn yet); written last, after them.
     static DRAWN_IN: AtomicU32 = AtomicU32::new(0);
     static KEY: AtomicU64 = AtomicU64::new(0);

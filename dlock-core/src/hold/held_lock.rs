@@ -5,7 +5,6 @@ use std::sync::Arc;
 use super::HoldState;
 use crate::error::LockError;
 use crate::fencing::FencingToken;
-use crate::locker::Locker;
 
 /// A view of a held lock, apart from its guard: its name, its fencing token, its loss. It
 /// neither holds nor releases anything. See [`held_lock`](crate::held_lock) and
@@ -24,10 +23,7 @@ impl HeldLock {
     /// The fencing token of the hold, as
     /// [`LockGuard::fencing_token`](crate::LockGuard::fencing_token) gives it.
     pub async fn fencing_token(&self) -> Result<FencingToken, LockError> {
-        match Locker::from_inner(&self.hold.locker) {
-            Some(locker) => locker.fencing_token(&self.hold).await,
-            None => Err(self.hold.lost_error()),
-        }
+        self.hold.fencing_token().await
     }
 
     /// The fencing token if the hold has one already, without asking Redis (see
