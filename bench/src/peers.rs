@@ -389,12 +389,7 @@ impl Client {
         match (self, held) {
             (Client::Dlock(..), Held::Dlock(guard)) => released(guard.release().await),
             (Client::Dlock(..), Held::Permit(permit)) => released(permit.release().await),
-            (Client::Masters(_), Held::Masters(guard)) => {
-                for outcome in guard.release().await.into_iter().flatten() {
-                    released(outcome)?;
-                }
-                Ok(())
-            }
+            (Client::Masters(_), Held::Masters(guard)) => released(guard.release().await),
             (Client::Raw(raw), Held::Raw { key, token }) => {
                 let mut con = raw.con.clone();
                 let mut release = raw.release.key(&key);

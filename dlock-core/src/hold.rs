@@ -17,8 +17,12 @@ use crate::error::LockError;
 use crate::fencing::FencingToken;
 use crate::name::{LockKeys, LockName};
 
+mod guards;
 mod held_lock;
 
+pub(crate) use guards::sealed::Sealed;
+pub use guards::{Fenced, Hold};
+pub(crate) use guards::{fenced_by_own_method, hold_by_own_methods, worst};
 pub use held_lock::HeldLock;
 
 /// Why a hold was lost.
@@ -371,7 +375,7 @@ impl HoldState {
     }
 }
 
-/// Resolves when a lock is lost. See [`LockGuard::lost`](crate::LockGuard::lost).
+/// Resolves when a lock is lost. See [`Hold::lost`].
 #[must_use = "futures do nothing unless polled"]
 pub struct Lost {
     inner: Pin<Box<dyn Future<Output = ()> + Send>>,
@@ -387,6 +391,26 @@ impl Lost {
     pub(crate) fn of(hold: Arc<HoldState>) -> Self {
         Self {
             inner: Box::pin(hold.wait_lost()),
+        }
+    }
+
+    /// Resolves once fewer than `need` of `holds` are still not lost (never, if `need` is 0):
+    /// with `need` = all of them, at the first loss.
+    pub(crate) fn fewer_than(need: usize, holds: Vec<Arc<HoldState>>) -> Self {
+        Self {
+            inner: Box::pin(async move {
+                if need == 0 {
+                    return std::future::pending().await;
+                }
+                let mut pending: Vec<_> = (holds.into_iter())
+                    .filter(|h| !h.is_lost())
+                    .map(|h| Box::pin(h.wait_lost()))
+                    .collect();
+                while pending.len() >= need {
+                    let ((), _, rest) = futures_util::future::select_all(pending).await;
+                    pending = rest;
+                }
+            }),
         }
     }
 }

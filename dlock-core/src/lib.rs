@@ -163,7 +163,7 @@ pub use error::{
     BackendError, InvalidName, LockError, MasterOutcome, MastersError, ReleaseOutcome,
 };
 pub use fencing::FencingToken;
-pub use hold::{HeldLock, Lost};
+pub use hold::{Fenced, HeldLock, Hold, Lost};
 pub use locker::{
     Holder, LockInfo, Locker, LockerBuilder, LockerStats, default_locker, set_default_locker,
 };

@@ -14,13 +14,14 @@ use std::future::{Future, IntoFuture};
 use std::pin::Pin;
 use std::time::Duration;
 
-use futures_util::future::{join_all, select_all};
+use futures_util::future::join_all;
 use tokio::time::Instant;
 
 use crate::clock;
 use crate::engine::{Lease, LockGuard};
 use crate::error::{BackendError, LockError, MasterOutcome, MastersError, ReleaseOutcome};
 use crate::fencing::FencingToken;
+use crate::hold::{Lost, hold_by_own_methods, worst};
 use crate::locker::Locker;
 use crate::name::{IntoLockName, LockName};
 
@@ -320,14 +321,22 @@ impl MasterGuard {
     }
 
     /// One token that rises with every hold: the first master's, for a set where every master
-    /// must grant ([`MasterSet::all`]). `None` for a majority set, where no single master is in
-    /// every hold — use [`fencing_tokens`](Self::fencing_tokens) there. Fails as
+    /// must grant ([`MasterSet::all`]). A majority set ([`MasterSet::majority`]) has no single
+    /// master in every hold, so it has no such token: asking is a [`LockError::Config`] — use
+    /// [`fencing_tokens`](Self::fencing_tokens) there. Otherwise fails as
     /// [`LockGuard::fencing_token`] does.
-    pub async fn fencing_token(&self) -> Option<Result<FencingToken, LockError>> {
+    pub async fn fencing_token(&self) -> Result<FencingToken, LockError> {
         if self.need < self.guards.len() {
-            return None;
+            return Err(LockError::Config(
+                "a majority master set has no single fencing token: ask each master's with \
+                 `fencing_tokens()`"
+                    .to_owned(),
+            ));
         }
-        Some(self.guards.first()?.as_ref()?.fencing_token().await)
+        match self.guards.first() {
+            Some(Some(guard)) => guard.fencing_token().await,
+            _ => Err(self.lost_error()),
+        }
     }
 
     /// Until when the lock is valid: the latest instant by which enough masters' holds are
@@ -351,16 +360,20 @@ impl MasterGuard {
         self.valid_count(Instant::now()) < self.need
     }
 
-    /// Resolves once the lock is lost (fewer than the needed masters still hold it).
-    pub async fn lost(&self) {
-        let mut pending: Vec<_> = (self.guards.iter().flatten())
-            .filter(|g| !g.is_lost())
-            .map(|g| Box::pin(g.lost()))
-            .collect();
-        while pending.len() >= self.need && !pending.is_empty() {
-            let (_, _, rest) = select_all(pending).await;
-            pending = rest;
+    /// How long the lock is certainly still held for (by enough masters); zero once lost.
+    pub fn remaining(&self) -> Duration {
+        if self.is_lost() {
+            return Duration::ZERO;
         }
+        self.valid_until().saturating_duration_since(Instant::now())
+    }
+
+    /// Resolves once the lock is lost (fewer than the needed masters still hold it).
+    pub fn lost(&self) -> Lost {
+        let holds = (self.guards.iter().flatten())
+            .map(|g| g.state.clone())
+            .collect();
+        Lost::fewer_than(self.need, holds)
     }
 
     /// Runs `fut`, cancelling it with [`LockError::Lost`] if the lock is lost first.
@@ -396,9 +409,15 @@ impl MasterGuard {
         let _ = tokio::time::timeout(within, join_all(releases)).await;
     }
 
+    /// Releases the lock on every master that granted it, all at once, and says the worst of
+    /// their outcomes (see [`release_each`](Self::release_each) for each master's).
+    pub async fn release(self) -> ReleaseOutcome {
+        worst(self.release_each().await.into_iter().flatten())
+    }
+
     /// Releases the lock on every master that granted it, all at once; returns each master's
     /// outcome by index (`None` where it had not granted).
-    pub async fn release(mut self) -> Vec<Option<ReleaseOutcome>> {
+    pub async fn release_each(mut self) -> Vec<Option<ReleaseOutcome>> {
         let guards = std::mem::take(&mut self.guards);
         let releases = guards.into_iter().map(|g| async move {
             match g {
@@ -409,3 +428,5 @@ impl MasterGuard {
         join_all(releases).await
     }
 }
+
+hold_by_own_methods!(MasterGuard);

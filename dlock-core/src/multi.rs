@@ -17,6 +17,7 @@ use tokio::time::Instant;
 use crate::engine::{Engine, Lease, LockGuard, TriedAll, check_at_least, is_permanent};
 use crate::error::{LockError, ReleaseOutcome};
 use crate::fencing::FencingToken;
+use crate::hold::{Lost, hold_by_own_methods, worst};
 use crate::name::{IntoLockName, LockName};
 use crate::request::{LockRequest, RequestKind};
 
@@ -215,9 +216,36 @@ impl MultiGuard {
         self.guards.iter().map(LockGuard::name)
     }
 
-    /// The fencing token of each lock, in acquisition order (see
+    /// The first name in key order: the one [`Hold::name`](crate::Hold::name) gives. An empty
+    /// multi-lock has none, and gives an empty name.
+    pub fn name(&self) -> &LockName {
+        static NONE: std::sync::LazyLock<LockName> = std::sync::LazyLock::new(LockName::empty);
+        self.guards.first().map_or(&NONE, LockGuard::name)
+    }
+
+    /// The fencing token of the lock `name`, one of this multi-lock's (see
     /// [`LockGuard::fencing_token`]; locks taken together on one server got theirs with the
-    /// grant, so asking costs no round trip).
+    /// grant, so asking costs no round trip). A name the multi-lock does not hold is a
+    /// [`LockError::Config`].
+    pub async fn fencing_token_of(
+        &self,
+        name: impl IntoLockName,
+    ) -> Result<FencingToken, LockError> {
+        let name = name.into_lock_name()?;
+        match self
+            .guards
+            .iter()
+            .find(|g| g.name().as_str() == name.as_str())
+        {
+            Some(guard) => guard.fencing_token().await,
+            None => Err(LockError::Config(format!(
+                "{name} is not one of this multi-lock's names"
+            ))),
+        }
+    }
+
+    /// The fencing token of each lock, in acquisition (key) order, as
+    /// [`names`](Self::names) lists them.
     pub async fn fencing_tokens(&self) -> Result<Vec<FencingToken>, LockError> {
         let mut tokens = Vec::with_capacity(self.guards.len());
         for guard in &self.guards {
@@ -236,38 +264,57 @@ impl MultiGuard {
         self.guards.is_empty()
     }
 
+    /// Until when every lock is certainly held: the earliest of their validity deadlines (far
+    /// in the future for an empty set).
+    pub fn valid_until(&self) -> Instant {
+        (self.guards.iter().map(LockGuard::valid_until).min())
+            .unwrap_or_else(|| crate::clock::after(Instant::now(), Duration::MAX))
+    }
+
+    /// How long every lock is certainly still held for; zero once one is lost.
+    pub fn remaining(&self) -> Duration {
+        (self.guards.iter().map(LockGuard::remaining).min()).unwrap_or(Duration::MAX)
+    }
+
     /// Whether any of the locks was lost.
     pub fn is_lost(&self) -> bool {
         self.guards.iter().any(LockGuard::is_lost)
     }
 
-    /// Resolves when any of the locks is lost (never, for an empty set), with that lock's error.
-    pub async fn lost(&self) -> LockError {
-        if self.guards.is_empty() {
-            return std::future::pending().await;
-        }
-        let futures = self.guards.iter().map(|g| g.lost());
-        let ((), index, _) = futures_util::future::select_all(futures).await;
-        match self.guards.get(index) {
-            Some(guard) => guard.state.lost_error(),
-            None => LockError::Config("lost lock index out of range".to_owned()),
-        }
+    /// Resolves when any of the locks is lost (never, for an empty set).
+    pub fn lost(&self) -> Lost {
+        let holds = self.guards.iter().map(|g| g.state.clone()).collect();
+        Lost::fewer_than(self.guards.len(), holds)
     }
 
-    /// Runs `fut` and cancels it as soon as any of the locks is lost.
+    /// The error of the first lock lost, if one was.
+    fn lost_error(&self) -> Option<LockError> {
+        (self.guards.iter().find(|g| g.is_lost())).map(|g| g.state.lost_error())
+    }
+
+    /// Runs `fut` and cancels it as soon as any of the locks is lost, with that lock's
+    /// [`LockError::Lost`].
     pub async fn run<F: Future>(&self, fut: F) -> Result<F::Output, LockError> {
-        if let Some(lost) = self.guards.iter().find(|g| g.is_lost()) {
-            return Err(lost.state.lost_error());
+        if let Some(err) = self.lost_error() {
+            return Err(err);
         }
         tokio::select! {
             biased;
-            err = self.lost() => Err(err),
+            () = self.lost() => Err(self.lost_error().unwrap_or_else(|| {
+                LockError::Config("a multi-lock reported a loss no lock shows".to_owned())
+            })),
             out = fut => Ok(out),
         }
     }
 
+    /// Releases every lock (in reverse order) and says the worst of their outcomes (see
+    /// [`release_each`](Self::release_each) for each one's).
+    pub async fn release(self) -> ReleaseOutcome {
+        worst(self.release_each().await)
+    }
+
     /// Releases every lock (in reverse order) and returns each outcome, in acquisition order.
-    pub async fn release(self) -> Vec<ReleaseOutcome> {
+    pub async fn release_each(self) -> Vec<ReleaseOutcome> {
         let mut outcomes = Vec::with_capacity(self.guards.len());
         for guard in self.guards.into_iter().rev() {
             outcomes.push(guard.release().await);
@@ -281,3 +328,5 @@ impl MultiGuard {
         self.guards
     }
 }
+
+hold_by_own_methods!(MultiGuard);

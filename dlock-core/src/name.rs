@@ -101,6 +101,14 @@ impl LockName {
         NameBuilder::new()
     }
 
+    /// The empty name, which no lock has: what a guard of no locks names.
+    pub(crate) fn empty() -> Self {
+        Self {
+            name: Arc::from(""),
+            hidden: false,
+        }
+    }
+
     /// The name as a string (escaped values included).
     pub fn as_str(&self) -> &str {
         &self.name

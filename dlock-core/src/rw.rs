@@ -10,7 +10,7 @@ use tracing::Instrument as _;
 
 use crate::engine::{Attempted, Engine, Lease, LockGuard, check_lease, held_or_timed_out};
 use crate::error::{LockError, ReleaseOutcome};
-use crate::hold::Lost;
+use crate::hold::{Lost, hold_by_own_methods};
 use crate::name::{IntoLockName, LockKeys, LockName};
 use crate::request::{LockRequest, RequestKind};
 use crate::scope;
@@ -234,3 +234,5 @@ impl ReadGuard {
         self.guard.release().await
     }
 }
+
+hold_by_own_methods!(ReadGuard);

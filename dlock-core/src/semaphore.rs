@@ -10,7 +10,7 @@ use tracing::Instrument as _;
 
 use crate::engine::{Attempted, Engine, Lease, LockGuard, check_lease, held_or_timed_out};
 use crate::error::{LockError, ReleaseOutcome};
-use crate::hold::Lost;
+use crate::hold::{Lost, hold_by_own_methods};
 use crate::name::{IntoLockName, LockKeys, LockName};
 
 /// A counting semaphore in Redis: at most [`permits`](Self::permits) holders of one name at a
@@ -257,3 +257,5 @@ impl Permit {
         self.guard.release().await
     }
 }
+
+hold_by_own_methods!(Permit);

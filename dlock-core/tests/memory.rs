@@ -227,7 +227,7 @@ async fn multi_lock_is_all_or_none() {
     assert_eq!(all.len(), 3);
     let names: Vec<_> = all.names().map(|n| n.as_str().to_owned()).collect();
     assert_eq!(names, ["sku:1", "sku:2", "sku:3"]);
-    assert!(all.release().await.iter().all(ReleaseOutcome::is_released));
+    assert!(all.release().await.is_released());
 }
 
 #[tokio::test(start_paused = true)]

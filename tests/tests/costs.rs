@@ -116,7 +116,7 @@ async fn warm_locker(server: &RedisServer) -> Locker {
     );
     let names = [format!("{warm}-a"), format!("{warm}-b")];
     let multi = locker.lock_all(names).await.expect("multi");
-    assert!(multi.release().await.iter().all(|o| o.is_released()));
+    assert!(multi.release().await.is_released());
     dlock_core::scope(async {
         let outer = locker.lock(format!("{warm}-plain")).await.expect("outer");
         let inner = locker.lock(format!("{warm}-plain")).await.expect("inner");

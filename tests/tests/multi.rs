@@ -116,7 +116,7 @@ async fn one_busy_name_takes_nothing_and_a_try_makes_no_second_call() {
         .expect("granted after the release");
     assert!(releaser.await.expect("releaser").is_released());
     assert_eq!(all.len(), 4);
-    assert!(all.release().await.iter().all(|o| o.is_released()));
+    assert!(all.release().await.is_released());
     assert_eq!(locker.stats().renewed_holds, 0);
 }
 
@@ -190,7 +190,7 @@ async fn inside_a_scope_a_held_name_is_re_entered_and_the_rest_taken() {
             outer.fencing_token().await.unwrap(),
             "the re-entered hold keeps its token"
         );
-        assert!(all.release().await.iter().all(|o| o.is_released()));
+        assert!(all.release().await.is_released());
         assert!(
             !outer.is_lost(),
             "releasing the inner guard keeps the outer hold"
@@ -259,7 +259,7 @@ async fn no_names_repeated_names_and_a_bad_name_in_a_multi_lock() {
         .await
         .expect("dup");
     assert_eq!(dup.len(), 2);
-    for o in dup.release().await {
+    for o in dup.release_each().await {
         assert!(o.is_released(), "{o:?}");
     }
     let bad = locker.lock_all([a.as_str(), ""]).await;

@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use super::Engine;
 use crate::error::{LockError, ReleaseOutcome};
 use crate::fencing::FencingToken;
-use crate::hold::{HeldLock, HoldState, Lost};
+use crate::hold::{HeldLock, HoldState, Lost, fenced_by_own_method, hold_by_own_methods};
 use crate::name::LockName;
 use crate::scope::LockScope;
 
@@ -156,6 +156,9 @@ impl Drop for LockGuard {
         }
     }
 }
+
+hold_by_own_methods!(LockGuard);
+fenced_by_own_method!(LockGuard);
 
 // Here rather than in `scope`: a scope sits below the guards and knows holds only.
 impl LockScope {
