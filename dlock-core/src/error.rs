@@ -19,7 +19,7 @@ pub use masters::{MasterOutcome, MastersError};
 pub enum LockError {
     /// The lock stayed busy until the wait deadline (immediately, with no wait).
     #[error("lock `{name}` is busy (waited {waited:?})")]
-    Timeout {
+    Busy {
         /// The lock's name.
         name: String,
         /// How long this call waited.
@@ -57,14 +57,23 @@ fn token_note(token: Option<FencingToken>) -> String {
 }
 
 impl LockError {
-    /// The lock was busy until the deadline (on a [`MasterSet`](crate::MasterSet): enough
-    /// masters answered, but rivals held it on too many of them).
-    pub fn is_timeout(&self) -> bool {
+    /// The lock was busy until the deadline: another holder kept it past the wait (on a
+    /// [`MasterSet`](crate::MasterSet): enough masters answered, but rivals held it on too many
+    /// of them). A backend that did not answer in time is [`is_backend`](Self::is_backend)
+    /// instead.
+    pub fn is_busy(&self) -> bool {
         match self {
-            Self::Timeout { .. } => true,
+            Self::Busy { .. } => true,
             Self::Masters(err) => err.is_busy(),
             _ => false,
         }
+    }
+
+    /// The old name of [`is_busy`](Self::is_busy), which says what it means: the lock was held
+    /// by another, not that something timed out.
+    #[deprecated(note = "renamed `is_busy`")]
+    pub fn is_timeout(&self) -> bool {
+        self.is_busy()
     }
 
     /// The lock was lost while held.
@@ -92,24 +101,24 @@ impl LockError {
         matches!(self, Self::Config(_))
     }
 
-    /// The holder's remaining lease, for a [`Timeout`](LockError::Timeout).
+    /// The holder's remaining lease, for [`Busy`](LockError::Busy).
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
-            Self::Timeout { retry_after, .. } => *retry_after,
+            Self::Busy { retry_after, .. } => *retry_after,
             _ => None,
         }
     }
 }
 
 impl From<LockError> for std::io::Error {
-    /// For functions that return `std::io::Result`: busy is `TimedOut`, an invalid name is
+    /// For functions that return `std::io::Result`: busy is `ResourceBusy`, an invalid name is
     /// `InvalidInput`, an unreachable backend is `NotConnected`, anything else `Other`.
     fn from(err: LockError) -> Self {
         let kind = match &err {
-            LockError::Timeout { .. } => std::io::ErrorKind::TimedOut,
+            LockError::Busy { .. } => std::io::ErrorKind::ResourceBusy,
             LockError::InvalidName(_) => std::io::ErrorKind::InvalidInput,
             LockError::Backend(_) => std::io::ErrorKind::NotConnected,
-            LockError::Masters(m) if m.is_busy() => std::io::ErrorKind::TimedOut,
+            LockError::Masters(m) if m.is_busy() => std::io::ErrorKind::ResourceBusy,
             LockError::Masters(_) => std::io::ErrorKind::NotConnected,
             _ => std::io::ErrorKind::Other,
         };
@@ -328,5 +337,37 @@ impl ReleaseOutcome {
     /// The lock was released as expected.
     pub fn is_released(&self) -> bool {
         matches!(self, Self::Released)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn busy_is_not_a_timeout_of_the_backend() {
+        let busy = LockError::Busy {
+            name: "a".to_owned(),
+            waited: Duration::from_millis(5),
+            retry_after: Some(Duration::from_secs(1)),
+        };
+        assert!(busy.is_busy() && !busy.is_backend());
+        assert_eq!(busy.retry_after(), Some(Duration::from_secs(1)));
+        assert_eq!(
+            std::io::Error::from(busy).kind(),
+            std::io::ErrorKind::ResourceBusy
+        );
+
+        let slow = LockError::Backend(BackendError::timeout(Duration::from_millis(5)));
+        assert!(slow.is_backend() && !slow.is_busy());
+        assert_eq!(
+            std::io::Error::from(slow).kind(),
+            std::io::ErrorKind::NotConnected
+        );
+        let name = LockError::InvalidName(InvalidName::Empty);
+        assert_eq!(
+            std::io::Error::from(name).kind(),
+            std::io::ErrorKind::InvalidInput
+        );
     }
 }

@@ -25,7 +25,7 @@
 //!   and sets the lease; otherwise it returns the holder's remaining lease. A plain lock's
 //!   [`FencingToken`] is minted when the holder first asks for it
 //!   ([`LockGuard::fencing_token`], one more round trip), so holders that never use one don't
-//!   pay for it. Re-entering a hold inside a [`scope`] only checks that Redis still has it and counts
+//!   pay for it. Re-entering a hold inside a [`scope`](mod@crate::scope) only checks that Redis still has it and counts
 //!   the new guard in this process, so nothing a re-entry does can be left behind.
 //! - **Release** is one script: only the owner may delete the lock, which publishes a wake-up.
 //!   [`LockGuard::release`] says whether the lock was released, had already expired, or had been
@@ -72,7 +72,7 @@
 //! - **Read-write locks**: [`Locker::read_write_lock`] lets many readers or one writer in;
 //!   waiting writers keep new readers out unless configured.
 //! - **Cancellation**: dropping an acquisition future at any point never leaks a lock.
-//! - **Reentrancy** is scoped to a logical task, never a thread: see [`scope`].
+//! - **Reentrancy** is scoped to a logical task, never a thread: see [`scope`](mod@crate::scope).
 //!
 //! # Keys
 //!
@@ -149,7 +149,7 @@ mod request;
 #[cfg(feature = "http")]
 mod response;
 mod rw;
-mod scope;
+pub mod scope;
 mod semaphore;
 mod watchdog;
 
@@ -177,7 +177,9 @@ pub use request::LockRequest;
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub use response::ErrorResponses;
 pub use rw::{ReadGuard, ReadRequest, ReadWriteLock};
-pub use scope::{LockScope, Scoped, fencing_token, held_lock, in_scope, isolated_scope, scope};
+#[allow(deprecated)]
+pub use scope::moved::{fencing_token, held_lock, in_scope, isolated_scope};
+pub use scope::{LockScope, Scoped, scope};
 pub use semaphore::{Permit, PermitRequest, Semaphore, SemaphoreStatus};
 
 /// The `redis` crate this version of dlock is built on: its `Client` and connection types are

@@ -110,7 +110,7 @@ impl Locker {
     /// processes. Await it, or call [`try_lock`](LockRequest::try_lock), as for [`lock`](Self::lock).
     ///
     /// A fair lock is a plain lock (same key, same fencing tokens, watchdog, loss detection,
-    /// re-entry inside a [`scope`](crate::scope)) with a line of waiters in Redis. A request that
+    /// re-entry inside a [`scope`](mod@crate::scope)) with a line of waiters in Redis. A request that
     /// finds the lock taken, or finds others in line, joins the line at the back; the lock goes
     /// to the head of the line, and a release wakes the head alone, on its own channel. A
     /// [`try_lock`](LockRequest::try_lock) never joins the line and gets the lock only when it is

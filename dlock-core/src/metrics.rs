@@ -7,7 +7,7 @@
 //! |---|---|---|---|---|
 //! | `dlock_acquired_total` | counter | | `name`¹ | acquisitions (re-entries not counted) |
 //! | `dlock_busy_total` | counter | | `name`¹ | calls that ended with the lock still busy: `try_lock` finding it held, and waits that ran out |
-//! | `dlock_timeout_total` | counter | | `name`¹ | waits that ran out, returned as `LockError::Timeout` (a subset of `dlock_busy_total`) |
+//! | `dlock_timeout_total` | counter | | `name`¹ | waits that ran out, returned as `LockError::Busy` (a subset of `dlock_busy_total`) |
 //! | `dlock_wait_seconds` | histogram | seconds | `name`¹ | time from the call to the acquisition |
 //! | `dlock_hold_seconds` | histogram | seconds | `name`¹ | time from the acquisition to the last guard letting go |
 //! | `dlock_released_total` | counter | | `name`¹ | final releases that found the lock still held |
@@ -75,10 +75,7 @@ pub fn describe() {
         BUSY,
         "Lock calls that ended with the lock still busy (try_lock, or a wait that ran out)."
     );
-    describe_counter!(
-        TIMEOUT,
-        "Waits that ran out, returned as LockError::Timeout."
-    );
+    describe_counter!(TIMEOUT, "Waits that ran out, returned as LockError::Busy.");
     describe_histogram!(
         WAIT_SECONDS,
         Unit::Seconds,

@@ -105,7 +105,7 @@ impl MultiLockRequest {
         self.wait = Duration::ZERO;
         match self.acquire().await {
             Ok(guard) => Ok(Some(guard)),
-            Err(LockError::Timeout { .. }) => Ok(None),
+            Err(LockError::Busy { .. }) => Ok(None),
             Err(err) => Err(err),
         }
     }
@@ -157,10 +157,10 @@ impl MultiLockRequest {
                 };
                 match request.await {
                     Ok(guard) => guards.push(guard),
-                    Err(LockError::Timeout {
+                    Err(LockError::Busy {
                         name, retry_after, ..
                     }) => {
-                        let err = LockError::Timeout {
+                        let err = LockError::Busy {
                             name,
                             waited: started.elapsed(),
                             retry_after,

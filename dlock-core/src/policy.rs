@@ -28,6 +28,6 @@ pub enum OnLost {
     #[default]
     Cancel,
     /// The guarded code runs on and decides: it sees the loss through
-    /// [`held_lock`](crate::held_lock) (`is_lost()`, `lost().await`).
+    /// [`held_lock`](crate::scope::held_lock) (`is_lost()`, `lost().await`).
     Signal,
 }

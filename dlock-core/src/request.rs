@@ -61,7 +61,7 @@ impl LockRequest {
     ///
     /// The call returns within `wait` plus one command timeout. A backend error during the wait
     /// is retried until the deadline (Redis may be back in a moment); at the deadline the call
-    /// returns that error if Redis has not answered since, [`LockError::Timeout`] otherwise.
+    /// returns that error if Redis has not answered since, [`LockError::Busy`] otherwise.
     pub fn wait(mut self, wait: Duration) -> Self {
         self.wait = wait;
         self

@@ -13,7 +13,7 @@ use crate::error::LockError;
 ///
 /// | error | default status | also |
 /// | --- | --- | --- |
-/// | busy ([`LockError::Timeout`]) | 409 ([`busy_status`](Self::busy_status)) | `Retry-After`: the holder's remaining lease in whole seconds, rounded up, at least 1 |
+/// | busy ([`LockError::Busy`]) | 409 ([`busy_status`](Self::busy_status)) | `Retry-After`: the holder's remaining lease in whole seconds, rounded up, at least 1 |
 /// | lost while held ([`LockError::Lost`]) | 503 ([`lost_status`](Self::lost_status)) | |
 /// | Redis unreachable, timed out or failing ([`LockError::Backend`]) | 503 ([`unavailable_status`](Self::unavailable_status)) | |
 /// | a [`MasterSet`](crate::MasterSet) short of grants ([`LockError::Masters`]) | 409 when rivals held it, 503 when masters failed | `Retry-After: 1` when busy |
@@ -42,7 +42,7 @@ use crate::error::LockError;
 /// const LOCK_ERRORS: ErrorResponses =
 ///     ErrorResponses::new().busy_status(StatusCode::LOCKED).hide_names(true);
 ///
-/// let busy = LockError::Timeout {
+/// let busy = LockError::Busy {
 ///     name: "order:7".into(),
 ///     waited: std::time::Duration::ZERO,
 ///     retry_after: Some(std::time::Duration::from_millis(2_300)),
@@ -120,7 +120,7 @@ impl ErrorResponses {
     /// The status `err` is answered with.
     pub fn status_of(&self, err: &LockError) -> StatusCode {
         match err {
-            LockError::Timeout { .. } => self.busy,
+            LockError::Busy { .. } => self.busy,
             LockError::Lost { .. } => self.lost,
             LockError::Backend(_) => self.unavailable,
             LockError::InvalidName(_) => self.invalid_name,
@@ -135,7 +135,7 @@ impl ErrorResponses {
     pub fn to_response(&self, err: &LockError) -> http::Response<String> {
         let status = self.status_of(err);
         let (detail, name) = match err {
-            LockError::Timeout { name, .. } => (
+            LockError::Busy { name, .. } => (
                 "another request holds this lock; retry later".to_owned(),
                 Some(name.as_str()),
             ),
@@ -180,7 +180,7 @@ impl ErrorResponses {
             HeaderValue::from_static("application/problem+json"),
         );
         let busy_retry = match err {
-            LockError::Timeout { retry_after, .. } => Some(*retry_after),
+            LockError::Busy { retry_after, .. } => Some(*retry_after),
             LockError::Masters(m) if m.is_busy() => Some(None),
             _ => None,
         };
@@ -247,7 +247,7 @@ impl axum_core::response::IntoResponse for LockError {
                     "dlock: lock lost, answered over HTTP"
                 );
             }
-            LockError::Timeout { .. } => {
+            LockError::Busy { .. } => {
                 tracing::debug!("dlock: lock busy, answered over HTTP");
             }
             LockError::Masters(m) if m.is_busy() => {
@@ -282,7 +282,7 @@ mod tests {
     use crate::fencing::FencingToken;
 
     fn busy(retry_after: Option<Duration>) -> LockError {
-        LockError::Timeout {
+        LockError::Busy {
             name: "order:\"7\"".into(),
             waited: Duration::from_secs(3),
             retry_after,
@@ -390,7 +390,7 @@ mod tests {
             );
             assert_eq!(
                 response.headers().contains_key(header::RETRY_AFTER),
-                err.is_timeout(),
+                err.is_busy(),
                 "{err}"
             );
         }

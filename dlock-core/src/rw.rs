@@ -26,7 +26,7 @@ use crate::scope;
 ///   whenever no writer holds the lock.
 /// - **The writer** holds a lock of its own ([`write`](Self::write) gives a [`LockGuard`]):
 ///   fencing tokens, the watchdog, loss detection and re-entry inside a
-///   [`scope`](crate::scope), as a plain lock.
+///   [`scope`](mod@crate::scope), as a plain lock.
 /// - **Readers** each hold a lease of their own in a sorted set ([`read`](Self::read) gives a
 ///   [`ReadGuard`]), renewed by the watchdog; a reader that crashed leaves when its lease
 ///   ends. A read inside a scope that holds the write lock re-enters the writer's hold; a read
@@ -112,7 +112,7 @@ pub struct ReadRequest {
 
 impl ReadRequest {
     /// Waits up to `wait` (default: the `Locker`'s default wait); returns within `wait` plus
-    /// one command timeout, [`LockError::Timeout`] if the writer (or a waiting one) stayed.
+    /// one command timeout, [`LockError::Busy`] if the writer (or a waiting one) stayed.
     pub fn wait(mut self, wait: Duration) -> Self {
         self.wait = wait;
         self

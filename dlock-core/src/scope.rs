@@ -1,6 +1,8 @@
-//! Lock scopes: task-local reentrancy.
+//! Lock scopes: task-local reentrancy, and what code inside a scope can ask of the locks it
+//! holds: [`fencing_token`], [`held_lock`], [`in_scope`]. [`scope`](crate::scope()) opens
+//! one (it is also at the crate's root), [`isolated_scope`] a separate one.
 //!
-//! Inside [`scope`], acquiring a name that the same logical task already holds (through the same
+//! Inside [`scope`](mod@crate::scope), acquiring a name that the same logical task already holds (through the same
 //! `Locker`) re-enters the hold: after a read-only check that Redis still has it, the new guard
 //! is counted in this process and carries the same fencing token; releasing it counts it out,
 //! and the lock is released in Redis when the last guard of the hold goes. Re-entering a hold
@@ -238,14 +240,51 @@ pub async fn isolated_scope<F: Future>(fut: F) -> F::Output {
     SCOPE.scope(Arc::default(), fut).await
 }
 
-/// The fencing token of the innermost lock held in the current scope (`None`: no lock is held
-/// here), as [`LockGuard::fencing_token`](crate::LockGuard::fencing_token) gives it: minted at
-/// the first ask.
+/// The fencing token of the innermost lock held in the current scope, as
+/// [`LockGuard::fencing_token`](crate::LockGuard::fencing_token) gives it: minted at the first
+/// ask. With no lock held here, a [`LockError::Config`]: the call is in the wrong place.
 ///
 /// Inside a `#[distributed_lock]` function this is the token of the lock the attribute took.
-pub async fn fencing_token() -> Option<Result<FencingToken, LockError>> {
-    let held = held_lock()?;
-    Some(held.fencing_token().await)
+pub async fn fencing_token() -> Result<FencingToken, LockError> {
+    match held_lock() {
+        Some(held) => held.fencing_token().await,
+        None => Err(LockError::Config(
+            "no lock is held in this task's scope: ask for the fencing token inside a \
+             `#[distributed_lock]` function, a `LockLayer` handler or `dlock_core::scope`"
+                .to_owned(),
+        )),
+    }
+}
+
+/// What the crate's root gave before these functions moved into [`scope`](self).
+pub(crate) mod moved {
+    use super::*;
+
+    /// Moved to [`dlock_core::scope::fencing_token`](crate::scope::fencing_token), which
+    /// returns the `Result` alone (no lock held: a [`LockError::Config`]).
+    #[deprecated(note = "use `dlock_core::scope::fencing_token()`, which returns a `Result`")]
+    pub async fn fencing_token() -> Option<Result<FencingToken, LockError>> {
+        let held = super::held_lock()?;
+        Some(held.fencing_token().await)
+    }
+
+    /// Moved to [`dlock_core::scope::held_lock`](crate::scope::held_lock).
+    #[deprecated(note = "use `dlock_core::scope::held_lock()`")]
+    pub fn held_lock() -> Option<HeldLock> {
+        super::held_lock()
+    }
+
+    /// Moved to [`dlock_core::scope::in_scope`](crate::scope::in_scope).
+    #[deprecated(note = "use `dlock_core::scope::in_scope()`")]
+    pub fn in_scope() -> bool {
+        super::in_scope()
+    }
+
+    /// Moved to [`dlock_core::scope::isolated_scope`](crate::scope::isolated_scope).
+    #[deprecated(note = "use `dlock_core::scope::isolated_scope()`")]
+    pub async fn isolated_scope<F: Future>(fut: F) -> F::Output {
+        super::isolated_scope(fut).await
+    }
 }
 
 /// The innermost lock held in the current scope (the last one taken that is still held).
@@ -319,11 +358,13 @@ mod tests {
             .unwrap_or_else(|e| panic!("{e}"))
     }
 
-    /// The token `fencing_token()` answers in the current scope.
+    /// The token `fencing_token()` answers in the current scope (`None`: no lock is held here).
     async fn scope_token() -> Option<FencingToken> {
-        fencing_token()
-            .await
-            .map(|t| t.unwrap_or_else(|e| panic!("{e}")))
+        match fencing_token().await {
+            Ok(token) => Some(token),
+            Err(err) if err.is_config() => None,
+            Err(err) => panic!("{err}"),
+        }
     }
 
     fn block_on<F: Future>(fut: F) -> F::Output {

@@ -92,7 +92,7 @@ impl Semaphore {
     /// Redis until changed or [reset](Self::reset_permits).
     ///
     /// A count of `0` closes the semaphore: no permit is granted (requests wait, and time out,
-    /// or `try_acquire` says none is free) until a higher count is set or the count is reset.
+    /// or [`try_lock`](PermitRequest::try_lock) says none is free) until a higher count is set or the count is reset.
     ///
     /// A call that returns an error may still take effect, and later than calls made after it:
     /// a command held up in a stalled connection runs when the connection moves again. Read the
@@ -138,7 +138,7 @@ pub struct PermitRequest {
 
 impl PermitRequest {
     /// Waits up to `wait` for a permit (default: the `Locker`'s default wait). Returns within
-    /// `wait` plus one command timeout; [`LockError::Timeout`] if every permit stayed taken.
+    /// `wait` plus one command timeout; [`LockError::Busy`] if every permit stayed taken.
     pub fn wait(mut self, wait: Duration) -> Self {
         self.wait = wait;
         self
@@ -157,13 +157,20 @@ impl PermitRequest {
         self
     }
 
-    /// One attempt (ignoring any wait): `Ok(None)` when every permit is taken.
-    pub async fn try_acquire(mut self) -> Result<Option<Permit>, LockError> {
+    /// One attempt (ignoring any wait): `Ok(None)` when every permit is taken. Every request
+    /// has it under this name.
+    pub async fn try_lock(mut self) -> Result<Option<Permit>, LockError> {
         self.wait = Duration::ZERO;
         match self.run().await? {
             (Attempted::Held(guard), _) => Ok(Some(Permit { guard })),
             (Attempted::Busy(_), _) => Ok(None),
         }
+    }
+
+    /// The old name of [`try_lock`](Self::try_lock).
+    #[deprecated(note = "renamed `try_lock`, as on every request")]
+    pub async fn try_acquire(self) -> Result<Option<Permit>, LockError> {
+        self.try_lock().await
     }
 
     async fn run(self) -> Result<(Attempted, LockName), LockError> {

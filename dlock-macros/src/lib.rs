@@ -21,7 +21,7 @@
 //!     // At most one call per (user, voucher) runs at a time, across every process.
 //!     // The token is minted by Redis at the first ask: a lost lock or an unreachable Redis is
 //!     // an `Err`, and the write must not happen.
-//!     let token = dlock_core::fencing_token().await.expect("inside the lock")?;
+//!     let token = dlock_core::scope::fencing_token().await?;
 //!     Ok(token.get())
 //! }
 //! ```
@@ -159,7 +159,7 @@ use proc_macro::TokenStream;
 /// - `"cancel"` (the default): the body is dropped at its next `.await` and the function returns
 ///   `Err(LockError::Lost { .. }.into())`.
 /// - `"signal"`: the body runs on, and decides. It observes the loss through
-///   `dlock_core::held_lock()`, the lock it holds: `held.is_lost()` to check, `held.lost().await`
+///   `dlock_core::scope::held_lock()`, the lock it holds: `held.is_lost()` to check, `held.lost().await`
 ///   to wait for it (for example in a `tokio::select!` against the work).
 ///
 /// ```no_run
@@ -167,7 +167,7 @@ use proc_macro::TokenStream;
 /// # async fn write_batch(_: u64) {}
 /// #[distributed_lock(key = "export:<id>", on_lost = "signal")]
 /// async fn export(id: u64) -> Result<bool, LockError> {
-///     let held = dlock_core::held_lock().expect("inside the lock");
+///     let held = dlock_core::scope::held_lock().expect("inside the lock");
 ///     tokio::select! {
 ///         () = write_batch(id) => Ok(true),
 ///         () = held.lost() => Ok(false), // another process may be exporting now
@@ -209,7 +209,7 @@ use proc_macro::TokenStream;
 ///
 /// # Fencing token
 ///
-/// The body reads the fencing token of its lock with `dlock_core::fencing_token().await` (its own
+/// The body reads the fencing token of its lock with `dlock_core::scope::fencing_token().await` (its own
 /// call's lock, even while calls beside it in the task hold others) and hands it to the resource
 /// it writes, which refuses tokens older than the newest it has seen. The first ask mints the
 /// token in Redis (one round trip; later asks for the same hold don't go to Redis): it comes back
@@ -217,7 +217,7 @@ use proc_macro::TokenStream;
 /// `Some(Err(LockError::Backend(..)))` if Redis can't be asked; either way the body must not
 /// write, and `?` hands the error to the caller. It is `None` only outside any lock. With
 /// several names, it is the token of the last name taken (names are taken in sorted order);
-/// `dlock_core::held_lock()` gives that lock's name as well.
+/// `dlock_core::scope::held_lock()` gives that lock's name as well.
 ///
 /// # Equivalent code without the macro
 ///

@@ -63,10 +63,7 @@ async fn hold_until(
     entered: oneshot::Sender<u64>,
     leave: oneshot::Receiver<()>,
 ) -> Result<(), AppError> {
-    let token = dlock_core::fencing_token()
-        .await
-        .expect("inside the lock")?
-        .get();
+    let token = dlock_core::scope::fencing_token().await?.get();
     let _ = entered.send(token);
     let _ = leave.await;
     Ok(())
@@ -74,10 +71,7 @@ async fn hold_until(
 
 #[distributed_lock(key = "job:<id>", locker = locker, wait = "0s")]
 async fn try_job(locker: &Locker, id: &str) -> Result<u64, AppError> {
-    Ok(dlock_core::fencing_token()
-        .await
-        .expect("inside the lock")?
-        .get())
+    Ok(dlock_core::scope::fencing_token().await?.get())
 }
 
 #[tokio::test]
@@ -95,7 +89,7 @@ async fn the_lock_is_held_during_the_body() {
     assert!(token > 0, "the body sees its fencing token");
     let err = try_job(&locker, &id).await.unwrap_err();
     let err = err.lock().expect("a lock error");
-    assert!(err.is_timeout(), "{err}");
+    assert!(err.is_busy(), "{err}");
     assert!(err.retry_after().is_some());
     leave_tx.send(()).unwrap();
     holder.await.unwrap().unwrap();
@@ -163,20 +157,14 @@ async fn the_lock_is_released_on_every_exit_path() {
 
 #[distributed_lock(key = "nested:<id>", locker = locker, wait = "200ms")]
 async fn outer(locker: &Locker, id: &str) -> Result<(u64, u64), AppError> {
-    let mine = dlock_core::fencing_token()
-        .await
-        .expect("inside the lock")?
-        .get();
+    let mine = dlock_core::scope::fencing_token().await?.get();
     let inner = inner(locker, id).await?;
     Ok((mine, inner))
 }
 
 #[distributed_lock(key = "nested:<id>", locker = locker, wait = "200ms")]
 async fn inner(locker: &Locker, id: &str) -> Result<u64, AppError> {
-    Ok(dlock_core::fencing_token()
-        .await
-        .expect("inside the lock")?
-        .get())
+    Ok(dlock_core::scope::fencing_token().await?.get())
 }
 
 #[distributed_lock(key = "nested:<id>", locker = locker, wait = "200ms", reentrant = false)]
@@ -194,7 +182,7 @@ async fn nested_calls_on_the_same_key_re_enter() {
     assert!(free_within(&locker, &format!("nested:{id}"), Duration::ZERO).await);
 
     let err = outer_not_reentrant(&locker, &id).await.unwrap_err();
-    assert!(err.lock().is_some_and(LockError::is_timeout), "{err:?}");
+    assert!(err.lock().is_some_and(LockError::is_busy), "{err:?}");
 }
 
 #[distributed_lock(key = "doomed:<id>", locker = locker)]
@@ -216,7 +204,7 @@ async fn watches_its_lock(
     id: &str,
     started: oneshot::Sender<()>,
 ) -> Result<bool, AppError> {
-    let held = dlock_core::held_lock().expect("inside the lock");
+    let held = dlock_core::scope::held_lock().expect("inside the lock");
     let _ = started.send(());
     let lost = tokio::time::timeout(Duration::from_secs(5), held.lost()).await;
     Ok(lost.is_ok() && held.is_lost())
@@ -283,7 +271,7 @@ impl Shop {
     #[distributed_lock(key = "shop:<self.name>:order:<order.customer.region>:<order.customer.id>:<order.number>", locker = self.locker)]
     async fn place(&self, order: &Order) -> Result<String, AppError> {
         self.calls.fetch_add(1, Ordering::SeqCst);
-        let held = dlock_core::held_lock().expect("inside the lock");
+        let held = dlock_core::scope::held_lock().expect("inside the lock");
         Ok(held.name().to_string())
     }
 
@@ -332,7 +320,7 @@ async fn collections_are_locked_all_or_none() {
 
     let blocker = locker.lock(format!("sku:{}", skus[1])).await.unwrap();
     let err = checkout(&locker, &skus).await.unwrap_err();
-    assert!(err.lock().is_some_and(LockError::is_timeout), "{err:?}");
+    assert!(err.lock().is_some_and(LockError::is_busy), "{err:?}");
     // None of the others stayed held.
     for sku in [&skus[0], &skus[2]] {
         assert!(free_within(&locker, &format!("sku:{sku}"), Duration::ZERO).await);
@@ -346,7 +334,7 @@ async fn collections_are_locked_all_or_none() {
 
 #[distributed_lock(key = "cart:<user>", key = "sku:<skus*>", locker = locker, wait = "100ms")]
 async fn checkout_cart(locker: &Locker, user: &str, skus: Vec<String>) -> Result<usize, AppError> {
-    let held = dlock_core::held_lock().expect("inside the lock");
+    let held = dlock_core::scope::held_lock().expect("inside the lock");
     assert!(!held.is_lost());
     Ok(skus.len())
 }
@@ -375,7 +363,7 @@ async fn several_keys_are_locked_all_or_none() {
     let err = checkout_cart(&locker, &user, skus.clone())
         .await
         .unwrap_err();
-    assert!(err.lock().is_some_and(LockError::is_timeout), "{err:?}");
+    assert!(err.lock().is_some_and(LockError::is_busy), "{err:?}");
     for name in &all[1..] {
         assert!(free_within(&locker, name, Duration::ZERO).await, "{name}");
     }
@@ -396,10 +384,7 @@ async fn several_keys_are_locked_all_or_none() {
 
 #[distributed_lock(key = "default:<id>")]
 async fn uses_the_default_locker(id: &str) -> Result<u64, AppError> {
-    Ok(dlock_core::fencing_token()
-        .await
-        .expect("inside the lock")?
-        .get())
+    Ok(dlock_core::scope::fencing_token().await?.get())
 }
 
 #[tokio::test]
@@ -433,7 +418,7 @@ async fn at_least_runs_a_job_once_per_period_across_instances() {
     let err = nightly_report(&b, &day, &runs)
         .await
         .expect_err("same period");
-    assert!(err.is_timeout(), "{err}");
+    assert!(err.is_busy(), "{err}");
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     // The next period.
     assert!(free_within(&b, &format!("report:{day}"), Duration::from_secs(3)).await);

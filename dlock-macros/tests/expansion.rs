@@ -44,7 +44,7 @@ async fn create_order(user_id: u64, voucher_id: u64) -> Result<u64, AppError> {
     reentrant = false
 )]
 async fn generic<T: Display + Send + Sync>(item: T) -> Result<String, LockError> {
-    let held = dlock_core::held_lock().ok_or_else(|| LockError::Config("no lock".into()))?;
+    let held = dlock_core::scope::held_lock().ok_or_else(|| LockError::Config("no lock".into()))?;
     assert!(!held.is_lost());
     Ok(item.to_string())
 }

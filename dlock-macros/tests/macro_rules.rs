@@ -55,9 +55,7 @@ type ApiResult<T> = Result<T, LockError>;
 #[distributed_lock(key = "job:<id>")]
 async fn returns_an_alias(id: u64) -> ApiResult<u64> {
     // Inside the lock: there is a token, and it is minted.
-    dlock_core::fencing_token()
-        .await
-        .expect("inside the lock")?;
+    dlock_core::scope::fencing_token().await?;
     Ok(id + 3)
 }
 

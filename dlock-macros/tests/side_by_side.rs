@@ -89,11 +89,8 @@ type Belief = (String, u64);
 #[distributed_lock(key = "res:<name>", locker = locker, wait = "5s")]
 async fn write_resource(locker: &Locker, name: &str, delay: Duration) -> Result<Belief, LockError> {
     tokio::time::sleep(delay).await;
-    let held = dlock_core::held_lock().expect("inside the lock");
-    let token = dlock_core::fencing_token()
-        .await
-        .expect("inside the lock")?
-        .get();
+    let held = dlock_core::scope::held_lock().expect("inside the lock");
+    let token = dlock_core::scope::fencing_token().await?.get();
     Ok((held.name().to_string(), token))
 }
 

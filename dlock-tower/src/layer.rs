@@ -412,7 +412,7 @@ impl<S, K> LockLayer<S, K> {
     /// response head is produced: for streamed bodies whose production is the guarded work.
     ///
     /// The body is wrapped ([`LockBody`](crate::LockBody)) and produced inside the request's
-    /// lock scope, as the handler ran: `dlock_core::fencing_token().await` answers there, and a
+    /// lock scope, as the handler ran: `dlock_core::scope::fencing_token().await` answers there, and a
     /// nested acquisition of the same key re-enters. It releases the lock when it yields its
     /// last frame, fails, or is dropped (the client went away). If the lock is lost while the
     /// body is being sent, the body ends with an error; a gRPC response ends with trailers

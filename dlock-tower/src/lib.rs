@@ -281,14 +281,14 @@
 //!
 //! The handler runs inside a `dlock_core` lock scope that holds the lock, so a
 //! `#[distributed_lock]` function it calls with the same key re-enters instead of deadlocking,
-//! and `dlock_core::fencing_token().await` answers there. [`HeldLocks`] (a request extension,
+//! and `dlock_core::scope::fencing_token().await` answers there. [`HeldLocks`] (a request extension,
 //! and an extractor) carries the names and gives the fencing tokens (`.await`ed: a plain lock's
 //! token is minted by Redis at the first ask, from there or from the guard). With
 //! [`LockLayer::hold_until_body_ends`], the body is produced inside the same scope: a stream
 //! that does the guarded work sees the fencing token and re-enters the lock as the handler does.
 //!
 //! Layers stack: under an outer `LockLayer`, an inner layer's scope keeps the outer one's holds
-//! (the handler re-enters the outer key too, and `dlock_core::fencing_token().await` gives the
+//! (the handler re-enters the outer key too, and `dlock_core::scope::fencing_token().await` gives the
 //! innermost lock's token), and [`HeldLocks`] lists the outer layer's locks, then the inner
 //! layer's.
 //!

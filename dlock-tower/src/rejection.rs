@@ -67,11 +67,11 @@ pub enum LockRejection {
 }
 
 impl From<LockError> for LockRejection {
-    /// Busy (`Timeout`), lost, an invalid name, an unavailable backend; anything else is
+    /// Busy, lost, an invalid name, an unavailable backend; anything else is
     /// [`Internal`](LockRejection::Internal).
     fn from(err: LockError) -> Self {
         match err {
-            LockError::Timeout {
+            LockError::Busy {
                 name, retry_after, ..
             } => Self::Busy { name, retry_after },
             LockError::Lost {
@@ -153,7 +153,7 @@ impl LockRejection {
     /// dlock-core, as a `#[distributed_lock]` handler's `LockError` is.
     pub(crate) fn render(&self, responses: &ErrorResponses) -> http::Response<String> {
         match self {
-            Self::Busy { name, retry_after } => responses.to_response(&LockError::Timeout {
+            Self::Busy { name, retry_after } => responses.to_response(&LockError::Busy {
                 name: name.clone(),
                 waited: Duration::ZERO,
                 retry_after: *retry_after,

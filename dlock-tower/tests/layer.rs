@@ -367,8 +367,7 @@ async fn redis_down_is_a_503_within_the_timeout() {
 
 #[distributed_lock(key = "order:<id>", locker = locker)]
 async fn save_order(locker: &Locker, id: u64) -> Result<u64, LockError> {
-    let token = dlock_core::fencing_token().await.transpose()?;
-    Ok(token.map(|t| t.get()).unwrap_or(0))
+    Ok(dlock_core::scope::fencing_token().await?.get())
 }
 
 #[tokio::test]
@@ -884,11 +883,10 @@ async fn a_nested_lock_on_the_same_key_re_enters_inside_the_handler() {
                         .await
                         .transpose()
                         .map_err(|e| e.to_string())?;
-                    let scope_token = dlock_core::fencing_token()
+                    let scope_token = dlock_core::scope::fencing_token()
                         .await
-                        .transpose()
                         .map_err(|e| e.to_string())?;
-                    let same = Some(inner_token) == held_token && scope_token == held_token;
+                    let same = Some(inner_token) == held_token && Some(scope_token) == held_token;
                     assert!(inner.release().await.is_released());
                     Ok::<_, String>(if same { "re-entered" } else { "other token" })
                 }

@@ -140,7 +140,7 @@ async fn waiters_that_give_up_leave_the_line_and_nothing_is_left_behind() {
                 let res = (locker.fair_lock(name.as_str()))
                     .wait(Duration::from_millis(300))
                     .await;
-                matches!(res, Err(LockError::Timeout { .. }))
+                matches!(res, Err(LockError::Busy { .. }))
             })
         })
         .collect();

@@ -118,7 +118,7 @@ async fn a_master_set_lock_is_lost_when_too_few_masters_hold_it() {
     let mut lockers = Vec::new();
     for server in &servers {
         let locker = Locker::builder()
-            .url(&server.url())
+            .url(server.url())
             .watchdog_lease(Duration::from_millis(300))
             .build()
             .await

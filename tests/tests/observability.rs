@@ -118,7 +118,7 @@ async fn every_metric_is_described_typed_recorded_and_documented() {
         .wait(Duration::from_millis(50))
         .await
         .expect_err("busy");
-    assert!(timed_out.is_timeout());
+    assert!(timed_out.is_busy());
     // Renewed by the watchdog (a tick every 100 ms).
     tokio::time::sleep(Duration::from_millis(250)).await;
     assert!(guard.release().await.is_released());

@@ -465,7 +465,7 @@ pub(crate) fn busy(
     Attempted::Busy(pttl)
 }
 
-/// A request's [`LockError::Timeout`] on `name`, counted in the timeout metric.
+/// A request's [`LockError::Busy`] on `name`, counted in the timeout metric.
 pub(crate) fn timed_out(
     labelled: bool,
     name: &LockName,
@@ -474,14 +474,14 @@ pub(crate) fn timed_out(
 ) -> LockError {
     let label = metrics::name_label(labelled, name);
     metrics::count(metrics::TIMEOUT, label.as_deref(), 1);
-    LockError::Timeout {
+    LockError::Busy {
         name: name.to_string(),
         waited: started.elapsed(),
         retry_after,
     }
 }
 
-/// A request's guard, or its [`LockError::Timeout`] when it was still busy at its deadline
+/// A request's guard, or its [`LockError::Busy`] when it was still busy at its deadline
 /// (`started` when it was called).
 pub(crate) fn held_or_timed_out(
     (attempted, name): (Attempted, LockName),

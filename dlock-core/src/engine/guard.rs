@@ -162,7 +162,7 @@ fenced_by_own_method!(LockGuard);
 
 // Here rather than in `scope`: a scope sits below the guards and knows holds only.
 impl LockScope {
-    /// Makes `guard`'s hold re-enterable (and visible to [`fencing_token`](crate::fencing_token))
+    /// Makes `guard`'s hold re-enterable (and visible to [`fencing_token`](crate::scope::fencing_token))
     /// inside this scope.
     pub fn adopt(&self, guard: &LockGuard) {
         self.adopt_hold(guard.engine.id(), &guard.state);

@@ -126,7 +126,7 @@ mod tests {
         use MasterOutcome::{Busy, Granted};
         let busy = MastersError::new("a".to_owned(), 2, vec![Granted, Busy, unreachable()]);
         assert!(busy.is_busy());
-        assert!(LockError::Masters(Box::new(busy)).is_timeout());
+        assert!(LockError::Masters(Box::new(busy)).is_busy());
         let down = MastersError::new(
             "a".to_owned(),
             2,
@@ -142,6 +142,6 @@ mod tests {
              master 2: lock backend unavailable: no answer from redis within 5ms"
         );
         let err = LockError::Masters(Box::new(down));
-        assert!(err.is_backend() && !err.is_timeout());
+        assert!(err.is_backend() && !err.is_busy());
     }
 }

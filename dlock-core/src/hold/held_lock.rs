@@ -7,7 +7,7 @@ use crate::error::LockError;
 use crate::fencing::FencingToken;
 
 /// A view of a held lock, apart from its guard: its name, its fencing token, its loss. It
-/// neither holds nor releases anything. See [`held_lock`](crate::held_lock) and
+/// neither holds nor releases anything. See [`held_lock`](crate::scope::held_lock) and
 /// [`LockGuard::held_lock`](crate::LockGuard::held_lock).
 #[derive(Debug, Clone)]
 pub struct HeldLock {

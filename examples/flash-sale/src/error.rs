@@ -146,7 +146,7 @@ impl IntoResponse for AppError {
                 // dlock-core's own rendering (and its log line), as the layer answers.
                 if err.is_backend() {
                     tracing::warn!(error = %err, "lock service unavailable");
-                } else if err.is_timeout() {
+                } else if err.is_busy() {
                     tracing::info!(lock = %err, "lock busy");
                 }
                 return err.into_response();

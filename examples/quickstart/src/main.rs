@@ -61,7 +61,7 @@ async fn worker(who: &str) -> Result<(), String> {
     for round in 1..=3 {
         let guard = match locker.lock(NAME).wait(Duration::from_secs(10)).await {
             Ok(guard) => guard,
-            Err(LockError::Timeout { retry_after, .. }) => {
+            Err(LockError::Busy { retry_after, .. }) => {
                 return Err(format!(
                     "{who}: still busy after 10 s (retry in {retry_after:?})"
                 ));

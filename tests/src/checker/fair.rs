@@ -164,9 +164,7 @@ fn waits_of(events: &[Event], name: u8) -> Vec<Wait> {
                 continue;
             }
             EventKind::Acquired { guard, .. } => Ended::Granted { guard, at: e.at },
-            EventKind::Busy | EventKind::AcquireFailed(ErrKind::Timeout) => {
-                Ended::Busy { at: e.at }
-            }
+            EventKind::Busy | EventKind::AcquireFailed(ErrKind::Busy) => Ended::Busy { at: e.at },
             EventKind::AcquireFailed(_) | EventKind::AcquireDropped => Ended::Failed { at: e.at },
             _ => continue,
         };

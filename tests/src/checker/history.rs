@@ -43,7 +43,7 @@ impl fmt::Display for LeaseSpec {
 pub enum AcquireKind {
     /// `lock(name).wait(..)`.
     Lock,
-    /// `lock(name).try_lock()` (`try_lock` or `try_acquire` of the other kinds too).
+    /// `lock(name).try_lock()` (`try_lock` of the other kinds too).
     TryLock,
     /// `lock(name)` again inside a `scope` that holds the name.
     Reenter,
@@ -100,7 +100,7 @@ impl Outcome {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrKind {
     /// Busy until the deadline.
-    Timeout,
+    Busy,
     /// Lost while held.
     Lost,
     /// Redis unreachable or timed out.
@@ -114,8 +114,8 @@ pub enum ErrKind {
 impl ErrKind {
     /// The kind of a lock error.
     pub fn of(err: &dlock_core::LockError) -> Self {
-        if err.is_timeout() {
-            Self::Timeout
+        if err.is_busy() {
+            Self::Busy
         } else if err.is_lost() {
             Self::Lost
         } else if err.is_backend() {

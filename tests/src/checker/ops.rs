@@ -172,7 +172,7 @@ fn record_acquired(
             Vec::new()
         }
         Err(err) => {
-            if err.is_timeout() {
+            if err.is_busy() {
                 bump(&ctx.stats.busy);
                 each(EventKind::Busy);
             } else {
@@ -294,7 +294,7 @@ async fn acquire_shared(
                 let request = leased!(request.wait(acq.wait), acq.lease);
                 let held = |p| vec![Held::Permit(p)];
                 if acq.try_lock {
-                    request.try_acquire().await.map(|p| p.map(held))
+                    request.try_lock().await.map(|p| p.map(held))
                 } else {
                     request.await.map(|p| Some(held(p)))
                 }

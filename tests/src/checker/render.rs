@@ -62,7 +62,7 @@ impl History {
                     EventKind::AcquireCall { .. } => {
                         pending.insert(e.call, i);
                     }
-                    EventKind::Busy | EventKind::AcquireFailed(ErrKind::Timeout) => {
+                    EventKind::Busy | EventKind::AcquireFailed(ErrKind::Busy) => {
                         hidden[i] = true;
                         if let Some(call) = pending.remove(&e.call) {
                             hidden[call] = true;

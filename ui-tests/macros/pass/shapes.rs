@@ -36,10 +36,7 @@ pub async fn free_function(user_id: u64, voucher_id: u64) -> Result<u64, AppErro
         return Err(AppError::Other);
     }
     // Minted by Redis at the first ask: a lost hold or an unreachable Redis is an error.
-    let token = match dlock_core::fencing_token().await {
-        Some(token) => token?.get(),
-        None => 0,
-    };
+    let token = dlock_core::scope::fencing_token().await?.get();
     Ok(voucher_id + token)
 }
 

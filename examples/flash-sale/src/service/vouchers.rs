@@ -117,13 +117,15 @@ impl App {
         // Minted by Redis at this first ask. A lost lock (`LockError::Lost`) or an unreachable
         // Redis (`LockError::Backend`) is answered as the lock's own error, and nothing is
         // written: without a token this request has no authority over the order.
-        let token = match dlock_core::fencing_token().await {
-            Some(token) => token?,
-            None => {
+        let token = match dlock_core::scope::fencing_token().await {
+            Ok(token) => token,
+            // No lock in this task's scope: a mistake in this code, not in the request.
+            Err(err) if err.is_config() => {
                 return Err(AppError::Internal(
                     "the order ran outside its lock's scope".to_owned(),
                 ));
             }
+            Err(err) => return Err(err.into()),
         };
         tracing::info!(
             lock = "order",
