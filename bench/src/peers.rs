@@ -311,7 +311,7 @@ impl Client {
                     .write()
                     .wait(bound)
                     .await
-                    .map(Held::Dlock),
+                    .map(|g| Held::Dlock(g.into_lock_guard())),
                 Kind::Permit => locker
                     .semaphore(name, 1)
                     .acquire()

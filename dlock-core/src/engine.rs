@@ -37,6 +37,7 @@ pub use config::{
     DEFAULT_FENCE_TTL, DEFAULT_POLL_INTERVAL, DEFAULT_PREFIX, DEFAULT_WATCHDOG_LEASE,
 };
 pub use guard::LockGuard;
+pub(crate) use guard::{FromLockGuard, wrapped_guard_methods};
 use in_flight::InFlight;
 pub use lease::Lease;
 pub(crate) use lease::{MAX_LEASE, check_at_least, check_lease};

@@ -176,7 +176,7 @@ pub use request::LockRequest;
 #[cfg(feature = "http")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub use response::ErrorResponses;
-pub use rw::{ReadGuard, ReadRequest, ReadWriteLock};
+pub use rw::{ReadGuard, ReadRequest, ReadWriteLock, WriteGuard, WriteRequest};
 #[allow(deprecated)]
 pub use scope::moved::{fencing_token, held_lock, in_scope, isolated_scope};
 pub use scope::{LockScope, Scoped, scope};

@@ -1,4 +1,5 @@
-//! Lock requests: how long to wait and how to lease, then `.await`.
+//! Lock requests: how long to wait and how to lease, then `.await`. One request type serves the
+//! plain and fair locks and a read-write lock's writer; what it gives is the guard of its kind.
 
 use std::time::Duration;
 
@@ -8,17 +9,25 @@ use tokio::time::Instant;
 use tracing::Instrument as _;
 
 use crate::engine::{
-    Attempted, Engine, Lease, LockGuard, check_at_least, check_lease, held_or_timed_out,
+    Attempted, Engine, FromLockGuard, Lease, LockGuard, check_at_least, check_lease,
+    held_or_timed_out,
 };
 use crate::error::LockError;
 use crate::name::{IntoLockName, LockName};
 use std::future::{Future, IntoFuture};
+use std::marker::PhantomData;
 use std::pin::Pin;
 
 /// A lock request: set how long to wait and how to lease, then `.await` it.
+///
+/// Awaited, it gives a guard of its kind `G`: a [`LockGuard`] for a plain or fair lock, a
+/// [`WriteGuard`](crate::WriteGuard) for a read-write lock's writer
+/// ([`WriteRequest`](crate::WriteRequest)).
 #[must_use = "a lock request does nothing until awaited"]
 #[derive(Debug)]
-pub struct LockRequest {
+pub struct LockRequest<G = LockGuard> {
+    /// What the request gives once acquired.
+    gives: PhantomData<fn() -> G>,
     engine: Engine,
     name: Result<LockName, LockError>,
     wait: Duration,
@@ -42,10 +51,11 @@ pub(crate) enum RequestKind {
     },
 }
 
-impl LockRequest {
+impl<G> LockRequest<G> {
     /// A request of `kind` for `name`, with the `Locker`'s default wait and lease.
     pub(crate) fn new(engine: Engine, name: impl IntoLockName, kind: RequestKind) -> Self {
         Self {
+            gives: PhantomData,
             name: engine.name(name),
             wait: engine.default_wait(),
             lease: engine.default_lease(),
@@ -108,10 +118,13 @@ impl LockRequest {
     }
 
     /// Makes one attempt (ignoring any wait): `Ok(None)` when the lock is busy.
-    pub async fn try_lock(mut self) -> Result<Option<LockGuard>, LockError> {
+    pub async fn try_lock(mut self) -> Result<Option<G>, LockError>
+    where
+        G: FromLockGuard,
+    {
         self.wait = Duration::ZERO;
         match self.run().await? {
-            (Attempted::Held(guard), _) => Ok(Some(guard)),
+            (Attempted::Held(guard), _) => Ok(Some(G::from_lock_guard(guard))),
             (Attempted::Busy(_), _) => Ok(None),
         }
     }
@@ -121,6 +134,7 @@ impl LockRequest {
     /// future is what each of thousands of waiters holds.
     fn run(self) -> impl Future<Output = Result<(Attempted, LockName), LockError>> + Send {
         let LockRequest {
+            gives: _,
             engine,
             name,
             wait,
@@ -167,16 +181,19 @@ impl LockRequest {
         }))
     }
 
-    fn acquire_or_timeout(self) -> impl Future<Output = Result<LockGuard, LockError>> + Send {
+    fn acquire_or_timeout(self) -> impl Future<Output = Result<G, LockError>> + Send
+    where
+        G: FromLockGuard,
+    {
         let started = Instant::now();
         let labelled = self.engine.inner.config.metrics_name_label;
         self.run()
-            .map(move |run| held_or_timed_out(run?, labelled, started))
+            .map(move |run| held_or_timed_out(run?, labelled, started).map(G::from_lock_guard))
     }
 }
 
-impl IntoFuture for LockRequest {
-    type Output = Result<LockGuard, LockError>;
+impl<G: FromLockGuard + Send + 'static> IntoFuture for LockRequest<G> {
+    type Output = Result<G, LockError>;
     type IntoFuture = Pin<Box<dyn Future<Output = Self::Output> + Send>>;
 
     fn into_future(self) -> Self::IntoFuture {

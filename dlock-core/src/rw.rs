@@ -8,9 +8,13 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::Instrument as _;
 
-use crate::engine::{Attempted, Engine, Lease, LockGuard, check_lease, held_or_timed_out};
-use crate::error::{LockError, ReleaseOutcome};
-use crate::hold::{Lost, hold_by_own_methods};
+use crate::engine::{
+    Attempted, Engine, FromLockGuard, Lease, LockGuard, check_lease, held_or_timed_out,
+    wrapped_guard_methods,
+};
+use crate::error::LockError;
+use crate::fencing::FencingToken;
+use crate::hold::{HeldLock, fenced_by_own_method, hold_by_own_methods};
 use crate::name::{IntoLockName, LockKeys, LockName};
 use crate::request::{LockRequest, RequestKind};
 use crate::scope;
@@ -81,9 +85,9 @@ impl ReadWriteLock {
     }
 
     /// Starts a request for the write lock: await it (or [`try_lock`](LockRequest::try_lock))
-    /// for a [`LockGuard`] with its fencing token. It waits for the writer before it and for
+    /// for a [`WriteGuard`] with its fencing token. It waits for the writer before it and for
     /// every reader to leave.
-    pub fn write(&self) -> LockRequest {
+    pub fn write(&self) -> WriteRequest {
         let kind = RequestKind::Write {
             prefer_writers: self.prefer_writers,
         };
@@ -188,51 +192,78 @@ pub struct ReadGuard {
 }
 
 impl ReadGuard {
-    /// The lock's name.
-    pub fn name(&self) -> &LockName {
-        self.guard.name()
-    }
+    wrapped_guard_methods!(
+        what: "the read lock",
+        release: "Releases the read lock: the last reader to leave wakes the writers."
+    );
 
     /// Whether this guard re-entered a hold of the same task (a read, or the write lock).
     pub fn is_reentrant(&self) -> bool {
         self.guard.is_reentrant()
     }
-
-    /// Whether the watchdog renews the read lock (otherwise it has a fixed lease).
-    pub fn is_watchdog(&self) -> bool {
-        self.guard.is_watchdog()
-    }
-
-    /// The validity deadline on tokio's clock.
-    pub fn valid_until(&self) -> Instant {
-        self.guard.valid_until()
-    }
-
-    /// How long the read lock is certainly still held for; zero once lost.
-    pub fn remaining(&self) -> Duration {
-        self.guard.remaining()
-    }
-
-    /// Whether the read lock was lost (expired before a renewal, or removed).
-    pub fn is_lost(&self) -> bool {
-        self.guard.is_lost()
-    }
-
-    /// Resolves when the read lock is lost; never for one released normally.
-    pub fn lost(&self) -> Lost {
-        self.guard.lost()
-    }
-
-    /// Runs `fut` while the read lock is held and cancels it as soon as it is lost, returning
-    /// [`LockError::Lost`].
-    pub async fn run<F: Future>(&self, fut: F) -> Result<F::Output, LockError> {
-        self.guard.run(fut).await
-    }
-
-    /// Releases the read lock: the last reader to leave wakes the writers.
-    pub async fn release(self) -> ReleaseOutcome {
-        self.guard.release().await
-    }
 }
 
 hold_by_own_methods!(ReadGuard);
+
+/// A request for a read-write lock's write lock ([`ReadWriteLock::write`]): the same settings
+/// as every [`LockRequest`], and a [`WriteGuard`] once awaited.
+pub type WriteRequest = LockRequest<WriteGuard>;
+
+/// A held write lock of a [`ReadWriteLock`]: a lock's guard, with its fencing token, that no
+/// reader shares.
+///
+/// Dropping it releases the lock in the background (a runtime must be running); prefer
+/// [`release`](Self::release) to learn the outcome.
+#[must_use = "the lock is released as soon as the guard is dropped"]
+#[derive(Debug)]
+pub struct WriteGuard {
+    guard: LockGuard,
+}
+
+impl FromLockGuard for WriteGuard {
+    fn from_lock_guard(guard: LockGuard) -> Self {
+        Self { guard }
+    }
+}
+
+impl WriteGuard {
+    wrapped_guard_methods!(
+        what: "the write lock",
+        release: "Releases the write lock and wakes the waiting readers and writer."
+    );
+
+    /// The fencing token of this hold, as [`LockGuard::fencing_token`] gives it.
+    pub async fn fencing_token(&self) -> Result<FencingToken, LockError> {
+        self.guard.fencing_token().await
+    }
+
+    /// The fencing token if this hold has one already, without asking Redis (see
+    /// [`LockGuard::minted_fencing_token`]).
+    pub fn minted_fencing_token(&self) -> Option<FencingToken> {
+        self.guard.minted_fencing_token()
+    }
+
+    /// A view of this hold that may be kept apart from the guard (see
+    /// [`LockGuard::held_lock`]).
+    pub fn held_lock(&self) -> HeldLock {
+        self.guard.held_lock()
+    }
+
+    /// Whether this guard re-entered a write lock that the same task already had.
+    pub fn is_reentrant(&self) -> bool {
+        self.guard.is_reentrant()
+    }
+
+    /// Sets the lease to `lease` from now (see [`LockGuard::extend`]).
+    pub async fn extend(&self, lease: Duration) -> Result<(), LockError> {
+        self.guard.extend(lease).await
+    }
+
+    /// The lock's guard this is: for code that keeps writers' guards beside other locks'.
+    pub fn into_lock_guard(self) -> LockGuard {
+        self.guard
+    }
+}
+
+hold_by_own_methods!(WriteGuard);
+fenced_by_own_method!(WriteGuard);

@@ -8,9 +8,11 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::Instrument as _;
 
-use crate::engine::{Attempted, Engine, Lease, LockGuard, check_lease, held_or_timed_out};
-use crate::error::{LockError, ReleaseOutcome};
-use crate::hold::{Lost, hold_by_own_methods};
+use crate::engine::{
+    Attempted, Engine, Lease, LockGuard, check_lease, held_or_timed_out, wrapped_guard_methods,
+};
+use crate::error::LockError;
+use crate::hold::hold_by_own_methods;
 use crate::name::{IntoLockName, LockKeys, LockName};
 
 /// A counting semaphore in Redis: at most [`permits`](Self::permits) holders of one name at a
@@ -217,51 +219,15 @@ pub struct Permit {
 }
 
 impl Permit {
-    /// The semaphore's name.
-    pub fn name(&self) -> &LockName {
-        self.guard.name()
-    }
+    wrapped_guard_methods!(
+        what: "the permit",
+        release: "Gives the permit back and wakes waiters: `Released`, or `Expired` if it was \
+                  gone already."
+    );
 
     /// This permit's id, unique among the semaphore's permits.
     pub fn id(&self) -> &str {
         &self.guard.state.owner
-    }
-
-    /// Whether the watchdog renews the permit (otherwise it has a fixed lease).
-    pub fn is_watchdog(&self) -> bool {
-        self.guard.is_watchdog()
-    }
-
-    /// The validity deadline on tokio's clock (grant or last renewal plus the lease, minus a
-    /// drift margin).
-    pub fn valid_until(&self) -> Instant {
-        self.guard.valid_until()
-    }
-
-    /// How long the permit is certainly still held for; zero once lost.
-    pub fn remaining(&self) -> Duration {
-        self.guard.remaining()
-    }
-
-    /// Whether the permit was lost (expired before a renewal, or removed).
-    pub fn is_lost(&self) -> bool {
-        self.guard.is_lost()
-    }
-
-    /// Resolves when the permit is lost; never for a permit given back normally.
-    pub fn lost(&self) -> Lost {
-        self.guard.lost()
-    }
-
-    /// Runs `fut` while the permit is held and cancels it as soon as the permit is lost,
-    /// returning [`LockError::Lost`].
-    pub async fn run<F: Future>(&self, fut: F) -> Result<F::Output, LockError> {
-        self.guard.run(fut).await
-    }
-
-    /// Gives the permit back and wakes waiters: `Released`, or `Expired` if it was gone already.
-    pub async fn release(self) -> ReleaseOutcome {
-        self.guard.release().await
     }
 }
 

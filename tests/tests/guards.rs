@@ -42,7 +42,9 @@ async fn every_guard_is_a_hold() {
     holds_then_releases(guard, &name).await;
 
     let rw = locker.read_write_lock(name.as_str());
-    holds_then_releases(rw.write().await.expect("write"), &name).await;
+    let write = rw.write().await.expect("write");
+    assert!(token_of(&write).await.expect("a writer's token") > token);
+    holds_then_releases(write, &name).await;
     holds_then_releases(rw.read().await.expect("read"), &name).await;
 
     let permits = locker.semaphore(name.as_str(), 2);

@@ -157,6 +157,77 @@ impl Drop for LockGuard {
     }
 }
 
+/// Makes a kind's guard from the `LockGuard` its request took. Public, in a private module, so
+/// that it may bound the public `LockRequest` while no one outside can implement it.
+pub(crate) mod from_lock_guard {
+    /// A guard made from the `LockGuard` its request took.
+    pub trait FromLockGuard {
+        /// Wraps `guard`.
+        fn from_lock_guard(guard: super::LockGuard) -> Self;
+    }
+}
+
+pub(crate) use from_lock_guard::FromLockGuard;
+
+/// The methods a guard that wraps a `LockGuard` (a writer's, a reader's, a permit) shares with
+/// it, written once: inside the wrapper's `impl`, `what` names the hold in the docs ("the read
+/// lock") and `release` says what its release does.
+macro_rules! wrapped_guard_methods {
+    (what: $what:literal, release: $release:literal) => {
+        /// The lock's name.
+        pub fn name(&self) -> &$crate::name::LockName {
+            self.guard.name()
+        }
+
+        #[doc = concat!("Whether the watchdog renews ", $what, " (otherwise it has a fixed lease).")]
+        pub fn is_watchdog(&self) -> bool {
+            self.guard.is_watchdog()
+        }
+
+        /// The validity deadline on tokio's monotonic clock: the grant (or the last renewal)
+        /// plus the lease, minus a drift margin.
+        pub fn valid_until(&self) -> ::tokio::time::Instant {
+            self.guard.valid_until()
+        }
+
+        #[doc = concat!("How long ", $what, " is certainly still held for; zero once lost.")]
+        pub fn remaining(&self) -> ::std::time::Duration {
+            self.guard.remaining()
+        }
+
+        #[doc = concat!("Whether ", $what, " was lost (expired before a renewal, or removed).")]
+        pub fn is_lost(&self) -> bool {
+            self.guard.is_lost()
+        }
+
+        #[doc = concat!("Resolves when ", $what, " is lost; never for one released normally.")]
+        pub fn lost(&self) -> $crate::hold::Lost {
+            self.guard.lost()
+        }
+
+        #[doc = concat!("Runs `fut` while ", $what, " is held and cancels it as soon as it is                          lost, returning [`LockError::Lost`](crate::LockError::Lost).")]
+        pub async fn run<F: ::std::future::Future>(
+            &self,
+            fut: F,
+        ) -> ::std::result::Result<F::Output, $crate::error::LockError> {
+            self.guard.run(fut).await
+        }
+
+        #[doc = $release]
+        pub async fn release(self) -> $crate::error::ReleaseOutcome {
+            self.guard.release().await
+        }
+    };
+}
+
+pub(crate) use wrapped_guard_methods;
+
+impl FromLockGuard for LockGuard {
+    fn from_lock_guard(guard: LockGuard) -> Self {
+        guard
+    }
+}
+
 hold_by_own_methods!(LockGuard);
 fenced_by_own_method!(LockGuard);
 

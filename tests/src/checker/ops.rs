@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use dlock_core::{LockError, LockRequest, Locker};
+use dlock_core::{LockError, LockRequest, Locker, WriteGuard};
 use tokio::time::Instant;
 
 use super::actors::Actor;
@@ -96,7 +96,7 @@ macro_rules! leased {
     };
 }
 
-fn with_lease(request: LockRequest, lease: LeaseSpec) -> LockRequest {
+fn with_lease<G>(request: LockRequest<G>, lease: LeaseSpec) -> LockRequest<G> {
     leased!(request, lease)
 }
 
@@ -225,28 +225,33 @@ async fn acquire_one(
     let call = record_call(ctx, worker, locker, name, acq, kind);
     let actor = &ctx.actors[usize::from(locker)];
     let l: Locker = actor.locker();
-    // The fair name goes through `fair_lock`, a re-entry into its hold too; the read-write
-    // name's lock is its write lock.
-    let request = match ctx.history.rw {
-        _ if ctx.history.is_fair(name) => l.fair_lock(ctx.name(name)),
-        Some((rw, prefer)) if rw == name => l
-            .read_write_lock(ctx.name(name))
-            .prefer_writers(prefer)
-            .write(),
-        _ => l.lock(ctx.name(name)),
-    };
-    let mut request = with_lease(request.wait(acq.wait), acq.lease);
-    if let Some(period) = acq.period() {
-        request = request.at_least(period);
+    // One attempt or a wait, with the session's lease and period; `held` makes the guard one
+    // the run tracks.
+    macro_rules! take {
+        ($request:expr, $held:expr) => {{
+            let mut request = with_lease($request.wait(acq.wait), acq.lease);
+            if let Some(period) = acq.period() {
+                request = request.at_least(period);
+            }
+            if acq.try_lock {
+                request.try_lock().await.map(|g| g.map(|g| vec![$held(g)]))
+            } else {
+                request.await.map(|g| Some(vec![$held(g)]))
+            }
+        }};
     }
+    // The fair name goes through `fair_lock`, a re-entry into its hold too; the read-write
+    // name's lock is its write lock, tracked as the lock's guard it is.
     let fut = async {
-        if acq.try_lock {
-            request
-                .try_lock()
-                .await
-                .map(|g| g.map(|g| vec![Held::Lock(g)]))
-        } else {
-            request.await.map(|g| Some(vec![Held::Lock(g)]))
+        match ctx.history.rw {
+            _ if ctx.history.is_fair(name) => take!(l.fair_lock(ctx.name(name)), Held::Lock),
+            Some((rw, prefer)) if rw == name => take!(
+                l.read_write_lock(ctx.name(name))
+                    .prefer_writers(prefer)
+                    .write(),
+                |g: WriteGuard| Held::Lock(g.into_lock_guard())
+            ),
+            _ => take!(l.lock(ctx.name(name)), Held::Lock),
         }
     };
     let result = maybe_cancelled(fut, acq.cancel_after).await;
