@@ -276,6 +276,73 @@ async fn a_release_past_local_waiters_to_another_process_is_one_round_trip() {
     );
 }
 
+/// Script calls and `PUBLISH`es from a release with one local waiter until that waiter holds
+/// the lock, on a `Locker` with hand-over `on` or off.
+async fn until_the_local_waiter_holds(on: bool) -> (u64, u64) {
+    let server = RedisServer::start();
+    let locker = Locker::builder()
+        .url(server.url())
+        .hand_over(on)
+        .build()
+        .await
+        .expect("locker");
+    let count = |command: &str| {
+        server
+            .info_commandstats()
+            .get(command)
+            .copied()
+            .unwrap_or(0)
+    };
+    let evalsha = || count("evalsha");
+    let mut counted = (0, 0);
+    // The first round loads the scripts; the second is counted.
+    for round in 0..2 {
+        let name = unique_name("cost-hand-over");
+        let guard = locker.lock(name.as_str()).await.expect("lock");
+        let (held_tx, held_rx) = tokio::sync::oneshot::channel();
+        let waiter = {
+            let locker = locker.clone();
+            tokio::spawn(async move {
+                let guard = (locker
+                    .lock(name.as_str())
+                    .wait(Duration::from_secs(10))
+                    .await)
+                    .expect("the local waiter");
+                let _ = held_tx.send(());
+                guard.release().await
+            })
+        };
+        tried(&server, evalsha()).await;
+        let before = (evalsha(), count("publish"));
+        assert!(guard.release().await.is_released());
+        held_rx.await.expect("the waiter holds the lock");
+        if round == 1 {
+            counted = (evalsha() - before.0, count("publish") - before.1);
+        }
+        assert!(waiter.await.expect("waiter task").is_released());
+    }
+    counted
+}
+
+#[tokio::test]
+async fn a_release_hands_the_lock_to_a_local_waiter_unless_hand_over_is_off() {
+    // On: the release's script grants the lock to the waiter in the same round trip and wakes
+    // nobody through Redis. (The waiter sets its own lease in the background: a second script,
+    // if it ran by the time of counting.)
+    let (scripts, publishes) = until_the_local_waiter_holds(true).await;
+    assert!(
+        (1..=2).contains(&scripts) && publishes == 0,
+        "{scripts} scripts, {publishes} PUBLISH"
+    );
+    // Off: the release frees the name and publishes the wake-up, and the woken waiter takes the
+    // name with a script of its own.
+    let (scripts, publishes) = until_the_local_waiter_holds(false).await;
+    assert!(
+        scripts >= 2 && publishes >= 1,
+        "{scripts} scripts, {publishes} PUBLISH"
+    );
+}
+
 #[tokio::test]
 async fn a_fair_lock_costs_one_round_trip_each_way_when_nobody_waits() {
     let server = RedisServer::start();

@@ -293,11 +293,19 @@ impl LockerBuilder {
         self
     }
 
-    /// Whether a release hands the lock straight to a waiter of the same `Locker` in the same
-    /// round trip (default on).
-    pub fn handoff(mut self, enabled: bool) -> Self {
+    /// Whether a release hands the lock over to a waiter of the same `Locker` in the same
+    /// round trip (default on). Off, a release frees the name and wakes the waiters, which then
+    /// try for it as anyone would.
+    pub fn hand_over(mut self, enabled: bool) -> Self {
         self.handoff = Some(enabled);
         self
+    }
+
+    /// The old name of [`hand_over`](Self::hand_over), which the documentation spells
+    /// "hand-over" throughout.
+    #[deprecated(note = "renamed `hand_over`")]
+    pub fn handoff(self, enabled: bool) -> Self {
+        self.hand_over(enabled)
     }
 
     /// With a URL or client: build without connecting (default off: `build` connects, and
