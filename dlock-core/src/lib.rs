@@ -169,7 +169,7 @@ pub use locker::{
 };
 pub use masters::{MasterGuard, MasterRequest, MasterSet};
 pub use multi::{MultiGuard, MultiLockRequest};
-pub use name::{IntoLockName, LockName, MAX_NAME_LEN, NameBuilder};
+pub use name::{IntoLockName, LockName, MAX_NAME_LEN, NameBuilder, escape_glob};
 pub use policy::OnLost;
 pub use replication::ReplicaAck;
 pub use request::LockRequest;

@@ -28,7 +28,8 @@ use crate::error::{InvalidName, LockError};
 mod glob;
 mod keys;
 
-pub(crate) use glob::{escape_glob, glob_matches};
+pub use glob::escape_glob;
+pub(crate) use glob::glob_matches;
 pub(crate) use keys::{FairKeys, KeyKind, LockKeys, RwKeys};
 
 /// The longest lock name accepted, in bytes, after escaping.

@@ -1,7 +1,20 @@
 //! Redis's glob patterns (`SCAN .. MATCH`), for listing names.
 
-/// `text` with Redis's glob characters escaped, to match literally.
-pub(crate) fn escape_glob(text: &str) -> String {
+/// `text` with Redis's glob characters (`*`, `?`, `[`, `]`, `\`) escaped, so that it matches
+/// literally: to build a [`Locker::list`](crate::Locker::list) pattern from a name's text.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), dlock_core::LockError> {
+/// let locker = dlock_core::Locker::memory();
+/// let _a = locker.lock("report*2026:01").await?;
+/// let _b = locker.lock("report-2026:01").await?;
+/// let pattern = format!("{}*", dlock_core::escape_glob("report*"));
+/// assert_eq!(locker.list(&pattern).await?, ["report*2026:01"]);
+/// # Ok(())
+/// # }
+/// ```
+pub fn escape_glob(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
         if matches!(c, '*' | '?' | '[' | ']' | '\\') {

@@ -13,18 +13,6 @@ use super::invariants::{Invariant, Violation};
 use super::ops::Ctx;
 use super::run::{Params, settle};
 
-/// `text` with the characters a `SCAN MATCH` pattern treats specially escaped.
-pub(super) fn glob_escape(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out
-}
-
 /// Whether `key` is one of a fair lock's line keys (`:queue`, `:alive`).
 pub(super) fn is_fair_line(key: &str) -> bool {
     key.ends_with(":queue") || key.ends_with(":alive")
@@ -66,7 +54,7 @@ where
     let mut con = admin.clone();
     let keys: Vec<String> = {
         let mut iter = con
-            .scan_match::<_, String>(format!("{}*", glob_escape(prefix)))
+            .scan_match::<_, String>(format!("{}*", dlock_core::escape_glob(prefix)))
             .await
             .expect("SCAN the run's prefix");
         let mut keys = Vec::new();

@@ -18,7 +18,7 @@ use tokio::time::Instant;
 
 use super::actors::RedisSetup;
 use super::faults::{RedisTargets, Targets};
-use super::leftovers::{glob_escape, redis_leftovers};
+use super::leftovers::redis_leftovers;
 use super::run::{Report, ctx, drive, finish, params, settle, watchdog_probe};
 use super::{Config, FaultFamily};
 use crate::Proxy;
@@ -104,7 +104,7 @@ async fn clean_up(admin: &redis::aio::ConnectionManager, prefix: &str) -> usize 
     let mut con = admin.clone();
     let mut keys: Vec<String> = Vec::new();
     if let Ok(mut iter) = con
-        .scan_match::<_, String>(format!("{}*", glob_escape(prefix)))
+        .scan_match::<_, String>(format!("{}*", dlock_core::escape_glob(prefix)))
         .await
     {
         while let Some(Ok(key)) = futures_util::StreamExt::next(&mut iter).await {

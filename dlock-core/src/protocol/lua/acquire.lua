@@ -42,7 +42,7 @@ local value = owner
 if v then
   local holder = who(v)
   if holder == owner then
-    return {1, tonumber(field(v, 'f') or '-1')}
+    return {1, token_of(v)}
   end
   if token ~= '' and holder == token then
     -- A release granted the lock to this waiter's hand-over token (see `let_go`): it takes the

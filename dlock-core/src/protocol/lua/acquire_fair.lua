@@ -45,7 +45,7 @@ end
 local v = redis.call('GET', KEYS[1])
 if v then
   if who(v) == ARGV[1] then
-    return {1, tonumber(field(v, 'f') or '-1')}
+    return {1, token_of(v)}
   end
   local pttl = redis.call('PTTL', KEYS[1])
   return {0, pttl, join()}

@@ -29,7 +29,7 @@ end
 local v = redis.call('GET', KEYS[1])
 if v then
   if who(v) == ARGV[1] then
-    return {1, tonumber(field(v, 'f') or '-1')}
+    return {1, token_of(v)}
   end
   waits()
   return {0, redis.call('PTTL', KEYS[1])}

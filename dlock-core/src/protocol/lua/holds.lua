@@ -9,6 +9,6 @@
 --@include hold
 local v = redis.call('GET', KEYS[1])
 if v and who(v) == ARGV[1] then
-  return {1, tonumber(field(v, 'f') or '-1')}
+  return {1, token_of(v)}
 end
 return {0, redis.call('PTTL', KEYS[1])}

@@ -3,6 +3,8 @@
 --
 -- who(v)              the first word: the owner token, or `#k:<owner>` / `#r:<locker>`
 -- field(v, tag)       the field `tag` (`nil` when absent; a flag answers `''`)
+-- token_of(v)         the hold's fencing token as a number, -1 while none was minted: what a
+--                     script answers its holder (`{1, token_of(v)}`)
 -- without(v, tag)     `v` without the field `tag`
 -- flagged(v)          `v` with the ` l` flag (a waiter found it taken)
 -- with_field(v, tag, value)
@@ -26,6 +28,9 @@ local function who(v)
 end
 local function field(v, tag)
   return string.match(v, ' ' .. tag .. '([^ ]*)')
+end
+local function token_of(v)
+  return tonumber(field(v, 'f') or '-1')
 end
 local function without(v, tag)
   return (string.gsub(v, ' ' .. tag .. '[^ ]*', ''))
