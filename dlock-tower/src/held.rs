@@ -27,7 +27,7 @@ use dlock_core::{FencingToken, HeldLock, LockError};
 /// async fn pay(Path(id): Path<u64>, held: HeldLocks) -> Result<String, LockError> {
 ///     // `UPDATE invoices SET paid = true, fence = $token WHERE id = $id AND fence < $token`
 ///     // (a lost lock answers 503, as the layer does, and nothing is written)
-///     let token = held.fencing_token().await.transpose()?.map_or(0, |t| t.get());
+///     let token = held.fencing_token().await?.get();
 ///     Ok(format!("invoice {id} paid under token {token}"))
 /// }
 ///
@@ -110,17 +110,24 @@ impl HeldLocks {
     }
 
     /// The fencing token of the first (for a single lock: the only) lock; under stacked layers,
-    /// the outer layer's first lock. `None` when no lock is held.
-    pub async fn fencing_token(&self) -> Option<Result<FencingToken, LockError>> {
-        let lock = self.locks.first()?;
-        Some(lock.fencing_token().await)
+    /// the outer layer's first lock. With no lock held, a [`LockError::Config`].
+    pub async fn fencing_token(&self) -> Result<FencingToken, LockError> {
+        match self.locks.first() {
+            Some(lock) => lock.fencing_token().await,
+            None => Err(LockError::Config("this request holds no lock".to_owned())),
+        }
     }
 
-    /// The fencing token of the lock called `name`, if this request holds it.
-    pub async fn fencing_token_of(&self, name: &str) -> Option<Result<FencingToken, LockError>> {
-        let index = self.names.iter().position(|n| n == name)?;
-        let lock = self.locks.get(index)?;
-        Some(lock.fencing_token().await)
+    /// The fencing token of the lock called `name`; a [`LockError::Config`] if this request
+    /// does not hold it.
+    pub async fn fencing_token_of(&self, name: &str) -> Result<FencingToken, LockError> {
+        let index = self.names.iter().position(|n| n == name);
+        match index.and_then(|i| self.locks.get(i)) {
+            Some(lock) => lock.fencing_token().await,
+            None => Err(LockError::Config(format!(
+                "this request does not hold a lock called {name:?}"
+            ))),
+        }
     }
 }
 
@@ -240,17 +247,18 @@ mod tests {
                 ("sku:2".to_owned(), Some(t2))
             ]
         );
-        assert_eq!(held.fencing_token().await.transpose().ok(), Some(Some(t1)));
-        assert_eq!(
-            held.fencing_token_of("sku:2").await.transpose().ok(),
-            Some(Some(t2))
+        assert_eq!(held.fencing_token().await.ok(), Some(t1));
+        assert_eq!(held.fencing_token_of("sku:2").await.ok(), Some(t2));
+        assert!(
+            held.fencing_token_of("sku:3")
+                .await
+                .is_err_and(|e| e.is_config())
         );
-        assert!(held.fencing_token_of("sku:3").await.is_none());
         assert!(format!("{held:?}").contains("sku:2"));
 
         let none = HeldLocks::default();
         assert!(none.names().is_empty());
-        assert!(none.fencing_token().await.is_none());
+        assert!(none.fencing_token().await.is_err_and(|e| e.is_config()));
         assert_eq!(none.fencing_tokens().await.ok(), Some(Vec::new()));
         assert_eq!(none.iter().len(), 0);
     }
@@ -279,18 +287,15 @@ mod tests {
                     Some(vec![tenant_token, order_token])
                 );
                 assert_eq!(
-                    held.fencing_token_of("order:2").await.transpose().ok(),
-                    Some(Some(order_token))
+                    held.fencing_token_of("order:2").await.ok(),
+                    Some(order_token)
                 );
 
                 // Under an outer layer that locked nothing of its own, the inner layer's locks.
                 let only_inner =
                     HeldLocks::default().followed_by(HeldLocks::new(vec![order.held_lock()]));
                 assert_eq!(only_inner.names(), ["order:2"]);
-                assert_eq!(
-                    only_inner.fencing_token().await.transpose().ok(),
-                    Some(Some(order_token))
-                );
+                assert_eq!(only_inner.fencing_token().await.ok(), Some(order_token));
             })
             .await;
     }

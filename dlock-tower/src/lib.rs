@@ -12,7 +12,7 @@
 //!     held: HeldLocks,
 //! ) -> Result<String, dlock_core::LockError> {
 //!     // Hand the fencing token to the database write (a lost lock answers 503).
-//!     let token = held.fencing_token().await.transpose()?;
+//!     let token = held.fencing_token().await?;
 //!     Ok(format!("order for voucher {id}, token {token:?}"))
 //! }
 //!

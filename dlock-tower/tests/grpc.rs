@@ -128,13 +128,10 @@ impl tonic::server::UnaryService<OrderRequest> for Place {
             let _on_drop = SetOnDrop(orders.dropped.clone());
             orders.started.notify_one();
             tokio::time::sleep(orders.hold).await;
-            let token = match held {
-                Some(held) => held.fencing_token().await,
-                None => None,
+            let Some(held) = held else {
+                return Err(Status::internal("no lock held"));
             };
-            let token = token
-                .ok_or_else(|| Status::internal("no lock held"))?
-                .map_err(|e| Status::aborted(e.to_string()))?;
+            let token = (held.fencing_token().await).map_err(|e| Status::aborted(e.to_string()))?;
             Ok(tonic::Response::new(OrderReply {
                 fencing_token: token.get(),
             }))

@@ -382,7 +382,7 @@ async fn a_nested_macro_call_on_the_same_key_re_enters() {
                     let saved = save_order(&locker, id).await;
                     let held_token = held.fencing_token().await;
                     match (saved, held_token) {
-                        (Ok(token), Some(Ok(held_token))) if token == held_token.get() => {
+                        (Ok(token), Ok(held_token)) if token == held_token.get() => {
                             (StatusCode::OK, "re-entered".to_owned())
                         }
                         other => (StatusCode::INTERNAL_SERVER_ERROR, format!("{other:?}")),
@@ -878,15 +878,11 @@ async fn a_nested_lock_on_the_same_key_re_enters_inside_the_handler() {
                         .await
                         .map_err(|e| e.to_string())?;
                     let inner_token = inner.fencing_token().await.map_err(|e| e.to_string())?;
-                    let held_token = held
-                        .fencing_token()
-                        .await
-                        .transpose()
-                        .map_err(|e| e.to_string())?;
+                    let held_token = held.fencing_token().await.map_err(|e| e.to_string())?;
                     let scope_token = dlock_core::scope::fencing_token()
                         .await
                         .map_err(|e| e.to_string())?;
-                    let same = Some(inner_token) == held_token && Some(scope_token) == held_token;
+                    let same = inner_token == held_token && scope_token == held_token;
                     assert!(inner.release().await.is_released());
                     Ok::<_, String>(if same { "re-entered" } else { "other token" })
                 }
