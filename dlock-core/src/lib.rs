@@ -37,6 +37,9 @@
 //!   from another default [`Lease`] ([`LockerBuilder::default_lease`]).
 //! - **Loss**: when a renewal finds the lock gone or taken, or the lease runs out without a
 //!   renewal, [`LockGuard::lost`] resolves and [`LockGuard::run`] cancels the guarded future.
+//!   Every guard (a lock's, a writer's, a reader's, a permit, several locks', a master set's)
+//!   has these methods with the same signatures, and implements [`Hold`] for code that takes
+//!   any of them ([`Fenced`] for those with one fencing token).
 //! - **Fencing**: every fresh acquisition gets a token strictly greater than the last one for the
 //!   same name. A lease cannot protect against a holder paused past its lease; a resource that
 //!   refuses stale tokens can.
@@ -53,18 +56,13 @@
 //!   it takes; without it, the `Locker`'s [`default_wait`](LockerBuilder::default_wait), one
 //!   attempt unless configured); a failing backend is retried within it. Waiters sleep on a pub/sub
 //!   wake-up (one subscriber connection per `Locker` for every waited name), with a fallback timer
-//!   bounded by the holder's remaining lease. Local waiters for one name queue in-process, so only
-//!   one of them waits in Redis, and a release hands the lock straight to the next local waiter
-//!   in the same round trip — while no other `Locker` waits for it. Across processes, a waiter
-//!   that finds the lock taken claims the next turn for its `Locker` (the one waiting longest
-//!   wins, by wall clock); the release grants the lock to that waiter in the same step, and its
-//!   wake-up tells the waiter, which then holds the lock without a round trip of its own and
-//!   extends it to its lease (a claim older than its grant window — the waiter's
-//!   [`command_timeout`](LockerBuilder::command_timeout), at most a third of its lease — has the
-//!   lock kept for its `Locker` for a few of its round trips instead), so a process farther from
-//!   Redis gets its turn against nearer ones. A waiter that gives up takes its claim back, and
-//!   lets go a grant it did not take; one that dies delays the lock by twice its grant window
-//!   at most (4 s with the defaults).
+//!   bounded by the holder's remaining lease. Waiters of one `Locker` queue in-process, and a
+//!   release passes the lock to the next of them in its own round trip while no other process
+//!   waits for it. Across processes the
+//!   waiters take turns: the one that has waited longest goes next, even from a process farther
+//!   from Redis than the others, and the release hands it the lock in the same step. A waiter
+//!   that gives up or dies delays the lock by a few seconds at most (4 s with the defaults).
+//!   How turns work inside is in the repository's ARCHITECTURE.md.
 //! - **Fair locks**: [`Locker::fair_lock`] gives the lock to waiters in the order they came,
 //!   across processes, from a line kept in Redis; a release wakes only the head of the line.
 //! - **Semaphores**: [`Locker::semaphore`] lets at most N holders in at once; each [`Permit`]
