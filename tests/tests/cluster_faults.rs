@@ -610,7 +610,13 @@ async fn an_acknowledged_waiter_takes_a_lock_kept_for_it_during_a_slot_migration
     let (from, to) = move_from_to(&cluster, slot);
     let replica = cluster.replica_of(&from).port;
     // A first grant mints a fencing counter, which stays on the old master while the key moves.
-    let guard = holder.lock(name.as_str()).await.expect("a first lock");
+    // It waits: on a loaded machine the replica may acknowledge the very first write after the
+    // 400 ms, and a write no replica acknowledged is tried again within the wait.
+    let guard = (holder
+        .lock(name.as_str())
+        .wait(Duration::from_secs(10))
+        .await)
+        .expect("a first lock");
     guard.fencing_token().await.expect("a first token");
     assert!(guard.release().await.is_released());
     let held = holder.lock(name.as_str()).await.expect("lock");
