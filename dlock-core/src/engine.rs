@@ -131,6 +131,16 @@ impl Engine {
         })
     }
 
+    /// A connection for one operation's commands (see `Backend::session`), its failure a
+    /// [`LockError::Backend`].
+    pub(crate) fn session(
+        &self,
+    ) -> impl std::future::Future<Output = Result<crate::backend::Session, LockError>> + Send + '_
+    {
+        use futures_util::FutureExt as _;
+        (self.inner.backend.session()).map(|session| session.map_err(LockError::Backend))
+    }
+
     /// How many local lines are open (for `Locker::stats`).
     pub(crate) fn queue_count(&self) -> usize {
         self.queues().len()

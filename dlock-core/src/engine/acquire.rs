@@ -37,12 +37,7 @@ impl Engine {
         head: bool,
         (claim, grant): (Option<Claim>, Option<GrantTo<'_>>),
     ) -> Result<AcquireReply, LockError> {
-        let session = self
-            .inner
-            .backend
-            .session()
-            .await
-            .map_err(LockError::Backend)?;
+        let session = self.session().await?;
         let mut in_flight = InFlight::new(self, keys, owner);
         // The one session the command goes out on, kept where the in-flight guard needs it.
         let res = (in_flight.session.insert(session))
@@ -95,12 +90,7 @@ impl Engine {
         if hold.is_lost() {
             return Err(hold.lost_error());
         }
-        let session = self
-            .inner
-            .backend
-            .session()
-            .await
-            .map_err(LockError::Backend)?;
+        let session = self.session().await?;
         let reply = session
             .holds(&hold.keys, &hold.owner)
             .await
@@ -334,7 +324,7 @@ impl Engine {
             .iter()
             .map(|_| new_owner(self.inner.config.holder_label.as_deref()))
             .collect();
-        let session = (self.inner.backend.session().await).map_err(LockError::Backend)?;
+        let session = self.session().await?;
         let holds = keys.iter().cloned().zip(owners.iter().cloned()).collect();
         let mut in_flight = InFlight::many(self, holds);
         in_flight.session = Some(session.clone());

@@ -26,7 +26,7 @@ impl Engine {
         lease: Duration,
         alive: Option<Duration>,
     ) -> Result<FairReply, LockError> {
-        let session = (self.inner.backend.session().await).map_err(LockError::Backend)?;
+        let session = self.session().await?;
         let mut in_flight = InFlight::new(self, keys, owner);
         in_flight.session = Some(session.clone());
         let fence_ttl = self.inner.config.fence_ttl;

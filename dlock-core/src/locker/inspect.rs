@@ -90,7 +90,7 @@ impl Locker {
     pub async fn inspect(&self, name: impl IntoLockName) -> Result<LockInfo, LockError> {
         let name = self.engine.name(name)?;
         let keys = LockKeys::new(&self.engine.inner.config.prefix, &name);
-        let session = (self.engine.inner.backend.session().await).map_err(LockError::Backend)?;
+        let session = self.engine.session().await?;
         let raw = (session.inspect(&keys).await).map_err(LockError::Backend)?;
         Ok(LockInfo {
             name: name.to_string(),
@@ -122,7 +122,7 @@ impl Locker {
         let name = self.engine.name(name)?;
         // A fair lock's keys: the plain lock's, and the line whose head must be woken too.
         let keys = LockKeys::fair(&self.engine.inner.config.prefix, &name);
-        let session = (self.engine.inner.backend.session().await).map_err(LockError::Backend)?;
+        let session = self.engine.session().await?;
         let removed = (session.force_release(&keys).await).map_err(LockError::Backend)?;
         tracing::warn!(
             name = name.for_logs(),
