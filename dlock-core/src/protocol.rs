@@ -217,6 +217,9 @@ scripts! {
     RELEASE_READ = "release_read.lua";
     /// A permit's or a reader's read-only check.
     HOLDS_MEMBER = "holds_member.lua";
+    /// A cluster subscriber's test message, published by the master of a channel's slot.
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
+    ECHO = "echo.lua";
 }
 
 /// Every script's name (`ACQUIRE`, …) and text as the server gets it: for the conformance

@@ -239,3 +239,56 @@ async fn a_release_just_after_a_failover_wakes_its_waiter() {
         block_in_place(|| cluster.wait_ok());
     }
 }
+
+/// A `Locker` whose subscriber connection was up before a failover, and that first waits for a
+/// name of the failed-over shard just after it. Its subscription goes where its slot map
+/// points, which may still name the old master, now a replica that the new master does not yet
+/// send its messages to; and no push tells the subscriber so. A release made then must wake the
+/// waiter all the same, within the bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_wait_just_after_a_failover_is_woken() {
+    let cluster = block_in_place(RedisCluster::start);
+    let shards: Vec<[u16; 2]> = (cluster.masters().iter())
+        .map(|m| [m.port, cluster.replica_of(m).port])
+        .collect();
+    for (round, shard) in shards.iter().enumerate() {
+        let holder = cluster.locker(Duration::from_secs(30)).await;
+        let rival = cluster.locker(Duration::from_secs(30)).await;
+        let name_on_shard = |prefix: String| loop {
+            let name = unique_name(&prefix);
+            let key = holder.key_of(name.as_str()).unwrap();
+            if shard.contains(&cluster.node_for_key(&key).port) {
+                break name;
+            }
+        };
+        // The rival's subscriber connects before the failover: it waits once, for another name
+        // of the shard, and reads the slot map then.
+        let early = name_on_shard(format!("cluster-early-{round}"));
+        let guard = holder.lock(early.as_str()).await.expect("lock");
+        let waiting = waiter(&rival, &early);
+        assert_eq!(until_waiting(&holder, &early, 1).await.waiting_lockers, 1);
+        release_wakes(
+            guard,
+            waiting,
+            &format!("round {round}, before the failover"),
+        )
+        .await;
+        // A name of the same shard, held; its shard fails over.
+        let name = name_on_shard(format!("cluster-first-wait-{round}"));
+        let key = holder.key_of(name.as_str()).unwrap();
+        let guard = holder.lock(name.as_str()).await.expect("lock");
+        let master = cluster.node_for_key(&key);
+        let replica = cluster.replica_of(&master);
+        block_in_place(|| cluster.promote(replica.port, None));
+        if !until_replica(&cluster, master.port).await {
+            eprintln!("round {round}: the old master did not hear of the failover in time");
+            block_in_place(|| cluster.wait_ok());
+        }
+        // The rival's first wait for the name: it finds it held and subscribes; the release
+        // comes at once.
+        let waiting = waiter(&rival, &name);
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        release_wakes(guard, waiting, &format!("round {round}, a first wait")).await;
+        block_in_place(|| cluster.wait_ok());
+    }
+}

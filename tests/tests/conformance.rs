@@ -755,6 +755,14 @@ const ROWS: &[Row] = &[
         reply: "[0, -2]",
         after: &["sp zset {p1=1} none"],
     },
+    // ECHO
+    Row {
+        what: "ECHO publishes and writes nothing",
+        before: &[],
+        op: Script("ECHO", &["lk:wake"], &["e1f:1"]),
+        reply: "0",
+        after: &[],
+    },
 ];
 
 /// A reply as the table writes it.

@@ -7,8 +7,15 @@
 //! push, or the connection goes) and redis-rs does not always subscribe again: so the channel is
 //! marked unconfirmed (its waiters poll meanwhile), its waiters retry at once (a release may have
 //! been missed), and it is subscribed again, on the slot's new master, with a backoff.
+//!
+//! A subscription can also land where the master's wake-ups don't reach, and no push says so:
+//! redis-rs routes by a slot map that may still name a master just failed over, now a replica,
+//! and a replica takes a shard subscription without a redirect, while the new master sends its
+//! messages only to the replicas it has heard of. So each subscription is proved: an echo (see
+//! [`Echoes`]) published by the slot's master must come back within [`ECHO_WITHIN`], or the
+//! channel is treated as dropped (its waiters retry, and it is subscribed again).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -19,6 +26,11 @@ use tokio::time::Instant;
 
 use super::{MAX_BACKOFF, MIN_BACKOFF, Slots, SubCmd, refuse_for};
 use crate::backend::cluster::ClusterSeeds;
+use crate::protocol::ECHO;
+
+/// How long a subscription's echo may take to come back before the subscription is taken for
+/// lost. A release missed meanwhile wakes its waiters this late at worst.
+const ECHO_WITHIN: Duration = Duration::from_millis(250);
 
 pub(super) async fn run(
     seeds: ClusterSeeds,
@@ -53,6 +65,7 @@ pub(super) async fn run(
         }
         backoff = (backoff * 2).min(MAX_BACKOFF);
     };
+    let mut echoes = Echoes::new();
     // Channels watched before the connection came up (each alone: one slot per command).
     for channel in slots.channels() {
         let mut c = conn.clone();
@@ -61,6 +74,7 @@ pub(super) async fn run(
             Ok(Ok(()))
         ) {
             slots.confirm(&channel);
+            echoes.send(&conn, &channel, timeout);
         }
     }
     healthy.store(true, Ordering::Release);
@@ -82,18 +96,26 @@ pub(super) async fn run(
                         match push.kind {
                             PushKind::SMessage => {
                                 if let Some(Value::BulkString(channel)) = push.data.first() {
-                                    let message = match push.data.get(1) {
-                                        Some(Value::BulkString(message)) => Some(&message[..]),
-                                        _ => None,
-                                    };
-                                    let _ = slots
-                                        .wake_with(&String::from_utf8_lossy(channel), message);
+                                    let channel = String::from_utf8_lossy(channel);
+                                    match push.data.get(1) {
+                                        // An echo (this subscriber's or another's) wakes nobody.
+                                        Some(Value::BulkString(m)) if Echoes::is_echo(m) => {
+                                            echoes.heard(&channel, m);
+                                        }
+                                        Some(Value::BulkString(m)) => {
+                                            let _ = slots.wake_with(&channel, Some(&m[..]));
+                                        }
+                                        _ => {
+                                            let _ = slots.wake_with(&channel, None);
+                                        }
+                                    }
                                 }
                             }
                             // The node dropped a channel we still watch: its slot moved away.
                             PushKind::SUnsubscribe => {
                                 if let Some(Value::BulkString(channel)) = push.data.first() {
                                     let channel = String::from_utf8_lossy(channel);
+                                    echoes.forget(&channel);
                                     if slots.contains(&channel) {
                                         slots.unconfirm(&channel);
                                         slots.wake_with(&channel, None);
@@ -108,6 +130,7 @@ pub(super) async fn run(
                                 slots.set_all_confirmed(false);
                                 healthy.store(false, Ordering::Release);
                                 slots.wake_all();
+                                echoes.forget_all();
                                 for channel in slots.channels() {
                                     lapsed.add(channel);
                                 }
@@ -117,8 +140,25 @@ pub(super) async fn run(
                         None
                     }
                 },
+                // An echo that did not come back: the subscription hears no wake-up from the
+                // slot's master. Its waiters retry now (a release may have been missed), poll
+                // meanwhile, and the channel is subscribed again.
+                () = tokio::time::sleep_until(echoes.due()), if !echoes.is_empty() => {
+                    for channel in echoes.overdue() {
+                        if slots.contains(&channel) {
+                            tracing::debug!(
+                                channel = %channel,
+                                "dlock subscriber: a subscription's echo did not come back"
+                            );
+                            slots.unconfirm(&channel);
+                            slots.wake_with(&channel, None);
+                            lapsed.add(channel);
+                        }
+                    }
+                    None
+                }
                 () = tokio::time::sleep_until(lapsed.retry_at), if !lapsed.is_empty() => {
-                    lapsed.resubscribe(&conn, &slots, timeout).await;
+                    lapsed.resubscribe(&conn, &slots, &mut echoes, timeout).await;
                     if lapsed.is_empty() {
                         healthy.store(true, Ordering::Release);
                     }
@@ -137,12 +177,14 @@ pub(super) async fn run(
                 if ok {
                     slots.confirm(&channel);
                     lapsed.channels.remove(&channel);
+                    echoes.send(&conn, &channel, timeout);
                 }
                 healthy.store(ok, Ordering::Release);
                 let _ = ack.send(ok);
             }
             Some(SubCmd::Unsubscribe(channel)) if !slots.contains(&channel) => {
                 lapsed.channels.remove(&channel);
+                echoes.forget(&channel);
                 let mut c = conn.clone();
                 let _ = tokio::time::timeout(timeout, c.sunsubscribe(&channel)).await;
             }
@@ -188,6 +230,7 @@ impl Lapsed {
         &mut self,
         conn: &redis::cluster_async::ClusterConnection,
         slots: &Slots,
+        echoes: &mut Echoes,
         timeout: Duration,
     ) {
         let channels = std::mem::take(&mut self.channels);
@@ -197,6 +240,7 @@ impl Lapsed {
             }
             if subscribe_on_master(conn, &channel, timeout).await {
                 slots.confirm(&channel);
+                echoes.send(conn, &channel, timeout);
                 // A release between the drop and now was published where nobody listened:
                 // its waiters try again now, and hear every release from here on.
                 slots.wake_with(&channel, None);
@@ -244,4 +288,110 @@ async fn subscribe_on_master(
         tokio::time::timeout(timeout, c.ssubscribe(channel)).await,
         Ok(Ok(()))
     )
+}
+
+/// The echoes sent to prove subscriptions, one per channel, and when each is due back.
+///
+/// An echo is a message `e<subscriber>:<n>` that the subscriber publishes on a channel it just
+/// subscribed to, through [`ECHO`]: a keyed script, which only the master of the channel's slot
+/// runs (a replica answers `MOVED`, and redis-rs sends it on to the master). The master sends it
+/// to the same subscribers its releases' wake-ups go to; so when it comes back, the subscription
+/// hears those wake-ups, wherever it landed. Other subscribers of the channel hear it too and
+/// take it for nothing: no waiter wakes on an echo.
+struct Echoes {
+    /// This subscriber's mark in its echoes, drawn at random: another's echo is not its own.
+    me: u64,
+    sent: u64,
+    /// By channel: the echo's number and when it is due back.
+    pending: HashMap<String, (u64, Instant)>,
+}
+
+impl Echoes {
+    fn new() -> Self {
+        let mut b = [0u8; 8];
+        // Without the system's randomness, the time: marks only tell this subscriber's echoes
+        // from the others'.
+        let me = match getrandom::fill(&mut b) {
+            Ok(()) => u64::from_le_bytes(b),
+            Err(_) => std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64),
+        };
+        Self {
+            me,
+            sent: 0,
+            pending: HashMap::new(),
+        }
+    }
+
+    /// Whether a message on a channel is an echo (a wake-up is `1` or a grant, `g…`).
+    fn is_echo(message: &[u8]) -> bool {
+        message.first() == Some(&b'e')
+    }
+
+    fn is_empty(&self) -> bool {
+        self.pending.is_empty()
+    }
+
+    /// Publishes an echo on `channel` (in the background: the subscriber goes on reading its
+    /// pushes meanwhile) and expects it back within [`ECHO_WITHIN`]. An echo that could not be
+    /// sent does not come back either.
+    fn send(
+        &mut self,
+        conn: &redis::cluster_async::ClusterConnection,
+        channel: &str,
+        timeout: Duration,
+    ) {
+        self.sent += 1;
+        let n = self.sent;
+        self.pending
+            .insert(channel.to_owned(), (n, Instant::now() + ECHO_WITHIN));
+        let message = format!("e{:x}:{n}", self.me);
+        let mut call = redis::cmd("EVAL");
+        call.arg(ECHO.text()).arg(1).arg(channel).arg(message);
+        let mut c = conn.clone();
+        tokio::spawn(async move {
+            let sent = tokio::time::timeout(timeout, call.query_async::<i64>(&mut c)).await;
+            if !matches!(sent, Ok(Ok(_))) {
+                tracing::debug!("dlock subscriber: a subscription's echo could not be sent");
+            }
+        });
+    }
+
+    /// An echo came back on `channel`: if it is the one expected, the subscription is proved.
+    fn heard(&mut self, channel: &str, message: &[u8]) {
+        let Some(&(n, _)) = self.pending.get(channel) else {
+            return;
+        };
+        if message == format!("e{:x}:{n}", self.me).as_bytes() {
+            self.pending.remove(channel);
+        }
+    }
+
+    /// No echo is expected on `channel` any more: it was dropped, or nobody watches it.
+    fn forget(&mut self, channel: &str) {
+        self.pending.remove(channel);
+    }
+
+    fn forget_all(&mut self) {
+        self.pending.clear();
+    }
+
+    /// When the next echo is due back.
+    fn due(&self) -> Instant {
+        (self.pending.values().map(|(_, at)| *at).min()).unwrap_or_else(Instant::now)
+    }
+
+    /// The channels whose echo is overdue; they are no longer expected.
+    fn overdue(&mut self) -> Vec<String> {
+        let now = Instant::now();
+        let late: Vec<String> = (self.pending.iter())
+            .filter(|(_, (_, at))| *at <= now)
+            .map(|(channel, _)| channel.clone())
+            .collect();
+        for channel in &late {
+            self.pending.remove(channel);
+        }
+        late
+    }
 }
