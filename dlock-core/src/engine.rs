@@ -41,7 +41,6 @@ pub(crate) use guard::{FromLockGuard, wrapped_guard_methods};
 use in_flight::InFlight;
 pub use lease::Lease;
 pub(crate) use lease::{MAX_LEASE, check_at_least, check_lease};
-pub(crate) use owner::new_owner;
 use queue::{HeadWait, QueueEntry, handed};
 pub(crate) use release::release_outcome;
 
@@ -100,10 +99,15 @@ impl Engine {
                 watchdog: Watchdog::default(),
                 queues: Mutex::new(HashMap::new()),
                 round_trip_us: AtomicU64::new(0),
-                turn_id: new_owner(None),
+                turn_id: owner::new_owner(None),
                 display,
             }),
         }
+    }
+
+    /// A fresh owner token for one acquisition, with this `Locker`'s holder label.
+    pub(crate) fn new_owner(&self) -> Arc<str> {
+        owner::new_owner(self.inner.config.holder_label.as_deref())
     }
 
     /// This `Locker`'s id, unique in the process: what a scope records its holds under.

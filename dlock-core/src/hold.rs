@@ -361,6 +361,7 @@ impl HoldState {
             moved.as_mut().enable();
             let deadline = self.deadline();
             tokio::select! {
+                biased;
                 () = self.lost.raised() => return,
                 () = self.released.raised() => std::future::pending::<()>().await,
                 () = &mut moved => {}

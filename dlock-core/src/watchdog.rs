@@ -2,7 +2,7 @@
 //! per tick (a tick is a third of the shortest lease held), and marks holds lost when a renewal
 //! finds them gone or their validity deadline passes without a successful renewal.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
@@ -30,7 +30,9 @@ impl Drop for Watchdog {
 /// What the watchdog and its task share.
 #[derive(Debug, Default)]
 struct State {
-    holds: Mutex<HashMap<u64, Arc<HoldState>>>,
+    /// By hold id, in the order the holds were taken: a tick renews them in that order, the
+    /// same on every run (a paused test replays).
+    holds: Mutex<BTreeMap<u64, Arc<HoldState>>>,
     /// Wakes the task: a first hold, a shorter lease, or the `Locker` going away.
     wake: Arc<Notify>,
     /// The lease the current tick period is based on, in ms (0: idle).
@@ -90,7 +92,7 @@ impl Watchdog {
 }
 
 impl State {
-    fn holds(&self) -> MutexGuard<'_, HashMap<u64, Arc<HoldState>>> {
+    fn holds(&self) -> MutexGuard<'_, BTreeMap<u64, Arc<HoldState>>> {
         self.holds.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -197,6 +199,7 @@ async fn run(state: Weak<State>, backend: WeakBackend, wake: Arc<Notify>, _runni
             None => wake.notified().await,
             Some(period) => {
                 tokio::select! {
+                    biased;
                     () = tokio::time::sleep(period) => {
                         let (Some(state), Some(backend)) = (state.upgrade(), backend.upgrade())
                         else {

@@ -1,6 +1,6 @@
 //! The history checker in CI: at least 20,000 operations with faults against Redis, split over
 //! one test per fault family (nextest runs them in parallel processes), and 200,000 against the
-//! memory backend on a paused clock.
+//! memory backend on a paused clock, where a seed replays the same history.
 //!
 //! What it found on its own in the core it was first run against, each now fixed with a
 //! regression test of its own: `extend()` to a shorter lease leaving `valid_until` where it was
@@ -92,4 +92,37 @@ async fn checker_memory_paused_clock() {
             .load(std::sync::atomic::Ordering::Relaxed);
         assert!(grants > 0, "{}", report.summary());
     }
+}
+
+/// Operations of each of the two runs of the replay test.
+const REPLAY_OPS: usize = 10_000;
+
+/// A seed on the memory store and a paused clock replays the very same history: the same events,
+/// in the same order, at the same moments, with the same fencing tokens. A violation found there
+/// can be run again as it happened, under a debugger or with more logging. Each run has a
+/// runtime of its own, as a run of its own process would: a paused clock moves from timer to
+/// timer, in whole milliseconds from the runtime's start.
+#[test]
+fn a_memory_seed_replays_the_same_history() {
+    let config = Config::from_env(FaultFamily::Memory, REPLAY_OPS);
+    let run = || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()
+            .expect("a runtime");
+        runtime.block_on(run_memory(config))
+    };
+    let (first, second) = (run(), run());
+    // Printed, so that runs in two processes can be compared too.
+    eprintln!("seed {}: {:?}", config.seed, first.digest);
+    assert!(first.digest.events > 0, "{}", first.summary());
+    assert_eq!(
+        first.digest,
+        second.digest,
+        "two runs of seed {} differ\nfirst:  {}\nsecond: {}",
+        config.seed,
+        first.summary(),
+        second.summary()
+    );
 }

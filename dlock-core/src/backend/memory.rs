@@ -8,10 +8,11 @@
 
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use redis::aio::ConnectionLike;
 use redis::{Cmd, Pipeline, RedisFuture, Value};
+use tokio::time::Instant;
 
 use crate::backend::wait::Slots;
 
@@ -42,6 +43,9 @@ struct StoreInner {
     /// Made at the first command (making a Lua state can fail, a command can say so).
     server: Mutex<Option<Server>>,
     listeners: Arc<Listeners>,
+    /// What the store's clock read at a moment of tokio's time, if it was set; else it reads
+    /// the wall clock at the first command.
+    clock_at: Option<(Duration, Instant)>,
 }
 
 /// The wake-up channels of every `Locker` on the store: one subscriber each, as each `Locker`
@@ -113,6 +117,20 @@ impl MemoryStore {
         Self::default()
     }
 
+    /// An empty store whose clock reads `since_1970` (a time since 1970) now, and moves on with
+    /// tokio's time. The store's clock is what fencing tokens and the order of waiters' claims
+    /// come from; with it set, and tokio's clock paused, a test over the store replays the very
+    /// same history every time it runs (a store made with [`new`](Self::new) starts from the
+    /// wall clock, so its tokens differ from run to run).
+    pub fn with_clock_at(since_1970: Duration) -> Self {
+        Self {
+            inner: Arc::new(StoreInner {
+                clock_at: Some((since_1970, Instant::now())),
+                ..StoreInner::default()
+            }),
+        }
+    }
+
     fn server(&self) -> MutexGuard<'_, Option<Server>> {
         self.inner.server.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -122,7 +140,11 @@ impl MemoryStore {
         let mut server = self.server();
         if server.is_none() {
             let channels = Box::new(Subscribers(self.inner.listeners.clone()));
-            *server = Some(Server::new(channels)?);
+            let clock = self.inner.clock_at.unwrap_or_else(|| {
+                let wall = (SystemTime::now().duration_since(UNIX_EPOCH)).unwrap_or_default();
+                (wall, Instant::now())
+            });
+            *server = Some(Server::new(channels, clock)?);
         }
         match server.as_mut() {
             Some(server) => Ok(f(server)),

@@ -170,7 +170,7 @@ impl Engine {
                 }
             }
 
-            let mut owner = new_owner(self.inner.config.holder_label.as_deref());
+            let mut owner = self.new_owner();
             // A writer's recorded wait (it keeps new readers out) goes when it stops waiting.
             let wait_counts = keys.rw_keys().and_then(|rw| rw.wait_counts);
             let mut leave = Leave::new(&self, &keys, &owner);
@@ -230,7 +230,7 @@ impl Engine {
                     Err(err) if wait.is_zero() || is_permanent(&err) => break 'body Err(err),
                     Err(err) => {
                         // The clean-up of that attempt releases `owner`: never reuse it.
-                        owner = new_owner(self.inner.config.holder_label.as_deref());
+                        owner = self.new_owner();
                         leave.set_owner(&owner);
                         failed = Some(err);
                     }
@@ -320,10 +320,7 @@ impl Engine {
         if not_for_us {
             return Ok(TriedAll::NotTried);
         }
-        let owners: Vec<Arc<str>> = names
-            .iter()
-            .map(|_| new_owner(self.inner.config.holder_label.as_deref()))
-            .collect();
+        let owners: Vec<Arc<str>> = names.iter().map(|_| self.new_owner()).collect();
         let session = self.session().await?;
         let holds = keys.iter().cloned().zip(owners.iter().cloned()).collect();
         let mut in_flight = InFlight::many(self, holds);

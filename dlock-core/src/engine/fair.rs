@@ -55,8 +55,7 @@ impl Engine {
         {
             return Ok(Attempted::Held(guard));
         }
-        let label = self.inner.config.holder_label.clone();
-        let mut owner = new_owner(label.as_deref());
+        let mut owner = self.new_owner();
         let mut failed: Option<LockError> = None;
         let mut pttl = None;
 
@@ -79,7 +78,7 @@ impl Engine {
             }) => pttl = now_pttl,
             Err(err) if wait.is_zero() || is_permanent(&err) => return Err(err),
             Err(err) => {
-                owner = new_owner(label.as_deref());
+                owner = self.new_owner();
                 failed = Some(err);
             }
         }
@@ -126,7 +125,7 @@ impl Engine {
                 Err(err) => {
                     // The clean-up of that attempt takes `owner` out of the line: stand in line
                     // again with a fresh token (and its own wake-up channel).
-                    owner = new_owner(label.as_deref());
+                    owner = self.new_owner();
                     place = Place::new(&self, &keys, &owner, deadline).await;
                     failed = Some(err);
                     continue;
@@ -147,6 +146,7 @@ impl Engine {
                 sleep = sleep.min(self.inner.config.poll_interval);
             }
             tokio::select! {
+                biased;
                 () = &mut notified => {}
                 () = tokio::time::sleep_until(deadline.min(now + sleep)) => {}
             }

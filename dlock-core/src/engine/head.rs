@@ -146,7 +146,7 @@ impl Engine {
                 }
                 Err(err) if is_permanent(&err) => return Err(err),
                 Err(err) => {
-                    owner = new_owner(self.inner.config.holder_label.as_deref());
+                    owner = self.new_owner();
                     leave.set_owner(&owner);
                     failed = Some(err);
                 }
@@ -177,9 +177,9 @@ impl Engine {
                 fallback = fallback.min(counts / 3);
             }
             let until = deadline.min(now + fallback);
+            // In a fixed order (a lock handed over first), so a run on a paused clock replays.
             tokio::select! {
-                () = &mut notified => {}
-                () = tokio::time::sleep_until(until) => {}
+                biased;
                 Some(handed) = handed(rx) => {
                     leave.disarm();
                     let (fence, sent_at) = (Some(handed.fence), handed.sent_at);
@@ -187,6 +187,8 @@ impl Engine {
                         self.acquired(name, keys, handed.owner, fence, lease, sent_at, started),
                     ));
                 }
+                () = &mut notified => {}
+                () = tokio::time::sleep_until(until) => {}
             }
         }
     }

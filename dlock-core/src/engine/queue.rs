@@ -56,11 +56,8 @@ impl HandoffSlot {
     /// The same offer under a new token, after a hand-over to the old one whose answer was
     /// lost: the release sent after it frees whatever the old token holds, and must find there
     /// only what that hand-over gave — never a lock the waiter got since by another way.
-    fn renewed(self, label: Option<&str>) -> Self {
-        Self {
-            owner: new_owner(label),
-            ..self
-        }
+    fn renewed(self, owner: Arc<str>) -> Self {
+        Self { owner, ..self }
     }
 }
 
@@ -265,7 +262,7 @@ impl Engine {
                 // it. One release covers both (in either order with the hand-over, should that
                 // still be on its way), and the waiter goes on waiting, offering a new token.
                 let handed_to = slot.owner.clone();
-                queue.offer_again(slot.renewed(self.inner.config.holder_label.as_deref()));
+                queue.offer_again(slot.renewed(self.new_owner()));
                 let after = super::release::Try::AfterHandoff;
                 Some(
                     self.release_in_redis(hold, Some(&handed_to), after, Some(queue))
@@ -313,13 +310,12 @@ impl<'a> HeadWait<'a> {
         };
         // No `.await` from here until `HeadWait` exists: once the offer is out, only its `Drop`
         // can give back a lock handed over to a waiter that was dropped.
-        let label = locker.inner.config.holder_label.as_deref();
-        let handoff_owner = new_owner(label);
+        let handoff_owner = locker.new_owner();
         let mut rx = None;
         if locker.inner.config.handoff {
             let (tx, handoff_rx) = oneshot::channel();
             *queue.slot() = Some(HandoffSlot {
-                owner: new_owner(label),
+                owner: locker.new_owner(),
                 head: handoff_owner.clone(),
                 lease,
                 tx,

@@ -601,6 +601,7 @@ pub(crate) async fn inject(
     loop {
         let (gap, fault) = plan.next_fault();
         tokio::select! {
+            biased;
             () = tokio::time::sleep(gap) => {}
             _ = stop.wait_for(|s| *s) => break,
         }

@@ -230,6 +230,15 @@ pub enum EventKind {
     },
 }
 
+/// A history's fingerprint (see [`History::digest`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HistoryDigest {
+    /// How many events.
+    pub events: usize,
+    /// A hash of every event, in order.
+    pub hash: u64,
+}
+
 /// One event of the history.
 #[derive(Debug, Clone, Copy)]
 pub struct Event {
@@ -622,6 +631,25 @@ impl History {
         let mut events = locked(&self.events).clone();
         events.sort_by_key(|e| e.at);
         events
+    }
+
+    /// A fingerprint of the history: how many events, and a hash of each (what, by whom, on
+    /// which name, when, counted from the run's start) in order. Two runs of one seed on a
+    /// memory store and a paused clock have the same one: they replay each other exactly.
+    pub fn digest(&self) -> HistoryDigest {
+        use std::hash::{Hash as _, Hasher as _};
+        let events = self.events();
+        // Keys fixed, not drawn: the same history hashes the same in every process.
+        let mut hasher = std::hash::DefaultHasher::new();
+        for e in &events {
+            let at = e.at.saturating_duration_since(self.origin).as_nanos();
+            let line = format!("{at} {} {} {} {:?}", e.worker, e.locker, e.name, e.kind);
+            (line, e.call).hash(&mut hasher);
+        }
+        HistoryDigest {
+            events: events.len(),
+            hash: hasher.finish(),
+        }
     }
 
     /// Every guard so far.

@@ -25,7 +25,8 @@
 //! *not* replayed is timing: against a real Redis (and a real scheduler) the interleaving of the
 //! workers, the moments faults land and what each call returns differ from run to run, so a seed
 //! that found a violation finds it again only with some probability. Against the memory backend
-//! on a paused clock the interleaving is far more repeatable, though still not guaranteed.
+//! on a paused clock a seed replays exactly: the same history, event for event, on every run
+//! ([`Report::digest`]; ARCHITECTURE.md, "A seed replays", says what makes it so).
 //! Without the variable a random seed is drawn and printed. `DLOCK_CHECKER_OPS=<n>` sets the
 //! number of sessions (operations) per run, for a long soak.
 
@@ -56,7 +57,7 @@ mod watchdog;
 pub use distributed::{Figures, run_cluster, run_sentinel};
 pub use fair::FairFigures;
 pub use faults::FaultFamily;
-pub use history::History;
+pub use history::{History, HistoryDigest};
 pub use invariants::{Invariant, Violation};
 pub use latency::{Latencies, Spread};
 pub use masters::{MastersFigures, MastersReport, run_masters};

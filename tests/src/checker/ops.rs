@@ -113,6 +113,7 @@ async fn maybe_cancelled<F: Future>(fut: F, cancel_after: Option<Duration>) -> O
     match cancel_after {
         None => Some(fut.await),
         Some(d) => tokio::select! {
+            biased;
             out = fut => Some(out),
             () = tokio::time::sleep(d) => None,
         },

@@ -119,6 +119,8 @@ pub struct Report {
     pub stats: Stats,
     /// Guards handed out.
     pub guards: usize,
+    /// The history's fingerprint: a memory run on a paused clock replays its seed exactly.
+    pub digest: super::history::HistoryDigest,
     /// What the fair-order check looked at.
     pub fair: FairFigures,
     /// What the permit and reader-writer checks looked at.
@@ -472,6 +474,7 @@ pub(super) fn finish(
         wall,
         stats,
         guards: ctx.history.guards().len(),
+        digest: ctx.history.digest(),
         fair,
         shares,
         latency: Latencies::of(&ctx.history),
@@ -622,8 +625,13 @@ pub async fn run_redis(config: Config) -> Report {
     report
 }
 
+/// What a memory run's store clock reads at its start (2026-09-21): a fixed time, so a seed
+/// replays with the same fencing tokens.
+const MEMORY_CLOCK_AT: std::time::Duration = std::time::Duration::from_secs(1_790_000_000);
+
 /// One run against lockers over one memory store. Meant for a paused clock
-/// (`#[tokio::test(flavor = "current_thread", start_paused = true)]`): sleeps cost nothing.
+/// (`#[tokio::test(flavor = "current_thread", start_paused = true)]`): sleeps cost nothing. A
+/// seed replays exactly: the same history, event for event ([`Report::digest`]).
 pub async fn run_memory(config: Config) -> Report {
     assert_eq!(
         config.family,
@@ -632,7 +640,8 @@ pub async fn run_memory(config: Config) -> Report {
     );
     let wall = std::time::Instant::now();
     let p = params(config.seed);
-    let store = MemoryStore::new();
+    // A clock of its own, the same on every run: fencing tokens and claims come from it.
+    let store = MemoryStore::with_clock_at(MEMORY_CLOCK_AT);
     let prefix = format!("chk-{}:", config.seed);
     let timeouts = (p.watchdog_lease, p.dead_waiter_timeout);
     let actors = actors::memory_actors(&store, &prefix, timeouts, 4).await;

@@ -226,6 +226,7 @@ impl Tracked {
             }
         };
         tokio::select! {
+            biased;
             () = tokio::time::sleep(most) => {}
             () = promoted => tokio::time::sleep(after).await,
         }

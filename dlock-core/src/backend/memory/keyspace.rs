@@ -2,8 +2,8 @@
 //! answers them: strings, hashes and sorted sets with expiries on tokio's clock (so tests can
 //! pause it), and `TIME` from the same clock.
 
-use std::collections::{BTreeSet, HashMap};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
 use tokio::time::Instant;
 
@@ -29,7 +29,7 @@ pub(crate) trait Channels {
 /// A sorted set: members by score, and in order of (score, member) as Redis orders them.
 #[derive(Debug, Clone, Default)]
 struct SortedSet {
-    scores: HashMap<String, f64>,
+    scores: BTreeMap<String, f64>,
     order: BTreeSet<(Score, String)>,
 }
 
@@ -87,7 +87,7 @@ impl SortedSet {
 #[derive(Debug, Clone)]
 enum Value {
     Str(String),
-    Hash(HashMap<String, String>),
+    Hash(BTreeMap<String, String>),
     ZSet(SortedSet),
 }
 
@@ -100,16 +100,12 @@ struct Entry {
 /// The keyspace.
 #[derive(Debug)]
 pub(crate) struct Keyspace {
-    entries: HashMap<String, Entry>,
+    /// In key order: every listing of keys (a `SCAN`, `KEYS`) comes in the same order on every
+    /// run, so a paused test replays.
+    entries: BTreeMap<String, Entry>,
     /// The wall clock at `started`: `TIME` is this plus tokio's time since.
     wall: Duration,
     started: Instant,
-}
-
-impl Default for Keyspace {
-    fn default() -> Self {
-        Self::new()
-    }
 }
 
 const WRONGTYPE: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
@@ -147,13 +143,12 @@ pub(crate) fn format_score(score: f64) -> String {
 }
 
 impl Keyspace {
-    pub(crate) fn new() -> Self {
+    /// An empty keyspace whose clock read `clock.0` (since 1970) at `clock.1`.
+    pub(crate) fn new((wall, started): (Duration, Instant)) -> Self {
         Self {
-            entries: HashMap::new(),
-            wall: SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .unwrap_or_default(),
-            started: Instant::now(),
+            entries: BTreeMap::new(),
+            wall,
+            started,
         }
     }
 
@@ -331,7 +326,7 @@ impl Keyspace {
                 let entry = match self.live(key) {
                     Some(entry) => entry,
                     None => {
-                        let value = Value::Hash(HashMap::new());
+                        let value = Value::Hash(BTreeMap::new());
                         let entry = Entry {
                             value,
                             expires: None,

@@ -3,8 +3,10 @@
 //! Redis's rules.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use mlua::{Function, Lua, LuaOptions, MultiValue, StdLib, Table, Value};
+use tokio::time::Instant;
 
 use super::keyspace::{Channels, Keyspace, Reply, format_score};
 use crate::name::glob_matches;
@@ -31,7 +33,11 @@ struct Data {
 }
 
 impl Server {
-    pub(crate) fn new(channels: Box<dyn Channels + Send>) -> Result<Self, String> {
+    /// A server whose clock read `clock.0` (since 1970) at `clock.1`.
+    pub(crate) fn new(
+        channels: Box<dyn Channels + Send>,
+        clock: (Duration, Instant),
+    ) -> Result<Self, String> {
         let failed = |e: mlua::Error| e.to_string();
         // The libraries Redis opens for scripts that the protocol uses (the base library is
         // always there: `tonumber`, `type`, `unpack`).
@@ -41,7 +47,7 @@ impl Server {
         )
         .map_err(failed)?;
         lua.set_app_data(Data {
-            keyspace: Keyspace::new(),
+            keyspace: Keyspace::new(clock),
             channels,
         });
         let redis = lua.create_table().map_err(failed)?;
