@@ -29,6 +29,7 @@ mod leave;
 mod owner;
 mod queue;
 mod release;
+mod waiter;
 
 pub(crate) use acquire::{Attempted, TriedAll, held_or_timed_out, is_permanent};
 pub(crate) use config::{Config, MIN_DEAD_WAITER_TIMEOUT};

@@ -10,6 +10,7 @@ use tokio::time::Instant;
 
 use super::head::Waiting;
 use super::leave::{Leave, LeaveTurn};
+use super::waiter::{Step, Waiter};
 use super::*;
 use crate::backend::{AcquireAllReply, AcquireReply, Claim, GrantTo, Turn};
 use crate::clock;
@@ -156,8 +157,6 @@ impl Engine {
         // One block rather than an `async fn` of its own: each layer of `async fn` keeps its
         // arguments beside the future it awaits, and thousands of waiters hold this one.
         let attempted: Result<Attempted, LockError> = 'body: {
-            let labelled = self.inner.config.metrics_name_label;
-
             // Re-entry inside a lock scope: a hold this task has (even a lost one, whose loss is
             // reported rather than papered over with a new lock).
             if keys.reenters()
@@ -170,20 +169,13 @@ impl Engine {
                 }
             }
 
-            let mut owner = self.new_owner();
+            let mut waiter = Waiter::new(&self, name, keys, lease, (started, deadline));
             // A writer's recorded wait (it keeps new readers out) goes when it stops waiting.
-            let wait_counts = keys.rw_keys().and_then(|rw| rw.wait_counts);
-            let mut leave = Leave::new(&self, &keys, &owner);
+            let wait_counts = waiter.keys.rw_keys().and_then(|rw| rw.wait_counts);
+            let mut leave = Leave::new(&self, &waiter.keys, &waiter.owner);
             if wait_counts.is_none() {
                 leave.disarm();
             }
-            // The last backend error, while no attempt has answered since: what the call returns
-            // if the deadline comes first.
-            let mut failed: Option<LockError> = None;
-            let mut pttl = None;
-            // When the last attempt came back: one that came back past the deadline is the last (the
-            // call returns within its wait plus one command timeout).
-            let mut came_back: Option<Instant> = None;
             // When this request began to wait, on the wall clock: claims to the next turn go to the
             // one that has waited longest, whichever process it is in.
             let since = self.inner.backend.wall_ms();
@@ -192,7 +184,8 @@ impl Engine {
             // attempt) waits its turn behind them without a first attempt of its own: the lock
             // passes to them first anyway, and ten thousand waiters on a thousand names send a
             // thousand first attempts, not ten thousand.
-            let early = (!wait.is_zero() && keys.hands_over()).then(|| self.queue_counted(&keys));
+            let early = (!wait.is_zero() && waiter.keys.hands_over())
+                .then(|| self.queue_counted(&waiter.keys));
             let behind_others = early.as_ref().is_some_and(|(_, before)| *before > 0);
             // A first attempt, ahead of the local queue — unless it waits behind others, or local
             // waiters are holding back for other processes right now.
@@ -200,68 +193,59 @@ impl Engine {
                 || (!wait.is_zero()
                     && match &early {
                         Some((ticket, _)) => ticket.made().is_some_and(|q| q.deferred().is_some()),
-                        None => (self.existing_queue(&keys.lock))
+                        None => (self.existing_queue(&waiter.keys.lock))
                             .is_some_and(|q| q.deferred().is_some()),
                     });
             if !holding_back {
                 // A request that will wait asks to be next in turn at once: the holder's process
                 // may hand the lock between tasks of its own while this one subscribes.
-                let claim = (!wait.is_zero() && keys.hands_over()).then(|| self.claim(since));
+                let claim =
+                    (!wait.is_zero() && waiter.keys.hands_over()).then(|| self.claim(since));
                 if claim.is_some() {
-                    turn.get_or_insert_with(|| LeaveTurn::new(&self, &keys, since));
+                    turn.get_or_insert_with(|| LeaveTurn::new(&self, &waiter.keys, since));
                 }
                 let sent_at = Instant::now();
-                let reply =
-                    Box::pin(self.attempt(&keys, &owner, lease.duration(), false, (claim, None)))
-                        .await;
+                let attempt = self.attempt(
+                    &waiter.keys,
+                    &waiter.owner,
+                    lease.duration(),
+                    false,
+                    (claim, None),
+                );
+                let reply = Box::pin(attempt).await;
                 let back = Instant::now();
-                came_back = Some(back);
                 if reply.is_ok() {
                     self.note_round_trip(sent_at, back);
                 }
-                match reply {
-                    Ok(AcquireReply::Acquired { fence }) => {
+                match waiter.step(&self, reply, back, !wait.is_zero()) {
+                    Step::Acquired(fence) => {
                         leave.disarm();
-                        break 'body Ok(Attempted::Held(
-                            self.acquired(name, keys, owner, fence, lease, sent_at, started),
-                        ));
+                        break 'body Ok(waiter.held(&self, fence, sent_at));
                     }
-                    Ok(AcquireReply::Busy { pttl: now_pttl }) => pttl = now_pttl,
-                    Err(err) if wait.is_zero() || is_permanent(&err) => break 'body Err(err),
-                    Err(err) => {
-                        // The clean-up of that attempt releases `owner`: never reuse it.
-                        owner = self.new_owner();
-                        leave.set_owner(&owner);
-                        failed = Some(err);
-                    }
+                    Step::Busy => {}
+                    Step::Failed(err) => break 'body Err(err),
+                    // The clean-up of that attempt releases the old token: never reuse it.
+                    Step::Retry => leave.set_owner(&waiter.owner),
                 }
                 if wait.is_zero() {
-                    break 'body Ok(busy(&name, labelled, started, pttl));
+                    break 'body Ok(waiter.busy());
                 }
             }
 
             // Queue behind local waiters for the same name; only the head waits in Redis.
             let ticket = match early {
                 Some((ticket, _)) => ticket,
-                None => self.queue(&keys),
+                None => self.queue(&waiter.keys),
             };
             let Ok(_turn) = tokio::time::timeout_at(deadline, ticket.queue().turn.lock()).await
             else {
-                break 'body gave_up(&name, labelled, started, pttl, failed);
+                break 'body waiter.gave_up();
             };
             // At the head of the line. Boxed: the waiters behind it, many more of them, hold a
             // future without the head's state.
             let waiting = Waiting {
-                name,
-                keys,
-                owner,
-                lease,
-                started,
-                deadline,
+                waiter,
                 since,
-                pttl,
-                came_back,
-                failed,
                 leave,
                 wait_counts,
             };

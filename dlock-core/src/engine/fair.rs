@@ -6,10 +6,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::acquire::{busy, gave_up};
 use super::leave::Leave;
+use super::waiter::{Step, Waiter};
 use super::*;
-use crate::backend::{AcquireReply, FairReply};
+use crate::backend::FairReply;
 use crate::clock;
 use crate::error::LockError;
 use crate::name::{LockKeys, LockName};
@@ -49,107 +49,75 @@ impl Engine {
         let started = Instant::now();
         let deadline = clock::after(started, wait);
         let keys = Arc::new(LockKeys::fair(&self.inner.config.prefix, &name));
-        let labelled = self.inner.config.metrics_name_label;
         if let Some(hold) = scope::find(self.inner.id, &keys.lock)
             && let Some(guard) = self.reenter(hold).await?
         {
             return Ok(Attempted::Held(guard));
         }
-        let mut owner = self.new_owner();
-        let mut failed: Option<LockError> = None;
-        let mut pttl = None;
+        let mut waiter = Waiter::new(&self, name, keys, lease, (started, deadline));
 
         let sent_at = Instant::now();
-        let reply = self
-            .attempt_fair(&keys, &owner, lease.duration(), None)
-            .await;
-        let mut came_back = Instant::now();
-        match reply {
-            Ok(FairReply {
-                reply: AcquireReply::Acquired { fence },
-                ..
-            }) => {
-                let guard = self.acquired(name, keys, owner, fence, lease, sent_at, started);
-                return Ok(Attempted::Held(guard));
-            }
-            Ok(FairReply {
-                reply: AcquireReply::Busy { pttl: now_pttl },
-                ..
-            }) => pttl = now_pttl,
-            Err(err) if wait.is_zero() || is_permanent(&err) => return Err(err),
-            Err(err) => {
-                owner = self.new_owner();
-                failed = Some(err);
-            }
+        let reply = (self.attempt_fair(&waiter.keys, &waiter.owner, lease.duration(), None)).await;
+        match waiter.step(
+            &self,
+            reply.map(|r| r.reply),
+            Instant::now(),
+            !wait.is_zero(),
+        ) {
+            Step::Acquired(fence) => return Ok(waiter.held(&self, fence, sent_at)),
+            Step::Failed(err) => return Err(err),
+            Step::Busy | Step::Retry => {}
         }
         if wait.is_zero() {
-            return Ok(busy(&name, labelled, started, pttl));
+            return Ok(waiter.busy());
         }
 
         let alive = self.inner.config.dead_waiter_timeout;
         // Shows the waiter alive well before its time is up, whatever the round trip takes.
         let heartbeat = alive / 3;
-        let mut place = Place::new(&self, &keys, &owner, deadline).await;
+        let mut place = Place::new(&self, &waiter.keys, &waiter.owner, deadline).await;
         loop {
             let watch = place.watch.clone();
             let notified = watch.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if came_back >= deadline {
-                return gave_up(&name, labelled, started, pttl, failed);
+            if waiter.out_of_time() {
+                return waiter.gave_up();
             }
             let sent_at = Instant::now();
             let reply = self
-                .attempt_fair(&keys, &owner, lease.duration(), Some(alive))
+                .attempt_fair(&waiter.keys, &waiter.owner, lease.duration(), Some(alive))
                 .await;
-            came_back = Instant::now();
-            let head;
-            match reply {
-                Ok(FairReply {
-                    reply: AcquireReply::Acquired { fence },
-                    ..
-                }) => {
+            let head = matches!(&reply, Ok(r) if r.place == Some(0));
+            match waiter.step(&self, reply.map(|r| r.reply), Instant::now(), true) {
+                Step::Acquired(fence) => {
                     place.left();
-                    let guard = self.acquired(name, keys, owner, fence, lease, sent_at, started);
-                    return Ok(Attempted::Held(guard));
+                    return Ok(waiter.held(&self, fence, sent_at));
                 }
-                Ok(FairReply {
-                    reply: AcquireReply::Busy { pttl: now_pttl },
-                    place: at,
-                }) => {
-                    pttl = now_pttl;
-                    head = at == Some(0);
-                    failed = None;
-                }
-                Err(err) if is_permanent(&err) => return Err(err),
-                Err(err) => {
-                    // The clean-up of that attempt takes `owner` out of the line: stand in line
-                    // again with a fresh token (and its own wake-up channel).
-                    owner = self.new_owner();
-                    place = Place::new(&self, &keys, &owner, deadline).await;
-                    failed = Some(err);
+                Step::Failed(err) => return Err(err),
+                Step::Busy => {}
+                Step::Retry => {
+                    // The clean-up of that attempt takes the old token out of the line: stand
+                    // in line again with the fresh one (and its own wake-up channel).
+                    place = Place::new(&self, &waiter.keys, &waiter.owner, deadline).await;
                     continue;
                 }
             }
-            let now = Instant::now();
-            if now >= deadline {
-                return gave_up(&name, labelled, started, pttl, failed);
+            if Instant::now() >= deadline {
+                return waiter.gave_up();
             }
             // The head also wakes when the holder's lease would run out; everyone wakes to show
             // they are alive; without wake-ups, everyone polls.
             let mut sleep = heartbeat;
             if head {
-                let lease_left = pttl.map_or(heartbeat, |p| p + Duration::from_millis(1));
+                let lease_left = (waiter.pttl).map_or(heartbeat, |p| p + Duration::from_millis(1));
                 sleep = sleep.min(lease_left);
             }
             if !watch.is_reliable() {
                 sleep = sleep.min(self.inner.config.poll_interval);
             }
-            tokio::select! {
-                biased;
-                () = &mut notified => {}
-                () = tokio::time::sleep_until(deadline.min(now + sleep)) => {}
-            }
+            let nothing_handed = std::future::pending::<Option<()>>();
+            waiter.sleep(notified.as_mut(), sleep, nothing_handed).await;
         }
     }
 }

@@ -7,31 +7,20 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::acquire::{Attempted, gave_up, is_permanent};
+use super::acquire::Attempted;
 use super::leave::{Leave, LeaveTurn};
 use super::queue::QueueTicket;
+use super::waiter::{Step, Waiter};
 use super::*;
-use crate::backend::{AcquireReply, GrantTo};
+use crate::backend::GrantTo;
 use crate::error::LockError;
 use crate::hold::HoldState;
-use crate::name::{LockKeys, LockName};
 
 /// A waiting request's state, from the local line to the head of it.
 pub(crate) struct Waiting {
-    pub(crate) name: LockName,
-    pub(crate) keys: Arc<LockKeys>,
-    pub(crate) owner: Arc<str>,
-    pub(crate) lease: Lease,
-    pub(crate) started: Instant,
-    pub(crate) deadline: Instant,
+    pub(crate) waiter: Waiter,
     /// When it began to wait, on the wall clock (for its claims).
     pub(crate) since: u64,
-    /// The holder's remaining lease, as the last answer gave it.
-    pub(crate) pttl: Option<Duration>,
-    /// When the last attempt came back.
-    pub(crate) came_back: Option<Instant>,
-    /// The last backend error, while no attempt has answered since.
-    pub(crate) failed: Option<LockError>,
     pub(crate) leave: Leave,
     /// How long a writer's recorded wait counts (a writer's request only).
     pub(crate) wait_counts: Option<Duration>,
@@ -47,20 +36,14 @@ impl Engine {
         turn: &mut Option<LeaveTurn>,
     ) -> Result<Attempted, LockError> {
         let Waiting {
-            name,
-            keys,
-            mut owner,
-            lease,
-            started,
-            deadline,
+            mut waiter,
             since,
-            mut pttl,
-            mut came_back,
-            mut failed,
             mut leave,
             wait_counts,
         } = waiting;
-        let labelled = self.inner.config.metrics_name_label;
+        let keys = waiter.keys.clone();
+        let lease = waiter.lease;
+        let deadline = waiter.deadline;
         let mut head = Box::pin(HeadWait::new(
             self,
             ticket,
@@ -89,23 +72,22 @@ impl Engine {
             let taken = granted.and_then(|g| Some((offers.sent(g.attempt)?, g)));
             if let Some((sent_at, g)) = taken.filter(|(sent_at, g)| fresh(*sent_at, g)) {
                 leave.disarm();
-                let (fence, held_for) = (Some(g.fence), g.lease);
-                let guard =
-                    self.acquired(name, keys, handoff_owner, fence, lease, sent_at, started);
-                self.settle_grant(&guard.state, sent_at, held_for);
+                waiter.owner = handoff_owner;
+                let guard = waiter.held_guard(self, Some(g.fence), sent_at);
+                self.settle_grant(&guard.state, sent_at, g.lease);
                 return Ok(Attempted::Held(guard));
             }
             if let Some(until) = ticket.queue().deferred() {
                 tokio::time::sleep_until(until.min(deadline)).await;
             }
-            if came_back.is_some_and(|at| at >= deadline) {
-                return gave_up(&name, labelled, started, pttl, failed);
+            if waiter.out_of_time() {
+                return waiter.gave_up();
             }
             // The head waiter claims the next turn whenever it finds the lock taken — where
             // wake-ups arrive: the release's is its cue to come and take it.
             let next_turn = self.claim(since);
-            let claim =
-                (failed.is_none() && watch.is_reliable() && keys.hands_over()).then_some(next_turn);
+            let claim = (waiter.failed.is_none() && watch.is_reliable() && keys.hands_over())
+                .then_some(next_turn);
             if claim.is_some() {
                 let turn = turn.get_or_insert_with(|| LeaveTurn::new(self, &keys, since));
                 turn.offered(&handoff_owner);
@@ -127,33 +109,23 @@ impl Engine {
                 offers.record(grant.attempt, sent_at);
             }
             let offer = (claim, grant);
-            let reply = Box::pin(self.attempt(&keys, &owner, lease.duration(), true, offer)).await;
+            let reply =
+                Box::pin(self.attempt(&keys, &waiter.owner, lease.duration(), true, offer)).await;
             let back = Instant::now();
-            came_back = Some(back);
             if reply.is_ok() {
                 self.note_round_trip(sent_at, back);
             }
-            match reply {
-                Ok(AcquireReply::Acquired { fence }) => {
+            match waiter.step(self, reply, back, true) {
+                Step::Acquired(fence) => {
                     leave.disarm();
-                    return Ok(Attempted::Held(
-                        self.acquired(name, keys, owner, fence, lease, sent_at, started),
-                    ));
+                    return Ok(waiter.held(self, fence, sent_at));
                 }
-                Ok(AcquireReply::Busy { pttl: now_pttl }) => {
-                    pttl = now_pttl;
-                    failed = None;
-                }
-                Err(err) if is_permanent(&err) => return Err(err),
-                Err(err) => {
-                    owner = self.new_owner();
-                    leave.set_owner(&owner);
-                    failed = Some(err);
-                }
+                Step::Busy => {}
+                Step::Failed(err) => return Err(err),
+                Step::Retry => leave.set_owner(&waiter.owner),
             }
-            let now = Instant::now();
-            if now >= deadline {
-                return gave_up(&name, labelled, started, pttl, failed);
+            if Instant::now() >= deadline {
+                return waiter.gave_up();
             }
             // The fallback timer: the holder's remaining lease (a lock nobody releases expires
             // then), or a short poll when wake-ups can't be delivered or Redis just failed.
@@ -166,7 +138,7 @@ impl Engine {
             } else {
                 poll
             };
-            let mut fallback = match (failed.is_none() && watch.is_reliable(), pttl) {
+            let mut fallback = match (waiter.failed.is_none() && watch.is_reliable(), waiter.pttl) {
                 (true, Some(pttl)) => pttl + Duration::from_millis(1),
                 (true, None) => behind,
                 (false, Some(pttl)) => pttl.min(poll),
@@ -176,19 +148,10 @@ impl Engine {
             if let Some(counts) = wait_counts {
                 fallback = fallback.min(counts / 3);
             }
-            let until = deadline.min(now + fallback);
-            // In a fixed order (a lock handed over first), so a run on a paused clock replays.
-            tokio::select! {
-                biased;
-                Some(handed) = handed(rx) => {
-                    leave.disarm();
-                    let (fence, sent_at) = (Some(handed.fence), handed.sent_at);
-                    return Ok(Attempted::Held(
-                        self.acquired(name, keys, handed.owner, fence, lease, sent_at, started),
-                    ));
-                }
-                () = &mut notified => {}
-                () = tokio::time::sleep_until(until) => {}
+            if let Some(handed) = waiter.sleep(notified.as_mut(), fallback, handed(rx)).await {
+                leave.disarm();
+                waiter.owner = handed.owner;
+                return Ok(waiter.held(self, Some(handed.fence), handed.sent_at));
             }
         }
     }
