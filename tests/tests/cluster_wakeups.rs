@@ -194,6 +194,28 @@ async fn until_replica(cluster: &RedisCluster, port: u16) -> bool {
     }
 }
 
+/// Each shard's master and replica ports.
+fn shards(cluster: &RedisCluster) -> Vec<[u16; 2]> {
+    (cluster.masters().iter())
+        .map(|m| [m.port, cluster.replica_of(m).port])
+        .collect()
+}
+
+/// Fails over the shard that serves `key` (a coordinated failover to its replica), and waits
+/// until the old master has heard of it. A release the old master would hold back (it pauses
+/// writes until it hears of the new master) proves nothing about wake-ups. Now and then (Redis
+/// 7.0) it has not heard seconds later, and the cluster may end up with it as master again:
+/// then this waits until the cluster agrees, and a release must wake its waiter all the same.
+async fn fail_over(cluster: &RedisCluster, key: &str, round: impl std::fmt::Display) {
+    let master = cluster.node_for_key(key);
+    let replica = cluster.replica_of(&master);
+    block_in_place(|| cluster.promote(replica.port, None));
+    if !until_replica(cluster, master.port).await {
+        eprintln!("round {round}: the old master did not hear of the failover in time");
+        block_in_place(|| cluster.wait_ok());
+    }
+}
+
 /// Releases made in the moments after a failover, while the new master has not yet heard
 /// that the old one is now its replica. The old master drops the waiter's subscription; taken
 /// again where a stale slot map points, it would land on the old master, now a replica that
@@ -205,9 +227,7 @@ async fn until_replica(cluster: &RedisCluster, port: u16) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_just_after_a_failover_wakes_its_waiter() {
     let cluster = block_in_place(RedisCluster::start);
-    let shards: Vec<[u16; 2]> = (cluster.masters().iter())
-        .map(|m| [m.port, cluster.replica_of(m).port])
-        .collect();
+    let shards = shards(&cluster);
     for round in 0..6u64 {
         let shard = shards[usize::try_from(round).unwrap() % shards.len()];
         let prefix = format!("cluster-promoted-wake-{round}");
@@ -217,18 +237,7 @@ async fn a_release_just_after_a_failover_wakes_its_waiter() {
             waiting,
             ..
         } = held_and_waited_for_on(&cluster, &prefix, &shard).await;
-        let master = cluster.node_for_key(&key);
-        let replica = cluster.replica_of(&master);
-        block_in_place(|| cluster.promote(replica.port, None));
-        // A release the old master would hold back (it pauses writes until it hears of the
-        // new master) proves nothing about wake-ups: release once it has heard. Now and then
-        // (Redis 7.0) it has not heard seconds later, and the cluster may end up with it as
-        // master again: the release then waits until the cluster agrees, and must wake the
-        // waiter all the same.
-        if !until_replica(&cluster, master.port).await {
-            eprintln!("round {round}: the old master did not hear of the failover in time");
-            block_in_place(|| cluster.wait_ok());
-        }
+        fail_over(&cluster, &key, round).await;
         tokio::time::sleep(Duration::from_millis(round * 40)).await;
         release_wakes(
             guard,
@@ -248,9 +257,7 @@ async fn a_release_just_after_a_failover_wakes_its_waiter() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_first_wait_just_after_a_failover_is_woken() {
     let cluster = block_in_place(RedisCluster::start);
-    let shards: Vec<[u16; 2]> = (cluster.masters().iter())
-        .map(|m| [m.port, cluster.replica_of(m).port])
-        .collect();
+    let shards = shards(&cluster);
     for (round, shard) in shards.iter().enumerate() {
         let holder = cluster.locker(Duration::from_secs(30)).await;
         let rival = cluster.locker(Duration::from_secs(30)).await;
@@ -277,13 +284,7 @@ async fn a_first_wait_just_after_a_failover_is_woken() {
         let name = name_on_shard(format!("cluster-first-wait-{round}"));
         let key = holder.key_of(name.as_str()).unwrap();
         let guard = holder.lock(name.as_str()).await.expect("lock");
-        let master = cluster.node_for_key(&key);
-        let replica = cluster.replica_of(&master);
-        block_in_place(|| cluster.promote(replica.port, None));
-        if !until_replica(&cluster, master.port).await {
-            eprintln!("round {round}: the old master did not hear of the failover in time");
-            block_in_place(|| cluster.wait_ok());
-        }
+        fail_over(&cluster, &key, round).await;
         // The rival's first wait for the name: it finds it held and subscribes; the release
         // comes at once.
         let waiting = waiter(&rival, &name);
