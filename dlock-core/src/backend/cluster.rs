@@ -389,6 +389,12 @@ fn protocol(message: &'static str) -> RedisError {
     RedisError::from((ErrorKind::Client, "unexpected reply", message.to_owned()))
 }
 
+impl std::fmt::Debug for LazyCluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LazyCluster").finish_non_exhaustive()
+    }
+}
+
 impl ConnectionLike for LazyCluster {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         Box::pin(async move {

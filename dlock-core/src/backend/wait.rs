@@ -253,9 +253,9 @@ impl Subscriber {
         slots.set_all_confirmed(false);
         match source {
             #[cfg(feature = "cluster")]
-            SubscriberSource::Cluster(seeds) => {
+            SubscriberSource::Cluster(seeds, commands) => {
                 tokio::spawn(sharded::run(
-                    seeds,
+                    (seeds, commands),
                     slots.clone(),
                     rx,
                     healthy.clone(),
@@ -311,7 +311,11 @@ pub(crate) enum SubscriberSource {
     Sentinel(Arc<crate::backend::sentinel::SentinelMaster>),
     /// Sharded pub/sub over a cluster (see `sharded`).
     #[cfg(feature = "cluster")]
-    Cluster(crate::backend::cluster::ClusterSeeds),
+    /// The echoes that prove each subscription go out on the `Locker`'s command connection.
+    Cluster(
+        crate::backend::cluster::ClusterSeeds,
+        crate::backend::cluster::LazyCluster,
+    ),
 }
 
 impl SubscriberSource {
@@ -325,7 +329,7 @@ impl SubscriberSource {
             #[cfg(feature = "sentinel")]
             Self::Sentinel(master) => master.subscriber_client().await?.get_async_pubsub().await,
             #[cfg(feature = "cluster")]
-            Self::Cluster(_) => Err(redis::RedisError::from((
+            Self::Cluster(..) => Err(redis::RedisError::from((
                 redis::ErrorKind::InvalidClientConfig,
                 "a cluster subscribes through sharded pub/sub",
             ))),
@@ -339,7 +343,7 @@ impl SubscriberSource {
             #[cfg(feature = "sentinel")]
             Self::Sentinel(master) => Some(master.moves()),
             #[cfg(feature = "cluster")]
-            Self::Cluster(_) => None,
+            Self::Cluster(..) => None,
         }
     }
 }

@@ -62,8 +62,8 @@ pub(super) async fn locker(
         }
     }
     let backend = RedisBackend::new(
-        RedisConn::Cluster(conn),
-        Some(SubscriberSource::Cluster(seeds)),
+        RedisConn::Cluster(conn.clone()),
+        Some(SubscriberSource::Cluster(seeds, conn)),
         command_timeout,
     )
     .with_ack(ack)

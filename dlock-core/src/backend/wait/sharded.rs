@@ -25,7 +25,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::{MAX_BACKOFF, MIN_BACKOFF, Slots, SubCmd, refuse_for};
-use crate::backend::cluster::ClusterSeeds;
+use crate::backend::cluster::{ClusterSeeds, LazyCluster};
 use crate::protocol::ECHO;
 
 /// How long a subscription's echo may take to come back before the subscription is taken for
@@ -33,7 +33,7 @@ use crate::protocol::ECHO;
 const ECHO_WITHIN: Duration = Duration::from_millis(250);
 
 pub(super) async fn run(
-    seeds: ClusterSeeds,
+    (seeds, commands): (ClusterSeeds, LazyCluster),
     slots: Arc<Slots>,
     mut rx: mpsc::UnboundedReceiver<SubCmd>,
     healthy: Arc<AtomicBool>,
@@ -74,7 +74,7 @@ pub(super) async fn run(
             Ok(Ok(()))
         ) {
             slots.confirm(&channel);
-            echoes.send(&conn, &channel, timeout);
+            echoes.send(&commands, &channel, timeout);
         }
     }
     healthy.store(true, Ordering::Release);
@@ -158,7 +158,7 @@ pub(super) async fn run(
                     None
                 }
                 () = tokio::time::sleep_until(lapsed.retry_at), if !lapsed.is_empty() => {
-                    lapsed.resubscribe(&conn, &slots, &mut echoes, timeout).await;
+                    lapsed.resubscribe(&conn, &slots, (&mut echoes, &commands), timeout).await;
                     if lapsed.is_empty() {
                         healthy.store(true, Ordering::Release);
                     }
@@ -177,7 +177,7 @@ pub(super) async fn run(
                 if ok {
                     slots.confirm(&channel);
                     lapsed.channels.remove(&channel);
-                    echoes.send(&conn, &channel, timeout);
+                    echoes.send(&commands, &channel, timeout);
                 }
                 healthy.store(ok, Ordering::Release);
                 let _ = ack.send(ok);
@@ -230,7 +230,7 @@ impl Lapsed {
         &mut self,
         conn: &redis::cluster_async::ClusterConnection,
         slots: &Slots,
-        echoes: &mut Echoes,
+        (echoes, commands): (&mut Echoes, &LazyCluster),
         timeout: Duration,
     ) {
         let channels = std::mem::take(&mut self.channels);
@@ -240,7 +240,7 @@ impl Lapsed {
             }
             if subscribe_on_master(conn, &channel, timeout).await {
                 slots.confirm(&channel);
-                echoes.send(conn, &channel, timeout);
+                echoes.send(commands, &channel, timeout);
                 // A release between the drop and now was published where nobody listened:
                 // its waiters try again now, and hear every release from here on.
                 slots.wake_with(&channel, None);
@@ -336,12 +336,12 @@ impl Echoes {
     /// Publishes an echo on `channel` (in the background: the subscriber goes on reading its
     /// pushes meanwhile) and expects it back within [`ECHO_WITHIN`]. An echo that could not be
     /// sent does not come back either.
-    fn send(
-        &mut self,
-        conn: &redis::cluster_async::ClusterConnection,
-        channel: &str,
-        timeout: Duration,
-    ) {
+    ///
+    /// It goes out on the `Locker`'s command connection, not the subscriber's: the route does
+    /// not matter (only the slot's master runs it), and that connection is replaced when it
+    /// keeps failing, as a connection that sent to a master that died may (see `LazyCluster`).
+    /// The subscriber's connection sends no keyed write, as before.
+    fn send(&mut self, commands: &LazyCluster, channel: &str, timeout: Duration) {
         self.sent += 1;
         let n = self.sent;
         self.pending
@@ -349,7 +349,7 @@ impl Echoes {
         let message = format!("e{:x}:{n}", self.me);
         let mut call = redis::cmd("EVAL");
         call.arg(ECHO.text()).arg(1).arg(channel).arg(message);
-        let mut c = conn.clone();
+        let mut c = commands.clone();
         tokio::spawn(async move {
             let sent = tokio::time::timeout(timeout, call.query_async::<i64>(&mut c)).await;
             if !matches!(sent, Ok(Ok(_))) {
