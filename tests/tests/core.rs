@@ -563,6 +563,33 @@ async fn passwords_never_show_in_debug_output() {
     assert!(!err.to_string().contains("wrong@"), "{err}");
 }
 
+/// redis-rs reads a unix socket's password from the query string (`?pass=`): it is as secret
+/// there as in the authority, in `Debug` and in every configuration error.
+#[tokio::test]
+async fn a_password_in_the_query_string_never_shows() {
+    let dir = tempfile::tempdir().expect("socket directory");
+    let socket = dir.path().join("redis.sock");
+    let socket = socket.to_str().expect("utf-8 path");
+    let server =
+        RedisServer::start_with_args(&["--unixsocket", socket, "--requirepass", "q-s3cret"]);
+    let url = format!("redis+unix://{socket}?pass=q-s3cret");
+    let locker = Locker::connect(&url).await.expect("over the socket");
+    let shown = format!("{locker:?}");
+    assert!(!shown.contains("q-s3cret"), "{shown}");
+    let guard = locker.lock(unique_name("unix").as_str()).await.unwrap();
+    assert!(guard.release().await.is_released());
+    let builder = Locker::builder().url(url.as_str());
+    let shown = format!("{builder:?}");
+    assert!(!shown.contains("q-s3cret"), "{shown}");
+    assert!(shown.contains("pass=***"), "{shown}");
+    // A URL redis-rs refuses: the error names it, without the password.
+    let bad = format!("redis+unix://{socket}?pass=q-s3cret&protocol=resp9");
+    let err = Locker::connect(&bad).await.unwrap_err();
+    assert!(err.to_string().contains("protocol"), "{err}");
+    assert!(!err.to_string().contains("q-s3cret"), "{err}");
+    drop(server);
+}
+
 #[tokio::test]
 async fn a_paused_server_past_the_lease_makes_the_guard_lost() {
     let server = RedisServer::start();

@@ -1,32 +1,35 @@
-//! Redis URLs in messages, without their passwords.
+//! Redis URLs in messages, without their secrets.
 
-/// `scheme://user:password@host/db` → `scheme://user:***@host/db`.
-pub(crate) fn redact_url(url: &str) -> String {
-    let Some(scheme_end) = url.find("://") else {
-        return "<unparsable url>".to_owned();
+/// Query parameters whose value is a secret. redis-rs reads a unix socket's password from
+/// `?pass=`; the others are not read by it, but a URL that carries one is as secret there.
+const SECRET_PARAMS: [&str; 5] = ["pass", "password", "token", "secret", "auth"];
+
+/// The URL as it may be shown: the password in the authority and every secret query parameter
+/// replaced by `***` (`redis://user:pw@host/0` → `redis://user:***@host/0`,
+/// `redis+unix:///run/redis.sock?pass=pw` → `redis+unix:///run/redis.sock?pass=***`). A URL
+/// that does not parse is not shown at all: where its password ends is anyone's guess.
+pub(crate) fn redact_url(raw: &str) -> String {
+    let Ok(mut url) = url::Url::parse(raw) else {
+        return "<a URL that does not parse>".to_owned();
     };
-    let rest = &url[scheme_end + 3..];
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    let authority = &rest[..authority_end];
-    match authority.rfind('@') {
-        Some(at) => {
-            let userinfo = &authority[..at];
-            let user = userinfo.split(':').next().unwrap_or("");
-            let redacted = if userinfo.contains(':') {
-                format!("{user}:***")
-            } else {
-                // A lone userinfo in a redis URL is a password.
-                "***".to_owned()
-            };
-            format!(
-                "{}://{redacted}@{}{}",
-                &url[..scheme_end],
-                &authority[at + 1..],
-                &rest[authority_end..]
-            )
-        }
-        None => url.to_owned(),
+    if url.password().is_some() {
+        // Fails only for a URL without a host, which has no password to hide.
+        let _ = url.set_password(Some("***"));
+    } else if !url.username().is_empty() {
+        // `redis://secret@host`: some clients read a lone userinfo as the password.
+        let _ = url.set_username("***");
     }
+    if url.query().is_some() {
+        let pairs: Vec<(String, String)> = (url.query_pairs())
+            .map(|(key, value)| {
+                let secret = SECRET_PARAMS.contains(&key.to_ascii_lowercase().as_str());
+                let value = if secret { "***".into() } else { value };
+                (key.into_owned(), value.into_owned())
+            })
+            .collect();
+        url.query_pairs_mut().clear().extend_pairs(pairs);
+    }
+    url.into()
 }
 
 #[cfg(test)]
@@ -42,5 +45,32 @@ mod tests {
         assert_eq!(redact_url("redis://:secret@host/"), "redis://:***@host/");
         assert_eq!(redact_url("rediss://secret@host"), "rediss://***@host");
         assert_eq!(redact_url("redis://host:1/0"), "redis://host:1/0");
+        assert_eq!(
+            redact_url("rediss://u:p%40ss@host/#insecure"),
+            "rediss://u:***@host/#insecure"
+        );
+    }
+
+    #[test]
+    fn secrets_in_the_query_are_redacted() {
+        assert_eq!(
+            redact_url("redis+unix:///run/redis.sock?pass=secret"),
+            "redis+unix:///run/redis.sock?pass=***"
+        );
+        assert_eq!(
+            redact_url("unix:///run/redis.sock?db=2&user=app&PASS=s%26cret&protocol=resp3"),
+            "unix:///run/redis.sock?db=2&user=app&PASS=***&protocol=resp3"
+        );
+        assert_eq!(
+            redact_url("redis://host/?password=x"),
+            "redis://host/?password=***"
+        );
+    }
+
+    #[test]
+    fn a_url_that_does_not_parse_is_not_shown() {
+        for raw in ["redis://:pw@host:port/", "no scheme :pw@", "redis://[::1/"] {
+            assert_eq!(redact_url(raw), "<a URL that does not parse>", "{raw}");
+        }
     }
 }
