@@ -104,6 +104,8 @@ use redis::Script;
 
 pub(crate) mod calls;
 pub mod hold;
+#[cfg(feature = "cluster")]
+pub mod slot;
 
 pub(crate) use calls::*;
 

@@ -2,40 +2,7 @@
 
 use std::ops::RangeInclusive;
 
-/// The number of hash slots of a Redis Cluster.
-pub const SLOTS: u16 = 16384;
-
-/// The slot of `key`, as `CLUSTER KEYSLOT` computes it: CRC16 (XMODEM) of the key's hash tag —
-/// the bytes between the first `{` and the first `}` after it, when there are any — or of the
-/// whole key, modulo 16384.
-pub fn key_slot(key: &[u8]) -> u16 {
-    let hashed = key
-        .iter()
-        .position(|&b| b == b'{')
-        .and_then(|open| {
-            let tag = &key[open + 1..];
-            let close = tag.iter().position(|&b| b == b'}')?;
-            (close > 0).then(|| &tag[..close])
-        })
-        .unwrap_or(key);
-    crc16(hashed) % SLOTS
-}
-
-/// CRC16-CCITT in the XMODEM flavour (polynomial 0x1021, initial value 0), as Redis Cluster uses.
-fn crc16(bytes: &[u8]) -> u16 {
-    let mut crc: u16 = 0;
-    for &byte in bytes {
-        crc ^= u16::from(byte) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-        }
-    }
-    crc
-}
+pub use dlock_core::protocol::slot::{SLOTS, key_slot};
 
 /// One node as the cluster describes it (a line of `CLUSTER NODES`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -182,22 +149,6 @@ impl Topology {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_crc_is_the_one_the_cluster_spec_gives() {
-        // "123456789" is the check value of the Redis Cluster specification's CRC16.
-        assert_eq!(crc16(b"123456789"), 0x31C3);
-    }
-
-    #[test]
-    fn a_hash_tag_decides_the_slot_when_it_is_not_empty() {
-        assert_eq!(key_slot(b"{user1000}.following"), key_slot(b"user1000"));
-        assert_eq!(key_slot(b"foo{bar}{zap}"), key_slot(b"bar"));
-        assert_eq!(key_slot(b"foo{}{bar}"), crc16(b"foo{}{bar}") % SLOTS);
-        assert_eq!(key_slot(b"foo{{bar}}zap"), key_slot(b"{bar"));
-        assert_eq!(key_slot(b"foo{bar"), crc16(b"foo{bar") % SLOTS);
-        assert_eq!(key_slot(b"foo"), 12182);
-    }
 
     const NODES: &str = "\
 07c37dfeb235213a872192d90877d0cd55635b91 127.0.0.1:30004@31004,host replica e7d1eecce10fd6bb5eb35b9f99a514335d9ba9ca 0 1426238317239 4 connected
