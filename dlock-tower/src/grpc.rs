@@ -159,17 +159,12 @@ pub(crate) fn trailers(rejection: &LockRejection, hide_names: bool, grpc: Grpc) 
     Frame::data(Bytes::from(frame))
 }
 
-/// `grpc-message` encoding: bytes outside `0x20..=0x7E`, and `%`, as `%XX` (UTF-8).
+/// What `grpc-message` escapes as `%XX` (UTF-8): bytes outside `0x20..=0x7E`, and `%`.
+const GRPC_MESSAGE_ESCAPED: &percent_encoding::AsciiSet = &percent_encoding::CONTROLS.add(b'%');
+
+/// `grpc-message` encoding, as the gRPC HTTP/2 protocol gives it.
 fn percent_encode(message: &str) -> String {
-    let mut out = String::with_capacity(message.len());
-    for b in message.bytes() {
-        if (0x20..=0x7e).contains(&b) && b != b'%' {
-            out.push(char::from(b));
-        } else {
-            let _ = write!(out, "%{b:02X}");
-        }
-    }
-    out
+    percent_encoding::utf8_percent_encode(message, GRPC_MESSAGE_ESCAPED).to_string()
 }
 
 /// A `google.rpc.Status` with `code`, `message` and one detail, a `google.rpc.RetryInfo` of
@@ -264,6 +259,7 @@ mod tests {
     fn messages_are_percent_encoded() {
         assert_eq!(percent_encode("busy (lock `a:b`)"), "busy (lock `a:b`)");
         assert_eq!(percent_encode("100% é\n"), "100%25 %C3%A9%0A");
+        assert_eq!(percent_encode("~\u{7f}"), "~%7F");
     }
 
     #[test]

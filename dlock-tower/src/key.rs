@@ -257,34 +257,12 @@ fn name_of(prefix: &'static str, value: &[u8]) -> Result<LockName, LockError> {
 /// Decodes `%XX` escapes (and, in a query, `+` as a space) into bytes, which may not be UTF-8.
 /// A malformed escape is kept as it is.
 fn percent_decode(s: &str, plus_is_space: bool) -> Vec<u8> {
-    fn hex(b: u8) -> Option<u8> {
-        match b {
-            b'0'..=b'9' => Some(b - b'0'),
-            b'a'..=b'f' => Some(b - b'a' + 10),
-            b'A'..=b'F' => Some(b - b'A' + 10),
-            _ => None,
-        }
+    if plus_is_space && s.contains('+') {
+        // Before decoding: an escaped `%2B` is a plus.
+        percent_encoding::percent_decode_str(&s.replace('+', " ")).collect()
+    } else {
+        percent_encoding::percent_decode_str(s).collect()
     }
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while let Some(&b) = bytes.get(i) {
-        let escaped = match (b, bytes.get(i + 1), bytes.get(i + 2)) {
-            (b'%', Some(&hi), Some(&lo)) => hex(hi).zip(hex(lo)).map(|(hi, lo)| (hi << 4) | lo),
-            _ => None,
-        };
-        match escaped {
-            Some(byte) => {
-                out.push(byte);
-                i += 3;
-            }
-            None => {
-                out.push(if plus_is_space && b == b'+' { b' ' } else { b });
-                i += 1;
-            }
-        }
-    }
-    out
 }
 
 #[cfg(feature = "axum")]
@@ -417,6 +395,7 @@ mod tests {
         assert_eq!(percent_decode("a+b%zz", true), b"a b%zz");
         assert_eq!(percent_decode("%C3%A9", false), "é".as_bytes());
         assert_eq!(percent_decode("%FF", false), b"\xff");
+        assert_eq!(percent_decode("a%2Bb+c", true), b"a+b c");
     }
 
     #[test]
