@@ -389,6 +389,15 @@ impl Cleanup {
                         .build()?;
                     Ok(Self::Cluster(client.get_async_connection().await?))
                 }
+                Target::Sentinel { urls, master } => {
+                    let mut client = redis::sentinel::SentinelClient::build(
+                        urls.clone(),
+                        master.clone(),
+                        None,
+                        redis::sentinel::SentinelServerType::Master,
+                    )?;
+                    Ok(Self::Server(client.get_async_connection().await?))
+                }
             }
         });
         match opened.await {

@@ -11,11 +11,11 @@
 //! ```
 //!
 //! `--url` (or `REDIS_URL`) names the server (`rediss://` for TLS, `--tls-ca FILE` to trust a
-//! private certificate authority), `--cluster` (or `DLOCK_CLUSTER_URLS`) a Redis
-//! Cluster's seed nodes instead, `--prefix` the key prefix the applications use, `--json` prints
-//! JSON instead of text. Exit codes: 0 done, 1 Redis could not be reached or failed, 2 a bad
-//! argument or URL, 3 `check` found violations, 130 `bench` or `check` interrupted by Ctrl-C
-//! (after its clean-up).
+//! private certificate authority), `--cluster` (or `DLOCK_CLUSTER_URLS`) a Redis Cluster's seed
+//! nodes instead, `--sentinel` and `--master` (or `DLOCK_SENTINEL_URLS` and
+//! `DLOCK_SENTINEL_MASTER`) the sentinels that know the master, `--prefix` the key prefix the
+//! applications use, `--json` prints JSON instead of text, errors included. Durations are
+//! written as `250ms`, `5s`, `1m 30s`. The exit codes are [`EXIT_CODES`], which `--help` prints.
 
 mod bench;
 mod check;
@@ -30,10 +30,26 @@ use std::time::Duration;
 use clap::parser::ValueSource;
 use clap::{CommandFactory as _, FromArgMatches as _, Parser, Subcommand};
 use dlock_core::{LockError, Locker, LockerBuilder, redis};
+use futures_util::{StreamExt as _, TryStreamExt as _};
+
+/// What each exit code means, as `--help` prints it.
+const EXIT_CODES: &str = "\
+Exit codes:
+  0    done
+  1    Redis could not be reached, or failed
+  2    a bad argument, URL or lock name
+  3    `check` found violations
+  130  `bench` or `check` interrupted by Ctrl-C (after its clean-up)
+
+With --json, an error is one JSON object on standard error: {\"error\": \"...\", \"exit_code\": N}.";
+
+/// How many names `list` inspects at once: their reads share the connection, each sent without
+/// waiting for the one before.
+const LIST_IN_FLIGHT: usize = 64;
 
 /// Look at and free dlock's distributed locks in Redis.
 #[derive(Debug, Parser)]
-#[command(name = "dlock", version)]
+#[command(name = "dlock", version, after_help = EXIT_CODES)]
 struct Cli {
     /// The Redis server (`redis://[user:password@]host:6379[/db]`).
     #[arg(
@@ -54,6 +70,24 @@ struct Cli {
         global = true
     )]
     cluster: Vec<String>,
+    /// Redis Sentinel instead: the sentinels' URLs, comma-separated, with --master. The data
+    /// nodes are reached without a password.
+    #[arg(
+        long,
+        env = "DLOCK_SENTINEL_URLS",
+        value_delimiter = ',',
+        value_name = "URL,...",
+        global = true
+    )]
+    sentinel: Vec<String>,
+    /// The name the sentinels monitor the master under (with --sentinel).
+    #[arg(
+        long,
+        env = "DLOCK_SENTINEL_MASTER",
+        value_name = "NAME",
+        global = true
+    )]
+    master: Option<String>,
     /// Trust this certificate authority (a PEM file) for a `rediss://` --url, beside the
     /// well-known roots.
     #[arg(long, value_name = "FILE", global = true)]
@@ -61,7 +95,7 @@ struct Cli {
     /// The key prefix of the applications' `Locker`s.
     #[arg(long, default_value = dlock_core::DEFAULT_PREFIX, global = true)]
     prefix: String,
-    /// Print JSON instead of text.
+    /// Print JSON instead of text (an error too, on standard error).
     #[arg(long, global = true)]
     json: bool,
     #[command(subcommand)]
@@ -93,7 +127,7 @@ enum Command {
     Watch {
         /// The lock's name.
         name: String,
-        /// How often to read it.
+        /// How often to read it (`250ms`, `1s`).
         #[arg(long, default_value = "250ms", value_parser = parse_duration)]
         interval: Duration,
         /// Stop after this many changes.
@@ -109,7 +143,7 @@ enum Command {
     /// and deletes them at the end; killed before that, they expire within a minute. Ctrl-C
     /// stops it early (exit code 130, after the clean-up).
     Bench {
-        /// How long each of the two runs lasts (`500ms`, `5s`).
+        /// How long each of the two runs lasts (`500ms`, `5s`, `1m`).
         #[arg(long, default_value = "5s", value_parser = parse_positive_duration)]
         duration: Duration,
         /// How many tasks cycle at once, in each run.
@@ -133,7 +167,8 @@ enum Command {
     /// or restarts the server. Exit code 3 if it found a violation; Ctrl-C stops it early
     /// (exit code 130, after the check and the clean-up).
     Check {
-        /// How long the sessions go on (`500ms`, `30s`); the check then takes a few seconds more.
+        /// How long the sessions go on (`500ms`, `30s`, `10m`); the check then takes a few
+        /// seconds more.
         #[arg(long, default_value = "30s", value_parser = parse_positive_duration)]
         duration: Duration,
         /// Also inject faults that touch only the check's own keys and connections.
@@ -151,18 +186,10 @@ enum Command {
     },
 }
 
+/// A duration as people write it: `250ms`, `5s`, `1m`, `1m 30s`, `2h`.
 fn parse_duration(text: &str) -> Result<Duration, String> {
-    let (number, unit) = text
-        .find(|c: char| !c.is_ascii_digit())
-        .map_or((text, ""), |i| text.split_at(i));
-    let n: u64 = number
-        .parse()
-        .map_err(|_| format!("bad duration {text:?}"))?;
-    match unit {
-        "ms" => Ok(Duration::from_millis(n)),
-        "s" | "" => Ok(Duration::from_secs(n)),
-        _ => Err(format!("bad duration {text:?}: use ms or s")),
-    }
+    humantime::parse_duration(text)
+        .map_err(|e| format!("bad duration {text:?}: {e} (write it as 250ms, 5s, 1m 30s)"))
 }
 
 /// [`parse_duration`], and more than zero.
@@ -181,19 +208,33 @@ fn rand_seed() -> u64 {
     (nanos ^ u64::from(std::process::id()).rotate_left(32)).wrapping_mul(0x9e37_79b9_7f4a_7c15)
 }
 
-/// A failure and its exit code.
-struct Failure(ExitCode, String);
+/// A failure and its exit code ([`EXIT_CODES`]).
+struct Failure(u8, String);
 
 impl Failure {
     fn new(code: u8, message: impl Into<String>) -> Self {
-        Self(ExitCode::from(code), message.into())
+        Self(code, message.into())
+    }
+
+    /// Prints it on standard error, as text or as JSON, and gives its exit code.
+    fn report(self, json: bool) -> ExitCode {
+        let Failure(code, message) = self;
+        if json {
+            eprintln!(
+                "{}",
+                serde_json::json!({ "error": message, "exit_code": code })
+            );
+        } else {
+            eprintln!("dlock: {message}");
+        }
+        ExitCode::from(code)
     }
 }
 
 impl From<LockError> for Failure {
     fn from(err: LockError) -> Self {
         let code = if err.is_backend() { 1 } else { 2 };
-        Failure(ExitCode::from(code), err.to_string())
+        Failure(code, err.to_string())
     }
 }
 
@@ -228,45 +269,93 @@ enum Target {
     Url(Server),
     /// A Redis Cluster, through its seed nodes.
     Cluster(Vec<String>),
+    /// A master found through Redis Sentinel.
+    Sentinel {
+        /// The sentinels' URLs.
+        urls: Vec<String>,
+        /// The name they monitor the master under.
+        master: String,
+    },
+}
+
+/// The non-empty entries of a comma-separated list, trimmed.
+fn entries(list: &[String]) -> Vec<String> {
+    (list.iter())
+        .map(|u| u.trim())
+        .filter(|u| !u.is_empty())
+        .map(str::to_owned)
+        .collect()
 }
 
 impl Target {
-    /// `--url` or `--cluster`, whichever was given; from the environment, the cluster wins.
+    /// `--url`, `--cluster` or `--sentinel`, whichever was given on the command line; from the
+    /// environment, a cluster or sentinels win over `REDIS_URL`.
     fn of(cli: &Cli, matches: &clap::ArgMatches) -> Result<Self, Failure> {
         let on_command_line = |id| matches.value_source(id) == Some(ValueSource::CommandLine);
-        let seeds: Vec<String> = (cli.cluster.iter())
-            .map(|u| u.trim())
-            .filter(|u| !u.is_empty())
-            .map(str::to_owned)
+        let given: Vec<&str> = ["url", "cluster", "sentinel"]
+            .into_iter()
+            .filter(|id| on_command_line(id))
             .collect();
-        if on_command_line("url") && on_command_line("cluster") {
+        if let [first, second, ..] = given[..] {
             return Err(Failure::new(
                 2,
-                "--url and --cluster name different servers: give one of them",
+                format!("--{first} and --{second} name different servers: give one of them"),
             ));
         }
-        if !seeds.is_empty() && !on_command_line("url") {
-            if cli.tls_ca.is_some() {
+        let (seeds, sentinels) = (entries(&cli.cluster), entries(&cli.sentinel));
+        let chosen = match given.first() {
+            Some(&id) => id,
+            None if !seeds.is_empty() && !sentinels.is_empty() => {
                 return Err(Failure::new(
                     2,
-                    "--tls-ca works with --url, not with --cluster",
+                    "DLOCK_CLUSTER_URLS and DLOCK_SENTINEL_URLS are both set: unset one, or \
+                     choose with --url, --cluster or --sentinel",
                 ));
             }
-            return Ok(Self::Cluster(seeds));
-        }
-        if on_command_line("cluster") {
-            return Err(Failure::new(2, "--cluster names no seed node"));
-        }
-        let ca = match &cli.tls_ca {
-            None => None,
-            Some(path) => Some(std::fs::read(path).map_err(|e| {
-                Failure::new(2, format!("cannot read --tls-ca {}: {e}", path.display()))
-            })?),
+            None if !seeds.is_empty() => "cluster",
+            None if !sentinels.is_empty() => "sentinel",
+            None => "url",
         };
-        Ok(Self::Url(Server {
-            url: cli.url.clone(),
-            ca,
-        }))
+        if chosen != "url" && cli.tls_ca.is_some() {
+            return Err(Failure::new(
+                2,
+                format!("--tls-ca works with --url, not with --{chosen}"),
+            ));
+        }
+        match chosen {
+            "cluster" if seeds.is_empty() => Err(Failure::new(2, "--cluster names no seed node")),
+            "cluster" => Ok(Self::Cluster(seeds)),
+            "sentinel" if sentinels.is_empty() => {
+                Err(Failure::new(2, "--sentinel names no sentinel"))
+            }
+            "sentinel" => {
+                let master = (cli.master.as_deref().map(str::trim))
+                    .filter(|m| !m.is_empty())
+                    .ok_or_else(|| {
+                        Failure::new(
+                            2,
+                            "--sentinel needs --master NAME (or DLOCK_SENTINEL_MASTER): the \
+                             name the sentinels monitor the master under",
+                        )
+                    })?;
+                Ok(Self::Sentinel {
+                    urls: sentinels,
+                    master: master.to_owned(),
+                })
+            }
+            _ => {
+                let ca = match &cli.tls_ca {
+                    None => None,
+                    Some(path) => Some(std::fs::read(path).map_err(|e| {
+                        Failure::new(2, format!("cannot read --tls-ca {}: {e}", path.display()))
+                    })?),
+                };
+                Ok(Self::Url(Server {
+                    url: cli.url.clone(),
+                    ca,
+                }))
+            }
+        }
     }
 
     /// Where the user told us to look, for a message (no URL: it may carry a password).
@@ -274,6 +363,7 @@ impl Target {
         match self {
             Self::Url(_) => "Redis (--url, REDIS_URL)",
             Self::Cluster(_) => "the cluster (--cluster, DLOCK_CLUSTER_URLS)",
+            Self::Sentinel { .. } => "the sentinels (--sentinel, DLOCK_SENTINEL_URLS)",
         }
     }
 }
@@ -290,6 +380,9 @@ fn builder(target: &Target, prefix: &str) -> Result<LockerBuilder, Failure> {
             Locker::builder().client(client)
         }
         Target::Cluster(seeds) => Locker::builder().cluster(seeds.iter().cloned()),
+        Target::Sentinel { urls, master } => {
+            Locker::builder().sentinel(urls.iter().cloned(), master.as_str())
+        }
     };
     Ok(builder
         .prefix(prefix)
@@ -310,21 +403,45 @@ fn connect_failure(target: &Target, err: LockError) -> Failure {
 async fn main() -> ExitCode {
     // `rediss://` needs a crypto provider; one may be in place already, which is as good.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let matches = Cli::command().get_matches();
-    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|err| err.exit());
+    let matches = match Cli::command().try_get_matches() {
+        Ok(matches) => matches,
+        Err(err) => return bad_command_line(err),
+    };
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(err) => return bad_command_line(err),
+    };
+    let json = cli.json;
     match run(cli, &matches).await {
         Ok(()) => ExitCode::SUCCESS,
-        Err(Failure(code, message)) => {
-            eprintln!("dlock: {message}");
-            code
-        }
+        Err(failure) => failure.report(json),
     }
+}
+
+/// A command line clap refused (or `--help`, `--version`): as clap prints it, or, under
+/// `--json`, as a JSON error with clap's first line.
+fn bad_command_line(err: clap::Error) -> ExitCode {
+    let json = std::env::args_os().any(|arg| arg == "--json");
+    if !json || !err.use_stderr() {
+        err.exit();
+    }
+    let rendered = err.render().to_string();
+    let first = rendered.lines().next().unwrap_or_default();
+    let message = first.strip_prefix("error: ").unwrap_or(first);
+    let code = u8::try_from(err.exit_code()).unwrap_or(2);
+    Failure::new(code, message).report(true)
 }
 
 async fn run(cli: Cli, matches: &clap::ArgMatches) -> Result<(), Failure> {
     if let Command::Completions { shell } = cli.command {
         clap_complete::generate(shell, &mut Cli::command(), "dlock", &mut std::io::stdout());
         return Ok(());
+    }
+    if let Command::Release { name, force: false } = &cli.command {
+        return Err(Failure::new(
+            2,
+            format!("releasing `{name}` frees it whoever holds it: say so with --force"),
+        ));
     }
     let target = Target::of(&cli, matches)?;
     if let Command::Bench {
@@ -356,8 +473,8 @@ async fn run(cli: Cli, matches: &clap::ArgMatches) -> Result<(), Failure> {
         let Target::Url(Server { url, .. }) = target else {
             return Err(Failure::new(
                 2,
-                "dlock check runs against one server (--url); on a cluster, point it at one \
-                 master's URL",
+                "dlock check runs against one server (--url); on a cluster or behind \
+                 sentinels, point it at one master's URL",
             ));
         };
         let options = check::Options {
@@ -383,23 +500,18 @@ async fn run(cli: Cli, matches: &clap::ArgMatches) -> Result<(), Failure> {
     match cli.command {
         Command::List { pattern } => {
             let names = locker.list(&pattern).await?;
-            let mut infos = Vec::with_capacity(names.len());
-            for name in names {
-                infos.push(locker.inspect(name.as_str()).await?);
-            }
+            let infos: Vec<_> = futures_util::stream::iter(&names)
+                .map(|name| locker.inspect(name.as_str()))
+                .buffered(LIST_IN_FLIGHT)
+                .try_collect()
+                .await?;
             println!("{}", render::list(&infos, cli.json));
         }
         Command::Show { name } => {
             let info = locker.inspect(name.as_str()).await?;
             println!("{}", render::show(&info, cli.json));
         }
-        Command::Release { name, force } => {
-            if !force {
-                return Err(Failure(
-                    ExitCode::from(2),
-                    format!("releasing `{name}` frees it whoever holds it: say so with --force"),
-                ));
-            }
+        Command::Release { name, .. } => {
             let removed = locker.force_release(name.as_str()).await?;
             println!("{}", render::released(&name, removed, cli.json));
         }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use dlock_core::Locker;
 use dlock_core::redis;
 use dlock_tests::cluster::key_slot;
-use dlock_tests::{RedisCluster, RedisServer, free_port, unique_name};
+use dlock_tests::{RedisCluster, RedisSentinel, RedisServer, free_port, unique_name};
 use serde_json::Value;
 use std::process::Command;
 
@@ -304,6 +304,154 @@ fn bench_errors_are_clear() {
 
     let out = dlock(&nobody, &["--cluster", &nobody, "--url", &nobody, "list"]);
     assert_eq!(out.status.code(), Some(2), "{}", errors(&out));
+    assert!(
+        errors(&out).contains("give one of them"),
+        "{}",
+        errors(&out)
+    );
+}
+
+#[test]
+fn durations_are_written_as_people_write_them() {
+    let nobody = format!("redis://127.0.0.1:{}/", free_port());
+    // Accepted: the run gets as far as connecting.
+    for good in ["1m", "1m 30s", "250ms", "2s"] {
+        let out = dlock(&nobody, &["bench", "--duration", good]);
+        assert_eq!(out.status.code(), Some(1), "{good}: {}", errors(&out));
+        assert!(errors(&out).contains("cannot reach"), "{}", errors(&out));
+    }
+    for bad in ["5", "5x", "1 parsec", "0s"] {
+        let out = dlock(&nobody, &["bench", "--duration", bad]);
+        assert_eq!(out.status.code(), Some(2), "{bad}: {}", errors(&out));
+        assert!(errors(&out).contains("--duration"), "{}", errors(&out));
+    }
+}
+
+#[test]
+fn help_lists_the_exit_codes() {
+    let out = dlock("redis://127.0.0.1:1/", &["--help"]);
+    assert!(out.status.success(), "{}", errors(&out));
+    let help = text(&out);
+    for line in [
+        "Exit codes:",
+        "0    done",
+        "1    Redis",
+        "2    a bad",
+        "3    ",
+        "130  ",
+    ] {
+        assert!(help.contains(line), "{line:?} in {help}");
+    }
+}
+
+#[test]
+fn errors_are_json_under_json() {
+    let nobody = format!("redis://127.0.0.1:{}/", free_port());
+    let json_error = |out: &std::process::Output| -> Value {
+        assert_eq!(text(out), "", "nothing on standard output");
+        serde_json::from_str(errors(out).trim()).expect("one JSON object on standard error")
+    };
+    // Redis out of reach.
+    let out = dlock(&nobody, &["--json", "show", "x"]);
+    assert_eq!(out.status.code(), Some(1));
+    let error = json_error(&out);
+    assert_eq!(error["exit_code"], 1);
+    assert!(
+        error["error"].as_str().unwrap().contains("cannot reach"),
+        "{error}"
+    );
+    // A value clap refuses, and one dlock refuses.
+    let out = dlock(&nobody, &["bench", "--duration", "5x", "--json"]);
+    assert_eq!(out.status.code(), Some(2));
+    let error = json_error(&out);
+    assert_eq!(error["exit_code"], 2);
+    assert!(
+        error["error"].as_str().unwrap().contains("--duration"),
+        "{error}"
+    );
+    let out = dlock(&nobody, &["--json", "release", "x"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        json_error(&out)["error"]
+            .as_str()
+            .unwrap()
+            .contains("--force")
+    );
+    // Without --json, text.
+    let out = dlock(&nobody, &["release", "x"]);
+    assert!(errors(&out).starts_with("dlock: "), "{}", errors(&out));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_show_and_release_behind_sentinels() {
+    let set = tokio::task::block_in_place(RedisSentinel::start);
+    let sentinels = set.sentinel_urls().join(",");
+    let locker = Locker::builder()
+        .sentinel(set.sentinel_urls(), set.master_name())
+        .build()
+        .await
+        .expect("a locker behind the sentinels");
+    let name = unique_name("cli-sentinel");
+    let guard = locker.lock(name.as_str()).await.expect("lock");
+    let nobody = format!("redis://127.0.0.1:{}/", free_port());
+    let args = |rest: &[&str]| -> Vec<String> {
+        let mut args = vec![
+            "--sentinel".to_owned(),
+            sentinels.clone(),
+            "--master".to_owned(),
+            set.master_name().to_owned(),
+        ];
+        args.extend(rest.iter().map(|a| (*a).to_owned()));
+        args
+    };
+    let run_with = |rest: &[&str]| {
+        let args = args(rest);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        tokio::task::block_in_place(|| dlock(&nobody, &args))
+    };
+    let out = run_with(&["list"]);
+    assert!(out.status.success(), "{}", errors(&out));
+    assert!(text(&out).contains(&name), "{}", text(&out));
+    let out = run_with(&["show", &name]);
+    assert!(
+        text(&out).contains("state            held"),
+        "{}",
+        text(&out)
+    );
+    let out = run_with(&["release", &name, "--force"]);
+    assert_eq!(
+        text(&out).trim(),
+        format!("released {name}"),
+        "{}",
+        errors(&out)
+    );
+    assert!(
+        !locker
+            .inspect(name.as_str())
+            .await
+            .expect("inspect")
+            .is_taken()
+    );
+    drop(guard);
+
+    // From the environment, as from the command line; and what is missing is named.
+    let from_env = Command::new(env!("CARGO_BIN_EXE_dlock"))
+        .args(["list"])
+        .env("REDIS_URL", &nobody)
+        .env_remove("DLOCK_CLUSTER_URLS")
+        .env("DLOCK_SENTINEL_URLS", &sentinels)
+        .env("DLOCK_SENTINEL_MASTER", set.master_name())
+        .output()
+        .expect("run dlock");
+    assert!(from_env.status.success(), "{}", errors(&from_env));
+    let out = dlock(&nobody, &["--sentinel", &sentinels, "list"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(errors(&out).contains("--master"), "{}", errors(&out));
+    let out = dlock(
+        &nobody,
+        &["--sentinel", &sentinels, "--cluster", &nobody, "list"],
+    );
+    assert_eq!(out.status.code(), Some(2));
     assert!(
         errors(&out).contains("give one of them"),
         "{}",
