@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use dlock_core::LockInfo;
+use dlock_core::{Holder, LockInfo};
 use serde_json::{Value, json};
 
 /// One word for the name's state.
@@ -18,12 +18,38 @@ fn state(info: &LockInfo) -> &'static str {
     }
 }
 
-fn holders(info: &LockInfo) -> String {
-    let each = info.holders.iter().map(|h| match &h.label {
+fn holder(h: &Holder) -> String {
+    match &h.label {
         Some(label) => format!("{} ({label})", h.token_prefix),
         None => h.token_prefix.clone(),
-    });
-    each.collect::<Vec<_>>().join(", ")
+    }
+}
+
+fn holders(info: &LockInfo) -> String {
+    info.holders
+        .iter()
+        .map(holder)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The name's other kinds, for one line: `writer 0123abcd (api), readers 2, permits 3 of 5`
+/// (empty: none holds it).
+fn other_kinds(info: &LockInfo) -> String {
+    let mut parts = Vec::new();
+    if let Some(writer) = &info.writer {
+        parts.push(format!("writer {}", holder(writer)));
+    }
+    if info.readers > 0 {
+        parts.push(format!("readers {}", info.readers));
+    }
+    if info.permits_taken > 0 {
+        let of = info
+            .permit_limit
+            .map_or_else(String::new, |n| format!(" of {n}"));
+        parts.push(format!("permits {}{of}", info.permits_taken));
+    }
+    parts.join(", ")
 }
 
 fn ttl(d: Option<Duration>) -> String {
@@ -43,6 +69,14 @@ fn to_json(info: &LockInfo) -> Value {
         "last_fencing_token": info.last_fencing_token.map(|t| t.get()),
         "waiting_lockers": info.waiting_lockers,
         "queued_waiters": info.queued_waiters,
+        "writer": info.writer.as_ref().map(|h| json!({
+            "token_prefix": h.token_prefix,
+            "label": h.label,
+        })),
+        "writer_ttl_ms": info.writer_ttl.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+        "readers": info.readers,
+        "permits_taken": info.permits_taken,
+        "permit_limit": info.permit_limit,
     })
 }
 
@@ -60,8 +94,12 @@ pub(crate) fn list(infos: &[LockInfo], json: bool) -> String {
             "held" => format!("held by {}", holders(i)),
             other => other.to_owned(),
         };
+        let others = match other_kinds(i) {
+            others if others.is_empty() => others,
+            others => format!("  {others}"),
+        };
         format!(
-            "{:width$}  {who}  ttl {}  waiting {}",
+            "{:width$}  {who}  ttl {}  waiting {}{others}",
             i.name,
             ttl(i.ttl),
             i.waiting_lockers
@@ -95,6 +133,18 @@ pub(crate) fn show(info: &LockInfo, json: bool) -> String {
         format!("last token       {}", token(info.last_fencing_token)),
         format!("waiting lockers  {}", info.waiting_lockers),
         format!("in line (fair)   {}", info.queued_waiters),
+        format!(
+            "writer           {}",
+            info.writer.as_ref().map_or_else(|| "-".to_owned(), holder)
+        ),
+        format!("writer ttl       {}", ttl(info.writer_ttl)),
+        format!("readers          {}", info.readers),
+        format!("permits taken    {}", info.permits_taken),
+        format!(
+            "permit limit     {}",
+            info.permit_limit
+                .map_or_else(|| "-".to_owned(), |n| n.to_string())
+        ),
     ]
     .join("\n")
 }
@@ -125,18 +175,27 @@ pub(crate) fn watch_line(info: &LockInfo, json: bool) -> String {
             ttl(info.ttl),
             info.waiting_lockers
         ),
-        other => format!("{}: {other}, waiting {}", info.name, info.waiting_lockers),
+        other => match other_kinds(info) {
+            others if others.is_empty() => {
+                format!("{}: {other}, waiting {}", info.name, info.waiting_lockers)
+            }
+            others => format!(
+                "{}: {other}, waiting {}; {others}",
+                info.name, info.waiting_lockers
+            ),
+        },
     }
 }
 
 /// What `dlock watch` compares between reads: everything but the TTL.
 pub(crate) fn watch_key(info: &LockInfo) -> String {
     format!(
-        "{} {} {:?} {}",
+        "{} {} {:?} {} {}",
         state(info),
         holders(info),
         info.fencing_token,
-        info.waiting_lockers
+        info.waiting_lockers,
+        other_kinds(info)
     )
 }
 

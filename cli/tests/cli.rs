@@ -311,6 +311,68 @@ fn bench_errors_are_clear() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_write_locks_and_semaphores_are_listed_shown_and_released() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let locker = Locker::builder()
+        .url(&url)
+        .holder_label("batch-1")
+        .build()
+        .await
+        .expect("connect");
+    let base = unique_name("cli-kinds");
+    let (rw, sem) = (format!("{base}:rw"), format!("{base}:sem"));
+    let writer = locker
+        .read_write_lock(rw.as_str())
+        .write()
+        .await
+        .expect("write");
+    let semaphore = locker.semaphore(sem.as_str(), 4);
+    semaphore.set_permits(4).await.expect("set permits");
+    let permits = [
+        semaphore.acquire().await.expect("permit"),
+        semaphore.acquire().await.expect("permit"),
+    ];
+
+    let out = run(&url, &["list", &format!("{base}:*")]).await;
+    assert!(out.status.success(), "{}", errors(&out));
+    let listed = text(&out);
+    let lines: Vec<&str> = listed.lines().collect();
+    assert_eq!(lines.len(), 2, "{listed}");
+    assert!(
+        lines[0].starts_with(&rw) && lines[0].contains("writer "),
+        "{listed}"
+    );
+    assert!(lines[0].contains("(batch-1)"), "{listed}");
+    assert!(
+        lines[1].starts_with(&sem) && lines[1].ends_with("permits 2 of 4"),
+        "{listed}"
+    );
+
+    let out = run(&url, &["show", &sem]).await;
+    assert!(text(&out).contains("permits taken    2"), "{}", text(&out));
+    assert!(text(&out).contains("permit limit     4"), "{}", text(&out));
+    let out = run(&url, &["show", &rw, "--json"]).await;
+    let json: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(json["writer"]["label"], "batch-1", "{json}");
+    assert_eq!(json["readers"], 0);
+    assert!(json["writer_ttl_ms"].as_u64().is_some(), "{json}");
+
+    for name in [&rw, &sem] {
+        let out = run(&url, &["release", name, "--force"]).await;
+        assert_eq!(
+            text(&out).trim(),
+            format!("released {name}"),
+            "{}",
+            errors(&out)
+        );
+    }
+    let out = run(&url, &["list", &format!("{base}:*")]).await;
+    assert_eq!(text(&out).trim(), "no locks");
+    drop((writer, permits));
+}
+
 #[test]
 fn durations_are_written_as_people_write_them() {
     let nobody = format!("redis://127.0.0.1:{}/", free_port());

@@ -30,7 +30,7 @@ mod keys;
 
 pub use glob::escape_glob;
 pub(crate) use glob::glob_matches;
-pub(crate) use keys::{FairKeys, KeyKind, LockKeys, RwKeys};
+pub(crate) use keys::{KeyKind, LockKeys, NameKeys, RwKeys};
 
 /// The longest lock name accepted, in bytes, after escaping.
 pub const MAX_NAME_LEN: usize = 512;

@@ -293,3 +293,109 @@ async fn list_scans_one_prefix_and_matches_names_by_glob() {
     }
     assert_eq!(starred.list("*").await.expect("list"), ["report:1"]);
 }
+
+/// A read-write lock and a semaphore live beside the lock of the same name: `list` names them,
+/// `inspect` shows their writer, readers and permits, and `force_release` frees them all, wakes
+/// their waiters, and their holders learn of the loss at their next renewal.
+#[tokio::test]
+async fn every_kind_is_listed_inspected_and_freed_by_force() {
+    let server = RedisServer::start();
+    let lease = Duration::from_millis(900);
+    let holder = labelled(&server, "kinds", lease).await;
+    let operator = Locker::connect(&server.url()).await.expect("connect");
+    let base = unique_name("kinds");
+    let (rw_name, sem_name) = (format!("{base}:rw"), format!("{base}:sem"));
+
+    let rw = holder.read_write_lock(rw_name.as_str());
+    let writer = rw.write().await.expect("write");
+    let sem = holder.semaphore(sem_name.as_str(), 3);
+    let permits = [
+        sem.acquire().await.expect("permit"),
+        sem.acquire().await.expect("permit"),
+    ];
+    let listed = operator.list(&format!("{base}:*")).await.expect("list");
+    assert_eq!(listed, [rw_name.clone(), sem_name.clone()]);
+
+    let info = operator.inspect(rw_name.as_str()).await.expect("inspect");
+    let shown = info.writer.as_ref().expect("the writer is shown");
+    assert_eq!(shown.label.as_deref(), Some("kinds"));
+    assert_eq!(shown.token_prefix.len(), 8);
+    assert!(info.writer_ttl.is_some_and(|t| t <= lease), "{info:?}");
+    assert!(
+        info.holders.is_empty() && !info.is_taken(),
+        "no plain lock: {info:?}"
+    );
+    assert!(info.is_held_by_any_kind());
+    let info = operator.inspect(sem_name.as_str()).await.expect("inspect");
+    assert_eq!(info.permits_taken, 2, "{info:?}");
+    assert_eq!(info.permit_limit, None);
+    sem.set_permits(5).await.expect("set permits");
+    assert_eq!(
+        operator
+            .inspect(sem_name.as_str())
+            .await
+            .unwrap()
+            .permit_limit,
+        Some(5)
+    );
+
+    // A writer waits for the writer, and a permit for a full semaphore.
+    let reader_side = operator.read_write_lock(rw_name.as_str());
+    let waiting_reader = tokio::spawn(async move {
+        let guard = reader_side.read().wait(Duration::from_secs(10)).await;
+        (guard, Instant::now())
+    });
+    sem.set_permits(2).await.expect("set permits");
+    let full = operator.semaphore(sem_name.as_str(), 2);
+    let waiting_permit = tokio::spawn(async move {
+        let permit = full.acquire().wait(Duration::from_secs(10)).await;
+        (permit, Instant::now())
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let forced = Instant::now();
+    assert!(
+        operator
+            .force_release(rw_name.as_str())
+            .await
+            .expect("force")
+    );
+    assert!(
+        operator
+            .force_release(sem_name.as_str())
+            .await
+            .expect("force")
+    );
+    for (what, at) in [
+        ("the reader", {
+            let (guard, at) = waiting_reader.await.expect("reader task");
+            let guard = guard.expect("read after the forced release");
+            let info = operator.inspect(rw_name.as_str()).await.unwrap();
+            assert_eq!((info.readers, info.writer.is_none()), (1, true), "{info:?}");
+            drop(guard);
+            at
+        }),
+        ("the permit", {
+            let (permit, at) = waiting_permit.await.expect("permit task");
+            drop(permit.expect("a permit after the forced release"));
+            at
+        }),
+    ] {
+        // Woken by the release, not by the holders' 900 ms lease.
+        assert!(
+            at - forced < Duration::from_millis(500),
+            "{what} came {:?} after",
+            at - forced
+        );
+    }
+    // The holders learn at their next renewal: a third of their lease.
+    let within = lease / 3 + Duration::from_millis(200);
+    tokio::time::timeout(within, writer.lost())
+        .await
+        .expect("the writer learned of the loss");
+    for permit in &permits {
+        tokio::time::timeout(within, permit.lost())
+            .await
+            .expect("each permit's holder learned of the loss");
+    }
+}

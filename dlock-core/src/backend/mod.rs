@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use crate::error::BackendError;
-use crate::name::LockKeys;
+use crate::name::{LockKeys, NameKeys};
 pub(crate) use crate::protocol::{Claim, GrantTo, RenewItem, Turn};
 use wait::Watch;
 
@@ -69,6 +69,16 @@ pub(crate) struct RawInfo {
     pub(crate) waiting: u64,
     /// Waiters in a fair lock's line.
     pub(crate) queued: u64,
+    /// The read-write lock's writer, as `holders` gives the lock's.
+    pub(crate) writer: Option<(String, Option<String>)>,
+    /// The writer's key's remaining lease (`None`: no key, or no expiry).
+    pub(crate) writer_ttl: Option<Duration>,
+    /// The read-write lock's readers whose lease has not run out.
+    pub(crate) readers: u64,
+    /// The semaphore's permits taken whose lease has not run out.
+    pub(crate) permits: u64,
+    /// The semaphore's permit count set at run time.
+    pub(crate) permit_limit: Option<u32>,
 }
 
 /// The answer to one release.
@@ -309,14 +319,15 @@ impl Session {
     }
 
     /// What the name holds now (read-only).
-    pub(crate) async fn inspect(&self, keys: &LockKeys) -> Result<RawInfo, BackendError> {
+    pub(crate) async fn inspect(&self, keys: &NameKeys) -> Result<RawInfo, BackendError> {
         match self {
             Self::Redis(r, c) => r.inspect(c, keys).await,
         }
     }
 
-    /// Removes whatever holds the name and wakes its waiters; whether there was anything.
-    pub(crate) async fn force_release(&self, keys: &LockKeys) -> Result<bool, BackendError> {
+    /// Removes whatever holds the name, of every kind, and wakes their waiters; how many of
+    /// its lock, writer, readers and permits there were.
+    pub(crate) async fn force_release(&self, keys: &NameKeys) -> Result<u64, BackendError> {
         match self {
             Self::Redis(r, c) => r.force_release(c, keys).await,
         }

@@ -69,6 +69,77 @@ pub(crate) struct RwKeys {
     pub(crate) wait_counts: Option<std::time::Duration>,
 }
 
+/// Every key that may hold something for one name, across the kinds (a lock, fair or not, a
+/// read-write lock and a semaphore of the same name live apart): what an operator looks at and
+/// frees.
+#[derive(Debug, Clone)]
+pub(crate) struct NameKeys {
+    /// The lock's: the lock, its fencing counter and its channel.
+    pub(crate) lock: LockKeys,
+    /// The fair lock's line.
+    pub(crate) fair: FairKeys,
+    /// The read-write lock's writer, readers and waiting writers.
+    pub(crate) rw: RwKeys,
+    /// The read-write lock's wake-up channel.
+    pub(crate) rw_channel: String,
+    /// The semaphore's permits.
+    pub(crate) permits: String,
+    /// The semaphore's permit count set at run time.
+    pub(crate) permit_limit: String,
+    /// The semaphore's wake-up channel.
+    pub(crate) permits_channel: String,
+}
+
+impl NameKeys {
+    /// The suffixes, after the name's `{name}`, of the keys that hold something: a lock, a
+    /// writer, readers, permits. A name with any of them is listed.
+    pub(crate) const HOLD_SUFFIXES: [&'static str; 4] = ["", ":write", ":read", ":permits"];
+
+    pub(crate) fn new(prefix: &str, name: &LockName) -> Self {
+        let lock = LockKeys::new(prefix, name);
+        let base = lock.lock.as_str();
+        let (rw, rw_channel) = RwKeys::of(base, false, None);
+        Self {
+            fair: FairKeys::of(base),
+            rw,
+            rw_channel,
+            permits: format!("{base}:permits"),
+            permit_limit: format!("{base}:permits:limit"),
+            permits_channel: format!("{base}:permits:wake"),
+            lock,
+        }
+    }
+}
+
+impl FairKeys {
+    /// The line of the lock `lock`.
+    fn of(lock: &str) -> Self {
+        Self {
+            queue: format!("{lock}:queue"),
+            alive: format!("{lock}:alive"),
+        }
+    }
+}
+
+impl RwKeys {
+    /// The keys of the read-write lock whose name's lock key is `base`, and its wake-up
+    /// channel.
+    fn of(
+        base: &str,
+        prefer_writers: bool,
+        wait_counts: Option<std::time::Duration>,
+    ) -> (Self, String) {
+        let keys = Self {
+            write: format!("{base}:write"),
+            readers: format!("{base}:read"),
+            waiting: format!("{base}:write:waiting"),
+            prefer_writers,
+            wait_counts,
+        };
+        (keys, format!("{base}:rw:wake"))
+    }
+}
+
 impl LockKeys {
     pub(crate) fn new(prefix: &str, name: &LockName) -> Self {
         let mut lock = String::with_capacity(prefix.len() + name.as_str().len() + 2);
@@ -131,10 +202,7 @@ impl LockKeys {
     /// The keys of the fair lock `name`: the plain lock's, and its waiting line.
     pub(crate) fn fair(prefix: &str, name: &LockName) -> Self {
         let mut keys = Self::new(prefix, name);
-        keys.kind = KeyKind::Fair(FairKeys {
-            queue: format!("{}:queue", keys.lock),
-            alive: format!("{}:alive", keys.lock),
-        });
+        keys.kind = KeyKind::Fair(FairKeys::of(&keys.lock));
         keys
     }
 
@@ -148,14 +216,11 @@ impl LockKeys {
         wait_counts: Option<std::time::Duration>,
     ) -> Self {
         let base = Self::new(prefix, name).lock;
-        let rw = RwKeys {
-            write: format!("{base}:write"),
-            readers: format!("{base}:read"),
-            waiting: format!("{base}:write:waiting"),
+        let (rw, channel) = RwKeys::of(
+            &base,
             prefer_writers,
-            wait_counts: wait_counts.filter(|_| prefer_writers && write),
-        };
-        let channel = format!("{base}:rw:wake");
+            wait_counts.filter(|_| prefer_writers && write),
+        );
         if write {
             let fence = format!("{base}:write:fence");
             Self::of(rw.write.clone(), &fence, &channel, KeyKind::Write(rw))

@@ -451,12 +451,16 @@ impl Call for LeaveTurn<'_> {
     }
 }
 
-/// `INSPECT`: what a name holds, for operators.
+/// `INSPECT`: what a name holds, for operators: its lock, read-write lock and semaphore.
 pub(crate) struct Inspect<'a> {
     pub(crate) lock: &'a str,
     pub(crate) fence: &'a str,
     pub(crate) channel: &'a str,
     pub(crate) queue: &'a str,
+    pub(crate) writer: &'a str,
+    pub(crate) readers: &'a str,
+    pub(crate) permits: &'a str,
+    pub(crate) permit_limit: &'a str,
     pub(crate) publish: Publish,
 }
 
@@ -466,23 +470,37 @@ impl Call for Inspect<'_> {
     }
 
     fn key_count(&self) -> usize {
-        4
+        8
     }
 
     fn write(&self, out: &mut impl Out) {
-        for key in [self.lock, self.fence, self.channel, self.queue] {
+        for key in [
+            self.lock,
+            self.fence,
+            self.channel,
+            self.queue,
+            self.writer,
+            self.readers,
+            self.permits,
+            self.permit_limit,
+        ] {
             out.text(key);
         }
         out.text(self.publish.numsub());
     }
 }
 
-/// `FORCE_RELEASE`: an operator's release of whatever holds a name.
+/// `FORCE_RELEASE`: an operator's release of whatever holds a name, of every kind.
 pub(crate) struct ForceRelease<'a> {
     pub(crate) lock: &'a str,
     pub(crate) channel: &'a str,
     pub(crate) queue: &'a str,
     pub(crate) alive: &'a str,
+    pub(crate) writer: &'a str,
+    pub(crate) readers: &'a str,
+    pub(crate) rw_channel: &'a str,
+    pub(crate) permits: &'a str,
+    pub(crate) permits_channel: &'a str,
     pub(crate) publish: Publish,
 }
 
@@ -492,11 +510,21 @@ impl Call for ForceRelease<'_> {
     }
 
     fn key_count(&self) -> usize {
-        4
+        9
     }
 
     fn write(&self, out: &mut impl Out) {
-        for key in [self.lock, self.channel, self.queue, self.alive] {
+        for key in [
+            self.lock,
+            self.channel,
+            self.queue,
+            self.alive,
+            self.writer,
+            self.readers,
+            self.rw_channel,
+            self.permits,
+            self.permits_channel,
+        ] {
             out.text(key);
         }
         out.text(self.publish.command());

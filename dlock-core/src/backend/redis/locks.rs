@@ -10,7 +10,7 @@ use crate::backend::{
     AcquireAllReply, AcquireReply, HandoffReply, RawInfo, ReleaseReply, Successor, Turn,
 };
 use crate::error::BackendError;
-use crate::name::{FairKeys, KeyKind, LockKeys};
+use crate::name::{KeyKind, LockKeys, NameKeys};
 use crate::protocol::{self, Released, millis};
 
 /// A release script's answer when it released and published a wake-up that nobody heard on a
@@ -124,53 +124,83 @@ impl RedisBackend {
     pub(crate) async fn inspect(
         &self,
         conn: &OpConn,
-        keys: &LockKeys,
+        keys: &NameKeys,
     ) -> Result<RawInfo, BackendError> {
-        let queue = format!("{}:queue", keys.lock);
         let call = ScriptCall::of(&protocol::Inspect {
-            lock: &keys.lock,
-            fence: keys.fence(),
-            channel: keys.channel(),
-            queue: &queue,
+            lock: &keys.lock.lock,
+            fence: keys.lock.fence(),
+            channel: keys.lock.channel(),
+            queue: &keys.fair.queue,
+            writer: &keys.rw.write,
+            readers: &keys.rw.readers,
+            permits: &keys.permits,
+            permit_limit: &keys.permit_limit,
             publish: self.publish(),
         });
-        type Reply = (i64, Vec<String>, String, i64, i64, String, i64, i64);
-        let ((pttl, holders, token, kept, foreign, last, waiting, queued), _): (Reply, _) =
-            self.invoke(conn, call, true, None).await?;
+        type Lock = (i64, Vec<String>, String, i64, i64, String, i64, i64);
+        type Others = (i64, Vec<String>, i64, i64, String);
+        let (reply, _): (redis::Value, _) = self.invoke(conn, call, true, None).await?;
+        let bad_shape = |e: redis::ParsingError| {
+            BackendError::protocol(format!("inspect script answered an unexpected reply: {e}"))
+        };
+        let redis::Value::Array(mut items) = reply else {
+            return Err(BackendError::protocol("inspect script answered no array"));
+        };
+        if items.len() != 13 {
+            return Err(BackendError::protocol(
+                "inspect script answered a short array",
+            ));
+        }
+        let others = items.split_off(8);
+        let (pttl, holders, token, kept, foreign, last, waiting, queued): Lock =
+            redis::FromRedisValue::from_redis_value(redis::Value::Array(items))
+                .map_err(bad_shape)?;
+        let (writer_pttl, writer, readers, permits, limit): Others =
+            redis::FromRedisValue::from_redis_value(redis::Value::Array(others))
+                .map_err(bad_shape)?;
         let number = |s: String| (!s.is_empty()).then(|| s.parse::<u64>()).transpose();
         let bad = |_| BackendError::protocol("inspect script answered a bad fencing token");
+        let holder = |h: Vec<String>| {
+            let mut h = h.into_iter();
+            let prefix = h.next()?;
+            Some((prefix, h.next().filter(|l| !l.is_empty())))
+        };
         Ok(RawInfo {
             ttl: u64::try_from(pttl).ok().map(Duration::from_millis),
-            holders: (holders.chunks(2))
-                .map(|h| {
-                    let label = h.get(1).filter(|l| !l.is_empty()).cloned();
-                    (h[0].clone(), label)
-                })
-                .collect(),
+            holders: holder(holders).into_iter().collect(),
             token: number(token).map_err(bad)?,
             kept: kept == 1,
             foreign: foreign == 1,
             last_token: number(last).map_err(bad)?,
             waiting: u64::try_from(waiting).unwrap_or(0),
             queued: u64::try_from(queued).unwrap_or(0),
+            writer: holder(writer),
+            writer_ttl: u64::try_from(writer_pttl).ok().map(Duration::from_millis),
+            readers: u64::try_from(readers).unwrap_or(0),
+            permits: u64::try_from(permits).unwrap_or(0),
+            permit_limit: (!limit.is_empty()).then(|| limit.parse().ok()).flatten(),
         })
     }
 
     pub(crate) async fn force_release(
         &self,
         conn: &OpConn,
-        keys: &LockKeys,
-    ) -> Result<bool, BackendError> {
-        let fair = fair_keys(keys)?;
+        keys: &NameKeys,
+    ) -> Result<u64, BackendError> {
         let call = ScriptCall::of(&protocol::ForceRelease {
-            lock: &keys.lock,
-            channel: keys.channel(),
-            queue: &fair.queue,
-            alive: &fair.alive,
+            lock: &keys.lock.lock,
+            channel: keys.lock.channel(),
+            queue: &keys.fair.queue,
+            alive: &keys.fair.alive,
+            writer: &keys.rw.write,
+            readers: &keys.rw.readers,
+            rw_channel: &keys.rw_channel,
+            permits: &keys.permits,
+            permits_channel: &keys.permits_channel,
             publish: self.publish(),
         });
         let (removed, _): (i64, _) = self.invoke(conn, call, true, self.ack).await?;
-        Ok(removed == 1)
+        Ok(u64::try_from(removed).unwrap_or(0))
     }
 
     pub(crate) async fn leave_turn(
@@ -469,10 +499,4 @@ fn acquire_reply((code, value): (i64, i64)) -> Result<AcquireReply, BackendError
             "acquire script answered {other}"
         ))),
     }
-}
-
-/// The line of a fair lock's keys (every forced release wakes its head, if the name has one).
-fn fair_keys(keys: &LockKeys) -> Result<&FairKeys, BackendError> {
-    keys.fair_keys()
-        .ok_or_else(|| BackendError::protocol("a forced release without the name's line"))
 }
