@@ -23,6 +23,7 @@ mod config;
 mod fair;
 mod guard;
 mod head;
+mod hold_times;
 mod in_flight;
 mod lease;
 mod leave;
@@ -39,6 +40,7 @@ pub use config::{
 };
 pub use guard::LockGuard;
 pub(crate) use guard::{FromLockGuard, wrapped_guard_methods};
+use hold_times::HoldTimes;
 use in_flight::InFlight;
 pub use lease::Lease;
 pub(crate) use lease::{MAX_LEASE, check_at_least, check_lease};
@@ -67,6 +69,8 @@ pub(crate) struct Shared {
     /// The last acquisition attempt's round trip, in µs (0: none yet): how long a turn kept for
     /// one of this `Locker`'s waiters must last.
     pub(crate) round_trip_us: AtomicU64,
+    /// How long this `Locker`'s holds lasted lately: a busy answer's `retry_after`.
+    pub(crate) hold_times: HoldTimes,
     /// A random id, named in the turns this `Locker`'s waiters claim: its hand-overs may serve
     /// its own waiters, never pass over another `Locker`'s.
     turn_id: Arc<str>,
@@ -100,6 +104,7 @@ impl Engine {
                 watchdog: Watchdog::default(),
                 queues: Mutex::new(HashMap::new()),
                 round_trip_us: AtomicU64::new(0),
+                hold_times: HoldTimes::default(),
                 turn_id: owner::new_owner(None),
                 display,
             }),

@@ -24,8 +24,10 @@ pub enum LockError {
         name: String,
         /// How long this call waited.
         waited: Duration,
-        /// The holder's remaining lease when this call gave up, if known: a sensible
-        /// `Retry-After`.
+        /// When a retry is likely to find the lock free, if known: the holder's remaining
+        /// lease when this call gave up, or, when shorter, how long this `Locker`'s holds
+        /// have lasted lately (a watchdog lease is renewed long before it ends, so its
+        /// remaining time says little). What `Retry-After` is made from.
         retry_after: Option<Duration>,
     },
     /// The lock was lost while held: it expired, was deleted, or was taken over.
@@ -101,7 +103,7 @@ impl LockError {
         matches!(self, Self::Config(_))
     }
 
-    /// The holder's remaining lease, for [`Busy`](LockError::Busy).
+    /// When a retry is likely to find the lock free, for [`Busy`](LockError::Busy).
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
             Self::Busy { retry_after, .. } => *retry_after,

@@ -173,7 +173,7 @@ pub use replication::ReplicaAck;
 pub use request::LockRequest;
 #[cfg(feature = "http")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
-pub use response::ErrorResponses;
+pub use response::{DEFAULT_MAX_RETRY_AFTER, ErrorResponses};
 pub use rw::{ReadGuard, ReadRequest, ReadWriteLock, WriteGuard, WriteRequest};
 #[allow(deprecated)]
 pub use scope::moved::{fencing_token, held_lock, in_scope, isolated_scope};

@@ -3,6 +3,7 @@
 //! route answer the same situation alike.
 
 use std::fmt::Write as _;
+use std::time::Duration;
 
 use http::{HeaderValue, StatusCode, header};
 
@@ -13,7 +14,7 @@ use crate::error::LockError;
 ///
 /// | error | default status | also |
 /// | --- | --- | --- |
-/// | busy ([`LockError::Busy`]) | 409 ([`busy_status`](Self::busy_status)) | `Retry-After`: the holder's remaining lease in whole seconds, rounded up, at least 1 |
+/// | busy ([`LockError::Busy`]) | 409 ([`busy_status`](Self::busy_status)) | `Retry-After`: [`LockError::retry_after`] in whole seconds, rounded up, from 1 to [`max_retry_after`](Self::max_retry_after) (default 2) |
 /// | lost while held ([`LockError::Lost`]) | 503 ([`lost_status`](Self::lost_status)) | |
 /// | Redis unreachable, timed out or failing ([`LockError::Backend`]) | 503 ([`unavailable_status`](Self::unavailable_status)) | |
 /// | a [`MasterSet`](crate::MasterSet) short of grants ([`LockError::Masters`]) | 409 when rivals held it, 503 when masters failed | `Retry-After: 1` when busy |
@@ -22,7 +23,9 @@ use crate::error::LockError;
 ///
 /// The body has the fields `type` (`about:blank`), `title` (the status's reason phrase),
 /// `status`, `detail` (a fixed sentence, or the reason a name is invalid) and, for a busy or lost
-/// lock, `lock`: its name, unless [`hide_names`](Self::hide_names). Nothing from the backend's
+/// lock whose name is shown on purpose ([`hide_names(false)`](Self::hide_names)), `lock`: its
+/// name. Names are left out by default: they often carry user data (`order:<user id>`), and a
+/// client rarely needs them. Nothing from the backend's
 /// error (hosts, ports, Redis replies) or a configuration error reaches the body: log the error
 /// where you have it.
 ///
@@ -40,16 +43,16 @@ use crate::error::LockError;
 /// /// The answers of every lock in this service: `LockLayer::error_responses(LOCK_ERRORS)` on
 /// /// the layers, `LOCK_ERRORS.to_response(&err)` for the handlers' errors.
 /// const LOCK_ERRORS: ErrorResponses =
-///     ErrorResponses::new().busy_status(StatusCode::LOCKED).hide_names(true);
+///     ErrorResponses::new().busy_status(StatusCode::LOCKED);
 ///
 /// let busy = LockError::Busy {
 ///     name: "order:7".into(),
 ///     waited: std::time::Duration::ZERO,
-///     retry_after: Some(std::time::Duration::from_millis(2_300)),
+///     retry_after: Some(std::time::Duration::from_millis(1_300)),
 /// };
 /// let response = LOCK_ERRORS.to_response(&busy);
 /// assert_eq!(response.status(), StatusCode::LOCKED);
-/// assert_eq!(response.headers()["retry-after"], "3");
+/// assert_eq!(response.headers()["retry-after"], "2");
 /// assert_eq!(response.headers()["content-type"], "application/problem+json");
 /// assert!(!response.body().contains("order:7"));
 /// ```
@@ -60,7 +63,11 @@ pub struct ErrorResponses {
     unavailable: StatusCode,
     invalid_name: StatusCode,
     hide_names: bool,
+    max_retry_after: Duration,
 }
+
+/// The longest `Retry-After` a busy answer gives by default.
+pub const DEFAULT_MAX_RETRY_AFTER: Duration = Duration::from_secs(2);
 
 impl Default for ErrorResponses {
     fn default() -> Self {
@@ -69,14 +76,16 @@ impl Default for ErrorResponses {
 }
 
 impl ErrorResponses {
-    /// The default answers: 409, 503, 503, 400, 500, names shown.
+    /// The default answers: 409, 503, 503, 400, 500, names left out, `Retry-After` at most
+    /// 2 s.
     pub const fn new() -> Self {
         Self {
             busy: StatusCode::CONFLICT,
             lost: StatusCode::SERVICE_UNAVAILABLE,
             unavailable: StatusCode::SERVICE_UNAVAILABLE,
             invalid_name: StatusCode::BAD_REQUEST,
-            hide_names: false,
+            hide_names: true,
+            max_retry_after: DEFAULT_MAX_RETRY_AFTER,
         }
     }
 
@@ -105,11 +114,38 @@ impl ErrorResponses {
         self
     }
 
-    /// Leave lock names out of bodies (they may hold user data). The status and `Retry-After`
-    /// stay.
+    /// Whether lock names stay out of bodies (default `true`: they often hold user data).
+    /// `false` shows a busy or lost lock's name as the body's `lock` field.
     pub const fn hide_names(mut self, hide: bool) -> Self {
         self.hide_names = hide;
         self
+    }
+
+    /// The longest `Retry-After` a busy answer gives (default 2 s; whole seconds, at least 1).
+    /// A busy lock's [`retry_after`](LockError::retry_after) is the holder's remaining lease,
+    /// or the `Locker`'s usual hold time when shorter; a `Locker` that holds nothing itself
+    /// knows only the first, which under a watchdog lease is up to its whole length.
+    pub const fn max_retry_after(mut self, max: Duration) -> Self {
+        self.max_retry_after = max;
+        self
+    }
+
+    /// How long a client told the lock is busy should wait before it retries: `retry_after`
+    /// (1 s when unknown) at most [`max_retry_after`](Self::max_retry_after), at least 1 ms.
+    pub fn retry_delay(&self, retry_after: Option<Duration>) -> Duration {
+        retry_after
+            .unwrap_or(Duration::from_secs(1))
+            .min(self.max_retry_after)
+            .max(Duration::from_millis(1))
+    }
+
+    /// [`retry_delay`](Self::retry_delay) in whole seconds, rounded up: the `Retry-After`
+    /// header's value.
+    pub fn retry_after_secs(&self, retry_after: Option<Duration>) -> u64 {
+        let millis = self.retry_delay(retry_after).as_millis();
+        u64::try_from(millis.div_ceil(1000))
+            .unwrap_or(u64::MAX)
+            .max(1)
     }
 
     /// Whether lock names are left out of bodies.
@@ -185,10 +221,7 @@ impl ErrorResponses {
             _ => None,
         };
         if let Some(retry_after) = busy_retry {
-            let secs = retry_after
-                .map_or(1, |d| d.as_millis().div_ceil(1000))
-                .clamp(1, u128::from(u64::MAX));
-            let secs = u64::try_from(secs).unwrap_or(u64::MAX);
+            let secs = self.retry_after_secs(retry_after);
             response
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(secs));
@@ -296,22 +329,40 @@ mod tests {
     }
 
     #[test]
-    fn retry_after_rounds_up_to_whole_seconds() {
+    fn retry_after_rounds_up_to_whole_seconds_and_is_capped() {
         let secs = |ms| retry_after(&busy(Some(Duration::from_millis(ms))));
         assert_eq!(secs(1).as_deref(), Some("1"));
         assert_eq!(secs(1000).as_deref(), Some("1"));
         assert_eq!(secs(1001).as_deref(), Some("2"));
-        assert_eq!(secs(29_500).as_deref(), Some("30"));
+        // A holder's 30 s watchdog lease is no reason to keep a client away for 30 s.
+        assert_eq!(secs(29_500).as_deref(), Some("2"));
         assert_eq!(retry_after(&busy(None)).as_deref(), Some("1"));
         assert_eq!(
             retry_after(&busy(Some(Duration::MAX))).as_deref(),
-            Some(&*u64::MAX.to_string())
+            Some("2")
+        );
+        let longer = ErrorResponses::new().max_retry_after(Duration::from_secs(60));
+        assert_eq!(
+            longer.retry_after_secs(Some(Duration::from_millis(29_500))),
+            30
+        );
+        assert_eq!(
+            longer.retry_delay(Some(Duration::from_micros(10))),
+            Duration::from_millis(1)
         );
     }
 
     #[test]
-    fn a_busy_lock_is_a_conflict_naming_the_lock() {
-        let response = ErrorResponses::new().to_response(&busy(Some(Duration::from_millis(1500))));
+    fn a_busy_lock_is_a_conflict_that_names_the_lock_only_when_asked() {
+        let hidden = ErrorResponses::new().to_response(&busy(Some(Duration::from_millis(1500))));
+        assert_eq!(
+            hidden.body(),
+            "{\"type\":\"about:blank\",\"title\":\"Conflict\",\"status\":409,\
+             \"detail\":\"another request holds this lock; retry later\"}"
+        );
+        let response = ErrorResponses::new()
+            .hide_names(false)
+            .to_response(&busy(Some(Duration::from_millis(1500))));
         assert_eq!(response.status(), StatusCode::CONFLICT);
         assert_eq!(
             response.headers()[header::CONTENT_TYPE],

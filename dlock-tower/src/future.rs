@@ -327,9 +327,9 @@ where
 }
 
 /// Whether the layer keeps lock names out of logs and spans: its own
-/// [`hide_names`](crate::LockLayer::hide_names) or the `Locker`'s.
+/// [`hide_names(true)`](crate::LockLayer::hide_names) or the `Locker`'s.
 fn names_hidden(shared: &dyn Settings) -> bool {
-    shared.config().responses.names_hidden() || shared.locker().names_hidden()
+    shared.config().hide_in_logs || shared.locker().names_hidden()
 }
 
 /// The acquisition of one lock, plain or fair.

@@ -97,9 +97,9 @@ fn insert_status(headers: &mut HeaderMap, code: u8, message: &str) {
     }
 }
 
-/// The trailers-only answer to `rejection` (see [`status`]); for a busy lock, the holder's
-/// remaining lease as `grpc-retry-pushback-ms`, `retry-after` and a `google.rpc.RetryInfo`
-/// detail.
+/// The trailers-only answer to `rejection` (see [`status`]); for a busy lock, when to retry
+/// ([`ErrorResponses::retry_delay`]) as `grpc-retry-pushback-ms`, `retry-after` and a
+/// `google.rpc.RetryInfo` detail.
 pub(crate) fn response(
     rejection: &LockRejection,
     responses: &ErrorResponses,
@@ -112,14 +112,11 @@ pub(crate) fn response(
     headers.insert(header::CONTENT_TYPE, grpc.content_type());
     insert_status(headers, code, &message);
     if let LockRejection::Busy { retry_after, .. } = rejection {
-        let delay = retry_after
-            .unwrap_or(Duration::from_secs(1))
-            .max(Duration::from_millis(1));
+        let delay = responses.retry_delay(*retry_after);
         let millis = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
         headers.insert(GRPC_RETRY_PUSHBACK, HeaderValue::from(millis));
-        if let Some(secs) = rejection.retry_after_secs() {
-            headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
-        }
+        let secs = responses.retry_after_secs(*retry_after);
+        headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
         let details = retry_status(code, &message, delay);
         if let Ok(value) = HeaderValue::try_from(base64(&details)) {
             headers.insert(GRPC_STATUS_DETAILS, value);

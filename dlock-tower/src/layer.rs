@@ -30,6 +30,8 @@ pub(crate) struct Config {
     pub(crate) fair: bool,
     /// Statuses and hidden names, as `#[distributed_lock]` handlers' errors can be answered.
     pub(crate) responses: ErrorResponses,
+    /// Whether lock names stay out of dlock's logs and spans too ([`LockLayer::hide_names`]).
+    pub(crate) hide_in_logs: bool,
     pub(crate) hold_body: bool,
     pub(crate) handler: Option<Handler>,
 }
@@ -42,6 +44,7 @@ impl Default for Config {
             watchdog_lease: None,
             fair: false,
             responses: ErrorResponses::new(),
+            hide_in_logs: false,
             hold_body: false,
             handler: None,
         }
@@ -56,6 +59,7 @@ impl fmt::Debug for Config {
             .field("watchdog_lease", &self.watchdog_lease)
             .field("fair", &self.fair)
             .field("responses", &self.responses)
+            .field("hide_in_logs", &self.hide_in_logs)
             .field("hold_body", &self.hold_body)
             .field("handler", &self.handler.is_some())
             .finish()
@@ -376,14 +380,18 @@ impl<S, K> LockLayer<S, K> {
         self
     }
 
-    /// Leave the lock's name out of rejection bodies and gRPC messages (it may hold user
-    /// data), and out of dlock's logs and spans. The `Retry-After` header and the status stay.
+    /// `true`: leave the lock's name out of rejection bodies and gRPC messages, and out of
+    /// dlock's logs and spans as well. `false`: show it in rejection bodies (the `lock` field)
+    /// and gRPC messages, on purpose.
     ///
-    /// `false` (the default) hides nothing more, and shows nothing that is hidden elsewhere: a
-    /// `Locker` built with `LockerBuilder::hide_names(true)`, or a name made
-    /// [`hidden`](dlock_core::LockName::hidden), stays out of logs and spans whatever this says.
+    /// By default names stay out of bodies and messages — they often hold user data, and a
+    /// client rarely needs them — and go into logs and spans as the `Locker` says. A `Locker`
+    /// built with `LockerBuilder::hide_names(true)`, or a name made
+    /// [`hidden`](dlock_core::LockName::hidden), stays out of logs and spans whatever this
+    /// says. The `Retry-After` header and the status stay either way.
     pub fn hide_names(mut self, hide: bool) -> Self {
         self.config.responses = self.config.responses.hide_names(hide);
+        self.config.hide_in_logs = hide;
         self
     }
 

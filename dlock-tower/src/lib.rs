@@ -182,7 +182,7 @@
 //!
 //! | situation | default answer |
 //! | --- | --- |
-//! | busy after the wait | 409 ([`LockLayer::with_status_code`]), `Retry-After` from the holder's remaining lease (whole seconds, rounded up), `application/problem+json` naming the lock ([`LockLayer::hide_names`] leaves the name out) |
+//! | busy after the wait | 409 ([`LockLayer::with_status_code`]), `Retry-After`: when the lock is likely free — the holder's remaining lease, or the `Locker`'s usual hold time when shorter — in whole seconds, rounded up, at most 2 ([`ErrorResponses::max_retry_after`](dlock_core::ErrorResponses::max_retry_after)); `application/problem+json`, without the lock's name unless shown on purpose ([`LockLayer::hide_names`]`(false)`) |
 //! | key not derivable | the extractor's own rejection |
 //! | invalid key (too long, control characters) | 400 ([`LockLayer::invalid_key_status_code`]) |
 //! | Redis unreachable or timed out | 503 ([`LockLayer::unavailable_status_code`]); without a wait, within the `Locker`'s command timeout; with a [`LockLayer::wait`], the request keeps trying (Redis may be back in a moment) and answers within the wait plus one command timeout |
@@ -259,7 +259,7 @@
 //!
 //! | situation | `grpc-status` |
 //! | --- | --- |
-//! | busy after the wait | `ABORTED` (10), with `grpc-retry-pushback-ms` (the holder's remaining lease), `retry-after` (seconds) and a `google.rpc.RetryInfo` in `grpc-status-details-bin` |
+//! | busy after the wait | `ABORTED` (10), with `grpc-retry-pushback-ms` (when to retry, as `Retry-After` above, in ms), `retry-after` (seconds) and a `google.rpc.RetryInfo` in `grpc-status-details-bin` |
 //! | Redis unreachable or timed out | `UNAVAILABLE` (14) |
 //! | lock lost while the call runs | `ABORTED` (10); the call is cancelled. Lost while a held stream is sent ([`LockLayer::hold_until_body_ends`]): the stream ends with `grpc-status: 10` and `grpc-message` in its trailers (in the body's trailer frame for gRPC-Web) |
 //! | invalid key | `INVALID_ARGUMENT` (3) |

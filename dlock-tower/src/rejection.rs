@@ -135,7 +135,8 @@ impl LockRejection {
         }
     }
 
-    /// The `Retry-After` value in whole seconds (rounded up, at least 1), for a busy lock.
+    /// When to retry in whole seconds (rounded up, at least 1), for a busy lock, before the
+    /// cap the answer applies ([`ErrorResponses::max_retry_after`]).
     pub fn retry_after_secs(&self) -> Option<u64> {
         match self {
             Self::Busy { retry_after, .. } => Some(

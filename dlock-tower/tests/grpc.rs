@@ -10,8 +10,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use dlock_core::LockName;
 use dlock_core::redis::AsyncCommands as _;
+use dlock_core::{ErrorResponses, LockName};
 use dlock_tests::RedisServer;
 use dlock_tower::{HeldLocks, IntoLockKeys as _, KeyFrom, LockKeys, LockLayer};
 use http::request::Parts;
@@ -218,8 +218,15 @@ async fn a_busy_lock_is_aborted_with_the_holders_lease_as_retry_pushback() {
         .lease(Duration::from_millis(4_500))
         .await
         .unwrap();
+    // The name shown on purpose, and a cap above the holder's lease.
     let channel = serve(
-        LockLayer::new(locker.clone()).key_from_parts(key),
+        LockLayer::new(locker.clone())
+            .key_from_parts(key)
+            .error_responses(
+                ErrorResponses::new()
+                    .hide_names(false)
+                    .max_retry_after(Duration::from_secs(60)),
+            ),
         Orders::default(),
     )
     .await;
@@ -320,7 +327,8 @@ async fn losing_the_lock_cancels_the_call_with_aborted() {
     let channel = serve(
         LockLayer::new(locker.clone())
             .key_from_parts(key)
-            .watchdog_lease(Duration::from_millis(600)),
+            .watchdog_lease(Duration::from_millis(600))
+            .hide_names(false),
         orders.clone(),
     )
     .await;
@@ -397,7 +405,8 @@ async fn losing_the_lock_while_a_held_stream_is_sent_ends_it_with_aborted_traile
                     move |_: &Parts| name.clone()
                 })
                 .watchdog_lease(Duration::from_millis(600))
-                .hold_until_body_ends(true),
+                .hold_until_body_ends(true)
+                .hide_names(false),
         )
         .service_fn(|_req: http::Request<axum::body::Body>| async {
             let chunks = futures_util::stream::unfold(0u32, |n| async move {

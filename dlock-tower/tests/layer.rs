@@ -11,7 +11,7 @@ use axum::http::request::Parts;
 use axum::http::{HeaderMap, Method, Request, StatusCode, Uri, Version};
 use axum::routing::{get, post};
 use dlock_core::redis::AsyncCommands as _;
-use dlock_core::{LockError, Locker, distributed_lock};
+use dlock_core::{ErrorResponses, LockError, Locker, distributed_lock};
 use dlock_tests::{RedisServer, unique_name};
 use dlock_tower::{HeldLocks, KeyFrom, LockLayer};
 use http_body_util::BodyExt as _;
@@ -119,11 +119,13 @@ async fn concurrent_requests_for_one_key_get_one_success_and_409s() {
             StatusCode::OK => ok += 1,
             StatusCode::CONFLICT => {
                 busy += 1;
+                // At most the default cap, whatever the holder's lease.
                 let secs: u64 = retry_after.expect("Retry-After").parse().unwrap();
-                assert!((1..=30).contains(&secs), "{secs}");
+                assert!((1..=2).contains(&secs), "{secs}");
                 let problem: serde_json::Value = serde_json::from_str(&body).unwrap();
                 assert_eq!(problem["status"], 409);
-                assert!(problem["lock"].as_str().unwrap().ends_with(":1"));
+                // Names stay out of bodies unless shown on purpose.
+                assert!(problem.get("lock").is_none(), "{problem}");
             }
             other => panic!("unexpected {other}: {body}"),
         }
@@ -303,7 +305,8 @@ async fn deleting_the_key_cancels_the_handler_with_503() {
         };
         let mut layer = LockLayer::new(locker.clone())
             .key(fixed_key(&name))
-            .watchdog_lease(Duration::from_millis(600));
+            .watchdog_lease(Duration::from_millis(600))
+            .hide_names(false);
         if let Some(status) = lost_status {
             layer = layer.lost_status_code(status);
         }
@@ -595,8 +598,11 @@ async fn redis_not_answering_is_a_503_within_the_command_timeout() {
     server.resume();
 }
 
+/// `Retry-After` is the holder's remaining lease, capped (2 s by default), or this `Locker`'s
+/// usual hold time when shorter: not the 20-30 s left on a watchdog lease of locks held for
+/// milliseconds.
 #[tokio::test]
-async fn retry_after_comes_from_the_holders_remaining_lease() {
+async fn retry_after_comes_from_what_the_lock_is_doing_capped_small() {
     let server = RedisServer::start();
     let locker = locker(&server).await;
     let name = unique_name("ttl");
@@ -605,32 +611,79 @@ async fn retry_after_comes_from_the_holders_remaining_lease() {
         .lease(Duration::from_millis(4_500))
         .await
         .unwrap();
-    let app = Router::new()
-        .route("/r", get(|| async { "ran" }))
-        .route_layer(
-            LockLayer::new(locker.clone())
-                .key(fixed_key(&name))
-                .with_status_code(StatusCode::LOCKED),
-        );
-    let response = app
+    let layer = || LockLayer::new(locker.clone()).key(fixed_key(&name));
+    let app = |layer: LockLayer<_>| {
+        Router::new()
+            .route("/r", get(|| async { "ran" }))
+            .route_layer(layer)
+    };
+    let retry_after = |response: &axum::response::Response| -> u64 {
+        response.headers()["retry-after"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    // The default cap.
+    let capped = app(layer().with_status_code(StatusCode::LOCKED));
+    let response = capped
         .clone()
         .oneshot(Request::get("/r").body(Body::empty()).unwrap())
         .await
         .unwrap();
     assert_eq!(response.status(), StatusCode::LOCKED);
+    assert_eq!(retry_after(&response), 2);
     let headers = response.headers().clone();
-    // 4.5 s left (a little less by now), rounded up to whole seconds.
-    let retry_after: u64 = headers["retry-after"].to_str().unwrap().parse().unwrap();
-    assert!((4..=5).contains(&retry_after), "{retry_after}");
     assert_eq!(headers["content-type"], "application/problem+json");
     let body = response.into_body().collect().await.unwrap().to_bytes();
     let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(problem["type"], "about:blank");
     assert_eq!(problem["title"], "Locked");
     assert_eq!(problem["status"], 423);
+    assert!(problem.get("lock").is_none(), "{problem}");
+
+    // A higher cap: the holder's remaining 4.5 s (a little less by now), rounded up; the
+    // name shown on purpose.
+    let uncapped = app(layer().error_responses(
+        ErrorResponses::new()
+            .max_retry_after(Duration::from_secs(60))
+            .hide_names(false),
+    ));
+    let response = uncapped
+        .clone()
+        .oneshot(Request::get("/r").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert!(
+        (4..=5).contains(&retry_after(&response)),
+        "{:?}",
+        response.headers()
+    );
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(problem["lock"].as_str(), Some(name.as_str()));
     assert!(holder.release().await.is_released());
-    assert_eq!(oneshot(&app, "/r").await.0, StatusCode::OK);
+    assert_eq!(oneshot(&capped, "/r").await.0, StatusCode::OK);
+
+    // Once the `Locker` has seen its holds last milliseconds, a holder with 25 s of watchdog
+    // lease left means a retry in 1 s.
+    for _ in 0..10 {
+        let quick = locker.lock(unique_name("quick").as_str()).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        assert!(quick.release().await.is_released());
+    }
+    let holder = locker
+        .lock(name.as_str())
+        .watchdog_lease(Duration::from_secs(25))
+        .await
+        .unwrap();
+    let response = uncapped
+        .clone()
+        .oneshot(Request::get("/r").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(retry_after(&response), 1, "{:?}", response.headers());
+    assert!(holder.release().await.is_released());
 }
 
 #[tokio::test]
@@ -717,7 +770,7 @@ async fn several_names_are_locked_all_or_none() {
                 }
             }),
         )
-        .route_layer(LockLayer::new(locker.clone()).sync_key({
+        .route_layer(LockLayer::new(locker.clone()).hide_names(false).sync_key({
             let prefix = prefix.clone();
             move |Query(q): Query<Vec<(String, String)>>| {
                 q.into_iter()

@@ -345,6 +345,7 @@ impl Engine {
         retry_after: Option<Duration>,
     ) -> LockError {
         let labelled = self.inner.config.metrics_name_label;
+        let retry_after = self.inner.hold_times.retry_after(retry_after);
         busy(name, labelled, started, retry_after);
         timed_out(labelled, name, started, retry_after)
     }
@@ -415,25 +416,27 @@ pub(crate) enum TriedAll {
 /// The result of an acquisition that did not fail.
 pub(crate) enum Attempted {
     Held(LockGuard),
-    /// Still busy at the deadline; the holder's remaining lease, if known.
+    /// Still busy at the deadline; when a retry is likely to find it free, if known.
     Busy(Option<Duration>),
 }
 
+/// A busy answer on `name`, counted and logged; `retry_after`: when a retry is likely to find
+/// it free (see `hold_times`).
 pub(crate) fn busy(
     name: &LockName,
     labelled: bool,
     started: Instant,
-    pttl: Option<Duration>,
+    retry_after: Option<Duration>,
 ) -> Attempted {
     let label = metrics::name_label(labelled, name);
     metrics::count(metrics::BUSY, label.as_deref(), 1);
     tracing::debug!(
         name = name.for_logs(),
         waited_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
-        holder_ttl_ms = pttl.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+        retry_after_ms = retry_after.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
         "dlock: busy"
     );
-    Attempted::Busy(pttl)
+    Attempted::Busy(retry_after)
 }
 
 /// A request's [`LockError::Busy`] on `name`, counted in the timeout metric.

@@ -77,11 +77,9 @@ impl Engine {
         if !lost {
             hold.mark_released();
         }
-        metrics::seconds(
-            metrics::HOLD_SECONDS,
-            hold.label.as_deref(),
-            let_go.saturating_duration_since(hold.acquired_at),
-        );
+        let held = let_go.saturating_duration_since(hold.acquired_at);
+        metrics::seconds(metrics::HOLD_SECONDS, hold.label.as_deref(), held);
+        self.inner.hold_times.record(held);
         true
     }
 

@@ -13,6 +13,7 @@ use tokio::sync::futures::Notified;
 use tokio::time::Instant;
 
 use super::acquire::{busy, gave_up, is_permanent};
+use super::hold_times::retry_after;
 use super::{Attempted, Engine, Lease, LockGuard};
 use crate::backend::AcquireReply;
 use crate::error::LockError;
@@ -38,6 +39,9 @@ pub(crate) struct Waiter {
     pub(crate) failed: Option<LockError>,
     /// Whether the metrics carry the name.
     labelled: bool,
+    /// The `Locker`'s usual hold time when the wait began: a busy answer's `retry_after` is
+    /// no later.
+    typical_hold: Option<Duration>,
 }
 
 /// What an attempt's answer means for the waiter.
@@ -74,6 +78,7 @@ impl Waiter {
             came_back: None,
             failed: None,
             labelled: engine.inner.config.metrics_name_label,
+            typical_hold: engine.inner.hold_times.typical(),
         }
     }
 
@@ -133,7 +138,7 @@ impl Waiter {
 
     /// The answer of a request that may not wait and found the lock held.
     pub(crate) fn busy(&self) -> Attempted {
-        busy(&self.name, self.labelled, self.started, self.pttl)
+        busy(&self.name, self.labelled, self.started, self.retry_after())
     }
 
     /// The answer at the deadline: busy, or the backend error if Redis failed since the last
@@ -143,9 +148,14 @@ impl Waiter {
             &self.name,
             self.labelled,
             self.started,
-            self.pttl,
+            self.retry_after(),
             self.failed,
         )
+    }
+
+    /// When a retry is likely to find the lock free, from the last answer.
+    fn retry_after(&self) -> Option<Duration> {
+        retry_after(self.pttl, self.typical_hold)
     }
 
     /// Waits for a wake-up (`notified`, enabled before the attempt it follows) or `fallback`

@@ -1,6 +1,6 @@
 //! One error format for every answer that is not a success: `application/problem+json`
 //! ([RFC 9457](https://www.rfc-editor.org/rfc/rfc9457)) with `type`, `title`, `status` and
-//! `detail`, as dlock-core's `ErrorResponses` renders lock errors (which add `lock`).
+//! `detail`, as dlock-core's `ErrorResponses` renders lock errors.
 //!
 //! `detail` is always safe to show a shopper: database and socket errors are logged with the
 //! request id and never put in a body.

@@ -34,10 +34,11 @@
 //!
 //! **Errors.** Every answer that is not a success — the shop's, the lock layer's, axum's own
 //! (bad JSON, bad path, 404, 405) — is `application/problem+json`:
-//! `{"type": "about:blank", "title", "status", "detail"}`, plus `"lock"` (its name) for a busy or
-//! lost lock, as dlock-core's `ErrorResponses` renders lock errors. `detail` is meant for the
-//! shopper; a 500's cause is logged under the request id (`x-request-id`, echoed on every
-//! answer), never sent. A busy lock is 409 with `Retry-After`; Redis unreachable is 503.
+//! `{"type": "about:blank", "title", "status", "detail"}`, as dlock-core's `ErrorResponses`
+//! renders lock errors (a lock's name, which holds a user id, stays out). `detail` is meant for
+//! the shopper; a 500's cause is logged under the request id (`x-request-id`, echoed on every
+//! answer), never sent. A busy lock is 409 with `Retry-After` (at most 2 s); Redis unreachable
+//! is 503.
 //!
 //! # Locks
 //!
