@@ -105,7 +105,7 @@ pub(crate) async fn bench(
     }
     let locker = crate::builder(target, prefix)?
         .fence_ttl(Some(FENCE_TTL))
-        .watchdog_lease(LEASE)
+        .default_lease(dlock_core::Lease::watchdog(LEASE))
         .holder_label(format!("dlock-bench:{}", std::process::id()))
         .build()
         .await

@@ -174,7 +174,7 @@ async fn a_watchdog_default_lease_sets_the_renewed_length() {
 async fn watchdog_lease_and_default_lease_set_the_same_thing_and_the_last_call_wins() {
     let fixed_last = Locker::builder()
         .memory(MemoryStore::new())
-        .watchdog_lease(Duration::from_secs(3))
+        .default_lease(dlock_core::Lease::watchdog(Duration::from_secs(3)))
         .default_lease(Lease::fixed(Duration::from_secs(4)))
         .build()
         .await
@@ -186,7 +186,7 @@ async fn watchdog_lease_and_default_lease_set_the_same_thing_and_the_last_call_w
     let watchdog_last = Locker::builder()
         .memory(MemoryStore::new())
         .default_lease(Lease::fixed(Duration::from_secs(4)))
-        .watchdog_lease(Duration::from_secs(3))
+        .default_lease(dlock_core::Lease::watchdog(Duration::from_secs(3)))
         .build()
         .await
         .unwrap();
@@ -217,7 +217,7 @@ async fn the_builder_refuses_a_default_lease_a_request_could_not_have() {
     }
     let err = Locker::builder()
         .memory(MemoryStore::new())
-        .watchdog_lease(Duration::MAX)
+        .default_lease(dlock_core::Lease::watchdog(Duration::MAX))
         .build()
         .await
         .expect_err("an endless watchdog lease");

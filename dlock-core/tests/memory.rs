@@ -33,7 +33,7 @@ async fn fixed_lease_expires_and_the_next_holder_gets_a_higher_token() {
 async fn watchdog_keeps_a_long_critical_section_alive() {
     let locker = Locker::builder()
         .memory(MemoryStore::new())
-        .watchdog_lease(Duration::from_secs(3))
+        .default_lease(dlock_core::Lease::watchdog(Duration::from_secs(3)))
         .build()
         .await
         .unwrap();
@@ -58,7 +58,7 @@ async fn deleting_the_lock_cancels_the_guarded_future() {
     let store = MemoryStore::new();
     let locker = Locker::builder()
         .memory(store.clone())
-        .watchdog_lease(Duration::from_secs(3))
+        .default_lease(dlock_core::Lease::watchdog(Duration::from_secs(3)))
         .build()
         .await
         .unwrap();

@@ -35,7 +35,7 @@ impl AppError {
 async fn locker(server: &RedisServer) -> Locker {
     Locker::builder()
         .url(server.url())
-        .watchdog_lease(Duration::from_millis(600))
+        .default_lease(dlock_core::Lease::watchdog(Duration::from_millis(600)))
         .build()
         .await
         .expect("connect")

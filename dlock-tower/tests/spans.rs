@@ -81,7 +81,7 @@ async fn hidden_names_stay_out_of_every_span_and_event() {
     let mut admin = server.connection().await;
     let locker = Locker::builder()
         .url(server.url())
-        .watchdog_lease(Duration::from_millis(300))
+        .default_lease(dlock_core::Lease::watchdog(Duration::from_millis(300)))
         .build()
         .await
         .unwrap();

@@ -196,7 +196,7 @@ impl RedisCluster {
     pub async fn locker(&self, lease: Duration) -> dlock_core::Locker {
         dlock_core::Locker::builder()
             .cluster(self.seed_urls())
-            .watchdog_lease(lease)
+            .default_lease(dlock_core::Lease::watchdog(lease))
             .build()
             .await
             .expect("a locker on the cluster")

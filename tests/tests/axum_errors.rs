@@ -144,7 +144,7 @@ async fn locker(server: &RedisServer) -> Locker {
         .command_timeout(Duration::from_millis(500))
         .connect_timeout(Duration::from_millis(500))
         // Losses are found within a third of this.
-        .watchdog_lease(Duration::from_millis(600))
+        .default_lease(dlock_core::Lease::watchdog(Duration::from_millis(600)))
         .build()
         .await
         .expect("connect")

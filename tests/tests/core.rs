@@ -15,7 +15,7 @@ async fn locker(server: &RedisServer) -> Locker {
 async fn locker_with_lease(server: &RedisServer, lease: Duration) -> Locker {
     Locker::builder()
         .url(server.url())
-        .watchdog_lease(lease)
+        .default_lease(dlock_core::Lease::watchdog(lease))
         .build()
         .await
         .expect("connect")
@@ -529,6 +529,7 @@ async fn pool_and_multiplexed_backends_behave_the_same() {
         .unwrap();
     let multiplexed = Locker::builder()
         .multiplexed(server.connection().await)
+        .wake_by_polling()
         .build()
         .await
         .unwrap();
@@ -595,7 +596,7 @@ async fn a_paused_server_past_the_lease_makes_the_guard_lost() {
     let server = RedisServer::start();
     let locker = Locker::builder()
         .url(server.url())
-        .watchdog_lease(Duration::from_millis(600))
+        .default_lease(dlock_core::Lease::watchdog(Duration::from_millis(600)))
         .command_timeout(Duration::from_millis(300))
         .build()
         .await

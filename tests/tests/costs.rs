@@ -209,6 +209,7 @@ async fn a_release_past_local_waiters_to_another_process_is_one_round_trip() {
     // No subscriber, and a long poll: the local waiter sends nothing while the release runs.
     let locker = Locker::builder()
         .multiplexed(server.connection().await)
+        .wake_by_polling()
         .poll_interval(Duration::from_secs(2))
         .build()
         .await

@@ -128,7 +128,7 @@ async fn acked(lease: Duration) -> Acked {
     let locker = Locker::builder()
         .url(master.url())
         .replica_ack(ReplicaAck::new(1, ACK_TIMEOUT))
-        .watchdog_lease(lease)
+        .default_lease(dlock_core::Lease::watchdog(lease))
         .build()
         .await
         .expect("connect");

@@ -54,7 +54,7 @@ async fn locker(url: String) -> Locker {
 async fn locker_leased(url: String, lease: Duration) -> Locker {
     Locker::builder()
         .url(url)
-        .watchdog_lease(lease)
+        .default_lease(dlock_core::Lease::watchdog(lease))
         .build()
         .await
         .expect("connect a Locker")

@@ -121,7 +121,7 @@ async fn a_master_set_lock_is_lost_when_too_few_masters_hold_it() {
     for server in &servers {
         let locker = Locker::builder()
             .url(server.url())
-            .watchdog_lease(Duration::from_millis(300))
+            .default_lease(dlock_core::Lease::watchdog(Duration::from_millis(300)))
             .build()
             .await
             .expect("connect");

@@ -14,7 +14,7 @@ async fn labelled(server: &RedisServer, label: &str, lease: Duration) -> Locker 
     Locker::builder()
         .url(server.url())
         .holder_label(label)
-        .watchdog_lease(lease)
+        .default_lease(dlock_core::Lease::watchdog(lease))
         .build()
         .await
         .expect("connect")

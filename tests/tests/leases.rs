@@ -101,7 +101,7 @@ async fn a_renewal_that_lands_after_extend_cannot_shorten_the_lease_behind_the_g
     let mut con = server.connection().await;
     let locker = Locker::builder()
         .url(server.url())
-        .watchdog_lease(Duration::from_millis(900))
+        .default_lease(dlock_core::Lease::watchdog(Duration::from_millis(900)))
         .build()
         .await
         .expect("connect");
@@ -168,7 +168,7 @@ async fn a_foreign_value_under_one_key_does_not_stop_the_other_renewals() {
     let mut con = server.connection().await;
     let locker = Locker::builder()
         .url(server.url())
-        .watchdog_lease(Duration::from_millis(300))
+        .default_lease(dlock_core::Lease::watchdog(Duration::from_millis(300)))
         .build()
         .await
         .expect("connect");
@@ -195,7 +195,7 @@ fn a_locker_first_used_on_a_runtime_that_is_gone_keeps_renewing_and_waking() {
         // A waiter that is not woken polls only every 5 s: a dead subscriber shows.
         let locker = Locker::builder()
             .url(url.as_str())
-            .watchdog_lease(Duration::from_millis(300))
+            .default_lease(dlock_core::Lease::watchdog(Duration::from_millis(300)))
             .poll_interval(Duration::from_secs(5))
             .build()
             .await

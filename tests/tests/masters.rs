@@ -21,7 +21,7 @@ async fn lockers(servers: &[RedisServer], lease: Duration) -> Vec<Locker> {
         out.push(
             Locker::builder()
                 .url(server.url())
-                .watchdog_lease(lease)
+                .default_lease(dlock_core::Lease::watchdog(lease))
                 .command_timeout(Duration::from_millis(500))
                 .build()
                 .await

@@ -95,7 +95,7 @@ async fn every_metric_is_described_typed_recorded_and_documented() {
     let proxy = Proxy::start(server.addr()).await;
     let locker = Locker::builder()
         .url(server.url())
-        .watchdog_lease(Duration::from_millis(300))
+        .default_lease(dlock_core::Lease::watchdog(Duration::from_millis(300)))
         .build()
         .await
         .expect("locker");
@@ -138,7 +138,7 @@ async fn every_metric_is_described_typed_recorded_and_documented() {
     // Renewals that can't reach Redis, and a release that can't either.
     let cut = Locker::builder()
         .url(proxy.url())
-        .watchdog_lease(Duration::from_millis(300))
+        .default_lease(dlock_core::Lease::watchdog(Duration::from_millis(300)))
         .command_timeout(Duration::from_millis(100))
         .build()
         .await
@@ -264,7 +264,7 @@ async fn losses_warn_acquisitions_are_debug_spans_and_hidden_names_stay_out() {
     let mut admin = server.connection().await;
     let locker = Locker::builder()
         .url(server.url())
-        .watchdog_lease(Duration::from_millis(300))
+        .default_lease(dlock_core::Lease::watchdog(Duration::from_millis(300)))
         .build()
         .await
         .expect("locker");

@@ -106,9 +106,20 @@ async fn over_connection(cluster: &RedisCluster) -> Locker {
         .build()
         .expect("a cluster client");
     let conn = (client.get_async_connection().await).expect("a cluster connection");
-    (Locker::builder().cluster_connection(conn).build())
+    // It brings no subscriber: refused unless polling is chosen.
+    let refused = (Locker::builder().cluster_connection(conn.clone()).build())
         .await
-        .expect("a locker over an application's cluster connection")
+        .expect_err("no subscriber, no polling chosen");
+    assert!(
+        refused.to_string().contains("cluster(seed URLs)"),
+        "{refused}"
+    );
+    (Locker::builder()
+        .cluster_connection(conn)
+        .wake_by_polling()
+        .build())
+    .await
+    .expect("a locker over an application's cluster connection")
 }
 
 /// Polls `listed` (up to 30 s) until it says `true`.

@@ -203,6 +203,7 @@ async fn a_source_without_a_subscriber_still_hands_over_by_polling() {
     let server = RedisServer::start();
     let locker = Locker::builder()
         .deadpool(deadpool(&server))
+        .wake_by_polling()
         .poll_interval(Duration::from_millis(20))
         .build()
         .await
@@ -224,6 +225,7 @@ async fn the_locker_names_its_source_and_never_a_password() {
         .expect("deadpool");
     let locker = Locker::builder()
         .deadpool(pool)
+        .wake_by_polling()
         .build()
         .await
         .expect("locker");
@@ -274,4 +276,75 @@ async fn a_lazy_locker_builds_while_redis_is_down_and_locks_once_it_is_back() {
         .build()
         .await;
     assert!(bad.is_err_and(|e| e.is_config()));
+}
+
+/// A source that brings no subscriber connection is refused unless the application gives one
+/// or chooses polling on purpose: waiters never poll by surprise.
+#[tokio::test]
+async fn a_source_without_a_subscriber_needs_one_or_polling_chosen() {
+    let server = RedisServer::start();
+    let sources = [
+        (
+            "a connection manager",
+            Locker::builder().connection_manager(manager(&server).await),
+        ),
+        (
+            "a connection pool",
+            Locker::builder().bb8_pool(bb8_pool(&server).await),
+        ),
+        (
+            "a connection pool",
+            Locker::builder().deadpool(deadpool(&server)),
+        ),
+        (
+            "a multiplexed connection",
+            Locker::builder().multiplexed(server.connection().await),
+        ),
+    ];
+    for (what, builder) in sources {
+        let err = builder
+            .build()
+            .await
+            .expect_err("refused without a subscriber");
+        assert!(err.is_config(), "{what}: {err}");
+        let message = err.to_string();
+        for named in [what, "subscriber(client)", "wake_by_polling()"] {
+            assert!(message.contains(named), "{named:?} in {message}");
+        }
+    }
+    // Polling chosen: built, and a waiter gets the lock after a release.
+    let polling = Locker::builder()
+        .multiplexed(server.connection().await)
+        .wake_by_polling()
+        .poll_interval(Duration::from_millis(20))
+        .build()
+        .await
+        .expect("polling chosen");
+    let holder = Locker::connect(&server.url()).await.expect("holder");
+    let guard = holder.lock(unique_name("polled").as_str()).await.unwrap();
+    release_to_waiter(guard, &polling, Duration::from_millis(100))
+        .await
+        .expect("acquired by polling");
+    // Both, or polling where a subscriber comes with the source: a clear error.
+    let both = Locker::builder()
+        .multiplexed(server.connection().await)
+        .subscriber(server.client())
+        .wake_by_polling()
+        .build()
+        .await
+        .expect_err("both");
+    assert!(
+        both.to_string().contains("drop `wake_by_polling`"),
+        "{both}"
+    );
+    let url = Locker::builder()
+        .url(server.url())
+        .wake_by_polling()
+        .build()
+        .await
+        .expect_err("a URL has a subscriber");
+    assert!(
+        url.to_string().contains("subscriber connection of its own"),
+        "{url}"
+    );
 }

@@ -305,6 +305,7 @@ async fn a_wait_over_a_dead_multiplexed_connection_gives_up_at_once() {
     let mut server = RedisServer::start();
     let locker = Locker::builder()
         .multiplexed(server.connection().await)
+        .wake_by_polling()
         .build()
         .await
         .expect("build");

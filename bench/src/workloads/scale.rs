@@ -118,7 +118,7 @@ pub(super) async fn w5(settings: &Settings, server: &Server) -> Row {
     let lease = Duration::from_secs(3);
     let locker = Locker::builder()
         .url(settings.url.clone())
-        .watchdog_lease(lease)
+        .default_lease(dlock_core::Lease::watchdog(lease))
         .build()
         .await
         .expect("connect");

@@ -15,7 +15,8 @@ use crate::replication::{AckChoice, ReplicaAck};
 use std::fmt;
 
 use super::checks::{
-    check_default_lease, check_holder_label, check_replica_ack, tls_ready, waitaof_supported,
+    check_default_lease, check_holder_label, check_replica_ack, check_wake_ups, tls_ready,
+    waitaof_supported,
 };
 use super::connect::{connect, connect_error, describe_client, url_error};
 
@@ -37,6 +38,7 @@ pub struct LockerBuilder {
     hide_names: bool,
     holder_label: Option<String>,
     lazy: bool,
+    polling: bool,
     replica_ack: AckChoice,
 }
 
@@ -108,15 +110,16 @@ impl LockerBuilder {
 
     /// Run over an application's connection manager (what most axum states hold). It
     /// reconnects by itself, as with [`url`](Self::url), but brings no subscriber: pass a
-    /// [`subscriber`](Self::subscriber) client too, or waiters poll instead of being woken.
+    /// [`subscriber`](Self::subscriber) client too (or choose
+    /// [`wake_by_polling`](Self::wake_by_polling)), or `build` refuses.
     pub fn connection_manager(mut self, manager: redis::aio::ConnectionManager) -> Self {
         self.source = Source::Manager(manager);
         self
     }
 
     /// Run over an application's bb8 pool (`bb8-redis`). Each operation checks one connection
-    /// out, within the command timeout. Pass a [`subscriber`](Self::subscriber) client too, or
-    /// waiters poll instead of being woken.
+    /// out, within the command timeout. Pass a [`subscriber`](Self::subscriber) client too (or
+    /// choose [`wake_by_polling`](Self::wake_by_polling)), or `build` refuses.
     #[cfg(feature = "bb8")]
     #[cfg_attr(docsrs, doc(cfg(feature = "bb8")))]
     pub fn bb8_pool(mut self, pool: bb8::Pool<bb8_redis::RedisConnectionManager>) -> Self {
@@ -125,8 +128,8 @@ impl LockerBuilder {
     }
 
     /// Run over an application's `deadpool-redis` pool. Each operation checks one connection
-    /// out, within the command timeout. Pass a [`subscriber`](Self::subscriber) client too, or
-    /// waiters poll instead of being woken.
+    /// out, within the command timeout. Pass a [`subscriber`](Self::subscriber) client too (or
+    /// choose [`wake_by_polling`](Self::wake_by_polling)), or `build` refuses.
     #[cfg(feature = "deadpool")]
     #[cfg_attr(docsrs, doc(cfg(feature = "deadpool")))]
     pub fn deadpool(mut self, pool: deadpool_redis::Pool) -> Self {
@@ -135,7 +138,8 @@ impl LockerBuilder {
     }
 
     /// Run over one multiplexed connection (it is not reconnected). Pass a
-    /// [`subscriber`](Self::subscriber) client too, or waiters poll instead of being woken.
+    /// [`subscriber`](Self::subscriber) client too (or choose
+    /// [`wake_by_polling`](Self::wake_by_polling)), or `build` refuses.
     pub fn multiplexed(mut self, conn: redis::aio::MultiplexedConnection) -> Self {
         self.source = Source::Multiplexed(conn);
         self
@@ -156,9 +160,10 @@ impl LockerBuilder {
         self
     }
 
-    /// Run over an application's cluster connection. It brings no subscriber: waiters poll
-    /// (every [`poll_interval`](Self::poll_interval)) instead of being woken; use
-    /// [`cluster`](Self::cluster) for wake-ups.
+    /// Run over an application's cluster connection. It brings no subscriber, so `build`
+    /// refuses it unless you choose [`wake_by_polling`](Self::wake_by_polling) (waiters retry
+    /// every [`poll_interval`](Self::poll_interval)); use [`cluster`](Self::cluster) for
+    /// wake-ups.
     ///
     /// Give that connection bounded waits per node (redis-rs's `ClusterClientBuilder::
     /// response_timeout`, and a few `retries`): with redis-rs's defaults (no response timeout,
@@ -220,6 +225,16 @@ impl LockerBuilder {
         self
     }
 
+    /// Waiters retry every [`poll_interval`](Self::poll_interval) instead of being woken by a
+    /// release: the choice for a connection manager, a pool, a multiplexed connection or a
+    /// cluster connection when no [`subscriber`](Self::subscriber) can be given. Without one
+    /// or the other, `build` refuses those sources, so that nobody polls by surprise. A waiter
+    /// that polls learns of a release up to a poll interval late, and each poll is a command.
+    pub fn wake_by_polling(mut self) -> Self {
+        self.polling = true;
+        self
+    }
+
     /// The prefix of every key (default `dlock:`).
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = Some(prefix.into());
@@ -245,14 +260,16 @@ impl LockerBuilder {
     /// outside the bounds of a request's lease (10 ms to about ten years), and a watchdog lease
     /// under 30 ms, with [`LockError::Config`].
     ///
-    /// This and [`watchdog_lease`](Self::watchdog_lease) set the same thing: the last call wins.
+    /// `default_lease(Lease::watchdog(Duration::from_secs(10)))`: a 10 s watchdog lease;
+    /// `default_lease(Lease::fixed(..))`: a lease that is never renewed.
     pub fn default_lease(mut self, lease: Lease) -> Self {
         self.default_lease = Some(lease);
         self
     }
 
-    /// The default lease is a watchdog lease of this length (default 30 s, renewed every 10 s):
-    /// shorthand for `default_lease(Lease::watchdog(lease))`.
+    /// The old shorthand for `default_lease(Lease::watchdog(lease))`, which sets the same
+    /// thing: one setting, one name.
+    #[deprecated(note = "use `default_lease(Lease::watchdog(lease))`")]
     pub fn watchdog_lease(mut self, lease: Duration) -> Self {
         self.default_lease = Some(Lease::Watchdog(lease));
         self
@@ -422,6 +439,20 @@ impl LockerBuilder {
                 MAX_LEASE.as_secs() / 86_400
             )));
         }
+        let without_subscriber = match &self.source {
+            Source::Manager(_) => Some("a connection manager"),
+            Source::Pool(_) => Some("a connection pool"),
+            Source::Multiplexed(_) => Some("a multiplexed connection"),
+            #[cfg(feature = "cluster")]
+            Source::ClusterConnection(_) => Some("a cluster connection"),
+            _ => None,
+        };
+        check_wake_ups(
+            without_subscriber,
+            cluster,
+            self.subscriber.is_some(),
+            self.polling,
+        )?;
         let config = Config {
             prefix,
             dead_waiter_timeout,
@@ -439,7 +470,8 @@ impl LockerBuilder {
             Source::None => {
                 return Err(LockError::Config(
                     "no backend: call `url`, `client`, `connection_manager`, `bb8_pool`, \
-                     `deadpool`, `multiplexed` or `memory`"
+                     `deadpool`, `multiplexed`, `cluster`, `cluster_connection`, `sentinel`, \
+                     `sentinel_client` or `memory`"
                         .into(),
                 ));
             }

@@ -107,3 +107,41 @@ pub(super) fn check_holder_label(label: Option<String>) -> Result<Option<Arc<str
     }
     Ok(Some(Arc::from(label)))
 }
+
+/// How a `Locker` learns of releases, checked against its source: a source without a
+/// subscriber connection (`without`: what it is) needs one given ([`LockerBuilder::subscriber`])
+/// or polling chosen on purpose ([`LockerBuilder::wake_by_polling`]), and polling is chosen
+/// only where it is needed. Waiters that poll every 50 ms without anyone having asked are the
+/// surprise this refuses.
+pub(super) fn check_wake_ups(
+    without: Option<&str>,
+    cluster: bool,
+    subscriber: bool,
+    polling: bool,
+) -> Result<(), LockError> {
+    match (without, subscriber, polling) {
+        (Some(_), true, true) => Err(LockError::Config(
+            "both `subscriber` and `wake_by_polling` are set: waiters are woken through the \
+             subscriber; drop `wake_by_polling`"
+                .into(),
+        )),
+        (Some(source), false, false) if cluster => Err(LockError::Config(format!(
+            "{source} brings no subscriber connection, so waiters could not be woken: build \
+             the Locker with `cluster(seed URLs)` for wake-ups through sharded pub/sub, or \
+             choose polling with `wake_by_polling()` (a waiter then retries every \
+             `poll_interval`, 50 ms by default)"
+        ))),
+        (Some(source), false, false) => Err(LockError::Config(format!(
+            "{source} brings no subscriber connection, so waiters could not be woken: pass the \
+             `redis::Client` it was made from with `subscriber(client)`, or choose polling with \
+             `wake_by_polling()` (a waiter then retries every `poll_interval`, 50 ms by \
+             default)"
+        ))),
+        (None, _, true) => Err(LockError::Config(
+            "`wake_by_polling` is for a connection manager, a pool, a multiplexed connection or \
+             a cluster connection: this source has a subscriber connection of its own"
+                .into(),
+        )),
+        _ => Ok(()),
+    }
+}

@@ -63,7 +63,7 @@ async fn main() -> ExitCode {
 
     let locker = match Locker::builder()
         .url(url.as_str())
-        .watchdog_lease(Duration::from_millis(lease_ms))
+        .default_lease(dlock_core::Lease::watchdog(Duration::from_millis(lease_ms)))
         .build()
         .await
     {

@@ -87,7 +87,7 @@ impl RedisSetup {
     fn builder(&self, command_timeout: Duration) -> LockerBuilder {
         Locker::builder()
             .prefix(self.prefix.clone())
-            .watchdog_lease(self.watchdog_lease)
+            .default_lease(dlock_core::Lease::watchdog(self.watchdog_lease))
             .dead_waiter_timeout(self.dead_waiter_timeout)
             .fence_ttl(self.fence_ttl)
             .command_timeout(command_timeout)
@@ -268,7 +268,7 @@ pub(crate) async fn memory_actors(
         let l = Locker::builder()
             .memory(store.clone())
             .prefix(prefix)
-            .watchdog_lease(watchdog_lease)
+            .default_lease(dlock_core::Lease::watchdog(watchdog_lease))
             .dead_waiter_timeout(dead_waiter_timeout)
             .build()
             .await

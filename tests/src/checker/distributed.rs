@@ -272,7 +272,7 @@ struct Partitioned {
 fn builder(prefix: &str, p: Params, acked: bool, scale_out: bool) -> LockerBuilder {
     let b = Locker::builder()
         .prefix(prefix)
-        .watchdog_lease(p.watchdog_lease)
+        .default_lease(dlock_core::Lease::watchdog(p.watchdog_lease))
         .dead_waiter_timeout(p.dead_waiter_timeout)
         .fence_ttl(p.fence_ttl)
         .command_timeout(COMMAND_TIMEOUT)
@@ -430,6 +430,7 @@ pub async fn run_cluster(config: Config, acked: bool) -> (Report, Figures) {
     // writes wait for one by default too.
     let l = builder(&prefix, p, acked, true)
         .cluster_connection(conn)
+        .wake_by_polling()
         .build()
         .await;
     lockers.push(l.expect("a locker over the proxied cluster connection"));
