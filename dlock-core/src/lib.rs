@@ -163,7 +163,8 @@ pub use error::{
 pub use fencing::FencingToken;
 pub use hold::{Fenced, HeldLock, Hold, Lost};
 pub use locker::{
-    Holder, LockInfo, Locker, LockerBuilder, LockerStats, default_locker, set_default_locker,
+    ConfigError, Holder, LockInfo, Locker, LockerBuilder, LockerConfig, LockerStats,
+    default_locker, set_default_locker,
 };
 pub use masters::{MasterGuard, MasterRequest, MasterSet};
 pub use multi::{MultiGuard, MultiLockRequest};

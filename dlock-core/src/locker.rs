@@ -22,6 +22,7 @@ mod builder;
 mod checks;
 #[cfg(feature = "cluster")]
 mod cluster;
+mod config;
 mod connect;
 mod default;
 mod inspect;
@@ -31,6 +32,7 @@ mod stats;
 mod url;
 
 pub use builder::LockerBuilder;
+pub use config::{ConfigError, LockerConfig};
 pub use default::{default_locker, set_default_locker};
 pub use inspect::{Holder, LockInfo};
 pub use stats::LockerStats;

@@ -348,3 +348,68 @@ async fn a_source_without_a_subscriber_needs_one_or_polling_chosen() {
         "{url}"
     );
 }
+
+/// `LockerConfig` from `DLOCK_*` variables builds a working `Locker` for each deployment: one
+/// server, a cluster, sentinels, and a set of independent masters, with the settings applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_locker_is_built_from_dlock_variables_for_every_deployment() {
+    use dlock_core::LockerConfig;
+    use dlock_tests::{RedisCluster, RedisSentinel};
+
+    let config = |pairs: Vec<(&'static str, String)>| {
+        LockerConfig::from_vars(|name| {
+            (pairs.iter())
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| v.clone())
+        })
+        .expect("config")
+    };
+    let settings = || {
+        vec![
+            ("DLOCK_PREFIX", "cfg:".to_owned()),
+            ("DLOCK_HOLDER_LABEL", "from-env".to_owned()),
+            ("DLOCK_DEFAULT_WAIT", "1s".to_owned()),
+            ("DLOCK_DEFAULT_LEASE", "4s".to_owned()),
+        ]
+    };
+    async fn works(locker: &Locker, what: &str) {
+        assert_eq!(locker.prefix(), "cfg:", "{what}");
+        assert_eq!(locker.default_wait(), Duration::from_secs(1), "{what}");
+        let name = unique_name("cfg");
+        let guard = locker.lock(name.as_str()).await.expect(what);
+        let info = locker.inspect(name.as_str()).await.expect(what);
+        assert_eq!(info.holders[0].label.as_deref(), Some("from-env"), "{what}");
+        assert!(
+            info.ttl.is_some_and(|t| t <= Duration::from_secs(4)),
+            "{what}: {info:?}"
+        );
+        assert!(guard.release().await.is_released(), "{what}");
+    }
+
+    let server = RedisServer::start();
+    let mut vars = settings();
+    vars.push(("DLOCK_URL", server.url()));
+    works(&config(vars).build().await.expect("url"), "url").await;
+
+    let cluster = tokio::task::block_in_place(RedisCluster::start);
+    let mut vars = settings();
+    vars.push(("DLOCK_CLUSTER_URLS", cluster.seed_urls().join(",")));
+    works(&config(vars).build().await.expect("cluster"), "cluster").await;
+
+    let set = tokio::task::block_in_place(RedisSentinel::start);
+    let mut vars = settings();
+    vars.push(("DLOCK_SENTINEL_URLS", set.sentinel_urls().join(", ")));
+    vars.push(("DLOCK_SENTINEL_MASTER", set.master_name().to_owned()));
+    works(&config(vars).build().await.expect("sentinel"), "sentinel").await;
+
+    let masters: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let mut vars = settings();
+    let urls: Vec<String> = masters.iter().map(RedisServer::url).collect();
+    vars.push(("DLOCK_MASTERS", urls.join(",")));
+    let set = config(vars).build_master_set().await.expect("masters");
+    assert_eq!((set.len(), set.needed()), (3, 2));
+    let name = unique_name("cfg-masters");
+    let guard = set.lock(name.as_str()).await.expect("a majority");
+    assert_eq!(guard.granted().len(), 3);
+    drop(guard);
+}

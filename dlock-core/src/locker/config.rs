@@ -1,0 +1,755 @@
+//! A `Locker`'s whole configuration as data: written in code, read from the environment
+//! (`DLOCK_*` variables), or, with the `serde` feature, from any format serde reads.
+
+use std::fmt;
+use std::time::Duration;
+
+use super::url::redact_url;
+use super::{Locker, LockerBuilder};
+use crate::engine::Lease;
+use crate::error::LockError;
+use crate::masters::MasterSet;
+use crate::replication::ReplicaAck;
+
+/// Everything a [`Locker`] is built from, as data: where Redis is (one source of
+/// [`url`](Self::url), [`cluster`](Self::cluster), [`sentinels`](Self::sentinels) or
+/// [`masters`](Self::masters)) and every setting of [`LockerBuilder`]. Unset fields keep the
+/// builder's defaults.
+///
+/// Read it from the environment with [`from_env`](Self::from_env) (the variables are in
+/// [`ENV_VARS`](Self::ENV_VARS)), or, with the `serde` feature, from a configuration file:
+/// durations are written as people write them (`"250ms"`, `"30s"`, `"1m 30s"`), and unknown
+/// fields are refused.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), dlock_core::LockError> {
+/// use dlock_core::LockerConfig;
+///
+/// let config = LockerConfig::from_vars(|name| match name {
+///     "DLOCK_URL" => Some("redis://127.0.0.1:6379/".to_owned()),
+///     "DLOCK_DEFAULT_WAIT" => Some("3s".to_owned()),
+///     "DLOCK_CONNECT_LAZILY" => Some("true".to_owned()),
+///     _ => None,
+/// })?;
+/// assert_eq!(config.default_wait, Some(std::time::Duration::from_secs(3)));
+/// let locker = config.build().await?; // lazily: Redis may be down for now
+/// assert_eq!(locker.default_wait(), std::time::Duration::from_secs(3));
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(default, deny_unknown_fields))]
+#[non_exhaustive]
+pub struct LockerConfig {
+    /// One Redis server, or a master its replicas follow (`DLOCK_URL`;
+    /// [`LockerBuilder::url`]).
+    pub url: Option<String>,
+    /// A Redis Cluster's seed nodes (`DLOCK_CLUSTER_URLS`, comma-separated;
+    /// [`LockerBuilder::cluster`], feature `cluster`).
+    pub cluster: Vec<String>,
+    /// Redis Sentinel's sentinels (`DLOCK_SENTINEL_URLS`, comma-separated;
+    /// [`LockerBuilder::sentinel`], feature `sentinel`), with
+    /// [`sentinel_master`](Self::sentinel_master).
+    pub sentinels: Vec<String>,
+    /// The name the sentinels monitor the master under (`DLOCK_SENTINEL_MASTER`).
+    pub sentinel_master: Option<String>,
+    /// Independent masters, each a Redis URL, for a [`MasterSet`] that needs a majority of them
+    /// (`DLOCK_MASTERS`, comma-separated; [`build_master_set`](Self::build_master_set)).
+    pub masters: Vec<String>,
+    /// The prefix of every key (`DLOCK_PREFIX`; [`LockerBuilder::prefix`]).
+    pub prefix: Option<String>,
+    /// How long a request waits when it does not say (`DLOCK_DEFAULT_WAIT`;
+    /// [`LockerBuilder::default_wait`]).
+    #[cfg_attr(feature = "serde", serde(with = "durations::optional"))]
+    pub default_wait: Option<Duration>,
+    /// The default lease (`DLOCK_DEFAULT_LEASE`; [`LockerBuilder::default_lease`]): renewed by
+    /// the watchdog, unless [`fixed_lease`](Self::fixed_lease).
+    #[cfg_attr(feature = "serde", serde(with = "durations::optional"))]
+    pub default_lease: Option<Duration>,
+    /// The default lease is never renewed (`DLOCK_FIXED_LEASE`): `Lease::fixed`.
+    pub fixed_lease: bool,
+    /// How long an idle fencing counter lives: `Some(None)` is forever (`DLOCK_FENCE_TTL`,
+    /// a duration or `forever`; [`LockerBuilder::fence_ttl`]).
+    #[cfg_attr(feature = "serde", serde(with = "durations::fence_ttl"))]
+    pub fence_ttl: Option<Option<Duration>>,
+    /// The bound on every Redis command (`DLOCK_COMMAND_TIMEOUT`;
+    /// [`LockerBuilder::command_timeout`]).
+    #[cfg_attr(feature = "serde", serde(with = "durations::optional"))]
+    pub command_timeout: Option<Duration>,
+    /// The bound on connecting (`DLOCK_CONNECT_TIMEOUT`; [`LockerBuilder::connect_timeout`]).
+    #[cfg_attr(feature = "serde", serde(with = "durations::optional"))]
+    pub connect_timeout: Option<Duration>,
+    /// How often a waiter retries when wake-ups can't be delivered (`DLOCK_POLL_INTERVAL`;
+    /// [`LockerBuilder::poll_interval`]).
+    #[cfg_attr(feature = "serde", serde(with = "durations::optional"))]
+    pub poll_interval: Option<Duration>,
+    /// How long a fair lock's waiter keeps its place without an attempt
+    /// (`DLOCK_DEAD_WAITER_TIMEOUT`; [`LockerBuilder::dead_waiter_timeout`]).
+    #[cfg_attr(feature = "serde", serde(with = "durations::optional"))]
+    pub dead_waiter_timeout: Option<Duration>,
+    /// Whether a release hands the lock to a waiter of the same `Locker` (`DLOCK_HAND_OVER`;
+    /// [`LockerBuilder::hand_over`]).
+    pub hand_over: Option<bool>,
+    /// Build without connecting (`DLOCK_CONNECT_LAZILY`; [`LockerBuilder::connect_lazily`]).
+    pub connect_lazily: bool,
+    /// Label metrics with lock names (`DLOCK_METRICS_NAME_LABEL`;
+    /// [`LockerBuilder::metrics_name_label`]).
+    pub metrics_name_label: bool,
+    /// Keep lock names out of logs, spans and metric labels (`DLOCK_HIDE_NAMES`;
+    /// [`LockerBuilder::hide_names`]).
+    pub hide_names: bool,
+    /// A label on every lock taken, shown to operators (`DLOCK_HOLDER_LABEL`;
+    /// [`LockerBuilder::holder_label`]).
+    pub holder_label: Option<String>,
+    /// How many replicas acknowledge every lock write; `0` turns acknowledgement off
+    /// (`DLOCK_REPLICA_ACK`; [`LockerBuilder::replica_ack`],
+    /// [`LockerBuilder::without_replica_ack`]). Unset: the builder's default for the source.
+    pub replica_ack: Option<u32>,
+    /// How long a write waits for [`replica_ack`](Self::replica_ack) replicas
+    /// (`DLOCK_REPLICA_ACK_TIMEOUT`; default a quarter of the command timeout, at most 250 ms).
+    #[cfg_attr(feature = "serde", serde(with = "durations::optional"))]
+    pub replica_ack_timeout: Option<Duration>,
+}
+
+impl fmt::Debug for LockerConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let urls = |urls: &[String]| urls.iter().map(|u| redact_url(u)).collect::<Vec<_>>();
+        f.debug_struct("LockerConfig")
+            .field("url", &self.url.as_deref().map(redact_url))
+            .field("cluster", &urls(&self.cluster))
+            .field("sentinels", &urls(&self.sentinels))
+            .field("sentinel_master", &self.sentinel_master)
+            .field("masters", &urls(&self.masters))
+            .field("prefix", &self.prefix)
+            .field("default_wait", &self.default_wait)
+            .field("default_lease", &self.default_lease)
+            .field("fixed_lease", &self.fixed_lease)
+            .field("fence_ttl", &self.fence_ttl)
+            .field("command_timeout", &self.command_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("poll_interval", &self.poll_interval)
+            .field("dead_waiter_timeout", &self.dead_waiter_timeout)
+            .field("hand_over", &self.hand_over)
+            .field("connect_lazily", &self.connect_lazily)
+            .field("metrics_name_label", &self.metrics_name_label)
+            .field("hide_names", &self.hide_names)
+            .field("holder_label", &self.holder_label)
+            .field("replica_ack", &self.replica_ack)
+            .field("replica_ack_timeout", &self.replica_ack_timeout)
+            .finish()
+    }
+}
+
+/// A configuration value that could not be read: which variable, and what is wrong with its
+/// value. A URL's value is never repeated (it may hold a password).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{variable}: {problem}")]
+pub struct ConfigError {
+    variable: String,
+    problem: String,
+}
+
+impl ConfigError {
+    fn new(variable: &str, problem: impl Into<String>) -> Self {
+        Self {
+            variable: variable.to_owned(),
+            problem: problem.into(),
+        }
+    }
+
+    /// The variable (`DLOCK_DEFAULT_WAIT`).
+    pub fn variable(&self) -> &str {
+        &self.variable
+    }
+
+    /// What is wrong with its value.
+    pub fn problem(&self) -> &str {
+        &self.problem
+    }
+}
+
+impl From<ConfigError> for LockError {
+    fn from(err: ConfigError) -> Self {
+        LockError::Config(err.to_string())
+    }
+}
+
+impl LockerConfig {
+    /// Every variable [`from_env`](Self::from_env) reads, and what it sets.
+    pub const ENV_VARS: [(&'static str, &'static str); 21] = [
+        (
+            "DLOCK_URL",
+            "one Redis server: redis://[user:password@]host:6379[/db]",
+        ),
+        (
+            "DLOCK_CLUSTER_URLS",
+            "a Redis Cluster's seed nodes' URLs, comma-separated",
+        ),
+        (
+            "DLOCK_SENTINEL_URLS",
+            "the sentinels' URLs, comma-separated",
+        ),
+        (
+            "DLOCK_SENTINEL_MASTER",
+            "the name the sentinels monitor the master under",
+        ),
+        (
+            "DLOCK_MASTERS",
+            "independent masters' URLs, comma-separated (a MasterSet)",
+        ),
+        ("DLOCK_PREFIX", "the prefix of every key (default dlock:)"),
+        (
+            "DLOCK_DEFAULT_WAIT",
+            "how long a request waits by default (default 0s)",
+        ),
+        ("DLOCK_DEFAULT_LEASE", "the default lease (default 30s)"),
+        (
+            "DLOCK_FIXED_LEASE",
+            "true: the default lease is never renewed (default false)",
+        ),
+        (
+            "DLOCK_FENCE_TTL",
+            "an idle fencing counter's life, or forever (default 7days)",
+        ),
+        (
+            "DLOCK_COMMAND_TIMEOUT",
+            "the bound on every command (default 2s)",
+        ),
+        (
+            "DLOCK_CONNECT_TIMEOUT",
+            "the bound on connecting (default 2s)",
+        ),
+        (
+            "DLOCK_POLL_INTERVAL",
+            "how often a waiter retries without wake-ups (default 50ms)",
+        ),
+        (
+            "DLOCK_DEAD_WAITER_TIMEOUT",
+            "a fair waiter's place without an attempt (default 5s)",
+        ),
+        (
+            "DLOCK_HAND_OVER",
+            "hand a released lock to a local waiter (default true)",
+        ),
+        (
+            "DLOCK_CONNECT_LAZILY",
+            "build without connecting (default false)",
+        ),
+        (
+            "DLOCK_METRICS_NAME_LABEL",
+            "label metrics with lock names (default false)",
+        ),
+        (
+            "DLOCK_HIDE_NAMES",
+            "keep lock names out of logs and metrics (default false)",
+        ),
+        (
+            "DLOCK_HOLDER_LABEL",
+            "a label on every lock taken, shown to operators",
+        ),
+        (
+            "DLOCK_REPLICA_ACK",
+            "replicas that acknowledge each lock write; 0: none",
+        ),
+        (
+            "DLOCK_REPLICA_ACK_TIMEOUT",
+            "how long a write waits for them",
+        ),
+    ];
+
+    /// The configuration the `DLOCK_*` environment variables give ([`ENV_VARS`](Self::ENV_VARS));
+    /// a variable that is unset, or set to nothing, keeps the default. A value that can't be
+    /// read is a [`ConfigError`] naming the variable.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        let mut bad = None;
+        let config = Self::from_vars(|name| match std::env::var(name) {
+            Ok(value) => Some(value),
+            Err(std::env::VarError::NotPresent) => None,
+            Err(std::env::VarError::NotUnicode(_)) => {
+                bad.get_or_insert_with(|| ConfigError::new(name, "is not valid UTF-8"));
+                None
+            }
+        })?;
+        match bad {
+            Some(err) => Err(err),
+            None => Ok(config),
+        }
+    }
+
+    /// As [`from_env`](Self::from_env), with the variables looked up by `lookup` (a map, a
+    /// secrets store, a test's fixed values).
+    pub fn from_vars(mut lookup: impl FnMut(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let values: std::collections::HashMap<&str, String> = (Self::ENV_VARS.iter())
+            .filter_map(|&(name, _)| Some((name, lookup(name)?)))
+            .filter(|(_, value)| !value.trim().is_empty())
+            .collect();
+        let text = |name: &str| values.get(name).map(|v| v.trim().to_owned());
+        let duration = |name: &str| text(name).map(|v| duration(name, &v)).transpose();
+        let flag = |name: &str| text(name).map(|v| flag(name, &v)).transpose();
+        let url = text("DLOCK_URL");
+        if let Some(url) = &url {
+            check_url("DLOCK_URL", url, None)?;
+        }
+        Ok(Self {
+            url,
+            cluster: urls("DLOCK_CLUSTER_URLS", text("DLOCK_CLUSTER_URLS"))?,
+            sentinels: urls("DLOCK_SENTINEL_URLS", text("DLOCK_SENTINEL_URLS"))?,
+            sentinel_master: text("DLOCK_SENTINEL_MASTER"),
+            masters: urls("DLOCK_MASTERS", text("DLOCK_MASTERS"))?,
+            // Kept as written: a prefix or a label with spaces is refused by `build`, loudly.
+            prefix: values.get("DLOCK_PREFIX").cloned(),
+            default_wait: duration("DLOCK_DEFAULT_WAIT")?,
+            default_lease: duration("DLOCK_DEFAULT_LEASE")?,
+            fixed_lease: flag("DLOCK_FIXED_LEASE")?.unwrap_or(false),
+            fence_ttl: match text("DLOCK_FENCE_TTL") {
+                None => None,
+                Some(v) if v.eq_ignore_ascii_case("forever") => Some(None),
+                Some(_) => Some(duration("DLOCK_FENCE_TTL")?),
+            },
+            command_timeout: duration("DLOCK_COMMAND_TIMEOUT")?,
+            connect_timeout: duration("DLOCK_CONNECT_TIMEOUT")?,
+            poll_interval: duration("DLOCK_POLL_INTERVAL")?,
+            dead_waiter_timeout: duration("DLOCK_DEAD_WAITER_TIMEOUT")?,
+            hand_over: flag("DLOCK_HAND_OVER")?,
+            connect_lazily: flag("DLOCK_CONNECT_LAZILY")?.unwrap_or(false),
+            metrics_name_label: flag("DLOCK_METRICS_NAME_LABEL")?.unwrap_or(false),
+            hide_names: flag("DLOCK_HIDE_NAMES")?.unwrap_or(false),
+            holder_label: values.get("DLOCK_HOLDER_LABEL").cloned(),
+            replica_ack: match text("DLOCK_REPLICA_ACK") {
+                None => None,
+                Some(v) => Some(v.parse::<u32>().map_err(|_| {
+                    ConfigError::new(
+                        "DLOCK_REPLICA_ACK",
+                        format!("`{v}` is not a number of replicas (0 turns it off)"),
+                    )
+                })?),
+            },
+            replica_ack_timeout: duration("DLOCK_REPLICA_ACK_TIMEOUT")?,
+        })
+    }
+
+    /// A [`LockerBuilder`] with every setting of this configuration. Exactly one of
+    /// [`url`](Self::url), [`cluster`](Self::cluster) and [`sentinels`](Self::sentinels) must be
+    /// set ([`masters`](Self::masters) builds a [`MasterSet`] instead).
+    pub fn builder(&self) -> Result<LockerBuilder, LockError> {
+        let given: Vec<&str> = [
+            ("DLOCK_URL", self.url.is_some()),
+            ("DLOCK_CLUSTER_URLS", !self.cluster.is_empty()),
+            ("DLOCK_SENTINEL_URLS", !self.sentinels.is_empty()),
+            ("DLOCK_MASTERS", !self.masters.is_empty()),
+        ]
+        .into_iter()
+        .filter_map(|(name, set)| set.then_some(name))
+        .collect();
+        let builder = match given[..] {
+            [] => {
+                return Err(LockError::Config(
+                    "no Redis to lock on: set DLOCK_URL, DLOCK_CLUSTER_URLS, DLOCK_SENTINEL_URLS \
+                     (with DLOCK_SENTINEL_MASTER) or DLOCK_MASTERS"
+                        .into(),
+                ));
+            }
+            [_, _, ..] => {
+                return Err(LockError::Config(format!(
+                    "{} name different Redis deployments: set one of them",
+                    given.join(" and ")
+                )));
+            }
+            ["DLOCK_MASTERS"] => {
+                return Err(LockError::Config(
+                    "DLOCK_MASTERS names a set of masters: build it with `build_master_set`".into(),
+                ));
+            }
+            ["DLOCK_URL"] => Locker::builder().url(self.url.clone().unwrap_or_default()),
+            ["DLOCK_CLUSTER_URLS"] => self.cluster_builder()?,
+            _ => self.sentinel_builder()?,
+        };
+        Ok(self.settings(builder))
+    }
+
+    /// Builds the `Locker` ([`builder`](Self::builder), then [`LockerBuilder::build`]).
+    pub async fn build(&self) -> Result<Locker, LockError> {
+        self.builder()?.build().await
+    }
+
+    /// Builds a [`MasterSet`] over [`masters`](Self::masters), each master a `Locker` with this
+    /// configuration's settings, that holds a lock once a majority of them granted it
+    /// ([`MasterSet::majority`]).
+    pub async fn build_master_set(&self) -> Result<MasterSet, LockError> {
+        if self.masters.is_empty() {
+            return Err(LockError::Config(
+                "no masters: set DLOCK_MASTERS to the masters' URLs, comma-separated".into(),
+            ));
+        }
+        let mut lockers = Vec::with_capacity(self.masters.len());
+        for url in &self.masters {
+            lockers.push(
+                self.settings(Locker::builder().url(url.as_str()))
+                    .build()
+                    .await?,
+            );
+        }
+        MasterSet::majority(lockers)
+    }
+
+    #[cfg(feature = "cluster")]
+    fn cluster_builder(&self) -> Result<LockerBuilder, LockError> {
+        Ok(Locker::builder().cluster(self.cluster.iter().cloned()))
+    }
+
+    #[cfg(not(feature = "cluster"))]
+    fn cluster_builder(&self) -> Result<LockerBuilder, LockError> {
+        Err(LockError::Config(
+            "DLOCK_CLUSTER_URLS names a Redis Cluster: enable dlock-core's `cluster` feature"
+                .into(),
+        ))
+    }
+
+    #[cfg(feature = "sentinel")]
+    fn sentinel_builder(&self) -> Result<LockerBuilder, LockError> {
+        let master = self.sentinel_master.as_deref().ok_or_else(|| {
+            LockError::Config(
+                "DLOCK_SENTINEL_URLS needs DLOCK_SENTINEL_MASTER, the name the sentinels \
+                 monitor the master under"
+                    .into(),
+            )
+        })?;
+        Ok(Locker::builder().sentinel(self.sentinels.iter().cloned(), master))
+    }
+
+    #[cfg(not(feature = "sentinel"))]
+    fn sentinel_builder(&self) -> Result<LockerBuilder, LockError> {
+        Err(LockError::Config(
+            "DLOCK_SENTINEL_URLS names Redis Sentinel: enable dlock-core's `sentinel` feature"
+                .into(),
+        ))
+    }
+
+    /// `builder` with every setting but the source.
+    fn settings(&self, mut builder: LockerBuilder) -> LockerBuilder {
+        if let Some(prefix) = &self.prefix {
+            builder = builder.prefix(prefix.as_str());
+        }
+        if let Some(wait) = self.default_wait {
+            builder = builder.default_wait(wait);
+        }
+        if let Some(lease) = self.default_lease {
+            builder = builder.default_lease(match self.fixed_lease {
+                true => Lease::fixed(lease),
+                false => Lease::watchdog(lease),
+            });
+        }
+        if let Some(ttl) = self.fence_ttl {
+            builder = builder.fence_ttl(ttl);
+        }
+        if let Some(timeout) = self.command_timeout {
+            builder = builder.command_timeout(timeout);
+        }
+        if let Some(timeout) = self.connect_timeout {
+            builder = builder.connect_timeout(timeout);
+        }
+        if let Some(interval) = self.poll_interval {
+            builder = builder.poll_interval(interval);
+        }
+        if let Some(timeout) = self.dead_waiter_timeout {
+            builder = builder.dead_waiter_timeout(timeout);
+        }
+        if let Some(hand_over) = self.hand_over {
+            builder = builder.hand_over(hand_over);
+        }
+        if let Some(label) = &self.holder_label {
+            builder = builder.holder_label(label.as_str());
+        }
+        builder = builder
+            .connect_lazily(self.connect_lazily)
+            .metrics_name_label(self.metrics_name_label)
+            .hide_names(self.hide_names);
+        match self.replica_ack {
+            None => builder,
+            Some(0) => builder.without_replica_ack(),
+            Some(replicas) => {
+                let command = self
+                    .command_timeout
+                    .unwrap_or(crate::DEFAULT_COMMAND_TIMEOUT);
+                let timeout = self
+                    .replica_ack_timeout
+                    .unwrap_or((command / 4).min(Duration::from_millis(250)));
+                builder.replica_ack(ReplicaAck::new(replicas, timeout))
+            }
+        }
+    }
+}
+
+/// A duration as people write it.
+fn duration(name: &str, value: &str) -> Result<Duration, ConfigError> {
+    humantime::parse_duration(value.trim()).map_err(|e| {
+        ConfigError::new(
+            name,
+            format!(
+                "`{}` is not a duration ({e}; write it as 250ms, 5s, 1m 30s)",
+                value.trim()
+            ),
+        )
+    })
+}
+
+/// `true`/`false` (or `1`/`0`, `yes`/`no`, `on`/`off`).
+fn flag(name: &str, value: &str) -> Result<bool, ConfigError> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "true" | "1" | "yes" | "on" => Ok(true),
+        "false" | "0" | "no" | "off" => Ok(false),
+        other => Err(ConfigError::new(
+            name,
+            format!("`{other}` is not true or false"),
+        )),
+    }
+}
+
+/// A comma-separated list of URLs: each must parse; none is repeated in an error.
+fn urls(name: &str, value: Option<String>) -> Result<Vec<String>, ConfigError> {
+    let Some(value) = value else {
+        return Ok(Vec::new());
+    };
+    let urls: Vec<String> = (value.split(','))
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .map(str::to_owned)
+        .collect();
+    if urls.is_empty() {
+        return Err(ConfigError::new(name, "names no URL"));
+    }
+    for (i, url) in urls.iter().enumerate() {
+        check_url(name, url, Some(i + 1))?;
+    }
+    Ok(urls)
+}
+
+/// A Redis URL that parses; the error never repeats it.
+fn check_url(name: &str, url: &str, entry: Option<usize>) -> Result<(), ConfigError> {
+    let which = entry.map_or_else(|| "the value".to_owned(), |i| format!("entry {i}"));
+    let parsed = ::url::Url::parse(url).map_err(|e| {
+        ConfigError::new(
+            name,
+            format!("{which} is not a URL ({e}): write redis://[user:password@]host:port[/db]"),
+        )
+    })?;
+    match parsed.scheme() {
+        "redis" | "rediss" | "valkey" | "valkeys" | "redis+unix" | "unix" => Ok(()),
+        scheme => Err(ConfigError::new(
+            name,
+            format!(
+                "{which} is a `{scheme}` URL, not a Redis one (redis://, rediss://, redis+unix://)"
+            ),
+        )),
+    }
+}
+
+/// Durations in a configuration file, as people write them.
+#[cfg(feature = "serde")]
+mod durations {
+    use std::time::Duration;
+
+    use serde::{Deserialize as _, Deserializer, Serializer};
+
+    /// `Option<Duration>` as `"250ms"`, `"1m 30s"`.
+    pub(super) mod optional {
+        use super::*;
+
+        pub(crate) fn serialize<S: Serializer>(
+            value: &Option<Duration>,
+            s: S,
+        ) -> Result<S::Ok, S::Error> {
+            match value {
+                Some(d) => s.serialize_str(&humantime::format_duration(*d).to_string()),
+                None => s.serialize_none(),
+            }
+        }
+
+        pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
+            d: D,
+        ) -> Result<Option<Duration>, D::Error> {
+            let text = Option::<String>::deserialize(d)?;
+            text.map(|t| humantime::parse_duration(t.trim()).map_err(serde::de::Error::custom))
+                .transpose()
+        }
+    }
+
+    /// The fencing counter's TTL: a duration, or `"forever"`.
+    pub(super) mod fence_ttl {
+        use super::*;
+
+        pub(crate) fn serialize<S: Serializer>(
+            value: &Option<Option<Duration>>,
+            s: S,
+        ) -> Result<S::Ok, S::Error> {
+            match value {
+                Some(Some(d)) => s.serialize_str(&humantime::format_duration(*d).to_string()),
+                Some(None) => s.serialize_str("forever"),
+                None => s.serialize_none(),
+            }
+        }
+
+        pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
+            d: D,
+        ) -> Result<Option<Option<Duration>>, D::Error> {
+            match Option::<String>::deserialize(d)? {
+                None => Ok(None),
+                Some(t) if t.trim().eq_ignore_ascii_case("forever") => Ok(Some(None)),
+                Some(t) => humantime::parse_duration(t.trim())
+                    .map(|d| Some(Some(d)))
+                    .map_err(serde::de::Error::custom),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars(pairs: &[(&str, &str)]) -> Result<LockerConfig, ConfigError> {
+        LockerConfig::from_vars(|name| {
+            (pairs.iter())
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| (*v).to_owned())
+        })
+    }
+
+    #[test]
+    fn every_variable_is_read() {
+        let config = vars(&[
+            ("DLOCK_URL", " redis://:pw@127.0.0.1:6379/1 "),
+            ("DLOCK_PREFIX", "app:"),
+            ("DLOCK_DEFAULT_WAIT", "1m 30s"),
+            ("DLOCK_DEFAULT_LEASE", "10s"),
+            ("DLOCK_FIXED_LEASE", "yes"),
+            ("DLOCK_FENCE_TTL", "forever"),
+            ("DLOCK_COMMAND_TIMEOUT", "500ms"),
+            ("DLOCK_CONNECT_TIMEOUT", "1s"),
+            ("DLOCK_POLL_INTERVAL", "20ms"),
+            ("DLOCK_DEAD_WAITER_TIMEOUT", "3s"),
+            ("DLOCK_HAND_OVER", "off"),
+            ("DLOCK_CONNECT_LAZILY", "TRUE"),
+            ("DLOCK_METRICS_NAME_LABEL", "1"),
+            ("DLOCK_HIDE_NAMES", "true"),
+            ("DLOCK_HOLDER_LABEL", "web-3"),
+            ("DLOCK_REPLICA_ACK", "0"),
+            ("DLOCK_REPLICA_ACK_TIMEOUT", "100ms"),
+        ])
+        .unwrap();
+        let ms = Duration::from_millis;
+        assert_eq!(config.url.as_deref(), Some("redis://:pw@127.0.0.1:6379/1"));
+        assert_eq!(config.prefix.as_deref(), Some("app:"));
+        assert_eq!(config.default_wait, Some(ms(90_000)));
+        assert_eq!(
+            (config.default_lease, config.fixed_lease),
+            (Some(ms(10_000)), true)
+        );
+        assert_eq!(config.fence_ttl, Some(None));
+        assert_eq!(config.command_timeout, Some(ms(500)));
+        assert_eq!(config.connect_timeout, Some(ms(1000)));
+        assert_eq!(config.poll_interval, Some(ms(20)));
+        assert_eq!(config.dead_waiter_timeout, Some(ms(3000)));
+        assert_eq!(config.hand_over, Some(false));
+        assert!(config.connect_lazily && config.metrics_name_label && config.hide_names);
+        assert_eq!(config.holder_label.as_deref(), Some("web-3"));
+        assert_eq!(
+            (config.replica_ack, config.replica_ack_timeout),
+            (Some(0), Some(ms(100)))
+        );
+        let shown = format!("{config:?}");
+        assert!(!shown.contains("pw"), "{shown}");
+        // Every variable read is documented, and every documented one is read.
+        let mut asked = Vec::new();
+        let _ = LockerConfig::from_vars(|name| {
+            asked.push(name.to_owned());
+            None
+        });
+        asked.sort();
+        let mut documented: Vec<String> = LockerConfig::ENV_VARS
+            .iter()
+            .map(|(n, _)| (*n).to_owned())
+            .collect();
+        documented.sort();
+        assert_eq!(asked, documented);
+    }
+
+    #[test]
+    fn a_bad_value_names_its_variable_and_never_a_password() {
+        let err = |pairs: &[(&str, &str)]| vars(pairs).unwrap_err();
+        let e = err(&[("DLOCK_DEFAULT_WAIT", "3 parsecs")]);
+        assert_eq!(e.variable(), "DLOCK_DEFAULT_WAIT");
+        assert!(e.problem().contains("`3 parsecs` is not a duration"), "{e}");
+        let e = err(&[("DLOCK_HIDE_NAMES", "maybe")]);
+        assert_eq!(
+            e.to_string(),
+            "DLOCK_HIDE_NAMES: `maybe` is not true or false"
+        );
+        let e = err(&[("DLOCK_URL", "redis://:s3cret@host:port/")]);
+        assert_eq!(e.variable(), "DLOCK_URL");
+        assert!(!e.to_string().contains("s3cret"), "{e}");
+        let e = err(&[("DLOCK_CLUSTER_URLS", "redis://a:7000/, http://:s3cret@b/")]);
+        assert!(e.problem().starts_with("entry 2 is a `http` URL"), "{e}");
+        assert!(!e.to_string().contains("s3cret"), "{e}");
+        let e = err(&[("DLOCK_MASTERS", " , ")]);
+        assert_eq!(e.to_string(), "DLOCK_MASTERS: names no URL");
+        let e = err(&[("DLOCK_REPLICA_ACK", "two")]);
+        assert!(e.problem().contains("not a number of replicas"), "{e}");
+        // Set to nothing is unset.
+        assert_eq!(
+            vars(&[("DLOCK_DEFAULT_WAIT", " ")]).unwrap().default_wait,
+            None
+        );
+    }
+
+    #[test]
+    fn one_source_is_needed() {
+        let refused = |pairs: &[(&str, &str)]| vars(pairs).unwrap().builder().unwrap_err();
+        assert!(refused(&[]).to_string().contains("no Redis to lock on"));
+        let both = refused(&[
+            ("DLOCK_URL", "redis://a/"),
+            ("DLOCK_CLUSTER_URLS", "redis://b/"),
+        ]);
+        assert!(
+            both.to_string()
+                .contains("DLOCK_URL and DLOCK_CLUSTER_URLS"),
+            "{both}"
+        );
+        let masters = refused(&[("DLOCK_MASTERS", "redis://a/,redis://b/,redis://c/")]);
+        assert!(
+            masters.to_string().contains("build_master_set"),
+            "{masters}"
+        );
+        #[cfg(feature = "sentinel")]
+        {
+            let e = refused(&[("DLOCK_SENTINEL_URLS", "redis://s:26379/")]);
+            assert!(e.to_string().contains("DLOCK_SENTINEL_MASTER"), "{e}");
+        }
+    }
+
+    #[cfg(feature = "serde")]
+    #[test]
+    fn a_file_reads_durations_as_people_write_them() {
+        let config: LockerConfig = serde_json::from_str(
+            r#"{"url": "redis://127.0.0.1/", "default_wait": "3s", "fence_ttl": "forever",
+                "command_timeout": "1m 30s", "hide_names": true}"#,
+        )
+        .unwrap();
+        assert_eq!(config.default_wait, Some(Duration::from_secs(3)));
+        assert_eq!(config.fence_ttl, Some(None));
+        assert_eq!(config.command_timeout, Some(Duration::from_secs(90)));
+        assert!(config.hide_names);
+        let back: LockerConfig =
+            serde_json::from_str(&serde_json::to_string(&config).unwrap()).unwrap();
+        assert_eq!(back, config);
+        let unknown = serde_json::from_str::<LockerConfig>(r#"{"urls": "x"}"#).unwrap_err();
+        assert!(
+            unknown.to_string().contains("unknown field `urls`"),
+            "{unknown}"
+        );
+        let bad = serde_json::from_str::<LockerConfig>(r#"{"default_wait": "soon"}"#);
+        assert!(bad.is_err());
+    }
+}
