@@ -157,8 +157,8 @@ dlock-bench [--quick] [--only W1,W2,...] [--libs dlock,raw,...] [--duration SECO
   --rounds      rounds that time is cut into, libraries alternating (default 5; quick 2)
   --json-only   print only the JSON lines
 
-Starts its own redis-server on a free loopback port unless REDIS_URL is set; the
-scale-out modes always run on servers it starts (with REDIS_URL, only when named).";
+Starts its own redis-server on a free loopback port unless DLOCK_URL is set; the
+scale-out modes always run on servers it starts (with DLOCK_URL, only when named).";
 
 fn parse_args() -> Settings {
     let mut quick = false;
@@ -223,7 +223,7 @@ fn parse_args() -> Settings {
     }
     // Against the user's own server, the modes (which need servers of their own) run only
     // when asked for.
-    if libs.is_none() && std::env::var_os("REDIS_URL").is_some() {
+    if libs.is_none() && std::env::var_os("DLOCK_URL").is_some() {
         let single = (peers::Lib::ALL.iter()).filter(|l| l.mode().is_none() && l.by_default());
         libs = Some(single.map(|l| l.label().to_owned()).collect());
     }
@@ -258,11 +258,11 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
-    let local = match std::env::var("REDIS_URL") {
+    let local = match std::env::var("DLOCK_URL") {
         Ok(_) => None,
         Err(_) => Some(RedisServer::start()),
     };
-    let url = std::env::var("REDIS_URL")
+    let url = std::env::var("DLOCK_URL")
         .unwrap_or_else(|_| local.as_ref().map(RedisServer::url).unwrap_or_default());
     settings.url = url.clone();
     let modes: Vec<modes::Mode> = (workloads::libs(&settings).into_iter())

@@ -8,7 +8,7 @@ use std::process::Command;
 fn bench(args: &[&str]) -> String {
     let output = Command::new(env!("CARGO_BIN_EXE_dlock-bench"))
         .args(args)
-        .env_remove("REDIS_URL")
+        .env_remove("DLOCK_URL")
         .output()
         .expect("run dlock-bench");
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();

@@ -10,12 +10,15 @@
 //! dlock completions SHELL      shell completions
 //! ```
 //!
-//! `--url` (or `REDIS_URL`) names the server (`rediss://` for TLS, `--tls-ca FILE` to trust a
+//! `--url` (or `DLOCK_URL`) names the server (`rediss://` for TLS, `--tls-ca FILE` to trust a
 //! private certificate authority), `--cluster` (or `DLOCK_CLUSTER_URLS`) a Redis Cluster's seed
 //! nodes instead, `--sentinel` and `--master` (or `DLOCK_SENTINEL_URLS` and
 //! `DLOCK_SENTINEL_MASTER`) the sentinels that know the master, `--prefix` the key prefix the
 //! applications use, `--json` prints JSON instead of text, errors included. Durations are
-//! written as `250ms`, `5s`, `1m 30s`. The exit codes are [`EXIT_CODES`], which `--help` prints.
+//! written as `250ms`, `5s`, `1m 30s`. The other `DLOCK_*` variables of
+//! [`LockerConfig::from_env`](dlock_core::LockerConfig::from_env) (timeouts, TLS aside) apply as
+//! they do to an application's `Locker`. The exit codes are [`EXIT_CODES`], which `--help`
+//! prints.
 
 mod bench;
 mod check;
@@ -29,7 +32,7 @@ use std::time::Duration;
 
 use clap::parser::ValueSource;
 use clap::{CommandFactory as _, FromArgMatches as _, Parser, Subcommand};
-use dlock_core::{LockError, Locker, LockerBuilder, redis};
+use dlock_core::{LockError, Locker, LockerBuilder, LockerConfig, redis};
 use futures_util::{StreamExt as _, TryStreamExt as _};
 
 /// What each exit code means, as `--help` prints it.
@@ -54,14 +57,14 @@ struct Cli {
     /// The Redis server (`redis://[user:password@]host:6379[/db]`).
     #[arg(
         long,
-        env = "REDIS_URL",
+        env = "DLOCK_URL",
         default_value = "redis://127.0.0.1:6379/",
         global = true
     )]
     url: String,
     /// A Redis Cluster instead, through these seed nodes, comma-separated (one is enough; the
     /// others are discovered). On the command line, not with --url; from the environment, it
-    /// wins over REDIS_URL unless --url is given.
+    /// wins over DLOCK_URL unless --url is given.
     #[arg(
         long,
         env = "DLOCK_CLUSTER_URLS",
@@ -93,7 +96,12 @@ struct Cli {
     #[arg(long, value_name = "FILE", global = true)]
     tls_ca: Option<std::path::PathBuf>,
     /// The key prefix of the applications' `Locker`s.
-    #[arg(long, default_value = dlock_core::DEFAULT_PREFIX, global = true)]
+    #[arg(
+        long,
+        env = "DLOCK_PREFIX",
+        default_value = dlock_core::DEFAULT_PREFIX,
+        global = true
+    )]
     prefix: String,
     /// Print JSON instead of text (an error too, on standard error).
     #[arg(long, global = true)]
@@ -289,7 +297,7 @@ fn entries(list: &[String]) -> Vec<String> {
 
 impl Target {
     /// `--url`, `--cluster` or `--sentinel`, whichever was given on the command line; from the
-    /// environment, a cluster or sentinels win over `REDIS_URL`.
+    /// environment, a cluster or sentinels win over `DLOCK_URL`.
     fn of(cli: &Cli, matches: &clap::ArgMatches) -> Result<Self, Failure> {
         let on_command_line = |id| matches.value_source(id) == Some(ValueSource::CommandLine);
         let given: Vec<&str> = ["url", "cluster", "sentinel"]
@@ -361,33 +369,45 @@ impl Target {
     /// Where the user told us to look, for a message (no URL: it may carry a password).
     fn describe(&self) -> &'static str {
         match self {
-            Self::Url(_) => "Redis (--url, REDIS_URL)",
+            Self::Url(_) => "Redis (--url, DLOCK_URL)",
             Self::Cluster(_) => "the cluster (--cluster, DLOCK_CLUSTER_URLS)",
             Self::Sentinel { .. } => "the sentinels (--sentinel, DLOCK_SENTINEL_URLS)",
         }
     }
 }
 
-/// A `Locker` builder for `target` under `prefix`, with the command's timeouts; a URL or a
-/// certificate authority that does not parse is a bad argument (2).
+/// A `Locker` builder for `target` under `prefix`: the `DLOCK_*` settings of the environment
+/// ([`LockerConfig::from_env`]), the source the command line chose, and 2 s timeouts unless
+/// the environment sets others. A variable, URL or certificate authority that does not parse
+/// is a bad argument (2).
 fn builder(target: &Target, prefix: &str) -> Result<LockerBuilder, Failure> {
-    let builder = match target {
-        Target::Url(server) if server.ca.is_none() => Locker::builder().url(&server.url),
-        Target::Url(server) => {
+    let mut config = LockerConfig::from_env().map_err(|e| Failure::new(2, e.to_string()))?;
+    config.url = None;
+    config.cluster.clear();
+    config.sentinels.clear();
+    config.sentinel_master = None;
+    config.masters.clear();
+    match target {
+        Target::Url(server) => config.url = Some(server.url.clone()),
+        Target::Cluster(seeds) => config.cluster = seeds.clone(),
+        Target::Sentinel { urls, master } => {
+            config.sentinels = urls.clone();
+            config.sentinel_master = Some(master.clone());
+        }
+    }
+    config.prefix = Some(prefix.to_owned());
+    config.connect_timeout.get_or_insert(Duration::from_secs(2));
+    config.command_timeout.get_or_insert(Duration::from_secs(2));
+    let builder = config.builder()?;
+    match target {
+        Target::Url(server) if server.ca.is_some() => {
             let client = server
                 .client()
                 .map_err(|e| Failure::new(2, format!("bad URL or --tls-ca: {e}")))?;
-            Locker::builder().client(client)
+            Ok(builder.client(client))
         }
-        Target::Cluster(seeds) => Locker::builder().cluster(seeds.iter().cloned()),
-        Target::Sentinel { urls, master } => {
-            Locker::builder().sentinel(urls.iter().cloned(), master.as_str())
-        }
-    };
-    Ok(builder
-        .prefix(prefix)
-        .connect_timeout(Duration::from_secs(2))
-        .command_timeout(Duration::from_secs(2)))
+        _ => Ok(builder),
+    }
 }
 
 /// A `Locker` that could not be built: Redis out of reach (1) or a bad URL or prefix (2).

@@ -283,7 +283,7 @@ fn bench_errors_are_clear() {
     let out = dlock(&nobody, &["bench", "--duration", "1s"]);
     assert_eq!(out.status.code(), Some(1), "{}", errors(&out));
     assert!(
-        errors(&out).starts_with("dlock: cannot reach Redis (--url, REDIS_URL): "),
+        errors(&out).starts_with("dlock: cannot reach Redis (--url, DLOCK_URL): "),
         "{}",
         errors(&out)
     );
@@ -387,6 +387,23 @@ fn durations_are_written_as_people_write_them() {
         assert_eq!(out.status.code(), Some(2), "{bad}: {}", errors(&out));
         assert!(errors(&out).contains("--duration"), "{}", errors(&out));
     }
+}
+
+#[test]
+fn dlock_variables_configure_the_cli_as_an_application() {
+    let nobody = format!("redis://127.0.0.1:{}/", free_port());
+    let out = Command::new(env!("CARGO_BIN_EXE_dlock"))
+        .args(["show", "x"])
+        .env("DLOCK_URL", &nobody)
+        .env("DLOCK_COMMAND_TIMEOUT", "soon")
+        .output()
+        .expect("run dlock");
+    assert_eq!(out.status.code(), Some(2), "{}", errors(&out));
+    assert!(
+        errors(&out).contains("DLOCK_COMMAND_TIMEOUT: `soon` is not a duration"),
+        "{}",
+        errors(&out)
+    );
 }
 
 #[test]
@@ -499,7 +516,7 @@ async fn list_show_and_release_behind_sentinels() {
     // From the environment, as from the command line; and what is missing is named.
     let from_env = Command::new(env!("CARGO_BIN_EXE_dlock"))
         .args(["list"])
-        .env("REDIS_URL", &nobody)
+        .env("DLOCK_URL", &nobody)
         .env_remove("DLOCK_CLUSTER_URLS")
         .env("DLOCK_SENTINEL_URLS", &sentinels)
         .env("DLOCK_SENTINEL_MASTER", set.master_name())
@@ -579,7 +596,7 @@ async fn list_show_release_and_bench_on_a_cluster() {
         move || {
             Command::new(env!("CARGO_BIN_EXE_dlock"))
                 .args(["show", &name])
-                .env_remove("REDIS_URL")
+                .env_remove("DLOCK_URL")
                 .env("DLOCK_CLUSTER_URLS", seeds)
                 .output()
                 .expect("run dlock")

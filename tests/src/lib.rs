@@ -113,11 +113,14 @@ fn require_binary(binary: &str) {
     );
 }
 
-/// The Redis to use for a demo: `REDIS_URL` if set, otherwise a `redis-server` started here
+/// The Redis to use for a demo: `DLOCK_URL` if set, otherwise a `redis-server` started here
 /// (announced on stdout, killed when the returned server is dropped). A missing binary is an
 /// error message naming the install command, for the caller to print.
 pub fn redis_from_env_or_start() -> Result<(String, Option<RedisServer>), String> {
-    if let Ok(url) = std::env::var("REDIS_URL") {
+    if let Some(url) = std::env::var("DLOCK_URL")
+        .ok()
+        .filter(|u| !u.trim().is_empty())
+    {
         return Ok((url, None));
     }
     let binary = redis_binary();
@@ -130,7 +133,7 @@ pub fn redis_from_env_or_start() -> Result<(String, Option<RedisServer>), String
     if !found {
         return Err(format!(
             "`{binary}` was not found: install it with `apt-get install redis-server`, \
-             or set REDIS_URL to a running server"
+             or set DLOCK_URL to a running server"
         ));
     }
     let server = RedisServer::start();

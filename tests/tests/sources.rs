@@ -413,3 +413,23 @@ async fn a_locker_is_built_from_dlock_variables_for_every_deployment() {
     assert_eq!(guard.granted().len(), 3);
     drop(guard);
 }
+
+/// The README's configuration table lists exactly the variables `LockerConfig::from_env`
+/// reads.
+#[test]
+fn the_readme_lists_every_dlock_variable() {
+    let readme = include_str!("../../README.md");
+    let section = readme
+        .split("## Configuration")
+        .nth(1)
+        .and_then(|s| s.split("\n## ").next())
+        .expect("a Configuration section");
+    let listed: std::collections::BTreeSet<&str> = (section.lines())
+        .filter_map(|line| line.strip_prefix("| `DLOCK_"))
+        .filter_map(|rest| rest.split('`').next())
+        .collect();
+    let read: std::collections::BTreeSet<&str> = (dlock_core::LockerConfig::ENV_VARS.iter())
+        .map(|(name, _)| name.trim_start_matches("DLOCK_"))
+        .collect();
+    assert_eq!(listed, read);
+}

@@ -28,9 +28,9 @@ usage: cargo xtask <command>
 
   demo [ARGS]   build and run the flash-sale demo: three shop instances, one private
                 redis-server, 2,000 buyers, without locks then with them (ARGS: --exit to stop
-                after the table, --users N, --instances N; REDIS_URL to use your own Redis;
+                after the table, --users N, --instances N; DLOCK_URL to use your own Redis;
                 --cluster to lock on a private Redis Cluster of three masters and three
-                replicas instead, or on yours: REDIS_CLUSTER_URLS)
+                replicas instead, or on yours: DLOCK_CLUSTER_URLS)
   test          install what the test suite needs, then run it: the MSRV check of the
                 dependencies, doc tests, every test with cargo-nextest (the CI profile), then
                 the tests that talk to a server once more on Valkey
@@ -67,9 +67,9 @@ fn demo(args: Vec<String>) -> Result<(), String> {
     // The demo starts its own server (or cluster: redis-server and redis-cli, both brought by
     // the package) unless the environment names one.
     let own = if args.iter().any(|a| a == "--cluster") {
-        "REDIS_CLUSTER_URLS"
+        "DLOCK_CLUSTER_URLS"
     } else {
-        "REDIS_URL"
+        "DLOCK_URL"
     };
     if std::env::var_os(own).is_none() {
         ensure(&[REDIS])?;

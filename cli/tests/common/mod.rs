@@ -2,11 +2,11 @@
 
 use std::process::{Command, Output};
 
-/// Runs `dlock ARGS` with `REDIS_URL=url` (and no cluster or sentinels from the environment).
+/// Runs `dlock ARGS` with `DLOCK_URL=url` (and no cluster or sentinels from the environment).
 pub(crate) fn dlock(url: &str, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_dlock"))
         .args(args)
-        .env("REDIS_URL", url)
+        .env("DLOCK_URL", url)
         .env_remove("DLOCK_CLUSTER_URLS")
         .env_remove("DLOCK_SENTINEL_URLS")
         .env_remove("DLOCK_SENTINEL_MASTER")

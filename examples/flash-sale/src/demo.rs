@@ -182,8 +182,8 @@ pub enum OwnRedis {
     Cluster(dlock_tests::RedisCluster),
 }
 
-/// The demo's Redis. Without `cluster`: `REDIS_URL` if set, else a private `redis-server` on a
-/// free port. With `cluster`: `REDIS_CLUSTER_URLS` if set, else a private cluster of three
+/// The demo's Redis. Without `cluster`: `DLOCK_URL` if set, else a private `redis-server` on a
+/// free port. With `cluster`: `DLOCK_CLUSTER_URLS` if set, else a private cluster of three
 /// masters and three replicas on free ports. What it starts is announced on stdout and killed
 /// when the returned [`OwnRedis`] is dropped; a missing binary is an error naming the install
 /// command.

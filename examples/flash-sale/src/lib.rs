@@ -28,8 +28,8 @@
 //!   statement (`stock = stock - 1 WHERE stock > 0`) that can't oversell.
 //! - `--no-locks` runs the same code without the locks (and so without tokens to fence with),
 //!   to show what they prevent.
-//! - The locks live on one Redis server (`REDIS_URL`) or on a Redis Cluster
-//!   (`REDIS_CLUSTER_URLS`, its seed URLs comma-separated), as [`server`] describes; each lock
+//! - The locks live on one Redis server (`DLOCK_URL`) or on a Redis Cluster
+//!   (`DLOCK_CLUSTER_URLS`, its seed URLs comma-separated), as [`server`] describes; each lock
 //!   lives in its name's slot, so the shop's locks spread over the cluster's masters.
 //!
 //! The API, its bounds and its one error format are in [`routes`].

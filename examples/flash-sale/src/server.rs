@@ -1,9 +1,11 @@
-//! One shop instance as a process: `[--port N] [--no-locks]`, with Redis at `REDIS_URL` (default
-//! `redis://127.0.0.1:6379/`) or a Redis Cluster at `REDIS_CLUSTER_URLS` (its seed nodes' URLs,
+//! One shop instance as a process: `[--port N] [--no-locks]`, with its `Locker` configured by
+//! dlock's `DLOCK_*` variables (`LockerConfig::from_env`): Redis at `DLOCK_URL` (default
+//! `redis://127.0.0.1:6379/`) or a Redis Cluster at `DLOCK_CLUSTER_URLS` (its seed nodes' URLs,
 //! comma-separated: `redis://127.0.0.1:7000/,redis://127.0.0.1:7001/`; one reachable node is
 //! enough, the client finds the others), and `DATABASE_URL` (default: a SQLite file
 //! `flash-sale.db` in the current directory; `postgres://…` for PostgreSQL). Setting both Redis
-//! variables is an error.
+//! variables is an error. The shop's own defaults — a 2 s bound on connecting and on each
+//! command, a 3 s wait, connecting lazily — apply where the variables say nothing.
 //!
 //! The instance starts whether or not Redis (or the cluster) is up: its `Locker` connects on
 //! first use and reconnects by itself ([`locker`], [`cluster_locker`]). Until Redis answers, the
@@ -13,77 +15,65 @@
 
 use std::time::Duration;
 
-use dlock_core::Locker;
+use dlock_core::{Locker, LockerConfig};
 
 use crate::routes::LOCK_WAIT;
 
-/// The environment variable with the URL of one Redis server.
-pub const REDIS_URL_ENV: &str = "REDIS_URL";
+/// The environment variable with the URL of one Redis server (dlock's own).
+pub const REDIS_URL_ENV: &str = "DLOCK_URL";
 
-/// The environment variable with a Redis Cluster's seed URLs, comma-separated.
-pub const REDIS_CLUSTER_URLS_ENV: &str = "REDIS_CLUSTER_URLS";
+/// The environment variable with a Redis Cluster's seed URLs, comma-separated (dlock's own).
+pub const REDIS_CLUSTER_URLS_ENV: &str = "DLOCK_CLUSTER_URLS";
 
-/// The Redis of `REDIS_URL` when neither variable is set.
+/// The Redis of `DLOCK_URL` when neither variable is set.
 pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379/";
 
 /// Where an instance's locks live.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RedisTarget {
-    /// One Redis server, by URL (`REDIS_URL`).
+    /// One Redis server, by URL (`DLOCK_URL`).
     Server(String),
-    /// A Redis Cluster, by its seed nodes' URLs (`REDIS_CLUSTER_URLS`).
+    /// A Redis Cluster, by its seed nodes' URLs (`DLOCK_CLUSTER_URLS`).
     Cluster(Vec<String>),
 }
 
 impl RedisTarget {
-    /// From the environment: `REDIS_CLUSTER_URLS` or `REDIS_URL` (not both), else
+    /// From the environment: `DLOCK_CLUSTER_URLS` or `DLOCK_URL` (not both), else
     /// [`DEFAULT_REDIS_URL`].
     pub fn from_env() -> Result<Self, String> {
-        Self::from_vars(
-            std::env::var(REDIS_URL_ENV).ok(),
-            std::env::var(REDIS_CLUSTER_URLS_ENV).ok(),
-        )
+        Self::from_config(&LockerConfig::from_env().map_err(|e| e.to_string())?)
     }
 
-    /// From the values of `REDIS_URL` and `REDIS_CLUSTER_URLS` (an empty value counts as unset).
+    /// From the values of `DLOCK_URL` and `DLOCK_CLUSTER_URLS` (an empty value counts as unset).
     pub fn from_vars(url: Option<String>, cluster: Option<String>) -> Result<Self, String> {
-        let url = url.filter(|u| !u.trim().is_empty());
-        let cluster = cluster.filter(|c| !c.trim().is_empty());
-        match (url, cluster) {
-            (Some(_), Some(_)) => Err(format!(
+        let config = LockerConfig::from_vars(|name| match name {
+            REDIS_URL_ENV => url.clone(),
+            REDIS_CLUSTER_URLS_ENV => cluster.clone(),
+            _ => None,
+        })
+        .map_err(|e| e.to_string())?;
+        Self::from_config(&config)
+    }
+
+    /// The source `config` names: one server or a cluster (not both), else
+    /// [`DEFAULT_REDIS_URL`]. Sentinel and independent masters are refused: the shop runs on
+    /// one Redis or one Redis Cluster.
+    pub fn from_config(config: &LockerConfig) -> Result<Self, String> {
+        if !config.sentinels.is_empty() || !config.masters.is_empty() {
+            return Err(format!(
+                "the shop runs on one Redis ({REDIS_URL_ENV}) or one Redis Cluster \
+                 ({REDIS_CLUSTER_URLS_ENV}): unset DLOCK_SENTINEL_URLS and DLOCK_MASTERS"
+            ));
+        }
+        match (&config.url, config.cluster.is_empty()) {
+            (Some(_), false) => Err(format!(
                 "both {REDIS_URL_ENV} and {REDIS_CLUSTER_URLS_ENV} are set: set one \
                  ({REDIS_URL_ENV} for one server, {REDIS_CLUSTER_URLS_ENV} for a cluster)"
             )),
-            (Some(url), None) => Ok(Self::Server(url.trim().to_owned())),
-            (None, Some(urls)) => Self::cluster_from(&urls),
-            (None, None) => Ok(Self::Server(DEFAULT_REDIS_URL.to_owned())),
+            (Some(url), true) => Ok(Self::Server(url.clone())),
+            (None, false) => Ok(Self::Cluster(config.cluster.clone())),
+            (None, true) => Ok(Self::Server(DEFAULT_REDIS_URL.to_owned())),
         }
-    }
-
-    /// A cluster from a comma-separated list of seed URLs (`redis://` or `rediss://`).
-    fn cluster_from(list: &str) -> Result<Self, String> {
-        let urls: Vec<String> = list
-            .split(',')
-            .map(str::trim)
-            .filter(|u| !u.is_empty())
-            .map(str::to_owned)
-            .collect();
-        if urls.is_empty() {
-            return Err(format!(
-                "{REDIS_CLUSTER_URLS_ENV} names no URL; give the seed nodes' URLs, \
-                 comma-separated: redis://127.0.0.1:7000/,redis://127.0.0.1:7001/"
-            ));
-        }
-        if let Some(bad) = urls
-            .iter()
-            .find(|u| !(u.starts_with("redis://") || u.starts_with("rediss://")))
-        {
-            return Err(format!(
-                "{REDIS_CLUSTER_URLS_ENV}: `{}` is not a redis:// or rediss:// URL",
-                shown(bad)
-            ));
-        }
-        Ok(Self::Cluster(urls))
     }
 
     /// What it is, for people: "one Redis" or "one Redis Cluster".
@@ -92,15 +82,6 @@ impl RedisTarget {
             Self::Server(_) => "one Redis",
             Self::Cluster(_) => "one Redis Cluster",
         }
-    }
-}
-
-/// `entry` as it may be shown in an error: without what could be a password (anything before
-/// an `@`).
-fn shown(entry: &str) -> String {
-    match entry.rsplit_once('@') {
-        Some((_, host)) => format!("…@{host}"),
-        None => entry.to_owned(),
     }
 }
 
@@ -113,6 +94,8 @@ pub struct ServerConfig {
     pub locks: bool,
     /// Redis: one server or a cluster.
     pub redis: RedisTarget,
+    /// The `Locker`'s other settings, from dlock's `DLOCK_*` variables (its source is `redis`).
+    pub dlock: LockerConfig,
     /// The database.
     pub database_url: String,
     /// Buyers of one voucher let into the order path at once, across instances.
@@ -120,9 +103,9 @@ pub struct ServerConfig {
 }
 
 /// The instance's command line.
-pub const USAGE: &str = "[--port N] [--no-locks] [--buyers-per-voucher N]   (env: REDIS_URL, or REDIS_CLUSTER_URLS=\
-redis://127.0.0.1:7000/,redis://127.0.0.1:7001/ for a Redis Cluster; DATABASE_URL, RUST_LOG, \
-LOG_FORMAT=json)";
+pub const USAGE: &str = "[--port N] [--no-locks] [--buyers-per-voucher N]   (env: DLOCK_URL, or DLOCK_CLUSTER_URLS=\
+redis://127.0.0.1:7000/,redis://127.0.0.1:7001/ for a Redis Cluster, and dlock's other DLOCK_* \
+settings; DATABASE_URL, RUST_LOG, LOG_FORMAT=json)";
 
 /// The bound on each Redis command and on connecting.
 pub const REDIS_TIMEOUT: Duration = Duration::from_secs(2);
@@ -130,10 +113,12 @@ pub const REDIS_TIMEOUT: Duration = Duration::from_secs(2);
 impl ServerConfig {
     /// Reads the arguments (after the program name) and the environment; `None` for `--help`.
     pub fn from_args(args: impl IntoIterator<Item = String>) -> Result<Option<Self>, String> {
+        let dlock = LockerConfig::from_env().map_err(|e| e.to_string())?;
         let mut config = ServerConfig {
             port: 8080,
             locks: true,
-            redis: RedisTarget::from_env()?,
+            redis: RedisTarget::from_config(&dlock)?,
+            dlock,
             database_url: std::env::var("DATABASE_URL")
                 .unwrap_or_else(|_| "sqlite://flash-sale.db?mode=rwc".to_owned()),
             buyers_per_voucher: crate::BUYERS_PER_VOUCHER,
@@ -163,50 +148,51 @@ impl ServerConfig {
     }
 }
 
-/// A `Locker` for `redis_url` that does not need Redis up to be built: `connect_lazily` opens
-/// the connection at the first command and again after a failure, so the shop starts while
-/// Redis is down and its locked routes answer 503 until Redis is back.
-pub async fn locker(redis_url: &str) -> Result<Locker, String> {
-    Locker::builder()
-        .url(redis_url)
-        .connect_lazily(true)
-        .connect_timeout(REDIS_TIMEOUT)
-        .command_timeout(REDIS_TIMEOUT)
-        .default_wait(LOCK_WAIT)
-        .build()
-        .await
-        .map_err(|e| format!("Locker: {e}"))
-}
-
-/// A `Locker` on the Redis Cluster reached through `seed_urls`, built without connecting: the
-/// first command fetches the cluster's slot map (and the next one again, if that failed), so the
-/// shop starts while the cluster is down. It follows `MOVED`/`ASK` through resharding and
-/// failovers, and waiters are woken through sharded pub/sub.
-pub async fn cluster_locker(seed_urls: &[String]) -> Result<Locker, String> {
-    Locker::builder()
-        .cluster(seed_urls)
-        .connect_lazily(true)
-        .connect_timeout(REDIS_TIMEOUT)
-        .command_timeout(REDIS_TIMEOUT)
-        .default_wait(LOCK_WAIT)
-        .build()
-        .await
-        .map_err(|e| format!("Locker on the Redis Cluster: {e}"))
-}
-
-/// The `Locker` for `redis`: [`locker`] or [`cluster_locker`].
-pub async fn locker_for(redis: &RedisTarget) -> Result<Locker, String> {
+/// A `Locker` for `redis` with the `settings` of dlock's `DLOCK_*` variables, and the shop's
+/// defaults where they say nothing: a 2 s bound on connecting and on each command, and a 3 s
+/// wait. It is always built without connecting (`connect_lazily`): the first command connects
+/// (on a cluster, fetches the slot map), and again after a failure, so the shop starts while
+/// Redis is down and its locked routes answer 503 until Redis is back. On a cluster it follows
+/// `MOVED`/`ASK` through resharding and failovers, and waiters are woken through sharded
+/// pub/sub.
+pub async fn locker_with(redis: &RedisTarget, settings: &LockerConfig) -> Result<Locker, String> {
+    let mut config = settings.clone();
+    config.url = None;
+    config.cluster.clear();
     match redis {
-        RedisTarget::Server(url) => locker(url).await,
-        RedisTarget::Cluster(urls) => cluster_locker(urls).await,
+        RedisTarget::Server(url) => config.url = Some(url.clone()),
+        RedisTarget::Cluster(urls) => config.cluster = urls.clone(),
     }
+    config.connect_lazily = true;
+    config.connect_timeout.get_or_insert(REDIS_TIMEOUT);
+    config.command_timeout.get_or_insert(REDIS_TIMEOUT);
+    config.default_wait.get_or_insert(LOCK_WAIT);
+    config
+        .build()
+        .await
+        .map_err(|e| format!("Locker on {}: {e}", redis.describe()))
+}
+
+/// The `Locker` for `redis` with the shop's defaults alone ([`locker_with`]).
+pub async fn locker_for(redis: &RedisTarget) -> Result<Locker, String> {
+    locker_with(redis, &LockerConfig::default()).await
+}
+
+/// A `Locker` for one Redis server at `redis_url` ([`locker_for`]).
+pub async fn locker(redis_url: &str) -> Result<Locker, String> {
+    locker_for(&RedisTarget::Server(redis_url.to_owned())).await
+}
+
+/// A `Locker` on the Redis Cluster reached through `seed_urls` ([`locker_for`]).
+pub async fn cluster_locker(seed_urls: &[String]) -> Result<Locker, String> {
+    locker_for(&RedisTarget::Cluster(seed_urls.to_vec())).await
 }
 
 /// Builds the instance (schema brought up to date), then serves until the process gets Ctrl-C
 /// or `SIGTERM`, letting requests in flight finish.
 pub async fn serve(config: ServerConfig) -> Result<(), String> {
     crate::telemetry::init();
-    let locker = locker_for(&config.redis).await?;
+    let locker = locker_with(&config.redis, &config.dlock).await?;
     let mut app = crate::app(&config.database_url, locker, config.locks)
         .await
         .map_err(|e| format!("database: {e}"))?;
@@ -281,7 +267,7 @@ mod tests {
         let none = vars(None, Some(",")).unwrap_err();
         assert!(none.contains("names no URL"), "{none}");
         let bad = vars(None, Some("redis://a:7000/,http://user:secret@b:80/")).unwrap_err();
-        assert!(bad.contains("is not a redis:// or rediss:// URL"), "{bad}");
+        assert!(bad.contains("entry 2 is a `http` URL"), "{bad}");
         assert!(!bad.contains("secret"), "{bad}");
     }
 }

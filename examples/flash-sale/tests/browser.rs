@@ -133,7 +133,7 @@ impl Instance {
         let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_flash-sale"))
             .arg("--port")
             .arg(port.to_string())
-            .env("REDIS_URL", redis_url)
+            .env("DLOCK_URL", redis_url)
             .env("DATABASE_URL", database_url)
             .stdin(Stdio::null())
             .stdout(Stdio::null())

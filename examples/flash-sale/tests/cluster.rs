@@ -201,7 +201,7 @@ async fn bad_cluster_settings_stop_an_instance_with_a_reason() {
         (vec![(REDIS_CLUSTER_URLS_ENV, " , ")], "names no URL"),
         (
             vec![(REDIS_CLUSTER_URLS_ENV, "127.0.0.1:7000")],
-            "is not a redis:// or rediss:// URL",
+            "DLOCK_CLUSTER_URLS: entry 1 is not a URL",
         ),
         (
             vec![

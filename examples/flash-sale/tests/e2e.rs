@@ -58,7 +58,7 @@ async fn two_instances_with_locks_never_duplicate_or_oversell() {
 async fn the_demo_command_prints_both_rounds_side_by_side() {
     let demo = tokio::process::Command::new(env!("CARGO_BIN_EXE_demo"))
         .args(["--exit", "--users", "300", "--instances", "2"])
-        .env_remove("REDIS_URL")
+        .env_remove("DLOCK_URL")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -1,13 +1,14 @@
 //! Two processes contend for one lock.
 //!
-//! `cargo run -p quickstart` starts a `redis-server` on a free port (unless `REDIS_URL` is set),
+//! `cargo run -p quickstart` starts a `redis-server` on a free port (unless `DLOCK_URL` is set),
 //! then runs two copies of itself that each take the lock `quickstart:report` three times, hold
 //! it for a moment and release it. The output shows the holders taking turns, never overlapping,
-//! each hold with a higher fencing token than the one before.
+//! each hold with a higher fencing token than the one before. Each worker builds its `Locker`
+//! from the `DLOCK_*` environment variables (`LockerConfig::from_env`), as a service would.
 
 use std::time::{Duration, Instant};
 
-use dlock_core::{LockError, Locker};
+use dlock_core::{LockError, LockerConfig};
 
 const NAME: &str = "quickstart:report";
 
@@ -37,7 +38,7 @@ async fn orchestrate() -> Result<(), String> {
     for who in ["A", "B"] {
         let child = tokio::process::Command::new(&exe)
             .args(["--worker", who])
-            .env("REDIS_URL", &url)
+            .env("DLOCK_URL", &url)
             .kill_on_drop(true)
             .spawn()
             .map_err(|e| format!("start worker {who}: {e}"))?;
@@ -55,8 +56,8 @@ async fn orchestrate() -> Result<(), String> {
 
 /// One process: take the lock three times, hold it, release it.
 async fn worker(who: &str) -> Result<(), String> {
-    let url = std::env::var("REDIS_URL").map_err(|_| "REDIS_URL is not set".to_owned())?;
-    let locker = Locker::connect(&url).await.map_err(|e| e.to_string())?;
+    let config = LockerConfig::from_env().map_err(|e| e.to_string())?;
+    let locker = config.build().await.map_err(|e| e.to_string())?;
     let started = Instant::now();
     for round in 1..=3 {
         let guard = match locker.lock(NAME).wait(Duration::from_secs(10)).await {

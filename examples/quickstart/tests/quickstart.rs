@@ -5,7 +5,7 @@ use std::process::Command;
 #[test]
 fn two_processes_take_turns_with_rising_fencing_tokens() {
     let output = Command::new(env!("CARGO_BIN_EXE_quickstart"))
-        .env_remove("REDIS_URL")
+        .env_remove("DLOCK_URL")
         .output()
         .expect("run quickstart");
     let stdout = String::from_utf8_lossy(&output.stdout);

@@ -3,8 +3,8 @@
 //! person to open in a browser.
 //!
 //! `demo [--exit] [--users N] [--instances N] [--cluster]`. `--exit` ends after the table (for
-//! tests and CI). Redis: `REDIS_URL`, or a `redis-server` started on a free port. With
-//! `--cluster`, the instances lock on a Redis Cluster instead: `REDIS_CLUSTER_URLS` (seed URLs,
+//! tests and CI). Redis: `DLOCK_URL`, or a `redis-server` started on a free port. With
+//! `--cluster`, the instances lock on a Redis Cluster instead: `DLOCK_CLUSTER_URLS` (seed URLs,
 //! comma-separated), or a cluster of three masters and three replicas started on free ports
 //! (it needs `redis-cli` too, to create it).
 
@@ -14,7 +14,7 @@ use flash_sale::loadgen::{self, LoadConfig};
 use flash_sale::{NewVoucher, demo, now_ms, server};
 
 const USAGE: &str = "demo [--exit] [--users N] [--instances N] [--cluster]   \
-(env: REDIS_URL; with --cluster, REDIS_CLUSTER_URLS)";
+(env: DLOCK_URL; with --cluster, DLOCK_CLUSTER_URLS)";
 
 fn number<T: std::str::FromStr>(flag: &str, value: Option<String>) -> Result<T, String> {
     value

@@ -1,5 +1,5 @@
-//! One shop instance: `flash-sale [--port N] [--no-locks]`, with `REDIS_URL` (one server) or
-//! `REDIS_CLUSTER_URLS` (a Redis Cluster's seed URLs, comma-separated), and `DATABASE_URL`
+//! One shop instance: `flash-sale [--port N] [--no-locks]`, with `DLOCK_URL` (one server) or
+//! `DLOCK_CLUSTER_URLS` (a Redis Cluster's seed URLs, comma-separated), and `DATABASE_URL`
 //! (default: a SQLite file `flash-sale.db` in the current directory).
 
 use std::process::ExitCode;
