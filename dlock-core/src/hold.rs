@@ -60,8 +60,8 @@ pub(crate) struct HoldState {
     /// Notified whenever the deadline may have moved earlier.
     deadline_moved: tokio::sync::Notify,
     pub(crate) acquired_at: Instant,
-    /// The `name` label of this hold's metrics, if the `Locker` asked for one.
-    pub(crate) label: Option<String>,
+    /// The labels of this hold's metrics.
+    pub(crate) labels: crate::metrics::Labels,
     lost: Signal,
     loss: OnceLock<LossReason>,
     /// Set by the last release: a released hold is never reported lost.
@@ -169,7 +169,7 @@ impl HoldState {
         watchdog: bool,
         lease: Duration,
         (sent_at, acquired_at): (Instant, Instant),
-        label: Option<String>,
+        labels: crate::metrics::Labels,
     ) -> Self {
         Self {
             id,
@@ -190,7 +190,7 @@ impl HoldState {
             }),
             deadline_moved: tokio::sync::Notify::new(),
             acquired_at,
-            label,
+            labels,
             lost: Signal::default(),
             loss: OnceLock::new(),
             released: Signal::default(),
@@ -325,12 +325,7 @@ impl HoldState {
                 LossReason::Expired => "expired",
                 LossReason::Gone => "gone",
             };
-            crate::metrics::count_with(
-                crate::metrics::LOST,
-                "reason",
-                reason_label,
-                self.label.as_deref(),
-            );
+            crate::metrics::count_with(crate::metrics::LOST, "reason", reason_label, &self.labels);
             tracing::warn!(
                 name = self.name.for_logs(),
                 fencing_token = self.known_fence(),

@@ -5,16 +5,19 @@
 //!
 //! | metric | type | unit | labels | what it counts |
 //! |---|---|---|---|---|
-//! | `dlock_acquired_total` | counter | | `name`¹ | acquisitions (re-entries not counted) |
-//! | `dlock_busy_total` | counter | | `name`¹ | calls that ended with the lock still busy: `try_lock` finding it held, and waits that ran out |
-//! | `dlock_timeout_total` | counter | | `name`¹ | waits that ran out, returned as `LockError::Busy` (a subset of `dlock_busy_total`) |
-//! | `dlock_wait_seconds` | histogram | seconds | `name`¹ | time from the call to the acquisition |
-//! | `dlock_hold_seconds` | histogram | seconds | `name`¹ | time from the acquisition to the last guard letting go |
-//! | `dlock_released_total` | counter | | `name`¹ | final releases that found the lock still held |
-//! | `dlock_release_failed_total` | counter | | `outcome`, `name`¹ | final releases that did not: `outcome` is `expired`, `taken_over` or `unreachable` |
-//! | `dlock_lost_total` | counter | | `reason`, `name`¹ | holds lost while held: `reason` is `expired` (no renewal in time) or `gone` (deleted or taken over) |
+//! | `dlock_acquired_total` | counter | | `kind`, `name`¹ | acquisitions (re-entries not counted) |
+//! | `dlock_busy_total` | counter | | `kind`, `name`¹ | calls that ended with the lock still busy: `try_lock` finding it held, and waits that ran out |
+//! | `dlock_timeout_total` | counter | | `kind`, `name`¹ | waits that ran out, returned as `LockError::Busy` (a subset of `dlock_busy_total`) |
+//! | `dlock_wait_seconds` | histogram | seconds | `kind`, `name`¹ | time from the call to the acquisition |
+//! | `dlock_hold_seconds` | histogram | seconds | `kind`, `name`¹ | time from the acquisition to the last guard letting go |
+//! | `dlock_released_total` | counter | | `kind`, `name`¹ | final releases that found the lock still held |
+//! | `dlock_release_failed_total` | counter | | `outcome`, `kind`, `name`¹ | final releases that did not: `outcome` is `expired`, `taken_over` or `unreachable` |
+//! | `dlock_lost_total` | counter | | `reason`, `kind`, `name`¹ | holds lost while held: `reason` is `expired` (no renewal in time) or `gone` (deleted or taken over) |
 //! | `dlock_renewed_total` | counter | | | lease renewals applied by the watchdog |
 //! | `dlock_renew_errors_total` | counter | | | watchdog rounds that could not reach Redis |
+//!
+//! `kind` says what was held: `lock` (a plain lock, one of a multi-lock's locks too), `fair`,
+//! `write` and `read` (a read-write lock's writer and readers) or `permit` (a semaphore's).
 //!
 //! ¹ Only when the `Locker` was built with
 //! [`metrics_name_label(true)`](crate::LockerBuilder::metrics_name_label), and never for a
@@ -96,33 +99,61 @@ pub fn describe() {
     describe_counter!(RENEW_ERRORS, "Watchdog rounds that could not reach Redis.");
 }
 
-/// The `name` label's value for `name`, when the `Locker` asked for it and the name is shown.
-pub(crate) fn name_label(enabled: bool, name: &LockName) -> Option<String> {
-    (enabled && !name.is_hidden()).then(|| name.as_str().to_owned())
+/// The labels of one hold's or request's metrics: its kind, and its name when the `Locker`
+/// asked for the name label and the name is shown.
+#[derive(Debug, Clone)]
+pub(crate) struct Labels {
+    kind: &'static str,
+    name: Option<String>,
 }
 
-pub(crate) fn count(metric: &'static str, name: Option<&str>, by: u64) {
-    match name {
-        Some(name) => counter!(metric, "name" => name.to_owned()).increment(by),
-        None => counter!(metric).increment(by),
+impl Labels {
+    /// The labels of a hold of `kind` on `name`; the name only when `with_name` and the name is
+    /// not hidden.
+    pub(crate) fn new(kind: &'static str, with_name: bool, name: &LockName) -> Self {
+        Self {
+            kind,
+            name: (with_name && !name.is_hidden()).then(|| name.as_str().to_owned()),
+        }
     }
 }
 
+/// Adds `by` to `metric`, labelled.
+pub(crate) fn count(metric: &'static str, labels: &Labels, by: u64) {
+    match &labels.name {
+        Some(name) => {
+            counter!(metric, "kind" => labels.kind, "name" => name.clone()).increment(by);
+        }
+        None => counter!(metric, "kind" => labels.kind).increment(by),
+    }
+}
+
+/// Adds one to `metric`, labelled, with one more label (`key` = `value`).
 pub(crate) fn count_with(
     metric: &'static str,
     key: &'static str,
     value: &'static str,
-    name: Option<&str>,
+    labels: &Labels,
 ) {
-    match name {
-        Some(name) => counter!(metric, key => value, "name" => name.to_owned()).increment(1),
-        None => counter!(metric, key => value).increment(1),
+    match &labels.name {
+        Some(name) => {
+            counter!(metric, key => value, "kind" => labels.kind, "name" => name.clone())
+                .increment(1);
+        }
+        None => counter!(metric, key => value, "kind" => labels.kind).increment(1),
     }
 }
 
-pub(crate) fn seconds(metric: &'static str, name: Option<&str>, value: std::time::Duration) {
-    match name {
-        Some(name) => histogram!(metric, "name" => name.to_owned()).record(value.as_secs_f64()),
-        None => histogram!(metric).record(value.as_secs_f64()),
+/// Adds `by` to `metric`, which has no labels (the watchdog's: it renews every kind at once).
+pub(crate) fn count_all(metric: &'static str, by: u64) {
+    counter!(metric).increment(by);
+}
+
+/// Records `value` in the histogram `metric`, labelled.
+pub(crate) fn seconds(metric: &'static str, labels: &Labels, value: std::time::Duration) {
+    match &labels.name {
+        Some(name) => histogram!(metric, "kind" => labels.kind, "name" => name.clone())
+            .record(value.as_secs_f64()),
+        None => histogram!(metric, "kind" => labels.kind).record(value.as_secs_f64()),
     }
 }

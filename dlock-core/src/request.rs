@@ -125,7 +125,7 @@ impl<G> LockRequest<G> {
         self.wait = Duration::ZERO;
         match self.run().await? {
             (Attempted::Held(guard), _) => Ok(Some(G::from_lock_guard(guard))),
-            (Attempted::Busy(_), _) => Ok(None),
+            (Attempted::Busy(..), _) => Ok(None),
         }
     }
 

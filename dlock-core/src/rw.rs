@@ -139,7 +139,7 @@ impl ReadRequest {
         self.wait = Duration::ZERO;
         match self.run().await? {
             (Attempted::Held(guard), _) => Ok(Some(ReadGuard { guard })),
-            (Attempted::Busy(_), _) => Ok(None),
+            (Attempted::Busy(..), _) => Ok(None),
         }
     }
 

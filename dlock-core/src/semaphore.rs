@@ -165,7 +165,7 @@ impl PermitRequest {
         self.wait = Duration::ZERO;
         match self.run().await? {
             (Attempted::Held(guard), _) => Ok(Some(Permit { guard })),
-            (Attempted::Busy(_), _) => Ok(None),
+            (Attempted::Busy(..), _) => Ok(None),
         }
     }
 

@@ -158,14 +158,14 @@ impl State {
                         RenewReply::Unanswered => unanswered += 1,
                     }
                 }
-                crate::metrics::count(crate::metrics::RENEWED, None, renewed);
+                crate::metrics::count_all(crate::metrics::RENEWED, renewed);
                 if unanswered > 0 {
-                    crate::metrics::count(crate::metrics::RENEW_ERRORS, None, 1);
+                    crate::metrics::count_all(crate::metrics::RENEW_ERRORS, 1);
                 }
                 tracing::trace!(held = snapshot.len(), renewed, "dlock: watchdog renewed");
             }
             Err(err) => {
-                crate::metrics::count(crate::metrics::RENEW_ERRORS, None, 1);
+                crate::metrics::count_all(crate::metrics::RENEW_ERRORS, 1);
                 tracing::warn!(held = snapshot.len(), error = %err, "dlock: watchdog renewal failed");
             }
         }

@@ -222,6 +222,51 @@ async fn every_metric_is_described_typed_recorded_and_documented() {
     );
 }
 
+/// Every acquisition, busy answer and release is labelled with the kind of hold: a plain
+/// lock, a fair lock, a read-write lock's writer and reader, a semaphore's permit.
+#[tokio::test]
+async fn every_kind_is_counted_under_its_own_label() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let server = RedisServer::start();
+    let locker = Locker::connect(&server.url()).await.expect("locker");
+    let base = unique_name("kinds");
+    let lock = locker.lock(format!("{base}:lock").as_str()).await.unwrap();
+    assert!(
+        (locker
+            .lock(format!("{base}:lock").as_str())
+            .try_lock()
+            .await)
+            .unwrap()
+            .is_none()
+    );
+    assert!(lock.release().await.is_released());
+    let fair = locker
+        .fair_lock(format!("{base}:fair").as_str())
+        .await
+        .unwrap();
+    assert!(fair.release().await.is_released());
+    let rw = locker.read_write_lock(format!("{base}:rw").as_str());
+    let write = rw.write().await.unwrap();
+    assert!(write.release().await.is_released());
+    let read = rw.read().await.unwrap();
+    assert!(read.release().await.is_released());
+    let permit = (locker
+        .semaphore(format!("{base}:sem").as_str(), 2)
+        .acquire())
+    .await
+    .unwrap();
+    assert!(permit.release().await.is_released());
+    let seen = snapshot(&snapshotter);
+    for kind in ["lock", "fair", "write", "read", "permit"] {
+        assert_eq!(counter(&seen, dm::ACQUIRED, &[("kind", kind)]), 1, "{kind}");
+        assert_eq!(counter(&seen, dm::RELEASED, &[("kind", kind)]), 1, "{kind}");
+        assert_eq!(samples(&seen, dm::HOLD_SECONDS), 5);
+    }
+    assert_eq!(counter(&seen, dm::BUSY, &[("kind", "lock")]), 1);
+}
+
 #[tokio::test]
 async fn the_name_label_is_opt_in_and_never_shows_a_hidden_name() {
     let recorder = DebuggingRecorder::new();

@@ -17,7 +17,7 @@ use crate::clock;
 use crate::error::LockError;
 use crate::fencing::FencingToken;
 use crate::hold::{HoldState, LossReason};
-use crate::metrics;
+use crate::metrics::{self, Labels};
 use crate::name::{LockKeys, LockName};
 use crate::scope;
 
@@ -254,7 +254,7 @@ impl Engine {
         if let Some(mut turn) = turn {
             match attempted {
                 Ok(Attempted::Held(_)) => turn.disarm(),
-                Ok(Attempted::Busy(_)) => {
+                Ok(Attempted::Busy(..)) => {
                     let _ = tokio::time::timeout_at(bound, Box::pin(turn.leave())).await;
                 }
                 Err(_) => drop(turn),
@@ -346,8 +346,9 @@ impl Engine {
     ) -> LockError {
         let labelled = self.inner.config.metrics_name_label;
         let retry_after = self.inner.hold_times.retry_after(retry_after);
-        busy(name, labelled, started, retry_after);
-        timed_out(labelled, name, started, retry_after)
+        // The multi-lock's holds are plain locks.
+        busy((name, "lock"), labelled, started, retry_after);
+        timed_out(labelled, (name, "lock"), started, retry_after)
     }
 
     /// Turns a grant into a guard: the hold's state, the watchdog, the scope; no `.await`.
@@ -364,9 +365,13 @@ impl Engine {
     ) -> LockGuard {
         let now = Instant::now();
         let waited = now.saturating_duration_since(started);
-        let label = metrics::name_label(self.inner.config.metrics_name_label, &name);
-        metrics::count(metrics::ACQUIRED, label.as_deref(), 1);
-        metrics::seconds(metrics::WAIT_SECONDS, label.as_deref(), waited);
+        let labels = Labels::new(
+            keys.kind.label(),
+            self.inner.config.metrics_name_label,
+            &name,
+        );
+        metrics::count(metrics::ACQUIRED, &labels, 1);
+        metrics::seconds(metrics::WAIT_SECONDS, &labels, waited);
         tracing::debug!(
             name = name.for_logs(),
             fencing_token = fence,
@@ -384,7 +389,7 @@ impl Engine {
             watchdog,
             lease.duration(),
             (sent_at, now),
-            label,
+            labels,
         ));
         if watchdog {
             self.inner
@@ -416,38 +421,37 @@ pub(crate) enum TriedAll {
 /// The result of an acquisition that did not fail.
 pub(crate) enum Attempted {
     Held(LockGuard),
-    /// Still busy at the deadline; when a retry is likely to find it free, if known.
-    Busy(Option<Duration>),
+    /// Still busy at the deadline; when a retry is likely to find it free, if known, and the
+    /// kind of hold asked for (its `kind` label).
+    Busy(Option<Duration>, &'static str),
 }
 
 /// A busy answer on `name`, counted and logged; `retry_after`: when a retry is likely to find
 /// it free (see `hold_times`).
 pub(crate) fn busy(
-    name: &LockName,
+    (name, kind): (&LockName, &'static str),
     labelled: bool,
     started: Instant,
     retry_after: Option<Duration>,
 ) -> Attempted {
-    let label = metrics::name_label(labelled, name);
-    metrics::count(metrics::BUSY, label.as_deref(), 1);
+    metrics::count(metrics::BUSY, &Labels::new(kind, labelled, name), 1);
     tracing::debug!(
         name = name.for_logs(),
         waited_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
         retry_after_ms = retry_after.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
         "dlock: busy"
     );
-    Attempted::Busy(retry_after)
+    Attempted::Busy(retry_after, kind)
 }
 
 /// A request's [`LockError::Busy`] on `name`, counted in the timeout metric.
 pub(crate) fn timed_out(
     labelled: bool,
-    name: &LockName,
+    (name, kind): (&LockName, &'static str),
     started: Instant,
     retry_after: Option<Duration>,
 ) -> LockError {
-    let label = metrics::name_label(labelled, name);
-    metrics::count(metrics::TIMEOUT, label.as_deref(), 1);
+    metrics::count(metrics::TIMEOUT, &Labels::new(kind, labelled, name), 1);
     LockError::Busy {
         name: name.to_string(),
         waited: started.elapsed(),
@@ -464,7 +468,9 @@ pub(crate) fn held_or_timed_out(
 ) -> Result<LockGuard, LockError> {
     match attempted {
         Attempted::Held(guard) => Ok(guard),
-        Attempted::Busy(retry_after) => Err(timed_out(labelled, &name, started, retry_after)),
+        Attempted::Busy(retry_after, kind) => {
+            Err(timed_out(labelled, (&name, kind), started, retry_after))
+        }
     }
 }
 
@@ -475,7 +481,7 @@ pub(crate) fn is_permanent(err: &LockError) -> bool {
 
 /// The deadline came: busy, or the backend error if Redis failed since the last answer.
 pub(crate) fn gave_up(
-    name: &LockName,
+    name: (&LockName, &'static str),
     labelled: bool,
     started: Instant,
     pttl: Option<Duration>,

@@ -78,7 +78,7 @@ impl Engine {
             hold.mark_released();
         }
         let held = let_go.saturating_duration_since(hold.acquired_at);
-        metrics::seconds(metrics::HOLD_SECONDS, hold.label.as_deref(), held);
+        metrics::seconds(metrics::HOLD_SECONDS, &hold.labels, held);
         self.inner.hold_times.record(held);
         true
     }
@@ -212,7 +212,7 @@ pub(crate) fn release_outcome(hold: &HoldState, reply: ReleaseReply) -> ReleaseO
 fn log_release(hold: &HoldState, outcome: &ReleaseOutcome) {
     match outcome {
         ReleaseOutcome::Released => {
-            metrics::count(metrics::RELEASED, hold.label.as_deref(), 1);
+            metrics::count(metrics::RELEASED, &hold.labels, 1);
             tracing::debug!(
                 name = hold.name.for_logs(),
                 fencing_token = hold.known_fence(),
@@ -229,7 +229,7 @@ fn log_release(hold: &HoldState, outcome: &ReleaseOutcome) {
                 metrics::RELEASE_FAILED,
                 "outcome",
                 outcome_label,
-                hold.label.as_deref(),
+                &hold.labels,
             );
             tracing::warn!(name = hold.name.for_logs(), fencing_token = hold.known_fence(), outcome = ?outcome, "dlock: released a lock that was no longer held");
         }
@@ -238,7 +238,7 @@ fn log_release(hold: &HoldState, outcome: &ReleaseOutcome) {
                 metrics::RELEASE_FAILED,
                 "outcome",
                 "unreachable",
-                hold.label.as_deref(),
+                &hold.labels,
             );
             tracing::warn!(name = hold.name.for_logs(), error = %err, "dlock: release failed; the lock expires at the end of its lease");
         }

@@ -138,14 +138,20 @@ impl Waiter {
 
     /// The answer of a request that may not wait and found the lock held.
     pub(crate) fn busy(&self) -> Attempted {
-        busy(&self.name, self.labelled, self.started, self.retry_after())
+        let kind = self.keys.kind.label();
+        busy(
+            (&self.name, kind),
+            self.labelled,
+            self.started,
+            self.retry_after(),
+        )
     }
 
     /// The answer at the deadline: busy, or the backend error if Redis failed since the last
     /// answer.
     pub(crate) fn gave_up(self) -> Result<Attempted, LockError> {
         gave_up(
-            &self.name,
+            (&self.name, self.keys.kind.label()),
             self.labelled,
             self.started,
             self.retry_after(),

@@ -34,6 +34,20 @@ pub(crate) enum KeyKind {
     Read(RwKeys),
 }
 
+impl KeyKind {
+    /// The kind's `kind` label in metrics and spans: `lock`, `fair`, `permit`, `write` or
+    /// `read`.
+    pub(crate) fn label(&self) -> &'static str {
+        match self {
+            Self::Lock => "lock",
+            Self::Fair(_) => "fair",
+            Self::Semaphore(_) => "permit",
+            Self::Write(_) => "write",
+            Self::Read(_) => "read",
+        }
+    }
+}
+
 /// The keys of a fair lock's waiting line.
 #[derive(Debug, Clone)]
 pub(crate) struct FairKeys {
