@@ -149,6 +149,7 @@ mod response;
 mod rw;
 pub mod scope;
 mod semaphore;
+mod spans;
 mod watchdog;
 
 pub use backend::MemoryStore;

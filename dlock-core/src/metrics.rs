@@ -25,11 +25,19 @@
 //! each label value is a new time series in the recorder: the label is for a small, fixed set
 //! of names.
 //!
-//! Logs and spans go through [`tracing`](https://docs.rs/tracing): `dlock.acquire` and
-//! `dlock.release` are DEBUG spans; acquisitions, re-entries, busy answers and releases are
-//! DEBUG events; a lock lost while held, a release that found the lock gone, a release that
-//! could not reach Redis and a watchdog round that failed are WARN events. Hidden names show as
-//! `<hidden>`.
+//! Logs and spans go through [`tracing`](https://docs.rs/tracing). Every acquisition runs in a
+//! `dlock.acquire` span and every final release in a `dlock.release` span, at INFO unless
+//! [`LockerBuilder::span_level`](crate::LockerBuilder::span_level) says otherwise:
+//!
+//! | span | fields |
+//! |---|---|
+//! | `dlock.acquire` | `name`, `kind`, `outcome` (`acquired`, `busy`, `failed`), `wait_ms`, `fencing_token` (when the grant minted one), `reentered` |
+//! | `dlock.release` | `name`, `kind`, `outcome` (`released`, `expired`, `taken_over`, `unreachable`), `held_ms`, `fencing_token` (when one was minted) |
+//!
+//! Acquisitions, re-entries, busy answers and releases are DEBUG events; a lock lost while
+//! held, a release that found the lock gone, a release that could not reach Redis and a
+//! watchdog round that failed are WARN events. Durations in fields are whole milliseconds
+//! (`_ms`). Hidden names show as `<hidden>`.
 
 use ::metrics::{Unit, counter, describe_counter, describe_histogram, histogram};
 

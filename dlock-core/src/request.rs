@@ -153,7 +153,13 @@ impl<G> LockRequest<G> {
             Ok(name) => name,
             Err(err) => return Either::Left(std::future::ready(Err(err))),
         };
-        let span = tracing::debug_span!("dlock.acquire", name = name.for_logs());
+        let span_kind = match kind {
+            RequestKind::Plain => "lock",
+            RequestKind::Fair => "fair",
+            RequestKind::Write { .. } => "write",
+        };
+        let span = crate::spans::acquire(engine.inner.config.span_level, &name, span_kind);
+        let (recorded, started) = (span.clone(), Instant::now());
         let attempt = match kind {
             RequestKind::Plain => Either::Left(engine.acquire(name.clone(), wait, lease)),
             // Boxed: the fair and write paths have larger futures than the plain one, which
@@ -171,6 +177,7 @@ impl<G> LockRequest<G> {
             }
         };
         Either::Right(attempt.instrument(span).map(move |attempted| {
+            crate::spans::acquired(&recorded, &attempted, started.elapsed());
             let attempted = attempted?;
             if let (Attempted::Held(guard), Some(at_least)) = (&attempted, at_least)
                 && !guard.is_reentrant()

@@ -183,11 +183,14 @@ impl PermitRequest {
             )));
         }
         check_lease(self.lease.duration())?;
-        let span = tracing::debug_span!("dlock.acquire_permit", name = name.for_logs());
         let engine = self.semaphore.engine.clone();
+        let span = crate::spans::acquire(engine.inner.config.span_level, &name, "permit");
+        let started = tokio::time::Instant::now();
         let attempted = (engine.acquire_keys(name.clone(), keys, self.wait, self.lease))
-            .instrument(span)
-            .await?;
+            .instrument(span.clone())
+            .await;
+        crate::spans::acquired(&span, &attempted, started.elapsed());
+        let attempted = attempted?;
         Ok((attempted, name))
     }
 

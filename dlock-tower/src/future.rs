@@ -183,10 +183,11 @@ where
     where
         S: Clone + Send + Sync + 'static,
     {
-        let span = tracing::debug_span!(
+        let span = dlock_core::__span_at!(
+            shared.config.span_level,
             "dlock.request",
             keys = tracing::field::Empty,
-            waited_us = tracing::field::Empty,
+            wait_ms = tracing::field::Empty,
             outcome = tracing::field::Empty,
         );
         let grpc = Grpc::of(req.headers());
@@ -233,8 +234,8 @@ where
     }
 }
 
-fn micros(d: std::time::Duration) -> u64 {
-    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+fn millis(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// `$request` (a single or a multi-lock request) with the layer's wait and lease.
@@ -456,12 +457,12 @@ where
                     started,
                 } => {
                     let acquired = ready!(fut.poll(cx));
-                    let waited_us = micros(started.elapsed());
-                    this.span.record("waited_us", waited_us);
+                    let wait_ms = millis(started.elapsed());
+                    this.span.record("wait_ms", wait_ms);
                     match (acquired, req.take(), inner.take()) {
                         (Ok(held), Some(req), Some(inner)) => {
                             this.span.record("outcome", "acquired");
-                            tracing::debug!(waited_us, "dlock-tower: lock acquired");
+                            tracing::debug!(wait_ms, "dlock-tower: lock acquired");
                             call(inner, req, Some(held))
                         }
                         (Err(err), _, _) => {

@@ -32,6 +32,8 @@ pub(crate) struct Config {
     pub(crate) responses: ErrorResponses,
     /// Whether lock names stay out of dlock's logs and spans too ([`LockLayer::hide_names`]).
     pub(crate) hide_in_logs: bool,
+    /// The level of the `dlock.request` span ([`LockLayer::span_level`]).
+    pub(crate) span_level: tracing::Level,
     pub(crate) hold_body: bool,
     pub(crate) handler: Option<Handler>,
 }
@@ -45,6 +47,7 @@ impl Default for Config {
             fair: false,
             responses: ErrorResponses::new(),
             hide_in_logs: false,
+            span_level: tracing::Level::INFO,
             hold_body: false,
             handler: None,
         }
@@ -60,6 +63,7 @@ impl fmt::Debug for Config {
             .field("fair", &self.fair)
             .field("responses", &self.responses)
             .field("hide_in_logs", &self.hide_in_logs)
+            .field("span_level", &self.span_level)
             .field("hold_body", &self.hold_body)
             .field("handler", &self.handler.is_some())
             .finish()
@@ -413,6 +417,13 @@ impl<S, K> LockLayer<S, K> {
     /// ```
     pub fn error_responses(mut self, responses: ErrorResponses) -> Self {
         self.config.responses = responses;
+        self
+    }
+
+    /// The level of each request's `dlock.request` span (default INFO, as the core's
+    /// `dlock.acquire` and `dlock.release`).
+    pub fn span_level(mut self, level: tracing::Level) -> Self {
+        self.config.span_level = level;
         self
     }
 

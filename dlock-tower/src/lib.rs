@@ -300,8 +300,8 @@
 //!
 //! # Tracing
 //!
-//! Each request runs in a `dlock.request` span (level `DEBUG`) with the fields `keys`,
-//! `waited_us` and `outcome` (`acquired`, `unlocked`, `key_rejected`, `busy`, `invalid_key`,
+//! Each request runs in a `dlock.request` span (level INFO, [`LockLayer::span_level`]) with the
+//! fields `keys`, `wait_ms` and `outcome` (`acquired`, `unlocked`, `key_rejected`, `busy`, `invalid_key`,
 //! `unavailable`, `lost`, `internal`); the core's own `dlock.acquire` span nests inside it.
 //! `unlocked` means the key named no lock (`None`, an empty `Vec`) and none was taken.
 //!

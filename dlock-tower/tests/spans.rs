@@ -43,10 +43,16 @@ async fn each_request_has_a_span_with_keys_wait_and_outcome() {
         }));
 
     assert_eq!(status(&app, "/a/1").await, StatusCode::OK);
+    // INFO by default: an `info` filter and an OpenTelemetry exporter see it.
+    assert!(
+        (spans.spans("dlock.request").iter()).all(|s| s.level == tracing::Level::INFO),
+        "{:?}",
+        spans.spans("dlock.request")
+    );
     let [acquired] = <[Fields; 1]>::try_from(spans.take_spans("dlock.request")).unwrap();
     assert_eq!(acquired["outcome"], "acquired");
     assert_eq!(acquired["keys"], format!("{prefix}:1"));
-    assert!(acquired["waited_us"].parse::<u64>().is_ok(), "{acquired:?}");
+    assert!(acquired["wait_ms"].parse::<u64>().is_ok(), "{acquired:?}");
 
     // The layer's release runs in the background once the response is out.
     let held = locker
@@ -58,7 +64,7 @@ async fn each_request_has_a_span_with_keys_wait_and_outcome() {
     let [busy] = <[Fields; 1]>::try_from(spans.take_spans("dlock.request")).unwrap();
     assert_eq!(busy["outcome"], "busy");
     assert_eq!(busy["keys"], format!("{prefix}:1"));
-    assert!(busy.contains_key("waited_us"), "{busy:?}");
+    assert!(busy.contains_key("wait_ms"), "{busy:?}");
     assert!(held.release().await.is_released());
 
     assert_eq!(status(&app, "/a/none").await, StatusCode::OK);

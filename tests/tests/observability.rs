@@ -1,6 +1,7 @@
 //! What dlock tells an operator, against a real `redis-server`: every metric described, typed
 //! and recorded as `dlock_core::metrics` documents it; a name label only by opt-in; losses and
-//! release anomalies at WARN, acquisitions in DEBUG spans; hidden names in none of them.
+//! release anomalies at WARN, acquisitions and releases in INFO spans that record their
+//! outcome; hidden names in none of them.
 //!
 //! The recorder and the subscriber are thread-local and the tests run on tokio's current-thread
 //! runtime, so everything dlock spawns (the watchdog, connections) reports to them.
@@ -302,7 +303,7 @@ async fn the_name_label_is_opt_in_and_never_shows_a_hidden_name() {
 }
 
 #[tokio::test]
-async fn losses_warn_acquisitions_are_debug_spans_and_hidden_names_stay_out() {
+async fn losses_warn_acquisitions_are_info_spans_and_hidden_names_stay_out() {
     let logs = Capture::default();
     let _default = tracing::subscriber::set_default(logs.clone());
     let server = RedisServer::start();
@@ -316,13 +317,60 @@ async fn losses_warn_acquisitions_are_debug_spans_and_hidden_names_stay_out() {
 
     let shown = unique_name("shown");
     let guard = locker.lock(shown.as_str()).await.expect("free");
+    let token = guard.fencing_token().await.expect("a token").get();
     assert!(guard.release().await.is_released());
+    // INFO by default, with the outcome, the wait and the token on the span itself.
     let acquire = logs.spans("dlock.acquire");
     let acquire = acquire.first().expect("an acquire span");
-    assert_eq!(acquire.level, Level::DEBUG);
+    assert_eq!(acquire.level, Level::INFO);
     assert_eq!(acquire.fields.get("name"), Some(&shown));
+    assert_eq!(acquire.fields.get("kind").map(String::as_str), Some("lock"));
+    assert_eq!(
+        acquire.fields.get("outcome").map(String::as_str),
+        Some("acquired")
+    );
+    assert!(
+        acquire.fields.contains_key("wait_ms"),
+        "{:?}",
+        acquire.fields
+    );
     let release = logs.spans("dlock.release");
-    assert_eq!(release.first().expect("a release span").level, Level::DEBUG);
+    let release = release.first().expect("a release span");
+    assert_eq!(release.level, Level::INFO);
+    assert_eq!(
+        release.fields.get("outcome").map(String::as_str),
+        Some("released")
+    );
+    assert_eq!(
+        release.fields.get("fencing_token"),
+        Some(&token.to_string())
+    );
+    assert!(
+        release.fields.contains_key("held_ms"),
+        "{:?}",
+        release.fields
+    );
+    // A busy try: its outcome says so; and the level is the builder's to choose.
+    let quiet = Locker::builder()
+        .url(server.url())
+        .span_level(Level::DEBUG)
+        .build()
+        .await
+        .expect("locker");
+    let held = locker.lock(shown.as_str()).await.expect("free");
+    assert!(
+        quiet
+            .lock(shown.as_str())
+            .try_lock()
+            .await
+            .expect("answers")
+            .is_none()
+    );
+    let busy = logs.spans("dlock.acquire");
+    let busy = busy.last().expect("the busy try's span");
+    assert_eq!(busy.level, Level::DEBUG);
+    assert_eq!(busy.fields.get("outcome").map(String::as_str), Some("busy"));
+    assert!(held.release().await.is_released());
     assert!(
         logs.events_saying("acquired")
             .iter()

@@ -375,7 +375,7 @@ impl Engine {
         tracing::debug!(
             name = name.for_logs(),
             fencing_token = fence,
-            waited_us = u64::try_from(waited.as_micros()).unwrap_or(u64::MAX),
+            wait_ms = crate::spans::ms(waited),
             "dlock: acquired"
         );
         let watchdog = matches!(lease, Lease::Watchdog(_));
@@ -437,8 +437,8 @@ pub(crate) fn busy(
     metrics::count(metrics::BUSY, &Labels::new(kind, labelled, name), 1);
     tracing::debug!(
         name = name.for_logs(),
-        waited_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
-        retry_after_ms = retry_after.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+        wait_ms = crate::spans::ms(started.elapsed()),
+        retry_after_ms = retry_after.map(crate::spans::ms),
         "dlock: busy"
     );
     Attempted::Busy(retry_after, kind)

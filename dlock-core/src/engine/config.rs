@@ -40,6 +40,8 @@ pub(crate) struct Config {
     pub(crate) hide_names: bool,
     /// Carried in every owner token this `Locker` mints, for `inspect` to show.
     pub(crate) holder_label: Option<Arc<str>>,
+    /// The level of the `dlock.acquire` and `dlock.release` spans.
+    pub(crate) span_level: tracing::Level,
 }
 
 impl Default for Config {
@@ -55,6 +57,7 @@ impl Default for Config {
             metrics_name_label: false,
             hide_names: false,
             holder_label: None,
+            span_level: tracing::Level::INFO,
         }
     }
 }

@@ -90,7 +90,12 @@ impl Engine {
         hold: Arc<HoldState>,
         queue: Option<Arc<LocalQueue>>,
     ) -> ReleaseOutcome {
-        let span = tracing::debug_span!("dlock.release", name = hold.name.for_logs());
+        let span = crate::spans::release(
+            self.inner.config.span_level,
+            &hold.name,
+            hold.keys.kind.label(),
+        );
+        let recorded = span.clone();
         async {
             let queue = queue.as_ref();
             // The hand-over, boxed: only a name with local waiters needs its larger future.
@@ -104,6 +109,8 @@ impl Engine {
             };
             let outcome = judged_at_let_go(&hold, outcome);
             log_release(&hold, &outcome);
+            let held = hold.let_go().0.saturating_duration_since(hold.acquired_at);
+            crate::spans::released(&recorded, &outcome, held, hold.known_fence());
             outcome
         }
         .instrument(span)

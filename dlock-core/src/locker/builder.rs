@@ -37,6 +37,7 @@ pub struct LockerBuilder {
     metrics_name_label: bool,
     hide_names: bool,
     holder_label: Option<String>,
+    span_level: Option<tracing::Level>,
     lazy: bool,
     polling: bool,
     replica_ack: AckChoice,
@@ -342,6 +343,15 @@ impl LockerBuilder {
         self
     }
 
+    /// The level of dlock's spans, `dlock.acquire` and `dlock.release` (default INFO, so that
+    /// an `info` filter and an OpenTelemetry exporter see them). Each records its outcome, its
+    /// wait or hold time (`wait_ms`, `held_ms`) and the fencing token on itself; see
+    /// [`crate::metrics`] for the fields. dlock's events keep their own levels.
+    pub fn span_level(mut self, level: tracing::Level) -> Self {
+        self.span_level = Some(level);
+        self
+    }
+
     /// Keeps every lock name of this `Locker` out of dlock's logs, spans and metric labels
     /// (default off; see [`LockName::hidden`](crate::LockName::hidden) for one name at a time).
     pub fn hide_names(mut self, hide: bool) -> Self {
@@ -465,6 +475,7 @@ impl LockerBuilder {
             metrics_name_label: self.metrics_name_label,
             hide_names: self.hide_names,
             holder_label: check_holder_label(self.holder_label)?,
+            span_level: self.span_level.unwrap_or(tracing::Level::INFO),
         };
         let (client, display) = match self.source {
             Source::None => {

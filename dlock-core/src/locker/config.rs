@@ -103,6 +103,10 @@ pub struct LockerConfig {
     /// A label on every lock taken, shown to operators (`DLOCK_HOLDER_LABEL`;
     /// [`LockerBuilder::holder_label`]).
     pub holder_label: Option<String>,
+    /// The level of dlock's spans (`DLOCK_SPAN_LEVEL`: `error`, `warn`, `info`, `debug` or
+    /// `trace`; [`LockerBuilder::span_level`]).
+    #[cfg_attr(feature = "serde", serde(with = "levels"))]
+    pub span_level: Option<tracing::Level>,
     /// How many replicas acknowledge every lock write; `0` turns acknowledgement off
     /// (`DLOCK_REPLICA_ACK`; [`LockerBuilder::replica_ack`],
     /// [`LockerBuilder::without_replica_ack`]). Unset: the builder's default for the source.
@@ -136,6 +140,7 @@ impl fmt::Debug for LockerConfig {
             .field("metrics_name_label", &self.metrics_name_label)
             .field("hide_names", &self.hide_names)
             .field("holder_label", &self.holder_label)
+            .field("span_level", &self.span_level)
             .field("replica_ack", &self.replica_ack)
             .field("replica_ack_timeout", &self.replica_ack_timeout)
             .finish()
@@ -178,7 +183,7 @@ impl From<ConfigError> for LockError {
 
 impl LockerConfig {
     /// Every variable [`from_env`](Self::from_env) reads, and what it sets.
-    pub const ENV_VARS: [(&'static str, &'static str); 21] = [
+    pub const ENV_VARS: [(&'static str, &'static str); 22] = [
         (
             "DLOCK_URL",
             "one Redis server: redis://[user:password@]host:6379[/db]",
@@ -250,6 +255,10 @@ impl LockerConfig {
             "a label on every lock taken, shown to operators",
         ),
         (
+            "DLOCK_SPAN_LEVEL",
+            "the level of dlock's spans (default info)",
+        ),
+        (
             "DLOCK_REPLICA_ACK",
             "replicas that acknowledge each lock write; 0: none",
         ),
@@ -317,6 +326,15 @@ impl LockerConfig {
             metrics_name_label: flag("DLOCK_METRICS_NAME_LABEL")?.unwrap_or(false),
             hide_names: flag("DLOCK_HIDE_NAMES")?.unwrap_or(false),
             holder_label: values.get("DLOCK_HOLDER_LABEL").cloned(),
+            span_level: match text("DLOCK_SPAN_LEVEL") {
+                None => None,
+                Some(v) => Some(v.parse::<tracing::Level>().map_err(|_| {
+                    ConfigError::new(
+                        "DLOCK_SPAN_LEVEL",
+                        format!("`{v}` is not a level: error, warn, info, debug or trace"),
+                    )
+                })?),
+            },
             replica_ack: match text("DLOCK_REPLICA_ACK") {
                 None => None,
                 Some(v) => Some(v.parse::<u32>().map_err(|_| {
@@ -462,6 +480,9 @@ impl LockerConfig {
         if let Some(label) = &self.holder_label {
             builder = builder.holder_label(label.as_str());
         }
+        if let Some(level) = self.span_level {
+            builder = builder.span_level(level);
+        }
         builder = builder
             .connect_lazily(self.connect_lazily)
             .metrics_name_label(self.metrics_name_label)
@@ -543,6 +564,30 @@ fn check_url(name: &str, url: &str, entry: Option<usize>) -> Result<(), ConfigEr
                 "{which} is a `{scheme}` URL, not a Redis one (redis://, rediss://, redis+unix://)"
             ),
         )),
+    }
+}
+
+/// A span level in a configuration file: `"info"`, `"debug"`.
+#[cfg(feature = "serde")]
+mod levels {
+    use serde::{Deserialize as _, Deserializer, Serializer};
+
+    pub(crate) fn serialize<S: Serializer>(
+        value: &Option<tracing::Level>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        match value {
+            Some(level) => s.serialize_str(&level.as_str().to_ascii_lowercase()),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<tracing::Level>, D::Error> {
+        let text = Option::<String>::deserialize(d)?;
+        text.map(|t| t.trim().parse().map_err(serde::de::Error::custom))
+            .transpose()
     }
 }
 
@@ -635,6 +680,7 @@ mod tests {
             ("DLOCK_METRICS_NAME_LABEL", "1"),
             ("DLOCK_HIDE_NAMES", "true"),
             ("DLOCK_HOLDER_LABEL", "web-3"),
+            ("DLOCK_SPAN_LEVEL", "DEBUG"),
             ("DLOCK_REPLICA_ACK", "0"),
             ("DLOCK_REPLICA_ACK_TIMEOUT", "100ms"),
         ])
@@ -655,6 +701,7 @@ mod tests {
         assert_eq!(config.hand_over, Some(false));
         assert!(config.connect_lazily && config.metrics_name_label && config.hide_names);
         assert_eq!(config.holder_label.as_deref(), Some("web-3"));
+        assert_eq!(config.span_level, Some(tracing::Level::DEBUG));
         assert_eq!(
             (config.replica_ack, config.replica_ack_timeout),
             (Some(0), Some(ms(100)))
@@ -695,6 +742,8 @@ mod tests {
         assert!(!e.to_string().contains("s3cret"), "{e}");
         let e = err(&[("DLOCK_MASTERS", " , ")]);
         assert_eq!(e.to_string(), "DLOCK_MASTERS: names no URL");
+        let e = err(&[("DLOCK_SPAN_LEVEL", "loud")]);
+        assert!(e.problem().contains("`loud` is not a level"), "{e}");
         let e = err(&[("DLOCK_REPLICA_ACK", "two")]);
         assert!(e.problem().contains("not a number of replicas"), "{e}");
         // Set to nothing is unset.
@@ -734,7 +783,7 @@ mod tests {
     fn a_file_reads_durations_as_people_write_them() {
         let config: LockerConfig = serde_json::from_str(
             r#"{"url": "redis://127.0.0.1/", "default_wait": "3s", "fence_ttl": "forever",
-                "command_timeout": "1m 30s", "hide_names": true}"#,
+                "command_timeout": "1m 30s", "hide_names": true, "span_level": "debug"}"#,
         )
         .unwrap();
         assert_eq!(config.default_wait, Some(Duration::from_secs(3)));
