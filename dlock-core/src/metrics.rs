@@ -15,6 +15,11 @@
 //! | `dlock_lost_total` | counter | | `reason`, `kind`, `name`¹ | holds lost while held: `reason` is `expired` (no renewal in time) or `gone` (deleted or taken over) |
 //! | `dlock_renewed_total` | counter | | | lease renewals applied by the watchdog |
 //! | `dlock_renew_errors_total` | counter | | | watchdog rounds that could not reach Redis |
+//! | `dlock_backend_errors_total` | counter | | `operation` | commands that failed or timed out: `operation` is `acquire`, `release`, `extend`, `fence` or `inspect` (the watchdog's are `dlock_renew_errors_total`) |
+//! | `dlock_held` | gauge | | `kind` | holds held in the process now (a re-entered hold counts once) |
+//! | `dlock_waiting` | gauge | | `kind` | acquisitions waiting in the process now |
+//! | `dlock_subscribers_connected` | gauge | | | subscriber connections (one per `Locker` that waits for wake-ups) up now |
+//! | `dlock_watchdog_lag_seconds` | gauge | seconds | | how late the last watchdog round started after it was due (a busy runtime shows here first) |
 //!
 //! `kind` says what was held: `lock` (a plain lock, one of a multi-lock's locks too), `fair`,
 //! `write` and `read` (a read-write lock's writer and readers) or `permit` (a semaphore's).
@@ -39,7 +44,9 @@
 //! watchdog round that failed are WARN events. Durations in fields are whole milliseconds
 //! (`_ms`). Hidden names show as `<hidden>`.
 
-use ::metrics::{Unit, counter, describe_counter, describe_histogram, histogram};
+use ::metrics::{
+    Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
+};
 
 use crate::name::LockName;
 
@@ -63,9 +70,19 @@ pub const LOST: &str = "dlock_lost_total";
 pub const RENEWED: &str = "dlock_renewed_total";
 /// `dlock_renew_errors_total`.
 pub const RENEW_ERRORS: &str = "dlock_renew_errors_total";
+/// `dlock_backend_errors_total`.
+pub const BACKEND_ERRORS: &str = "dlock_backend_errors_total";
+/// `dlock_held`.
+pub const HELD: &str = "dlock_held";
+/// `dlock_waiting`.
+pub const WAITING: &str = "dlock_waiting";
+/// `dlock_subscribers_connected`.
+pub const SUBSCRIBERS_CONNECTED: &str = "dlock_subscribers_connected";
+/// `dlock_watchdog_lag_seconds`.
+pub const WATCHDOG_LAG_SECONDS: &str = "dlock_watchdog_lag_seconds";
 
 /// Every metric dlock records, by name.
-pub const ALL: [&str; 10] = [
+pub const ALL: [&str; 15] = [
     ACQUIRED,
     BUSY,
     TIMEOUT,
@@ -76,6 +93,11 @@ pub const ALL: [&str; 10] = [
     LOST,
     RENEWED,
     RENEW_ERRORS,
+    BACKEND_ERRORS,
+    HELD,
+    WAITING,
+    SUBSCRIBERS_CONNECTED,
+    WATCHDOG_LAG_SECONDS,
 ];
 
 /// Describes every metric (type, unit, help text) to the installed recorder. Call it once after
@@ -105,6 +127,18 @@ pub fn describe() {
     describe_counter!(LOST, "Locks lost while held.");
     describe_counter!(RENEWED, "Lease renewals applied by the watchdog.");
     describe_counter!(RENEW_ERRORS, "Watchdog rounds that could not reach Redis.");
+    describe_counter!(
+        BACKEND_ERRORS,
+        "Commands that failed or timed out, by operation (the watchdog's excepted)."
+    );
+    describe_gauge!(HELD, "Holds held in the process now.");
+    describe_gauge!(WAITING, "Acquisitions waiting in the process now.");
+    describe_gauge!(SUBSCRIBERS_CONNECTED, "Subscriber connections up now.");
+    describe_gauge!(
+        WATCHDOG_LAG_SECONDS,
+        Unit::Seconds,
+        "How late the last watchdog round started after it was due."
+    );
 }
 
 /// The labels of one hold's or request's metrics: its kind, and its name when the `Locker`
@@ -163,5 +197,30 @@ pub(crate) fn seconds(metric: &'static str, labels: &Labels, value: std::time::D
         Some(name) => histogram!(metric, "kind" => labels.kind, "name" => name.clone())
             .record(value.as_secs_f64()),
         None => histogram!(metric, "kind" => labels.kind).record(value.as_secs_f64()),
+    }
+}
+
+/// Moves the gauge `metric` of `kind` by `by` (one hold or waiter more, or fewer).
+pub(crate) fn gauge_by(metric: &'static str, kind: &'static str, by: f64) {
+    gauge!(metric, "kind" => kind).increment(by);
+}
+
+/// Counts one failed command of `operation`.
+pub(crate) fn backend_error(operation: &'static str) {
+    counter!(BACKEND_ERRORS, "operation" => operation).increment(1);
+}
+
+/// Sets the watchdog's lag.
+pub(crate) fn watchdog_lag(lag: std::time::Duration) {
+    gauge!(WATCHDOG_LAG_SECONDS).set(lag.as_secs_f64());
+}
+
+/// One subscriber connection more (`true`) or fewer.
+pub(crate) fn subscriber_connected(up: bool) {
+    let gauge = gauge!(SUBSCRIBERS_CONNECTED);
+    if up {
+        gauge.increment(1.0);
+    } else {
+        gauge.decrement(1.0);
     }
 }

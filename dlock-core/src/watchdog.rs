@@ -198,9 +198,11 @@ async fn run(state: Weak<State>, backend: WeakBackend, wake: Arc<Notify>, _runni
         match period {
             None => wake.notified().await,
             Some(period) => {
+                let due = Instant::now() + period;
                 tokio::select! {
                     biased;
-                    () = tokio::time::sleep(period) => {
+                    () = tokio::time::sleep_until(due) => {
+                        crate::metrics::watchdog_lag(Instant::now().saturating_duration_since(due));
                         let (Some(state), Some(backend)) = (state.upgrade(), backend.upgrade())
                         else {
                             return;

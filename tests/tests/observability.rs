@@ -64,6 +64,24 @@ fn counter(seen: &[Seen], name: &str, labels: &[(&str, &str)]) -> u64 {
         .sum()
 }
 
+/// The value of the gauge `name` with `labels` after every change `seen`: the debugging
+/// recorder's snapshot takes a gauge's value and sets it back to zero, so the snapshots add up.
+fn gauge(seen: &[Seen], name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    let values: Vec<f64> = (seen.iter())
+        .filter(|s| s.name == name)
+        .filter(|s| {
+            labels
+                .iter()
+                .all(|(k, v)| s.labels.iter().any(|(lk, lv)| lk == k && lv == v))
+        })
+        .map(|s| match s.value {
+            DebugValue::Gauge(v) => v.into_inner(),
+            _ => panic!("{name} is not a gauge"),
+        })
+        .collect();
+    (!values.is_empty()).then(|| values.iter().sum())
+}
+
 fn samples(seen: &[Seen], name: &str) -> usize {
     seen.iter()
         .filter(|s| s.name == name)
@@ -149,6 +167,9 @@ async fn every_metric_is_described_typed_recorded_and_documented() {
         .await
         .expect("free");
     proxy.cut();
+    // An acquisition that can't reach Redis either.
+    let unreachable = cut.lock(unique_name("unreachable").as_str()).await;
+    assert!(unreachable.is_err_and(|e| e.is_backend()));
     let mut seen = Vec::new();
     assert!(
         eventually(Duration::from_secs(3), || {
@@ -177,6 +198,11 @@ async fn every_metric_is_described_typed_recorded_and_documented() {
     assert_eq!(counter(&seen, dm::RELEASE_FAILED, &[]), 2);
     assert!(samples(&seen, dm::WAIT_SECONDS) >= 3);
     assert!(samples(&seen, dm::HOLD_SECONDS) >= 3);
+    assert!(counter(&seen, dm::BACKEND_ERRORS, &[("operation", "acquire")]) >= 1);
+    // Every hold let go and every waiter done: the gauges are back to nothing.
+    assert_eq!(gauge(&seen, dm::HELD, &[("kind", "lock")]), Some(0.0));
+    assert_eq!(gauge(&seen, dm::WAITING, &[("kind", "lock")]), Some(0.0));
+    assert!(gauge(&seen, dm::WATCHDOG_LAG_SECONDS, &[]).is_some_and(|lag| lag < 1.0));
     // Without the opt-in, no metric carries a name.
     assert!(
         seen.iter()
@@ -197,6 +223,8 @@ async fn every_metric_is_described_typed_recorded_and_documented() {
             MetricKind::Histogram
         } else if row.contains("| counter |") {
             MetricKind::Counter
+        } else if row.contains("| gauge |") {
+            MetricKind::Gauge
         } else {
             panic!("{metric}: no type in {row}")
         };

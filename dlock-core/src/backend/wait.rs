@@ -239,8 +239,36 @@ pub(crate) enum SubCmd {
 pub(crate) struct Subscriber {
     slots: Arc<Slots>,
     tx: mpsc::UnboundedSender<SubCmd>,
-    healthy: Arc<AtomicBool>,
+    healthy: Arc<Health>,
     timeout: Duration,
+}
+
+/// Whether a subscriber connection is up, counted in `dlock_subscribers_connected` while it is.
+#[derive(Debug, Default)]
+pub(crate) struct Health {
+    up: AtomicBool,
+}
+
+impl Health {
+    /// Whether the connection is up.
+    pub(crate) fn load(&self, order: Ordering) -> bool {
+        self.up.load(order)
+    }
+
+    /// The connection is up (`true`) or down; the gauge moves when that changes.
+    pub(crate) fn store(&self, up: bool, order: Ordering) {
+        if self.up.swap(up, order) != up {
+            crate::metrics::subscriber_connected(up);
+        }
+    }
+}
+
+impl Drop for Health {
+    fn drop(&mut self) {
+        if *self.up.get_mut() {
+            crate::metrics::subscriber_connected(false);
+        }
+    }
 }
 
 impl Subscriber {
@@ -248,7 +276,7 @@ impl Subscriber {
     /// subscription) for the channels of `slots`.
     pub(crate) fn spawn(source: SubscriberSource, timeout: Duration, slots: Arc<Slots>) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
-        let healthy = Arc::new(AtomicBool::new(false));
+        let healthy = Arc::new(Health::default());
         // A new task knows of no subscription: every watcher polls until it resubscribes.
         slots.set_all_confirmed(false);
         match source {
@@ -391,7 +419,7 @@ async fn run(
     source: SubscriberSource,
     slots: Arc<Slots>,
     mut rx: mpsc::UnboundedReceiver<SubCmd>,
-    healthy: Arc<AtomicBool>,
+    healthy: Arc<Health>,
     timeout: Duration,
 ) {
     let mut backoff = MIN_BACKOFF;

@@ -391,6 +391,7 @@ impl Engine {
             (sent_at, now),
             labels,
         ));
+        metrics::gauge_by(metrics::HELD, state.keys.kind.label(), 1.0);
         if watchdog {
             self.inner
                 .watchdog

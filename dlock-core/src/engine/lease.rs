@@ -125,7 +125,10 @@ impl Engine {
             .backend
             .renew(std::slice::from_ref(&item), Duration::MAX)
             .await
-            .map_err(LockError::Backend)?;
+            .map_err(|err| {
+                crate::metrics::backend_error("extend");
+                LockError::Backend(err)
+            })?;
         match replies.first() {
             Some(RenewReply::Applied) => {
                 hold.change_applied(item.seq);

@@ -73,6 +73,7 @@ impl Engine {
             return false;
         }
         self.inner.watchdog.deregister(hold.id);
+        metrics::gauge_by(metrics::HELD, hold.keys.kind.label(), -1.0);
         let (let_go, lost) = hold.mark_let_go();
         if !lost {
             hold.mark_released();
@@ -241,6 +242,7 @@ fn log_release(hold: &HoldState, outcome: &ReleaseOutcome) {
             tracing::warn!(name = hold.name.for_logs(), fencing_token = hold.known_fence(), outcome = ?outcome, "dlock: released a lock that was no longer held");
         }
         ReleaseOutcome::Unreachable(err) => {
+            metrics::backend_error("release");
             metrics::count_with(
                 metrics::RELEASE_FAILED,
                 "outcome",

@@ -17,6 +17,7 @@ use super::hold_times::retry_after;
 use super::{Attempted, Engine, Lease, LockGuard};
 use crate::backend::AcquireReply;
 use crate::error::LockError;
+use crate::metrics;
 use crate::name::{LockKeys, LockName};
 
 /// One acquisition's running account: what it asks for, under which owner token, until when,
@@ -42,6 +43,25 @@ pub(crate) struct Waiter {
     /// The `Locker`'s usual hold time when the wait began: a busy answer's `retry_after` is
     /// no later.
     typical_hold: Option<Duration>,
+    /// Counts the waiter in `dlock_waiting` while it lives.
+    _in_progress: InProgress,
+}
+
+/// One acquisition in progress in the `dlock_waiting` gauge, from its first attempt until it
+/// holds the lock, gives up or is dropped.
+struct InProgress(&'static str);
+
+impl InProgress {
+    fn start(kind: &'static str) -> Self {
+        metrics::gauge_by(metrics::WAITING, kind, 1.0);
+        Self(kind)
+    }
+}
+
+impl Drop for InProgress {
+    fn drop(&mut self) {
+        metrics::gauge_by(metrics::WAITING, self.0, -1.0);
+    }
 }
 
 /// What an attempt's answer means for the waiter.
@@ -67,6 +87,7 @@ impl Waiter {
         lease: Lease,
         (started, deadline): (Instant, Instant),
     ) -> Self {
+        let kind = keys.kind.label();
         Self {
             owner: engine.new_owner(),
             name,
@@ -79,6 +100,7 @@ impl Waiter {
             failed: None,
             labelled: engine.inner.config.metrics_name_label,
             typical_hold: engine.inner.hold_times.typical(),
+            _in_progress: InProgress::start(kind),
         }
     }
 
@@ -99,8 +121,12 @@ impl Waiter {
                 self.failed = None;
                 Step::Busy
             }
-            Err(err) if !may_retry || is_permanent(&err) => Step::Failed(err),
+            Err(err) if !may_retry || is_permanent(&err) => {
+                metrics::backend_error("acquire");
+                Step::Failed(err)
+            }
             Err(err) => {
+                metrics::backend_error("acquire");
                 self.owner = engine.new_owner();
                 self.failed = Some(err);
                 Step::Retry

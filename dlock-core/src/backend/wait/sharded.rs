@@ -17,7 +17,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use redis::{PushKind, Value};
@@ -36,7 +36,7 @@ pub(super) async fn run(
     (seeds, commands): (ClusterSeeds, LazyCluster),
     slots: Arc<Slots>,
     mut rx: mpsc::UnboundedReceiver<SubCmd>,
-    healthy: Arc<AtomicBool>,
+    healthy: Arc<super::Health>,
     timeout: Duration,
 ) {
     let mut backoff = MIN_BACKOFF;
