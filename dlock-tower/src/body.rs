@@ -184,6 +184,7 @@ where
                     // handler would have been stopped.
                     *aborted = true;
                     lost.take();
+                    crate::metrics::outcome("lost");
                     let held = held.take();
                     let hidden = held.as_ref().is_some_and(Held::names_hidden);
                     let err = held.as_ref().map_or_else(

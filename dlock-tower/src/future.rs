@@ -234,6 +234,12 @@ where
     }
 }
 
+/// Records the request's `outcome` on its span and counts it.
+fn decided(span: &tracing::Span, outcome: &'static str) {
+    span.record("outcome", outcome);
+    crate::metrics::outcome(outcome);
+}
+
 fn millis(d: std::time::Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
@@ -273,12 +279,12 @@ where
     let hidden = names_hidden(shared);
     let fut = match keys {
         LockKeys::None => {
-            span.record("outcome", "unlocked");
+            decided(span, "unlocked");
             return call(inner, req, None);
         }
         // An empty set names no lock: the same as no key.
         LockKeys::Many(names) if names.is_empty() => {
-            span.record("outcome", "unlocked");
+            decided(span, "unlocked");
             return call(inner, req, None);
         }
         LockKeys::One(Err(err)) => {
@@ -366,7 +372,7 @@ fn rejected<Inner, ReqB, F>(
     grpc: Option<Grpc>,
     hidden: bool,
 ) -> State<Inner, ReqB, F> {
-    span.record("outcome", rejection.outcome());
+    decided(span, rejection.outcome());
     // The backend's error names no lock; the others may, and stay out of logs when hidden.
     match &rejection {
         LockRejection::Busy { .. } => tracing::debug!("dlock-tower: busy"),
@@ -442,7 +448,7 @@ where
                         }
                         (Err(response), _, _) => {
                             // The extractor's own rejection, as it made it.
-                            this.span.record("outcome", "key_rejected");
+                            decided(this.span, "key_rejected");
                             State::Rejected {
                                 response: Some(response),
                             }
@@ -461,7 +467,7 @@ where
                     this.span.record("wait_ms", wait_ms);
                     match (acquired, req.take(), inner.take()) {
                         (Ok(held), Some(req), Some(inner)) => {
-                            this.span.record("outcome", "acquired");
+                            decided(this.span, "acquired");
                             tracing::debug!(wait_ms, "dlock-tower: lock acquired");
                             call(inner, req, Some(held))
                         }

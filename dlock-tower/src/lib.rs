@@ -298,6 +298,13 @@
 //! connection is cut rather than letting the rest go out unprotected; a gRPC response ends with
 //! `ABORTED` trailers instead (see [gRPC](#grpc)).
 //!
+//! # Metrics
+//!
+//! Each request the layer decides on is counted in `dlock_layer_requests_total` under its
+//! outcome, and a loss while the handler runs or the body is sent in `dlock_layer_lost_total`;
+//! see [`metrics`]. dlock-core's metrics (`dlock_acquired_total`, `dlock_held`, ...) count the
+//! locks themselves.
+//!
 //! # Tracing
 //!
 //! Each request runs in a `dlock.request` span (level INFO, [`LockLayer::span_level`]) with the
@@ -321,6 +328,7 @@ mod grpc;
 mod held;
 mod key;
 mod layer;
+pub mod metrics;
 mod rejection;
 mod service;
 
