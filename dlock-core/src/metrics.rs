@@ -160,13 +160,28 @@ impl Labels {
     }
 }
 
+/// `$register!(metric, "kind" => <kind>)` with the kind as a literal, so that the metric's key
+/// is static and recording it allocates nothing (a label value known only at run time makes
+/// the `metrics` macros build a `Vec` on every call).
+macro_rules! by_kind {
+    ($register:ident, $metric:expr, $kind:expr) => {
+        match $kind {
+            "fair" => $register!($metric, "kind" => "fair"),
+            "write" => $register!($metric, "kind" => "write"),
+            "read" => $register!($metric, "kind" => "read"),
+            "permit" => $register!($metric, "kind" => "permit"),
+            _ => $register!($metric, "kind" => "lock"),
+        }
+    };
+}
+
 /// Adds `by` to `metric`, labelled.
 pub(crate) fn count(metric: &'static str, labels: &Labels, by: u64) {
     match &labels.name {
         Some(name) => {
             counter!(metric, "kind" => labels.kind, "name" => name.clone()).increment(by);
         }
-        None => counter!(metric, "kind" => labels.kind).increment(by),
+        None => by_kind!(counter, metric, labels.kind).increment(by),
     }
 }
 
@@ -196,13 +211,13 @@ pub(crate) fn seconds(metric: &'static str, labels: &Labels, value: std::time::D
     match &labels.name {
         Some(name) => histogram!(metric, "kind" => labels.kind, "name" => name.clone())
             .record(value.as_secs_f64()),
-        None => histogram!(metric, "kind" => labels.kind).record(value.as_secs_f64()),
+        None => by_kind!(histogram, metric, labels.kind).record(value.as_secs_f64()),
     }
 }
 
 /// Moves the gauge `metric` of `kind` by `by` (one hold or waiter more, or fewer).
 pub(crate) fn gauge_by(metric: &'static str, kind: &'static str, by: f64) {
-    gauge!(metric, "kind" => kind).increment(by);
+    by_kind!(gauge, metric, kind).increment(by);
 }
 
 /// Counts one failed command of `operation`.
