@@ -31,6 +31,10 @@
 //! - The locks live on one Redis server (`DLOCK_URL`) or on a Redis Cluster
 //!   (`DLOCK_CLUSTER_URLS`, its seed URLs comma-separated), as [`server`] describes; each lock
 //!   lives in its name's slot, so the shop's locks spread over the cluster's masters.
+//! - Each instance exports its metrics at `GET /metrics` in Prometheus's format ([`metrics`]):
+//!   dlock's, the lock layer's and the shop's purchase counters. `grafana/flash-sale.json` is a
+//!   Grafana dashboard of them, per instance; a test checks every query of it against what an
+//!   instance exports.
 //!
 //! The API, its bounds and its one error format are in [`routes`].
 
@@ -42,6 +46,7 @@ pub mod events;
 mod extract;
 mod health;
 pub mod loadgen;
+pub mod metrics;
 pub mod model;
 pub mod routes;
 pub mod server;

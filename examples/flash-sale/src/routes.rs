@@ -236,10 +236,16 @@ async fn method_not_allowed() -> AppError {
 /// Counts purchase requests and their 409s, including the lock layer's own.
 async fn count(State(app): State<App>, request: axum::extract::Request, next: Next) -> Response {
     app.counters.bump(Counter::Request);
+    let purchase = if request.uri().path().ends_with("/checkout") {
+        "checkout"
+    } else {
+        "voucher"
+    };
     let response = next.run(request).await;
     if response.status() == StatusCode::CONFLICT {
         app.counters.bump(Counter::Conflict);
     }
+    crate::metrics::purchase(purchase, response.status());
     response
 }
 
@@ -283,6 +289,7 @@ pub fn router(app: App) -> Router {
         .route("/api/carts/{user}/items/{sku}", delete(remove_from_cart))
         .route("/api/events", get(events))
         .route("/api/stats", get(stats))
+        .route("/metrics", get(crate::metrics::metrics))
         .merge(purchases)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)

@@ -192,6 +192,7 @@ pub async fn cluster_locker(seed_urls: &[String]) -> Result<Locker, String> {
 /// or `SIGTERM`, letting requests in flight finish.
 pub async fn serve(config: ServerConfig) -> Result<(), String> {
     crate::telemetry::init();
+    crate::metrics::install();
     let locker = locker_with(&config.redis, &config.dlock).await?;
     let mut app = crate::app(&config.database_url, locker, config.locks)
         .await

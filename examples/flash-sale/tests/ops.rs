@@ -266,3 +266,113 @@ async fn three_replicas_start_together_on_a_fresh_sqlite_file() {
         }
     }
 }
+
+/// `/metrics` exports dlock's metrics, the lock layer's and the shop's in Prometheus's format,
+/// and every query of every panel of the Grafana dashboard (`grafana/flash-sale.json`) names
+/// metrics, and label values, that an instance really exports after a little traffic: a
+/// voucher bought, a cart checked out, a checkout refused 409 on a busy lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_dashboard_query_names_exported_metrics() {
+    let redis = dlock_tests::RedisServer::start();
+    let shop = demo::start(&server(), 1, &RedisTarget::Server(redis.url()), None, true)
+        .await
+        .expect("the instance starts");
+    let url = &shop.urls[0];
+    let (user, _) = setup(url).await;
+    let (_, _, sku) = http(
+        "POST",
+        &format!("{url}/api/skus"),
+        Some(json!({"name": "s", "price_cents": 1, "stock": 100})),
+    )
+    .await;
+    let sku = sku["id"].as_i64().unwrap();
+    assert_eq!(buy(url, user).await.0, 201);
+    add(url, user, sku).await;
+    assert_eq!(checkout(url, user).await.0, 201);
+    // The SKU held elsewhere: the checkout waits, then 409.
+    let other = dlock_core::Locker::connect(&redis.url()).await.unwrap();
+    let held = other
+        .lock(flash_sale::sku_lock_name(sku).unwrap())
+        .await
+        .unwrap();
+    add(url, user, sku).await;
+    assert_eq!(checkout(url, user).await.0, 409);
+    assert!(held.release().await.is_released());
+
+    let client = Client::builder(hyper_util::rt::TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let response = client
+        .get(format!("{url}/metrics").parse().unwrap())
+        .await
+        .expect("the instance answers");
+    assert_eq!(response.status(), 200);
+    assert!(
+        (response.headers()["content-type"].to_str().unwrap()).starts_with("text/plain"),
+        "{:?}",
+        response.headers()
+    );
+    let exported =
+        String::from_utf8((response.into_body().collect().await.unwrap().to_bytes()).to_vec())
+            .unwrap();
+    let series: Vec<&str> = (exported.lines())
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .collect();
+
+    let dashboard: Value =
+        serde_json::from_str(include_str!("../grafana/flash-sale.json")).expect("JSON");
+    let panels = dashboard["panels"].as_array().expect("panels");
+    assert!(!panels.is_empty());
+    let mut checked = 0;
+    for panel in panels {
+        let title = panel["title"].as_str().unwrap_or_default();
+        let targets = panel["targets"].as_array().expect("targets");
+        assert!(!targets.is_empty(), "{title}: no query");
+        for target in targets {
+            let expr = target["expr"].as_str().expect("expr");
+            let selectors = selectors(expr);
+            assert!(!selectors.is_empty(), "{title}: no metric in {expr}");
+            for (metric, labels) in selectors {
+                let found = series.iter().any(|line| {
+                    let (name, rest) = line.split_at(line.find(['{', ' ']).unwrap_or(line.len()));
+                    name == metric && labels.iter().all(|l| rest.contains(l.as_str()))
+                });
+                assert!(
+                    found,
+                    "{title}: `{metric}` with {labels:?} is not exported:\n{exported}"
+                );
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= panels.len(), "{checked} selectors");
+}
+
+/// The metric selectors of a PromQL expression: each `dlock_…` or `flash_sale_…` name, with
+/// the `label="value"` matchers in the braces after it.
+fn selectors(expr: &str) -> Vec<(String, Vec<String>)> {
+    let mut found = Vec::new();
+    let mut rest = expr;
+    while let Some(at) = ["dlock_", "flash_sale_"]
+        .iter()
+        .filter_map(|p| rest.find(p))
+        .min()
+    {
+        let tail = &rest[at..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(tail.len());
+        let metric = tail[..end].to_owned();
+        let after = &tail[end..];
+        let labels = match after.strip_prefix('{') {
+            Some(inside) => inside[..inside.find('}').unwrap_or(inside.len())]
+                .split(',')
+                .map(str::trim)
+                .filter(|m| !m.is_empty())
+                .map(str::to_owned)
+                .collect(),
+            None => Vec::new(),
+        };
+        found.push((metric, labels));
+        rest = after;
+    }
+    found
+}

@@ -65,6 +65,7 @@ impl App {
     /// A refused fenced write: counted, and answered 409.
     pub(crate) fn stale(&self, what: &str) -> AppError {
         self.counters.bump(Counter::StaleRefused);
+        crate::metrics::stale_refused();
         tracing::warn!(what, "stale fencing token: write refused");
         AppError::Stale(format!(
             "{what}: a newer holder of its lock has been there (stale fencing token); nothing \
