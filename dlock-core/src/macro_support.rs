@@ -92,6 +92,15 @@ pub fn to_locker<L: AsLocker + ?Sized>(locker: &L) -> Locker {
     locker.as_locker().clone()
 }
 
+/// A name built from the key template `template`, which it carries for its metrics' `key`
+/// label.
+pub fn from_template(
+    name: Result<LockName, LockError>,
+    template: &'static str,
+) -> Result<LockName, LockError> {
+    name.map(|name| name.with_template(template))
+}
+
 /// Appends a placeholder's value to a name (`Display`, escaped).
 pub fn push_value<T: std::fmt::Display + ?Sized>(name: &mut NameBuilder, value: &T) {
     name.push_value(value);

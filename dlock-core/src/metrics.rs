@@ -5,14 +5,14 @@
 //!
 //! | metric | type | unit | labels | what it counts |
 //! |---|---|---|---|---|
-//! | `dlock_acquired_total` | counter | | `kind`, `name`¹ | acquisitions (re-entries not counted) |
-//! | `dlock_busy_total` | counter | | `kind`, `name`¹ | calls that ended with the lock still busy: `try_lock` finding it held, and waits that ran out |
-//! | `dlock_timeout_total` | counter | | `kind`, `name`¹ | waits that ran out, returned as `LockError::Busy` (a subset of `dlock_busy_total`) |
-//! | `dlock_wait_seconds` | histogram | seconds | `kind`, `name`¹ | time from the call to the acquisition |
-//! | `dlock_hold_seconds` | histogram | seconds | `kind`, `name`¹ | time from the acquisition to the last guard letting go |
-//! | `dlock_released_total` | counter | | `kind`, `name`¹ | final releases that found the lock still held |
-//! | `dlock_release_failed_total` | counter | | `outcome`, `kind`, `name`¹ | final releases that did not: `outcome` is `expired`, `taken_over` or `unreachable` |
-//! | `dlock_lost_total` | counter | | `reason`, `kind`, `name`¹ | holds lost while held: `reason` is `expired` (no renewal in time) or `gone` (deleted or taken over) |
+//! | `dlock_acquired_total` | counter | | `kind`, `key`, `name`¹ | acquisitions (re-entries not counted) |
+//! | `dlock_busy_total` | counter | | `kind`, `key`, `name`¹ | calls that ended with the lock still busy: `try_lock` finding it held, and waits that ran out |
+//! | `dlock_timeout_total` | counter | | `kind`, `key`, `name`¹ | waits that ran out, returned as `LockError::Busy` (a subset of `dlock_busy_total`) |
+//! | `dlock_wait_seconds` | histogram | seconds | `kind`, `key`, `name`¹ | time from the call to the acquisition |
+//! | `dlock_hold_seconds` | histogram | seconds | `kind`, `key`, `name`¹ | time from the acquisition to the last guard letting go |
+//! | `dlock_released_total` | counter | | `kind`, `key`, `name`¹ | final releases that found the lock still held |
+//! | `dlock_release_failed_total` | counter | | `outcome`, `kind`, `key`, `name`¹ | final releases that did not: `outcome` is `expired`, `taken_over` or `unreachable` |
+//! | `dlock_lost_total` | counter | | `reason`, `kind`, `key`, `name`¹ | holds lost while held: `reason` is `expired` (no renewal in time) or `gone` (deleted or taken over) |
 //! | `dlock_renewed_total` | counter | | | lease renewals applied by the watchdog |
 //! | `dlock_renew_errors_total` | counter | | | watchdog rounds that could not reach Redis |
 //! | `dlock_backend_errors_total` | counter | | `operation` | commands that failed or timed out: `operation` is `acquire`, `release`, `extend`, `fence` or `inspect` (the watchdog's are `dlock_renew_errors_total`) |
@@ -20,6 +20,11 @@
 //! | `dlock_waiting` | gauge | | `kind` | acquisitions waiting in the process now |
 //! | `dlock_subscribers_connected` | gauge | | | subscriber connections (one per `Locker` that waits for wake-ups) up now |
 //! | `dlock_watchdog_lag_seconds` | gauge | seconds | | how late the last watchdog round started after it was due (a busy runtime shows here first) |
+//!
+//! `key` is the template a name was made from (`order:<user_id>`), on the metrics of names
+//! `#[distributed_lock]` builds (or marked with
+//! [`LockName::with_template`](crate::LockName::with_template)): one series per template, where
+//! the name would make one per user.
 //!
 //! `kind` says what was held: `lock` (a plain lock, one of a multi-lock's locks too), `fair`,
 //! `write` and `read` (a read-write lock's writer and readers) or `permit` (a semaphore's).
@@ -146,6 +151,8 @@ pub fn describe() {
 #[derive(Debug, Clone)]
 pub(crate) struct Labels {
     kind: &'static str,
+    /// The template the name was made from (`order:<user_id>`), when it says.
+    key: Option<&'static str>,
     name: Option<String>,
 }
 
@@ -155,8 +162,31 @@ impl Labels {
     pub(crate) fn new(kind: &'static str, with_name: bool, name: &LockName) -> Self {
         Self {
             kind,
+            key: name.template(),
             name: (with_name && !name.is_hidden()).then(|| name.as_str().to_owned()),
         }
+    }
+
+    /// The labels as a list, for a metric whose key can't be static (a `key` or a `name`), with
+    /// `extra` first.
+    fn list(&self, extra: Option<(&'static str, &'static str)>) -> Vec<::metrics::Label> {
+        let mut labels = Vec::with_capacity(4);
+        if let Some((key, value)) = extra {
+            labels.push(::metrics::Label::from_static_parts(key, value));
+        }
+        labels.push(::metrics::Label::from_static_parts("kind", self.kind));
+        if let Some(key) = self.key {
+            labels.push(::metrics::Label::from_static_parts("key", key));
+        }
+        if let Some(name) = &self.name {
+            labels.push(::metrics::Label::new("name", name.clone()));
+        }
+        labels
+    }
+
+    /// Whether every label is static: only the kind.
+    fn only_kind(&self) -> bool {
+        self.key.is_none() && self.name.is_none()
     }
 }
 
@@ -177,11 +207,10 @@ macro_rules! by_kind {
 
 /// Adds `by` to `metric`, labelled.
 pub(crate) fn count(metric: &'static str, labels: &Labels, by: u64) {
-    match &labels.name {
-        Some(name) => {
-            counter!(metric, "kind" => labels.kind, "name" => name.clone()).increment(by);
-        }
-        None => by_kind!(counter, metric, labels.kind).increment(by),
+    if labels.only_kind() {
+        by_kind!(counter, metric, labels.kind).increment(by);
+    } else {
+        counter!(metric, labels.list(None)).increment(by);
     }
 }
 
@@ -192,13 +221,7 @@ pub(crate) fn count_with(
     value: &'static str,
     labels: &Labels,
 ) {
-    match &labels.name {
-        Some(name) => {
-            counter!(metric, key => value, "kind" => labels.kind, "name" => name.clone())
-                .increment(1);
-        }
-        None => counter!(metric, key => value, "kind" => labels.kind).increment(1),
-    }
+    counter!(metric, labels.list(Some((key, value)))).increment(1);
 }
 
 /// Adds `by` to `metric`, which has no labels (the watchdog's: it renews every kind at once).
@@ -208,10 +231,10 @@ pub(crate) fn count_all(metric: &'static str, by: u64) {
 
 /// Records `value` in the histogram `metric`, labelled.
 pub(crate) fn seconds(metric: &'static str, labels: &Labels, value: std::time::Duration) {
-    match &labels.name {
-        Some(name) => histogram!(metric, "kind" => labels.kind, "name" => name.clone())
-            .record(value.as_secs_f64()),
-        None => by_kind!(histogram, metric, labels.kind).record(value.as_secs_f64()),
+    if labels.only_kind() {
+        by_kind!(histogram, metric, labels.kind).record(value.as_secs_f64());
+    } else {
+        histogram!(metric, labels.list(None)).record(value.as_secs_f64());
     }
 }
 

@@ -53,6 +53,8 @@ pub struct LockName {
     name: Arc<str>,
     /// Kept out of logs, spans and metric labels (not part of the name's identity).
     hidden: bool,
+    /// The template the name was made from, for its metrics (not part of its identity).
+    template: Option<&'static str>,
 }
 
 impl PartialEq for LockName {
@@ -90,6 +92,7 @@ impl LockName {
             return Ok(LockName {
                 name: Arc::from(name),
                 hidden: false,
+                template: None,
             });
         }
         let mut builder = NameBuilder::new();
@@ -107,6 +110,7 @@ impl LockName {
         Self {
             name: Arc::from(""),
             hidden: false,
+            template: None,
         }
     }
 
@@ -127,6 +131,21 @@ impl LockName {
     /// [`hidden`](Self::hidden)).
     pub fn is_hidden(&self) -> bool {
         self.hidden
+    }
+
+    /// The same name, marked as made from `template` (`"order:<user_id>"`): dlock's metrics
+    /// of it carry the label `key` with the template, which takes few values where the name
+    /// takes as many as there are users (see [`crate::metrics`]). `#[distributed_lock]` marks
+    /// every name it builds with its `key`. Equality, hashing and order ignore it.
+    pub fn with_template(mut self, template: &'static str) -> Self {
+        self.template = Some(template);
+        self
+    }
+
+    /// The template the name was made from, if it says (see
+    /// [`with_template`](Self::with_template)).
+    pub fn template(&self) -> Option<&'static str> {
+        self.template
     }
 
     /// The name as logs, spans and metric labels may show it.
@@ -260,6 +279,7 @@ impl NameBuilder {
         Ok(LockName {
             name: Arc::from(self.buf),
             hidden: false,
+            template: None,
         })
     }
 }

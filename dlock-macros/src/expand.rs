@@ -419,9 +419,10 @@ fn build_name(template: &Template, support: &TokenStream) -> TokenStream {
             push.into_iter().map(own_locals).collect()
         }
     });
+    let text = &template.text;
     quote! {{
         let mut __dlock_name = #support::NameBuilder::new();
         #(#steps)*
-        __dlock_name.build()
+        #support::from_template(__dlock_name.build(), #text)
     }}
 }

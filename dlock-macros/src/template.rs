@@ -33,6 +33,8 @@ pub(crate) struct Placeholder {
 #[derive(Clone)]
 pub(crate) struct Template {
     pub(crate) segments: Vec<Segment>,
+    /// The template as written (`order:<user_id>`): what labels the name's metrics.
+    pub(crate) text: String,
 }
 
 impl Template {
@@ -212,7 +214,7 @@ pub(crate) fn parse(lit: &LitStr) -> syn::Result<Template> {
     if !literal.is_empty() {
         segments.push(Segment::Literal(literal));
     }
-    Ok(Template { segments })
+    Ok(Template { segments, text })
 }
 
 #[cfg(test)]

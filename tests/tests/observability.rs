@@ -296,6 +296,41 @@ async fn every_kind_is_counted_under_its_own_label() {
     assert_eq!(counter(&seen, dm::BUSY, &[("kind", "lock")]), 1);
 }
 
+#[dlock_core::distributed_lock(key = "order:<user_id>", locker = locker)]
+async fn place_order(locker: &Locker, user_id: u64) -> Result<u64, dlock_core::LockError> {
+    Ok(user_id)
+}
+
+/// A `#[distributed_lock]` name carries its key template: its metrics are labelled
+/// `key="order:<user_id>"`, one series for every user, where a `name` label would make one per
+/// user.
+#[tokio::test]
+async fn a_macro_lock_is_labelled_with_its_key_template() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let server = RedisServer::start();
+    let locker = Locker::connect(&server.url()).await.expect("locker");
+    for user in 1..=3 {
+        assert_eq!(place_order(&locker, user).await.expect("locked"), user);
+    }
+    let seen = snapshot(&snapshotter);
+    let template = ("key", "order:<user_id>");
+    assert_eq!(
+        counter(&seen, dm::ACQUIRED, &[template, ("kind", "lock")]),
+        3
+    );
+    assert_eq!(counter(&seen, dm::RELEASED, &[template]), 3);
+    assert_eq!(samples(&seen, dm::WAIT_SECONDS), 3);
+    let keyed: Vec<&Seen> = seen.iter().filter(|s| s.name == dm::ACQUIRED).collect();
+    assert_eq!(keyed.len(), 1, "one series for every user: {keyed:#?}");
+    assert!(
+        seen.iter()
+            .all(|s| s.labels.iter().all(|(k, _)| k != "name")),
+        "{seen:#?}"
+    );
+}
+
 #[tokio::test]
 async fn the_name_label_is_opt_in_and_never_shows_a_hidden_name() {
     let recorder = DebuggingRecorder::new();
