@@ -30,6 +30,7 @@ mod leave;
 mod owner;
 mod queue;
 mod release;
+pub(crate) mod spans;
 mod waiter;
 
 pub(crate) use acquire::{Attempted, TriedAll, held_or_timed_out, is_permanent};

@@ -137,11 +137,15 @@ impl HoldState {
         if let Some(token) = self.fence.get() {
             return Ok(*token);
         }
-        let session = (backend.session().await).map_err(LockError::Backend)?;
+        let failed = |err| {
+            crate::metrics::backend_error("fence");
+            LockError::Backend(err)
+        };
+        let session = (backend.session().await).map_err(failed)?;
         let minted = session
             .fence(&self.keys, &self.owner, self.fence_ttl)
             .await
-            .map_err(LockError::Backend)?;
+            .map_err(failed)?;
         match minted {
             Some(token) => Ok(*self.fence.get_or_init(|| FencingToken::new(token))),
             None => {

@@ -149,7 +149,6 @@ mod response;
 mod rw;
 pub mod scope;
 mod semaphore;
-mod spans;
 mod watchdog;
 
 pub use backend::MemoryStore;
@@ -185,6 +184,10 @@ pub use semaphore::{Permit, PermitRequest, Semaphore, SemaphoreStatus};
 /// The `redis` crate this version of dlock is built on: its `Client` and connection types are
 /// what [`LockerBuilder`] takes.
 pub use redis;
+
+/// `tracing`, for the `__span_at!` macro that dlock's crates share.
+#[doc(hidden)]
+pub use tracing as __tracing;
 
 #[cfg(feature = "macros")]
 #[cfg_attr(docsrs, doc(cfg(feature = "macros")))]

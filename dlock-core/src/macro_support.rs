@@ -12,7 +12,6 @@ use crate::request::LockRequest;
 
 pub use crate::name::NameBuilder;
 pub use crate::policy::OnLost;
-pub use tracing;
 
 /// How the attribute's lock is configured.
 #[derive(Debug, Clone, Copy)]

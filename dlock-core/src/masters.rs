@@ -430,3 +430,25 @@ impl MasterGuard {
 }
 
 hold_by_own_methods!(MasterGuard);
+
+impl crate::locker::LockerConfig {
+    /// Builds a [`MasterSet`] over [`masters`](Self::masters), each master a `Locker` with this
+    /// configuration's settings, that holds a lock once a majority of them granted it
+    /// ([`MasterSet::majority`]).
+    pub async fn build_master_set(&self) -> Result<MasterSet, LockError> {
+        if self.masters.is_empty() {
+            return Err(LockError::Config(
+                "no masters: set DLOCK_MASTERS to the masters' URLs, comma-separated".into(),
+            ));
+        }
+        let mut lockers = Vec::with_capacity(self.masters.len());
+        for url in &self.masters {
+            lockers.push(
+                self.settings(Locker::builder().url(url.as_str()))
+                    .build()
+                    .await?,
+            );
+        }
+        MasterSet::majority(lockers)
+    }
+}

@@ -15,7 +15,7 @@
 //! | `dlock_lost_total` | counter | | `reason`, `kind`, `key`, `name`¹ | holds lost while held: `reason` is `expired` (no renewal in time) or `gone` (deleted or taken over) |
 //! | `dlock_renewed_total` | counter | | | lease renewals applied by the watchdog |
 //! | `dlock_renew_errors_total` | counter | | | watchdog rounds that could not reach Redis |
-//! | `dlock_backend_errors_total` | counter | | `operation` | commands that failed or timed out: `operation` is `acquire`, `release`, `extend`, `fence` or `inspect` (the watchdog's are `dlock_renew_errors_total`) |
+//! | `dlock_backend_errors_total` | counter | | `operation` | commands that failed or timed out: `operation` is `acquire`, `release`, `extend`, `fence` (minting a token when first asked) or `inspect` (`list`, `inspect`, `force_release`); the watchdog's are `dlock_renew_errors_total` |
 //! | `dlock_held` | gauge | | `kind` | holds held in the process now (a re-entered hold counts once) |
 //! | `dlock_waiting` | gauge | | `kind` | acquisitions waiting in the process now |
 //! | `dlock_subscribers_connected` | gauge | | | subscriber connections (one per `Locker` that waits for wake-ups) up now |

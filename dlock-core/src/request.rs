@@ -158,7 +158,7 @@ impl<G> LockRequest<G> {
             RequestKind::Fair => "fair",
             RequestKind::Write { .. } => "write",
         };
-        let span = crate::spans::acquire(engine.inner.config.span_level, &name, span_kind);
+        let span = crate::engine::spans::acquire(engine.inner.config.span_level, &name, span_kind);
         let (recorded, started) = (span.clone(), Instant::now());
         let attempt = match kind {
             RequestKind::Plain => Either::Left(engine.acquire(name.clone(), wait, lease)),
@@ -177,7 +177,7 @@ impl<G> LockRequest<G> {
             }
         };
         Either::Right(attempt.instrument(span).map(move |attempted| {
-            crate::spans::acquired(&recorded, &attempted, started.elapsed());
+            crate::engine::spans::acquired(&recorded, &attempted, started.elapsed());
             let attempted = attempted?;
             if let (Attempted::Held(guard), Some(at_least)) = (&attempted, at_least)
                 && !guard.is_reentrant()

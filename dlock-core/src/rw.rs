@@ -157,12 +157,12 @@ impl ReadRequest {
             return Ok((Attempted::Held(guard), name));
         }
         let keys = Arc::new(LockKeys::read_write(prefix, &name, false, prefer, None));
-        let span = crate::spans::acquire(engine.inner.config.span_level, &name, "read");
+        let span = crate::engine::spans::acquire(engine.inner.config.span_level, &name, "read");
         let started = tokio::time::Instant::now();
         let attempted = (engine.acquire_keys(name.clone(), keys, self.wait, self.lease))
             .instrument(span.clone())
             .await;
-        crate::spans::acquired(&span, &attempted, started.elapsed());
+        crate::engine::spans::acquired(&span, &attempted, started.elapsed());
         let attempted = attempted?;
         Ok((attempted, name))
     }

@@ -184,12 +184,12 @@ impl PermitRequest {
         }
         check_lease(self.lease.duration())?;
         let engine = self.semaphore.engine.clone();
-        let span = crate::spans::acquire(engine.inner.config.span_level, &name, "permit");
+        let span = crate::engine::spans::acquire(engine.inner.config.span_level, &name, "permit");
         let started = tokio::time::Instant::now();
         let attempted = (engine.acquire_keys(name.clone(), keys, self.wait, self.lease))
             .instrument(span.clone())
             .await;
-        crate::spans::acquired(&span, &attempted, started.elapsed());
+        crate::engine::spans::acquired(&span, &attempted, started.elapsed());
         let attempted = attempted?;
         Ok((attempted, name))
     }

@@ -4,23 +4,19 @@
 use std::time::Duration;
 
 use axum::Router;
-use axum::body::Body;
 use axum::extract::Path;
-use axum::http::{Request, StatusCode};
+use axum::http::StatusCode;
 use axum::routing::get;
 use dlock_core::Locker;
 use dlock_core::redis::AsyncCommands as _;
 use dlock_tests::{RedisServer, unique_name};
 use dlock_tower::{LockLayer, metrics as lm};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
-use tower::ServiceExt as _;
+
+mod common;
 
 async fn status(app: &Router, uri: &str) -> StatusCode {
-    app.clone()
-        .oneshot(Request::get(uri).body(Body::empty()).unwrap())
-        .await
-        .unwrap()
-        .status()
+    common::oneshot(app, uri).await.0
 }
 
 // A current-thread runtime: the thread's recorder sees everything the layer records.

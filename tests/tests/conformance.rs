@@ -49,6 +49,32 @@ use Op::{Command, Script};
 /// A time far ahead, in server ms (a member that never expires within a row).
 const LATER: &str = "9999999999999";
 
+/// `INSPECT`'s keys for the name `lk`: its lock, counter, channel and line, its read-write
+/// lock's writer and readers, its semaphore's permits and set count.
+const INSPECT_KEYS: &[&str] = &[
+    "lk",
+    "lk:fence",
+    "lk:wake",
+    "lk:queue",
+    "lk:write",
+    "lk:read",
+    "lk:permits",
+    "lk:permits:limit",
+];
+
+/// `FORCE_RELEASE`'s keys for the name `lk`: each kind's hold and wake-up channel.
+const FORCE_RELEASE_KEYS: &[&str] = &[
+    "lk",
+    "lk:wake",
+    "lk:queue",
+    "lk:alive",
+    "lk:write",
+    "lk:read",
+    "lk:rw:wake",
+    "lk:permits",
+    "lk:permits:wake",
+];
+
 const ROWS: &[Row] = &[
     // A first attempt.
     Row {
@@ -463,20 +489,7 @@ const ROWS: &[Row] = &[
             Hash("lk:fence", &[("n", "15")]),
             Zset("lk:queue", &[("w1", "1"), ("w2", "2")]),
         ],
-        op: Script(
-            "INSPECT",
-            &[
-                "lk",
-                "lk:fence",
-                "lk:wake",
-                "lk:queue",
-                "lk:write",
-                "lk:read",
-                "lk:permits",
-                "lk:permits:limit",
-            ],
-            &["NUMSUB"],
-        ),
+        op: Script("INSPECT", INSPECT_KEYS, &["NUMSUB"]),
         reply: "[{~30000}, [\"01234567\", \"job\"], \"12\", 0, 0, \"15\", 0, 2, -2, [], 0, 0, \"\"]",
         after: &[
             "lk string \"0123456789abcdef0123456789abcdef@job f12\" {~30000}",
@@ -487,40 +500,14 @@ const ROWS: &[Row] = &[
     Row {
         what: "INSPECT: a key kept after a release",
         before: &[Str("lk", "#k:o1", 5000)],
-        op: Script(
-            "INSPECT",
-            &[
-                "lk",
-                "lk:fence",
-                "lk:wake",
-                "lk:queue",
-                "lk:write",
-                "lk:read",
-                "lk:permits",
-                "lk:permits:limit",
-            ],
-            &["NUMSUB"],
-        ),
+        op: Script("INSPECT", INSPECT_KEYS, &["NUMSUB"]),
         reply: "[{~5000}, [], \"\", 1, 0, \"\", 0, 0, -2, [], 0, 0, \"\"]",
         after: &["lk string \"#k:o1\" {~5000}"],
     },
     Row {
         what: "INSPECT: a value that is not a lock's",
         before: &[Str("lk", "hello", 0)],
-        op: Script(
-            "INSPECT",
-            &[
-                "lk",
-                "lk:fence",
-                "lk:wake",
-                "lk:queue",
-                "lk:write",
-                "lk:read",
-                "lk:permits",
-                "lk:permits:limit",
-            ],
-            &["NUMSUB"],
-        ),
+        op: Script("INSPECT", INSPECT_KEYS, &["NUMSUB"]),
         reply: "[-1, [], \"\", 0, 1, \"\", 0, 0, -2, [], 0, 0, \"\"]",
         after: &["lk string \"hello\" none"],
     },
@@ -533,20 +520,7 @@ const ROWS: &[Row] = &[
             Zset("lk:permits", &[("p1", LATER), ("p2", LATER), ("p3", "1")]),
             Str("lk:permits:limit", "5", 0),
         ],
-        op: Script(
-            "INSPECT",
-            &[
-                "lk",
-                "lk:fence",
-                "lk:wake",
-                "lk:queue",
-                "lk:write",
-                "lk:read",
-                "lk:permits",
-                "lk:permits:limit",
-            ],
-            &["NUMSUB"],
-        ),
+        op: Script("INSPECT", INSPECT_KEYS, &["NUMSUB"]),
         reply: "[-2, [], \"\", 0, 0, \"\", 0, 0, {~20000}, [\"fedcba98\", \"api\"], 1, 2, \"5\"]",
         after: &[
             "lk:permits zset {p3=1, p1=9999999999999, p2=9999999999999} none",
@@ -563,21 +537,7 @@ const ROWS: &[Row] = &[
             Zset("lk:queue", &[("w1", "1")]),
             Zset("lk:alive", &[("w1", LATER)]),
         ],
-        op: Script(
-            "FORCE_RELEASE",
-            &[
-                "lk",
-                "lk:wake",
-                "lk:queue",
-                "lk:alive",
-                "lk:write",
-                "lk:read",
-                "lk:rw:wake",
-                "lk:permits",
-                "lk:permits:wake",
-            ],
-            &["PUBLISH"],
-        ),
+        op: Script("FORCE_RELEASE", FORCE_RELEASE_KEYS, &["PUBLISH"]),
         reply: "1",
         after: &[
             "lk:alive zset {w1=9999999999999} none",
@@ -587,21 +547,7 @@ const ROWS: &[Row] = &[
     Row {
         what: "FORCE_RELEASE: nothing to remove",
         before: &[],
-        op: Script(
-            "FORCE_RELEASE",
-            &[
-                "lk",
-                "lk:wake",
-                "lk:queue",
-                "lk:alive",
-                "lk:write",
-                "lk:read",
-                "lk:rw:wake",
-                "lk:permits",
-                "lk:permits:wake",
-            ],
-            &["PUBLISH"],
-        ),
+        op: Script("FORCE_RELEASE", FORCE_RELEASE_KEYS, &["PUBLISH"]),
         reply: "0",
         after: &[],
     },
@@ -613,21 +559,7 @@ const ROWS: &[Row] = &[
             Zset("lk:permits", &[("p1", LATER)]),
             Str("lk:permits:limit", "5", 0),
         ],
-        op: Script(
-            "FORCE_RELEASE",
-            &[
-                "lk",
-                "lk:wake",
-                "lk:queue",
-                "lk:alive",
-                "lk:write",
-                "lk:read",
-                "lk:rw:wake",
-                "lk:permits",
-                "lk:permits:wake",
-            ],
-            &["PUBLISH"],
-        ),
+        op: Script("FORCE_RELEASE", FORCE_RELEASE_KEYS, &["PUBLISH"]),
         reply: "3",
         after: &["lk:permits:limit string \"5\" none"],
     },

@@ -166,10 +166,23 @@ async fn every_metric_is_described_typed_recorded_and_documented() {
         .lock(unique_name("stranded").as_str())
         .await
         .expect("free");
+    // A hold with a fixed lease, so that it is not lost before its first ask for a token.
+    let unfenced = cut
+        .lock(unique_name("unfenced").as_str())
+        .lease(Duration::from_secs(30))
+        .await
+        .expect("free");
     proxy.cut();
-    // An acquisition that can't reach Redis either.
+    // An acquisition, a first ask for a token and an inspection that can't reach Redis either.
     let unreachable = cut.lock(unique_name("unreachable").as_str()).await;
     assert!(unreachable.is_err_and(|e| e.is_backend()));
+    assert!(
+        unfenced
+            .fencing_token()
+            .await
+            .is_err_and(|e| e.is_backend())
+    );
+    assert!(cut.inspect("anything").await.is_err_and(|e| e.is_backend()));
     let mut seen = Vec::new();
     assert!(
         eventually(Duration::from_secs(3), || {
@@ -186,7 +199,7 @@ async fn every_metric_is_described_typed_recorded_and_documented() {
     server.kill();
     seen.extend(snapshot(&snapshotter));
 
-    assert_eq!(counter(&seen, dm::ACQUIRED, &[]), 3);
+    assert_eq!(counter(&seen, dm::ACQUIRED, &[]), 4);
     assert_eq!(counter(&seen, dm::BUSY, &[]), 2);
     assert_eq!(counter(&seen, dm::TIMEOUT, &[]), 1);
     assert_eq!(counter(&seen, dm::RELEASED, &[]), 1);
@@ -198,9 +211,14 @@ async fn every_metric_is_described_typed_recorded_and_documented() {
     assert_eq!(counter(&seen, dm::RELEASE_FAILED, &[]), 2);
     assert!(samples(&seen, dm::WAIT_SECONDS) >= 3);
     assert!(samples(&seen, dm::HOLD_SECONDS) >= 3);
-    assert!(counter(&seen, dm::BACKEND_ERRORS, &[("operation", "acquire")]) >= 1);
-    // Every hold let go and every waiter done: the gauges are back to nothing.
-    assert_eq!(gauge(&seen, dm::HELD, &[("kind", "lock")]), Some(0.0));
+    for operation in ["acquire", "fence", "inspect"] {
+        assert!(
+            counter(&seen, dm::BACKEND_ERRORS, &[("operation", operation)]) >= 1,
+            "{operation}"
+        );
+    }
+    // Every hold let go but the unfenced one, and every waiter done.
+    assert_eq!(gauge(&seen, dm::HELD, &[("kind", "lock")]), Some(1.0));
     assert_eq!(gauge(&seen, dm::WAITING, &[("kind", "lock")]), Some(0.0));
     assert!(gauge(&seen, dm::WATCHDOG_LAG_SECONDS, &[]).is_some_and(|lag| lag < 1.0));
     // Without the opt-in, no metric carries a name.

@@ -375,7 +375,7 @@ impl Engine {
         tracing::debug!(
             name = name.for_logs(),
             fencing_token = fence,
-            wait_ms = crate::spans::ms(waited),
+            wait_ms = crate::engine::spans::ms(waited),
             "dlock: acquired"
         );
         let watchdog = matches!(lease, Lease::Watchdog(_));
@@ -438,8 +438,8 @@ pub(crate) fn busy(
     metrics::count(metrics::BUSY, &Labels::new(kind, labelled, name), 1);
     tracing::debug!(
         name = name.for_logs(),
-        wait_ms = crate::spans::ms(started.elapsed()),
-        retry_after_ms = retry_after.map(crate::spans::ms),
+        wait_ms = crate::engine::spans::ms(started.elapsed()),
+        retry_after_ms = retry_after.map(crate::engine::spans::ms),
         "dlock: busy"
     );
     Attempted::Busy(retry_after, kind)

@@ -91,7 +91,7 @@ impl Engine {
         hold: Arc<HoldState>,
         queue: Option<Arc<LocalQueue>>,
     ) -> ReleaseOutcome {
-        let span = crate::spans::release(
+        let span = crate::engine::spans::release(
             self.inner.config.span_level,
             &hold.name,
             hold.keys.kind.label(),
@@ -111,7 +111,7 @@ impl Engine {
             let outcome = judged_at_let_go(&hold, outcome);
             log_release(&hold, &outcome);
             let held = hold.let_go().0.saturating_duration_since(hold.acquired_at);
-            crate::spans::released(&recorded, &outcome, held, hold.known_fence());
+            crate::engine::spans::released(&recorded, &outcome, held, hold.known_fence());
             outcome
         }
         .instrument(span)

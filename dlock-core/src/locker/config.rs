@@ -8,7 +8,6 @@ use super::url::redact_url;
 use super::{Locker, LockerBuilder};
 use crate::engine::Lease;
 use crate::error::LockError;
-use crate::masters::MasterSet;
 use crate::replication::ReplicaAck;
 
 /// Everything a [`Locker`] is built from, as data: where Redis is (one source of
@@ -55,7 +54,7 @@ pub struct LockerConfig {
     pub sentinels: Vec<String>,
     /// The name the sentinels monitor the master under (`DLOCK_SENTINEL_MASTER`).
     pub sentinel_master: Option<String>,
-    /// Independent masters, each a Redis URL, for a [`MasterSet`] that needs a majority of them
+    /// Independent masters, each a Redis URL, for a [`MasterSet`](crate::MasterSet) that needs a majority of them
     /// (`DLOCK_MASTERS`, comma-separated; [`build_master_set`](Self::build_master_set)).
     pub masters: Vec<String>,
     /// The prefix of every key (`DLOCK_PREFIX`; [`LockerBuilder::prefix`]).
@@ -350,7 +349,7 @@ impl LockerConfig {
 
     /// A [`LockerBuilder`] with every setting of this configuration. Exactly one of
     /// [`url`](Self::url), [`cluster`](Self::cluster) and [`sentinels`](Self::sentinels) must be
-    /// set ([`masters`](Self::masters) builds a [`MasterSet`] instead).
+    /// set ([`masters`](Self::masters) builds a [`MasterSet`](crate::MasterSet) instead).
     pub fn builder(&self) -> Result<LockerBuilder, LockError> {
         let given: Vec<&str> = [
             ("DLOCK_URL", self.url.is_some()),
@@ -392,26 +391,6 @@ impl LockerConfig {
         self.builder()?.build().await
     }
 
-    /// Builds a [`MasterSet`] over [`masters`](Self::masters), each master a `Locker` with this
-    /// configuration's settings, that holds a lock once a majority of them granted it
-    /// ([`MasterSet::majority`]).
-    pub async fn build_master_set(&self) -> Result<MasterSet, LockError> {
-        if self.masters.is_empty() {
-            return Err(LockError::Config(
-                "no masters: set DLOCK_MASTERS to the masters' URLs, comma-separated".into(),
-            ));
-        }
-        let mut lockers = Vec::with_capacity(self.masters.len());
-        for url in &self.masters {
-            lockers.push(
-                self.settings(Locker::builder().url(url.as_str()))
-                    .build()
-                    .await?,
-            );
-        }
-        MasterSet::majority(lockers)
-    }
-
     #[cfg(feature = "cluster")]
     fn cluster_builder(&self) -> Result<LockerBuilder, LockError> {
         Ok(Locker::builder().cluster(self.cluster.iter().cloned()))
@@ -446,7 +425,7 @@ impl LockerConfig {
     }
 
     /// `builder` with every setting but the source.
-    fn settings(&self, mut builder: LockerBuilder) -> LockerBuilder {
+    pub(crate) fn settings(&self, mut builder: LockerBuilder) -> LockerBuilder {
         if let Some(prefix) = &self.prefix {
             builder = builder.prefix(prefix.as_str());
         }

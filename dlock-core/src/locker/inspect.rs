@@ -95,7 +95,7 @@ impl Locker {
             Backend::Redis(r) => {
                 // `{name}` and the kinds' keys after it: `{name}:write`, `{name}:permits`, ...
                 let glob = format!("{}{{{pattern}}}*", escape_glob(prefix));
-                (r.scan(&glob).await).map_err(LockError::Backend)?
+                (r.scan(&glob).await).map_err(operator_error)?
             }
         };
         let mut names: Vec<String> = (keys.iter())
@@ -120,7 +120,7 @@ impl Locker {
         let name = self.engine.name(name)?;
         let keys = NameKeys::new(&self.engine.inner.config.prefix, &name);
         let session = self.engine.session().await?;
-        let raw = (session.inspect(&keys).await).map_err(LockError::Backend)?;
+        let raw = (session.inspect(&keys).await).map_err(operator_error)?;
         Ok(LockInfo {
             name: name.to_string(),
             holders: (raw.holders.into_iter())
@@ -161,7 +161,7 @@ impl Locker {
         let name = self.engine.name(name)?;
         let keys = NameKeys::new(&self.engine.inner.config.prefix, &name);
         let session = self.engine.session().await?;
-        let removed = (session.force_release(&keys).await).map_err(LockError::Backend)?;
+        let removed = (session.force_release(&keys).await).map_err(operator_error)?;
         tracing::warn!(
             name = name.for_logs(),
             removed,
@@ -169,4 +169,10 @@ impl Locker {
         );
         Ok(removed > 0)
     }
+}
+
+/// A command of the operator tools that failed, counted as `inspect`.
+fn operator_error(err: crate::error::BackendError) -> LockError {
+    crate::metrics::backend_error("inspect");
+    LockError::Backend(err)
 }

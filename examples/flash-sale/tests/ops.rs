@@ -104,6 +104,23 @@ async fn checkout(url: &str, user: i64) -> (u16, String) {
     (status, text)
 }
 
+/// One instance on `redis`, a user and a SKU of 100 units.
+async fn shop_with_a_sku(redis: &dlock_tests::RedisServer) -> (demo::Instances, i64, i64) {
+    let shop = demo::start(&server(), 1, &RedisTarget::Server(redis.url()), None, true)
+        .await
+        .expect("the instance starts");
+    let url = &shop.urls[0];
+    let (user, _) = setup(url).await;
+    let (_, _, sku) = http(
+        "POST",
+        &format!("{url}/api/skus"),
+        Some(json!({"name": "s", "price_cents": 1, "stock": 100})),
+    )
+    .await;
+    let sku = sku["id"].as_i64().unwrap();
+    (shop, user, sku)
+}
+
 fn assert_no_internals(text: &str) {
     for leak in [
         "refused",
@@ -162,18 +179,8 @@ async fn an_instance_starts_without_redis_and_locks_once_it_is_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_first_locked_request_after_redis_restarts_succeeds() {
     let mut redis = dlock_tests::RedisServer::start();
-    let shop = demo::start(&server(), 1, &RedisTarget::Server(redis.url()), None, true)
-        .await
-        .expect("the instance starts");
+    let (shop, user, sku) = shop_with_a_sku(&redis).await;
     let url = &shop.urls[0];
-    let (user, _) = setup(url).await;
-    let (_, _, sku) = http(
-        "POST",
-        &format!("{url}/api/skus"),
-        Some(json!({"name": "s", "price_cents": 1, "stock": 100})),
-    )
-    .await;
-    let sku = sku["id"].as_i64().unwrap();
     assert_eq!(buy(url, user).await.0, 201);
     for round in 0..3 {
         redis.kill();
@@ -274,18 +281,8 @@ async fn three_replicas_start_together_on_a_fresh_sqlite_file() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_dashboard_query_names_exported_metrics() {
     let redis = dlock_tests::RedisServer::start();
-    let shop = demo::start(&server(), 1, &RedisTarget::Server(redis.url()), None, true)
-        .await
-        .expect("the instance starts");
+    let (shop, user, sku) = shop_with_a_sku(&redis).await;
     let url = &shop.urls[0];
-    let (user, _) = setup(url).await;
-    let (_, _, sku) = http(
-        "POST",
-        &format!("{url}/api/skus"),
-        Some(json!({"name": "s", "price_cents": 1, "stock": 100})),
-    )
-    .await;
-    let sku = sku["id"].as_i64().unwrap();
     assert_eq!(buy(url, user).await.0, 201);
     add(url, user, sku).await;
     assert_eq!(checkout(url, user).await.0, 201);

@@ -10,7 +10,7 @@ use std::time::Duration;
 use tracing::field::Empty;
 use tracing::{Level, Span};
 
-use crate::engine::Attempted;
+use super::Attempted;
 use crate::error::{LockError, ReleaseOutcome};
 use crate::name::LockName;
 
@@ -20,7 +20,7 @@ use crate::name::LockName;
 #[macro_export]
 macro_rules! __span_at {
     ($level:expr, $($rest:tt)*) => {{
-        use $crate::macro_support::tracing::{Level, span};
+        use $crate::__tracing::{Level, span};
         let level: Level = $level;
         if level == Level::ERROR {
             span!(Level::ERROR, $($rest)*)
