@@ -159,7 +159,6 @@ impl<G> LockRequest<G> {
             RequestKind::Write { .. } => "write",
         };
         let span = crate::engine::spans::acquire(engine.inner.config.span_level, &name, span_kind);
-        let (recorded, started) = (span.clone(), Instant::now());
         let attempt = match kind {
             RequestKind::Plain => Either::Left(engine.acquire(name.clone(), wait, lease)),
             // Boxed: the fair and write paths have larger futures than the plain one, which
@@ -176,8 +175,8 @@ impl<G> LockRequest<G> {
                 Either::Right(Box::pin(engine.acquire_keys(name.clone(), keys, wait, lease)) as _)
             }
         };
-        Either::Right(attempt.instrument(span).map(move |attempted| {
-            crate::engine::spans::acquired(&recorded, &attempted, started.elapsed());
+        Either::Right(attempt.instrument(span.span.clone()).map(move |attempted| {
+            span.acquired(&attempted);
             let attempted = attempted?;
             if let (Attempted::Held(guard), Some(at_least)) = (&attempted, at_least)
                 && !guard.is_reentrant()

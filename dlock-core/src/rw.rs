@@ -158,11 +158,10 @@ impl ReadRequest {
         }
         let keys = Arc::new(LockKeys::read_write(prefix, &name, false, prefer, None));
         let span = crate::engine::spans::acquire(engine.inner.config.span_level, &name, "read");
-        let started = tokio::time::Instant::now();
         let attempted = (engine.acquire_keys(name.clone(), keys, self.wait, self.lease))
-            .instrument(span.clone())
+            .instrument(span.span.clone())
             .await;
-        crate::engine::spans::acquired(&span, &attempted, started.elapsed());
+        span.acquired(&attempted);
         let attempted = attempted?;
         Ok((attempted, name))
     }

@@ -185,11 +185,10 @@ impl PermitRequest {
         check_lease(self.lease.duration())?;
         let engine = self.semaphore.engine.clone();
         let span = crate::engine::spans::acquire(engine.inner.config.span_level, &name, "permit");
-        let started = tokio::time::Instant::now();
         let attempted = (engine.acquire_keys(name.clone(), keys, self.wait, self.lease))
-            .instrument(span.clone())
+            .instrument(span.span.clone())
             .await;
-        crate::engine::spans::acquired(&span, &attempted, started.elapsed());
+        span.acquired(&attempted);
         let attempted = attempted?;
         Ok((attempted, name))
     }

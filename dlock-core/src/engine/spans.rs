@@ -7,6 +7,7 @@
 
 use std::time::Duration;
 
+use tokio::time::Instant;
 use tracing::field::Empty;
 use tracing::{Level, Span};
 
@@ -41,10 +42,26 @@ pub(crate) fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
+/// The span of one acquisition, and when it began (read only when the span is recorded: an
+/// acquisition nobody traces reads no clock for it).
+pub(crate) struct AcquireSpan {
+    pub(crate) span: Span,
+    started: Option<Instant>,
+}
+
+impl AcquireSpan {
+    /// Records on the span how the acquisition ended (see [`acquired`]).
+    pub(crate) fn acquired(&self, result: &Result<Attempted, LockError>) {
+        if let Some(started) = self.started {
+            acquired(&self.span, result, started.elapsed());
+        }
+    }
+}
+
 /// The span of one acquisition of `name`, a hold of `kind` (`lock`, `fair`, `write`, `read`,
 /// `permit`, `multi`).
-pub(crate) fn acquire(level: Level, name: &LockName, kind: &'static str) -> Span {
-    crate::__span_at!(
+pub(crate) fn acquire(level: Level, name: &LockName, kind: &'static str) -> AcquireSpan {
+    let span = crate::__span_at!(
         level,
         "dlock.acquire",
         name = name.for_logs(),
@@ -53,16 +70,15 @@ pub(crate) fn acquire(level: Level, name: &LockName, kind: &'static str) -> Span
         wait_ms = Empty,
         fencing_token = Empty,
         reentered = Empty,
-    )
+    );
+    let started = (!span.is_disabled()).then(Instant::now);
+    AcquireSpan { span, started }
 }
 
 /// Records on `span` how the acquisition that began `waited` ago ended: `acquired` (with the
 /// fencing token if the grant minted one, and whether it re-entered a hold of the task),
 /// `busy`, or `failed`.
-pub(crate) fn acquired(span: &Span, result: &Result<Attempted, LockError>, waited: Duration) {
-    if span.is_disabled() {
-        return;
-    }
+fn acquired(span: &Span, result: &Result<Attempted, LockError>, waited: Duration) {
     span.record("wait_ms", ms(waited));
     match result {
         Ok(Attempted::Held(guard)) => {
