@@ -97,6 +97,7 @@ impl Engine {
     /// The machinery over `backend` with `config`; `display` says where it points, without a
     /// password.
     pub(crate) fn new(backend: Backend, config: Config, display: String) -> Self {
+        let turn_id = owner::new_owner(config.token_tag, None);
         Self {
             inner: Arc::new(Shared {
                 id: next_id(),
@@ -106,7 +107,7 @@ impl Engine {
                 queues: Mutex::new(HashMap::new()),
                 round_trip_us: AtomicU64::new(0),
                 hold_times: HoldTimes::default(),
-                turn_id: owner::new_owner(None),
+                turn_id,
                 display,
             }),
         }
@@ -114,7 +115,8 @@ impl Engine {
 
     /// A fresh owner token for one acquisition, with this `Locker`'s holder label.
     pub(crate) fn new_owner(&self) -> Arc<str> {
-        owner::new_owner(self.inner.config.holder_label.as_deref())
+        let config = &self.inner.config;
+        owner::new_owner(config.token_tag, config.holder_label.as_deref())
     }
 
     /// This `Locker`'s id, unique in the process: what a scope records its holds under.

@@ -30,6 +30,20 @@ pub enum LockError {
         /// remaining time says little). What `Retry-After` is made from.
         retry_after: Option<Duration>,
     },
+    /// The lock stayed held until the wait deadline by a `Locker` of a version whose key layout
+    /// this one does not speak (a newer version's, during a rolling deploy): the hold was left
+    /// exactly as it was, and the wait polled. Busy, as far as the caller is concerned
+    /// ([`is_busy`](LockError::is_busy)); see the README's "Upgrades" for which versions may
+    /// run side by side.
+    #[error(
+        "lock `{name}` is held in a key layout this version of dlock does not speak (waited {waited:?})"
+    )]
+    HeldInForeignLayout {
+        /// The lock's name.
+        name: String,
+        /// How long this call waited.
+        waited: Duration,
+    },
     /// The lock was lost while held: it expired, was deleted, or was taken over.
     #[error("lock `{name}` was lost{}", token_note(*fencing_token))]
     Lost {
@@ -62,10 +76,11 @@ impl LockError {
     /// The lock was busy until the deadline: another holder kept it past the wait (on a
     /// [`MasterSet`](crate::MasterSet): enough masters answered, but rivals held it on too many
     /// of them). A backend that did not answer in time is [`is_backend`](Self::is_backend)
-    /// instead.
+    /// instead. A lock held in a key layout this version does not speak
+    /// ([`HeldInForeignLayout`](LockError::HeldInForeignLayout)) is busy too.
     pub fn is_busy(&self) -> bool {
         match self {
-            Self::Busy { .. } => true,
+            Self::Busy { .. } | Self::HeldInForeignLayout { .. } => true,
             Self::Masters(err) => err.is_busy(),
             _ => false,
         }
@@ -117,7 +132,9 @@ impl From<LockError> for std::io::Error {
     /// `InvalidInput`, an unreachable backend is `NotConnected`, anything else `Other`.
     fn from(err: LockError) -> Self {
         let kind = match &err {
-            LockError::Busy { .. } => std::io::ErrorKind::ResourceBusy,
+            LockError::Busy { .. } | LockError::HeldInForeignLayout { .. } => {
+                std::io::ErrorKind::ResourceBusy
+            }
             LockError::InvalidName(_) => std::io::ErrorKind::InvalidInput,
             LockError::Backend(_) => std::io::ErrorKind::NotConnected,
             LockError::Masters(m) if m.is_busy() => std::io::ErrorKind::ResourceBusy,

@@ -20,6 +20,7 @@
 //! | `dlock_waiting` | gauge | | `kind` | acquisitions waiting in the process now |
 //! | `dlock_subscribers_connected` | gauge | | | subscriber connections (one per `Locker` that waits for wake-ups) up now |
 //! | `dlock_watchdog_lag_seconds` | gauge | seconds | | how late the last watchdog round started after it was due (a busy runtime shows here first) |
+//! | `dlock_foreign_layout_total` | counter | | `kind` | acquisitions that found their name held in a key layout this version does not speak (a newer version's; once per acquisition): they wait by polling and never write that hold |
 //!
 //! `key` is the template a name was made from (`order:<user_id>`), on the metrics of names
 //! `#[distributed_lock]` builds (or marked with
@@ -86,8 +87,11 @@ pub const SUBSCRIBERS_CONNECTED: &str = "dlock_subscribers_connected";
 /// `dlock_watchdog_lag_seconds`.
 pub const WATCHDOG_LAG_SECONDS: &str = "dlock_watchdog_lag_seconds";
 
+/// `dlock_foreign_layout_total`.
+pub const FOREIGN_LAYOUT: &str = "dlock_foreign_layout_total";
+
 /// Every metric dlock records, by name.
-pub const ALL: [&str; 15] = [
+pub const ALL: [&str; 16] = [
     ACQUIRED,
     BUSY,
     TIMEOUT,
@@ -103,6 +107,7 @@ pub const ALL: [&str; 15] = [
     WAITING,
     SUBSCRIBERS_CONNECTED,
     WATCHDOG_LAG_SECONDS,
+    FOREIGN_LAYOUT,
 ];
 
 /// Describes every metric (type, unit, help text) to the installed recorder. Call it once after
@@ -143,6 +148,10 @@ pub fn describe() {
         WATCHDOG_LAG_SECONDS,
         Unit::Seconds,
         "How late the last watchdog round started after it was due."
+    );
+    describe_counter!(
+        FOREIGN_LAYOUT,
+        "Acquisitions that found their name held in a key layout this version does not speak."
     );
 }
 
@@ -241,6 +250,11 @@ pub(crate) fn seconds(metric: &'static str, labels: &Labels, value: std::time::D
 /// Moves the gauge `metric` of `kind` by `by` (one hold or waiter more, or fewer).
 pub(crate) fn gauge_by(metric: &'static str, kind: &'static str, by: f64) {
     by_kind!(gauge, metric, kind).increment(by);
+}
+
+/// Counts one acquisition of `kind` that found its name held in a foreign layout.
+pub(crate) fn foreign_layout(kind: &'static str) {
+    by_kind!(counter, FOREIGN_LAYOUT, kind).increment(1);
 }
 
 /// Counts one failed command of `operation`.

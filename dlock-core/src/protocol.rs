@@ -104,6 +104,7 @@ use redis::Script;
 
 pub(crate) mod calls;
 pub mod hold;
+pub mod layout;
 #[cfg(feature = "cluster")]
 pub mod slot;
 
@@ -118,7 +119,11 @@ pub(crate) struct Lua {
 
 impl Lua {
     fn new(file: &str) -> Self {
-        let text = compose(file);
+        Self::from_text(compose(file))
+    }
+
+    /// A script already made whole (an earlier layout's, frozen).
+    fn from_text(text: String) -> Self {
         let script = Script::new(&text);
         Self { text, script }
     }
@@ -228,6 +233,11 @@ scripts! {
 /// tests, which run each one on a server and on the memory store.
 pub fn script_texts() -> Vec<(&'static str, &'static str)> {
     ALL.iter().map(|(name, lua)| (*name, lua.text())).collect()
+}
+
+/// Every script, by name.
+fn all_scripts() -> impl Iterator<Item = (&'static str, &'static Lua)> {
+    ALL.iter().map(|(name, lua)| (*name, &***lua))
 }
 
 #[cfg(test)]

@@ -156,7 +156,7 @@ impl ErrorResponses {
     /// The status `err` is answered with.
     pub fn status_of(&self, err: &LockError) -> StatusCode {
         match err {
-            LockError::Busy { .. } => self.busy,
+            LockError::Busy { .. } | LockError::HeldInForeignLayout { .. } => self.busy,
             LockError::Lost { .. } => self.lost,
             LockError::Backend(_) => self.unavailable,
             LockError::InvalidName(_) => self.invalid_name,
@@ -171,7 +171,7 @@ impl ErrorResponses {
     pub fn to_response(&self, err: &LockError) -> http::Response<String> {
         let status = self.status_of(err);
         let (detail, name) = match err {
-            LockError::Busy { name, .. } => (
+            LockError::Busy { name, .. } | LockError::HeldInForeignLayout { name, .. } => (
                 "another request holds this lock; retry later".to_owned(),
                 Some(name.as_str()),
             ),
@@ -217,7 +217,9 @@ impl ErrorResponses {
         );
         let busy_retry = match err {
             LockError::Busy { retry_after, .. } => Some(*retry_after),
-            LockError::Masters(m) if m.is_busy() => Some(None),
+            LockError::HeldInForeignLayout { .. } | LockError::Masters(_) if err.is_busy() => {
+                Some(None)
+            }
             _ => None,
         };
         if let Some(retry_after) = busy_retry {
@@ -282,6 +284,9 @@ impl axum_core::response::IntoResponse for LockError {
             }
             LockError::Busy { .. } => {
                 tracing::debug!("dlock: lock busy, answered over HTTP");
+            }
+            LockError::HeldInForeignLayout { .. } => {
+                tracing::debug!("dlock: lock held in a foreign key layout, answered over HTTP");
             }
             LockError::Masters(m) if m.is_busy() => {
                 tracing::debug!("dlock: lock busy on its masters, answered over HTTP");

@@ -35,6 +35,7 @@ pub mod fenced;
 pub mod handover;
 pub mod hold;
 pub mod holder;
+pub mod layouts;
 mod proxy;
 pub mod sentinel;
 pub mod tls;

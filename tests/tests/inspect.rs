@@ -52,7 +52,9 @@ async fn inspect_shows_the_holder_its_label_tokens_and_ttl_as_redis_has_them() {
     assert!(info.is_taken() && !info.kept && !info.foreign, "{info:?}");
     assert_eq!(info.holders.len(), 1);
     assert_eq!(info.holders[0].label.as_deref(), Some("web-3:4711"));
-    assert_eq!(info.holders[0].token_prefix, owner[..8]);
+    // The first 8 hex digits, after the layout's tag.
+    let hex = owner.strip_prefix(dlock_core::protocol::layout::TAG);
+    assert_eq!(info.holders[0].token_prefix, hex.expect("tagged")[..8]);
     assert_eq!(info.fencing_token, Some(token));
     assert_eq!(info.last_fencing_token, Some(token));
     let ttl = info.ttl.expect("a TTL").as_millis() as u64;

@@ -138,6 +138,19 @@ async fn every_metric_is_described_typed_recorded_and_documented() {
         .await
         .expect_err("busy");
     assert!(timed_out.is_busy());
+    // A name held in a key layout this version does not speak (a later version's tag).
+    let newer = unique_name("newer-layout");
+    let key = locker.key_of(newer.as_str()).expect("key");
+    let _: () = admin
+        .pset_ex(&key, "v9/0123456789abcdef0123456789abcdef", 10_000)
+        .await
+        .expect("SET");
+    let foreign = (locker
+        .lock(newer.as_str())
+        .wait(Duration::from_millis(50))
+        .await)
+        .expect_err("held by the newer version");
+    assert!(foreign.is_busy(), "{foreign:?}");
     // Renewed by the watchdog (a tick every 100 ms).
     tokio::time::sleep(Duration::from_millis(250)).await;
     assert!(guard.release().await.is_released());
@@ -200,8 +213,10 @@ async fn every_metric_is_described_typed_recorded_and_documented() {
     seen.extend(snapshot(&snapshotter));
 
     assert_eq!(counter(&seen, dm::ACQUIRED, &[]), 4);
-    assert_eq!(counter(&seen, dm::BUSY, &[]), 2);
-    assert_eq!(counter(&seen, dm::TIMEOUT, &[]), 1);
+    // The rival's try_lock and wait, and the wait on the newer version's hold.
+    assert_eq!(counter(&seen, dm::BUSY, &[]), 3);
+    assert_eq!(counter(&seen, dm::TIMEOUT, &[]), 2);
+    assert_eq!(counter(&seen, dm::FOREIGN_LAYOUT, &[("kind", "lock")]), 1);
     assert_eq!(counter(&seen, dm::RELEASED, &[]), 1);
     assert!(counter(&seen, dm::RENEWED, &[]) >= 1);
     assert_eq!(counter(&seen, dm::LOST, &[("reason", "gone")]), 1);

@@ -26,8 +26,23 @@ pub(crate) enum AcquireReply {
     /// [`Session::fence`]; `Some(0)` for the kinds that have none: permits, read locks).
     Acquired { fence: Option<u64> },
     /// Not held by this owner; the holder, if any, has this much lease left (`None`: unknown,
-    /// no expiry, or nobody holds it).
-    Busy { pttl: Option<Duration> },
+    /// no expiry, or nobody holds it); `foreign`: the hold is in a key layout this version
+    /// does not speak (see `protocol::layout`), and was left as it was.
+    Busy {
+        pttl: Option<Duration>,
+        foreign: bool,
+    },
+}
+
+impl AcquireReply {
+    /// A script's busy answer: `code` 0, or 2 when the hold is in a layout this version does
+    /// not speak; `ms` the holder's PTTL (negative: none).
+    pub(crate) fn busy(code: i64, ms: i64) -> Self {
+        Self::Busy {
+            pttl: u64::try_from(ms).ok().map(Duration::from_millis),
+            foreign: code == 2,
+        }
+    }
 }
 
 /// The answer to an all-or-none acquisition of several locks.

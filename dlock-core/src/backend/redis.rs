@@ -18,6 +18,7 @@ use super::memory::{MemoryConn, MemoryStore};
 use super::sentinel::SentinelConnection;
 use crate::backend::wait::{Slots, Subscriber, SubscriberSource, Watch};
 use crate::error::BackendError;
+use crate::protocol::layout::FrozenLayout;
 use crate::protocol::{Call, Out, Publish};
 use crate::replication::ReplicaAck;
 
@@ -150,6 +151,8 @@ pub(crate) struct RedisBackend {
     /// seed URLs.
     #[cfg(feature = "cluster")]
     masters: Option<Arc<super::cluster::Masters>>,
+    /// An earlier version's scripts, run instead of this version's (tests of mixed fleets).
+    frozen: std::sync::OnceLock<&'static FrozenLayout>,
 }
 
 impl fmt::Debug for RedisBackend {
@@ -179,7 +182,28 @@ impl RedisBackend {
             ack: None,
             #[cfg(feature = "cluster")]
             masters: None,
+            frozen: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Runs `layout`'s scripts from now on, instead of this version's.
+    pub(crate) fn run_frozen_layout(&self, layout: &'static FrozenLayout) {
+        let _ = self.frozen.set(layout);
+    }
+
+    /// `call`'s script: this version's, or the frozen layout's that stands in for it.
+    pub(crate) fn lua_of(&self, call: &impl Call) -> &'static crate::protocol::Lua {
+        lua_of(call, self.frozen.get().copied())
+    }
+
+    /// `call` as `EVALSHA`, of this version's script or the frozen layout's.
+    pub(crate) fn script_call(&self, call: &impl Call) -> ScriptCall {
+        ScriptCall::of(call, self.frozen.get().copied())
+    }
+
+    /// `call` as `EVAL`, of this version's script or the frozen layout's.
+    pub(crate) fn script_eval(&self, call: &impl Call) -> redis::Cmd {
+        ScriptCall::eval(call, self.frozen.get().copied())
     }
 
     /// A backend over `store`, in this process: its wake-ups come straight from the store's
@@ -522,17 +546,28 @@ impl RedisBackend {
     }
 }
 
+/// `call`'s script: this version's, or the frozen layout's that stands in for it.
+fn lua_of(
+    call: &impl Call,
+    frozen: Option<&'static FrozenLayout>,
+) -> &'static crate::protocol::Lua {
+    match frozen {
+        None => call.lua(),
+        Some(layout) => layout.script_for(call.lua()),
+    }
+}
+
 /// One script call: `EVALSHA` with its keys and arguments, and the script to load when the
 /// server does not have it — or a plain command, with no script behind it.
-struct ScriptCall {
+pub(crate) struct ScriptCall {
     script: Option<&'static Script>,
     cmd: redis::Cmd,
 }
 
 impl ScriptCall {
     /// The call as `EVALSHA`, the script loaded if the server lacks it.
-    fn of(call: &impl Call) -> Self {
-        let script = call.lua().script();
+    fn of(call: &impl Call, frozen: Option<&'static FrozenLayout>) -> Self {
+        let script = lua_of(call, frozen).script();
         let mut cmd = ScriptCall::with_room(call);
         cmd.arg("EVALSHA")
             .arg(script.get_hash())
@@ -546,9 +581,11 @@ impl ScriptCall {
 
     /// The call as `EVAL` with the script's text: it runs even on a server whose script cache
     /// is empty.
-    fn eval(call: &impl Call) -> redis::Cmd {
+    fn eval(call: &impl Call, frozen: Option<&'static FrozenLayout>) -> redis::Cmd {
         let mut cmd = ScriptCall::with_room(call);
-        cmd.arg("EVAL").arg(call.lua().text()).arg(call.key_count());
+        cmd.arg("EVAL")
+            .arg(lua_of(call, frozen).text())
+            .arg(call.key_count());
         call.write(&mut CmdOut(&mut cmd));
         cmd
     }

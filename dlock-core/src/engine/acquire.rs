@@ -347,8 +347,8 @@ impl Engine {
         let labelled = self.inner.config.metrics_name_label;
         let retry_after = self.inner.hold_times.retry_after(retry_after);
         // The multi-lock's holds are plain locks.
-        busy((name, "lock"), labelled, started, retry_after);
-        timed_out(labelled, (name, "lock"), started, retry_after)
+        busy((name, "lock"), labelled, started, retry_after, false);
+        timed_out(labelled, (name, "lock"), started, (retry_after, false))
     }
 
     /// Turns a grant into a guard: the hold's state, the watchdog, the scope; no `.await`.
@@ -422,9 +422,10 @@ pub(crate) enum TriedAll {
 /// The result of an acquisition that did not fail.
 pub(crate) enum Attempted {
     Held(LockGuard),
-    /// Still busy at the deadline; when a retry is likely to find it free, if known, and the
-    /// kind of hold asked for (its `kind` label).
-    Busy(Option<Duration>, &'static str),
+    /// Still busy at the deadline; when a retry is likely to find it free, if known, the kind
+    /// of hold asked for (its `kind` label), and whether the last answer found the hold in a
+    /// key layout this version does not speak.
+    Busy(Option<Duration>, &'static str, bool),
 }
 
 /// A busy answer on `name`, counted and logged; `retry_after`: when a retry is likely to find
@@ -434,6 +435,7 @@ pub(crate) fn busy(
     labelled: bool,
     started: Instant,
     retry_after: Option<Duration>,
+    foreign: bool,
 ) -> Attempted {
     metrics::count(metrics::BUSY, &Labels::new(kind, labelled, name), 1);
     tracing::debug!(
@@ -442,7 +444,7 @@ pub(crate) fn busy(
         retry_after_ms = retry_after.map(crate::engine::spans::ms),
         "dlock: busy"
     );
-    Attempted::Busy(retry_after, kind)
+    Attempted::Busy(retry_after, kind, foreign)
 }
 
 /// A request's [`LockError::Busy`] on `name`, counted in the timeout metric.
@@ -450,9 +452,15 @@ pub(crate) fn timed_out(
     labelled: bool,
     (name, kind): (&LockName, &'static str),
     started: Instant,
-    retry_after: Option<Duration>,
+    (retry_after, foreign): (Option<Duration>, bool),
 ) -> LockError {
     metrics::count(metrics::TIMEOUT, &Labels::new(kind, labelled, name), 1);
+    if foreign {
+        return LockError::HeldInForeignLayout {
+            name: name.to_string(),
+            waited: started.elapsed(),
+        };
+    }
     LockError::Busy {
         name: name.to_string(),
         waited: started.elapsed(),
@@ -469,9 +477,12 @@ pub(crate) fn held_or_timed_out(
 ) -> Result<LockGuard, LockError> {
     match attempted {
         Attempted::Held(guard) => Ok(guard),
-        Attempted::Busy(retry_after, kind) => {
-            Err(timed_out(labelled, (&name, kind), started, retry_after))
-        }
+        Attempted::Busy(retry_after, kind, foreign) => Err(timed_out(
+            labelled,
+            (&name, kind),
+            started,
+            (retry_after, foreign),
+        )),
     }
 }
 
@@ -487,9 +498,10 @@ pub(crate) fn gave_up(
     started: Instant,
     pttl: Option<Duration>,
     failed: Option<LockError>,
+    foreign: bool,
 ) -> Result<Attempted, LockError> {
     match failed {
         Some(err) => Err(err),
-        None => Ok(busy(name, labelled, started, pttl)),
+        None => Ok(busy(name, labelled, started, pttl, foreign)),
     }
 }

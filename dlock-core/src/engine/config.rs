@@ -42,6 +42,8 @@ pub(crate) struct Config {
     pub(crate) holder_label: Option<Arc<str>>,
     /// The level of the `dlock.acquire` and `dlock.release` spans.
     pub(crate) span_level: tracing::Level,
+    /// What every token this `Locker` mints starts with: its key layout's tag.
+    pub(crate) token_tag: &'static str,
 }
 
 impl Default for Config {
@@ -58,6 +60,7 @@ impl Default for Config {
             hide_names: false,
             holder_label: None,
             span_level: tracing::Level::INFO,
+            token_tag: crate::protocol::layout::TAG,
         }
     }
 }

@@ -113,7 +113,7 @@ impl Engine {
                 let lease_left = (waiter.pttl).map_or(heartbeat, |p| p + Duration::from_millis(1));
                 sleep = sleep.min(lease_left);
             }
-            if !watch.is_reliable() {
+            if !watch.is_reliable() || waiter.foreign {
                 sleep = sleep.min(self.inner.config.poll_interval);
             }
             let nothing_handed = std::future::pending::<Option<()>>();

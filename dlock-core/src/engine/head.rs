@@ -128,7 +128,9 @@ impl Engine {
                 return waiter.gave_up();
             }
             // The fallback timer: the holder's remaining lease (a lock nobody releases expires
-            // then), or a short poll when wake-ups can't be delivered or Redis just failed.
+            // then), or a short poll when wake-ups can't be delivered or Redis just failed — or
+            // when the hold is in a layout this version does not speak, whose release may wake
+            // nobody here (this attempt did not flag it).
             let poll = self.inner.config.poll_interval;
             // Held back with nothing expiring (a reader behind a waiting writer, a semaphore
             // with no permits): a release or a new count wakes the waiter; it checks now and
@@ -138,7 +140,8 @@ impl Engine {
             } else {
                 poll
             };
-            let mut fallback = match (waiter.failed.is_none() && watch.is_reliable(), waiter.pttl) {
+            let wakes = waiter.failed.is_none() && !waiter.foreign && watch.is_reliable();
+            let mut fallback = match (wakes, waiter.pttl) {
                 (true, Some(pttl)) => pttl + Duration::from_millis(1),
                 (true, None) => behind,
                 (false, Some(pttl)) => pttl.min(poll),

@@ -3,7 +3,8 @@
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-/// A fresh owner token, 32 hex digits, then `@label` if the `Locker` has a holder label.
+/// A fresh owner token: the layout's `tag` (see `protocol::layout`), 32 hex digits, then
+/// `@label` if the `Locker` has a holder label.
 ///
 /// The first 64 bits are this process's count of tokens, scrambled with a random key by a
 /// bijection (so no two tokens of one process share them, and a token's short prefix still
@@ -12,7 +13,7 @@ use std::sync::{Arc, Mutex};
 /// bits are drawn again when the process id changes. One draw from the operating system per
 /// process rather than per acquisition: the draw is a system call, and a costly one. Should the
 /// system have no randomness to give, the process id and the time stand in for it.
-pub(crate) fn new_owner(label: Option<&str>) -> Arc<str> {
+pub(crate) fn new_owner(tag: &str, label: Option<&str>) -> Arc<str> {
     // The process id the bits below were drawn in (0: not drawn yet); written last, after them.
     static DRAWN_IN: AtomicU32 = AtomicU32::new(0);
     static KEY: AtomicU64 = AtomicU64::new(0);
@@ -38,8 +39,15 @@ pub(crate) fn new_owner(label: Option<&str>) -> Arc<str> {
     write_hex(&mut hex[16..], PROCESS.load(Ordering::Relaxed));
     let hex = std::str::from_utf8(&hex).unwrap_or_default();
     match label {
-        Some(label) => Arc::from(format!("{hex}@{label}")),
-        None => Arc::from(hex),
+        Some(label) => Arc::from(format!("{tag}{hex}@{label}")),
+        // On the stack, then one allocation: the usual case, once per acquisition.
+        None if tag.len() <= 8 => {
+            let mut token = [0u8; 40];
+            token[..tag.len()].copy_from_slice(tag.as_bytes());
+            token[tag.len()..tag.len() + 32].copy_from_slice(hex.as_bytes());
+            Arc::from(std::str::from_utf8(&token[..tag.len() + 32]).unwrap_or_default())
+        }
+        None => Arc::from(format!("{tag}{hex}")),
     }
 }
 
@@ -84,7 +92,7 @@ mod tests {
 
     #[test]
     fn owner_tokens_are_unique_hex_with_the_label_after_them() {
-        let tokens: HashSet<Arc<str>> = (0..10_000).map(|_| new_owner(None)).collect();
+        let tokens: HashSet<Arc<str>> = (0..10_000).map(|_| new_owner("", None)).collect();
         assert_eq!(tokens.len(), 10_000);
         assert!(tokens.iter().all(|t| {
             t.len() == 32
@@ -98,15 +106,26 @@ mod tests {
             "{} distinct prefixes",
             prefixes.len()
         );
-        let labelled = new_owner(Some("host-1:42"));
+        let labelled = new_owner("", Some("host-1:42"));
         assert_eq!(labelled.len(), 32 + "@host-1:42".len());
         assert!(labelled.ends_with("@host-1:42"));
     }
 
     #[test]
+    fn a_layouts_tag_comes_first() {
+        let tagged = new_owner("v2/", None);
+        assert_eq!((tagged.len(), &tagged[..3]), (35, "v2/"));
+        let labelled = new_owner("v2/", Some("host-1:42"));
+        assert!(labelled.starts_with("v2/") && labelled.ends_with("@host-1:42"));
+        assert_eq!(labelled.len(), 35 + "@host-1:42".len());
+    }
+
+    #[test]
     fn owner_tokens_made_on_many_threads_at_once_are_unique() {
         let threads: Vec<_> = (0..4)
-            .map(|_| std::thread::spawn(|| (0..5_000).map(|_| new_owner(None)).collect::<Vec<_>>()))
+            .map(|_| {
+                std::thread::spawn(|| (0..5_000).map(|_| new_owner("", None)).collect::<Vec<_>>())
+            })
             .collect();
         let mut all = HashSet::new();
         for thread in threads {

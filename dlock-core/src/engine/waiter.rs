@@ -38,6 +38,11 @@ pub(crate) struct Waiter {
     /// The last backend error, while no attempt has answered since: what the call returns if
     /// the deadline comes first.
     pub(crate) failed: Option<LockError>,
+    /// Whether the last answer found the hold in a key layout this version does not speak
+    /// (see `protocol::layout`): no release will wake the waiter, so it polls.
+    pub(crate) foreign: bool,
+    /// Whether the waiter said so already (one warning and one count per acquisition).
+    told_foreign: bool,
     /// Whether the metrics carry the name.
     labelled: bool,
     /// The `Locker`'s usual hold time when the wait began: a busy answer's `retry_after` is
@@ -98,6 +103,8 @@ impl Waiter {
             pttl: None,
             came_back: None,
             failed: None,
+            foreign: false,
+            told_foreign: false,
             labelled: engine.inner.config.metrics_name_label,
             typical_hold: engine.inner.hold_times.typical(),
             _in_progress: InProgress::start(kind),
@@ -116,9 +123,14 @@ impl Waiter {
         self.came_back = Some(back);
         match reply {
             Ok(AcquireReply::Acquired { fence }) => Step::Acquired(fence),
-            Ok(AcquireReply::Busy { pttl }) => {
+            Ok(AcquireReply::Busy { pttl, foreign }) => {
                 self.pttl = pttl;
                 self.failed = None;
+                self.foreign = foreign;
+                if foreign && !self.told_foreign {
+                    self.told_foreign = true;
+                    self.tell_foreign();
+                }
                 Step::Busy
             }
             Err(err) if !may_retry || is_permanent(&err) => {
@@ -132,6 +144,20 @@ impl Waiter {
                 Step::Retry
             }
         }
+    }
+
+    /// Warns, once, that the name is held in a layout this version does not speak, and counts
+    /// it.
+    #[cold]
+    fn tell_foreign(&self) {
+        let kind = self.keys.kind.label();
+        metrics::foreign_layout(kind);
+        tracing::warn!(
+            name = self.name.for_logs(),
+            kind,
+            "dlock: the lock is held in a key layout this version does not speak (a newer \
+             version's Locker holds it); waiting by polling, and leaving that hold as it is"
+        );
     }
 
     /// Whether the last attempt came back at or past the deadline: it was the last.
@@ -170,6 +196,7 @@ impl Waiter {
             self.labelled,
             self.started,
             self.retry_after(),
+            self.foreign,
         )
     }
 
@@ -182,6 +209,7 @@ impl Waiter {
             self.started,
             self.retry_after(),
             self.failed,
+            self.foreign,
         )
     }
 

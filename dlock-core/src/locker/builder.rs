@@ -11,6 +11,7 @@ use crate::backend::redis::{Pool, RedisBackend, RedisConn};
 use crate::backend::wait::SubscriberSource;
 use crate::error::LockError;
 use crate::name::validate_prefix;
+use crate::protocol::layout::{self, FrozenLayout};
 use crate::replication::{AckChoice, ReplicaAck};
 use std::fmt;
 
@@ -38,6 +39,7 @@ pub struct LockerBuilder {
     hide_names: bool,
     holder_label: Option<String>,
     span_level: Option<tracing::Level>,
+    frozen_layout: Option<&'static FrozenLayout>,
     lazy: bool,
     polling: bool,
     replica_ack: AckChoice,
@@ -352,6 +354,15 @@ impl LockerBuilder {
         self
     }
 
+    /// Runs an earlier version's scripts, frozen, and writes that version's tokens: for tests
+    /// that run `Locker`s of two versions side by side against one Redis (see
+    /// `protocol::layout`). Not for applications.
+    #[doc(hidden)]
+    pub fn frozen_layout(mut self, layout: &'static FrozenLayout) -> Self {
+        self.frozen_layout = Some(layout);
+        self
+    }
+
     /// Keeps every lock name of this `Locker` out of dlock's logs, spans and metric labels
     /// (default off; see [`LockName::hidden`](crate::LockName::hidden) for one name at a time).
     pub fn hide_names(mut self, hide: bool) -> Self {
@@ -400,7 +411,12 @@ impl LockerBuilder {
     /// Connects (for a URL or client) and builds the `Locker`.
     pub async fn build(self) -> Result<Locker, LockError> {
         let fsync = matches!(self.replica_ack, AckChoice::On(a) if a.fsyncs()) && !self.lazy;
+        let frozen = self.frozen_layout;
         let locker = self.build_locker().await?;
+        if let Some(layout) = frozen {
+            let Backend::Redis(backend) = &locker.engine.inner.backend;
+            backend.run_frozen_layout(layout);
+        }
         if fsync {
             waitaof_supported(&locker).await?;
         }
@@ -476,6 +492,7 @@ impl LockerBuilder {
             hide_names: self.hide_names,
             holder_label: check_holder_label(self.holder_label)?,
             span_level: self.span_level.unwrap_or(tracing::Level::INFO),
+            token_tag: self.frozen_layout.map_or(layout::TAG, |l| l.tag()),
         };
         let (client, display) = match self.source {
             Source::None => {

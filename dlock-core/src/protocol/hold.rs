@@ -2,7 +2,8 @@
 //! does. The scripts change holds; this reads them for the tests that look behind the library's
 //! back and for operators' tools, and writes them only to build test states.
 //!
-//! A lock's key holds one string. Its first word is the owner token, or `#k:<owner>` (kept taken
+//! A lock's key holds one string. Its first word is the owner token (which starts with its
+//! layout's tag: see [`layout`](super::layout)), or `#k:<owner>` (kept taken
 //! after that owner's release, `at_least`), or `#r:<locker id>` (kept for the `Locker` next in
 //! turn). Then fields, each one word after a space: ` f<token>` the fencing token (once minted),
 //! ` s<n>` the sequence number of the last lease change, ` w<claim>` a claim to the next turn
@@ -165,7 +166,9 @@ impl ClaimValue {
         let mut parts = claim.splitn(8, ':');
         let mut number = || parts.next()?.parse::<u64>().ok();
         let (since, ms) = (number()?, number()?);
-        let locker = parts.next().filter(|l| is_hex(l))?.to_owned();
+        let locker = (parts.next())
+            .filter(|l| is_token(l) && super::layout::speaks(l))?
+            .to_owned();
         let mut rest = || parts.next();
         let grant = match rest() {
             None => None,
@@ -200,8 +203,9 @@ impl fmt::Display for ClaimValue {
     }
 }
 
-fn is_hex(s: &str) -> bool {
-    !s.is_empty() && s.bytes().all(|b| b.is_ascii_hexdigit())
+/// What a `Locker`'s id in a claim may be: hex digits after an optional layout tag (`v2/`).
+fn is_token(s: &str) -> bool {
+    !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'/')
 }
 
 #[cfg(test)]
@@ -245,5 +249,8 @@ mod tests {
         assert!(HoldValue::try_parse("ab12 x1").is_err());
         assert!(HoldValue::try_parse("ab12 fz").is_err());
         assert_eq!(ClaimValue::parse("5:300:not-hex"), None);
+        // A claim of a layout this version speaks is read; another layout's is not a claim.
+        assert!(ClaimValue::parse("5:300:v2/00ff").is_some());
+        assert_eq!(ClaimValue::parse("5:300:v3/00ff"), None);
     }
 }

@@ -74,7 +74,7 @@ impl RedisBackend {
                 ..turn
             },
         };
-        let call = ScriptCall::of(&attempt);
+        let call = self.script_call(&attempt);
         let (reply, acknowledged) = match self.invoke_until(conn, call, true, self.ack, until).await
         {
             // The lock's slot is moving and its keys are on both sides (the fencing counter
@@ -84,7 +84,7 @@ impl RedisBackend {
             // next turn — except mint a token: that is minted when asked, as for a first attempt.
             Err(err) if err.is_migrating() && matches!(keys.kind, KeyKind::Lock) => {
                 attempt.fence = None;
-                let call = ScriptCall::of(&attempt);
+                let call = self.script_call(&attempt);
                 self.invoke_until(conn, call, true, self.ack, until).await?
             }
             other => other?,
@@ -107,7 +107,7 @@ impl RedisBackend {
         let named: Vec<(&str, &str, &str)> = (locks.iter())
             .map(|(keys, owner)| (keys.lock.as_str(), keys.fence(), *owner))
             .collect();
-        let call = ScriptCall::of(&protocol::AcquireAll {
+        let call = self.script_call(&protocol::AcquireAll {
             locks: &named,
             lease,
             fence_ttl,
@@ -126,7 +126,7 @@ impl RedisBackend {
         conn: &OpConn,
         keys: &NameKeys,
     ) -> Result<RawInfo, BackendError> {
-        let call = ScriptCall::of(&protocol::Inspect {
+        let call = self.script_call(&protocol::Inspect {
             lock: &keys.lock.lock,
             fence: keys.lock.fence(),
             channel: keys.lock.channel(),
@@ -187,7 +187,7 @@ impl RedisBackend {
         conn: &OpConn,
         keys: &NameKeys,
     ) -> Result<u64, BackendError> {
-        let call = ScriptCall::of(&protocol::ForceRelease {
+        let call = self.script_call(&protocol::ForceRelease {
             lock: &keys.lock.lock,
             channel: keys.lock.channel(),
             queue: &keys.fair.queue,
@@ -212,7 +212,7 @@ impl RedisBackend {
         last: bool,
         granted_to: Option<&str>,
     ) -> Result<(), BackendError> {
-        let call = ScriptCall::of(&protocol::LeaveTurn {
+        let call = self.script_call(&protocol::LeaveTurn {
             lock: &keys.lock,
             channel: keys.channel(),
             since,
@@ -246,7 +246,7 @@ impl RedisBackend {
     ) -> Result<Option<u64>, BackendError> {
         // Nothing to acknowledge: a token is worth as much after a failover that lost it (the
         // next one minted is above it still, see the `protocol` module).
-        let call = ScriptCall::of(&protocol::Fence {
+        let call = self.script_call(&protocol::Fence {
             lock: &keys.lock,
             fence: keys.fence(),
             owner,
@@ -263,7 +263,7 @@ impl RedisBackend {
         owner: &str,
     ) -> Result<AcquireReply, BackendError> {
         // Read-only: nothing to acknowledge.
-        let call = ScriptCall::of(&protocol::Holds {
+        let call = self.script_call(&protocol::Holds {
             key: &keys.lock,
             owner,
             member: keys.is_member(),
@@ -280,12 +280,12 @@ impl RedisBackend {
         handed_to: Option<&str>,
         keep: Option<Duration>,
     ) -> Result<ReleaseReply, BackendError> {
-        let call = ScriptCall::of(&self.release_of(keys, owner, handed_to, keep));
+        let call = self.script_call(&self.release_of(keys, owner, handed_to, keep));
         let (mut reply, acknowledged): (i64, _) =
             match self.invoke(conn, call, true, self.ack).await {
                 Err(err) if moving_line(&err, keys) => {
                     let alone = self.release_alone(keys, owner, handed_to, keep);
-                    self.invoke(conn, ScriptCall::of(&alone), true, self.ack)
+                    self.invoke(conn, self.script_call(&alone), true, self.ack)
                         .await?
                 }
                 other => other?,
@@ -352,12 +352,9 @@ impl RedisBackend {
             })
         };
         let mut reply =
-            match eval(ScriptCall::eval(&self.release_of(keys, owner, None, keep))).await {
+            match eval(self.script_eval(&self.release_of(keys, owner, None, keep))).await {
                 Err(err) if moving_line(&err, keys) => {
-                    eval(ScriptCall::eval(
-                        &self.release_alone(keys, owner, None, keep),
-                    ))
-                    .await?
+                    eval(self.script_eval(&self.release_alone(keys, owner, None, keep))).await?
                 }
                 other => other?,
             };
@@ -431,7 +428,7 @@ impl RedisBackend {
         lease: Duration,
         fence_ttl: Option<Duration>,
     ) -> Result<HandoffReply, BackendError> {
-        let call = ScriptCall::of(&protocol::Handoff {
+        let call = self.script_call(&protocol::Handoff {
             lock: &keys.lock,
             fence: keys.fence(),
             channel: keys.channel(),
@@ -474,7 +471,9 @@ fn acquire_all_reply(reply: &[i64], n: usize) -> Result<AcquireAllReply, Backend
                 .collect::<Result<_, _>>()
                 .map_err(|_| BackendError::protocol("negative fencing token"))?,
         }),
-        [0, index, pttl] => Ok(AcquireAllReply::Busy {
+        // 2: the lock is held in a layout this version does not speak; busy all the same (the
+        // waiter then waits on that one lock alone, which says so).
+        [0 | 2, index, pttl] => Ok(AcquireAllReply::Busy {
             index: usize::try_from(*index - 1)
                 .ok()
                 .filter(|i| *i < n)
@@ -492,9 +491,7 @@ fn acquire_reply((code, value): (i64, i64)) -> Result<AcquireReply, BackendError
         1 => Ok(AcquireReply::Acquired {
             fence: super::sorted_sets::minted(value)?,
         }),
-        0 => Ok(AcquireReply::Busy {
-            pttl: u64::try_from(value).ok().map(Duration::from_millis),
-        }),
+        0 | 2 => Ok(AcquireReply::busy(code, value)),
         other => Err(BackendError::protocol(format!(
             "acquire script answered {other}"
         ))),

@@ -8,12 +8,12 @@ use redis::{FromRedisValue, Value};
 #[cfg(feature = "cluster")]
 use crate::backend::cluster::Masters;
 
+use super::RedisBackend;
 #[cfg(feature = "cluster")]
 use super::RedisConn;
-use super::{RedisBackend, ScriptCall};
 use crate::backend::{RenewItem, RenewReply};
 use crate::error::BackendError;
-use crate::protocol::{self, RENEW};
+use crate::protocol;
 
 /// How many locks one renewal script call carries; a tick pipelines as many calls as needed.
 const RENEW_CHUNK: usize = 256;
@@ -120,7 +120,7 @@ impl RedisBackend {
     ) -> Result<Vec<RenewReply>, BackendError> {
         let mut pipe = redis::pipe();
         for chunk in items.chunks(RENEW_CHUNK) {
-            pipe.add_command(renew_call(chunk));
+            pipe.add_command(self.renew_call(chunk));
         }
         // Every item is on one master (one server, or one slot of a cluster).
         let ack = match items.first() {
@@ -130,7 +130,7 @@ impl RedisBackend {
         if let Some(ack) = ack {
             pipe.add_command(ack.command_within(within));
         }
-        let mut replies = self.pipeline(&pipe, &[RENEW.script()]).await?;
+        let mut replies = self.pipeline(&pipe, &[self.renew_script()]).await?;
         if let Some(ack) = ack {
             let acknowledged = match replies.pop() {
                 Some(value) => ack
@@ -261,7 +261,7 @@ impl RedisBackend {
         for (s, idx) in slots.iter().enumerate() {
             let batch: Vec<RenewItem> = idx.iter().map(|&i| items[i].clone()).collect();
             for chunk in batch.chunks(RENEW_CHUNK) {
-                pipe.add_command(renew_call(chunk));
+                pipe.add_command(self.renew_call(chunk));
                 calls.push(s);
             }
         }
@@ -287,7 +287,11 @@ impl RedisBackend {
         };
         if replies.iter().any(no_script) {
             // Changes carry sequence numbers: sending them again is harmless.
-            (RENEW.script().prepare_invoke().load_async(&mut conn).await)
+            (self
+                .renew_script()
+                .prepare_invoke()
+                .load_async(&mut conn)
+                .await)
                 .map_err(BackendError::redis)?;
             replies = pipe.query_async(&mut conn).await.map_err(|err| {
                 masters.forget(node);
@@ -346,7 +350,7 @@ impl RedisBackend {
         within: Duration,
     ) -> Option<RenewReply> {
         use crate::backend::cluster::Node;
-        let call = renew_call(std::slice::from_ref(item));
+        let call = self.renew_call(std::slice::from_ref(item));
         let ack = self.ack_for(&item.key).await;
         let mut at = node.clone();
         let mut asking = false;
@@ -376,7 +380,12 @@ impl RedisBackend {
                 Err(err)
                     if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
                 {
-                    (RENEW.script().prepare_invoke().load_async(&mut conn).await).ok()?;
+                    (self
+                        .renew_script()
+                        .prepare_invoke()
+                        .load_async(&mut conn)
+                        .await)
+                        .ok()?;
                 }
                 Err(_) => return None,
             }
@@ -385,9 +394,16 @@ impl RedisBackend {
     }
 }
 
-/// One renewal script call for `chunk` (all of one slot on a cluster).
-fn renew_call(chunk: &[RenewItem]) -> redis::Cmd {
-    ScriptCall::of(&protocol::Renew { items: chunk }).cmd
+impl RedisBackend {
+    /// One renewal script call for `chunk` (all of one slot on a cluster).
+    fn renew_call(&self, chunk: &[RenewItem]) -> redis::Cmd {
+        self.script_call(&protocol::Renew { items: chunk }).cmd
+    }
+
+    /// The renewal script, loaded where the server lacks it.
+    fn renew_script(&self) -> &'static redis::Script {
+        self.lua_of(&protocol::Renew { items: &[] }).script()
+    }
 }
 
 /// A renewal script's reply: one code per item.

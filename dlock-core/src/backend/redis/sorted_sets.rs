@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::{OpConn, RedisBackend, ScriptCall};
+use super::{OpConn, RedisBackend};
 use crate::backend::{AcquireReply, FairReply};
 use crate::error::BackendError;
 use crate::name::{LockKeys, RwKeys};
@@ -20,7 +20,7 @@ impl RedisBackend {
         owner: &str,
         lease: Duration,
     ) -> Result<AcquireReply, BackendError> {
-        let call = ScriptCall::of(&protocol::AcquirePermit {
+        let call = self.script_call(&protocol::AcquirePermit {
             permits: &keys.lock,
             limit,
             id: owner,
@@ -34,9 +34,7 @@ impl RedisBackend {
             self.acknowledged(acknowledged)?;
             return Ok(AcquireReply::Acquired { fence: Some(0) });
         }
-        Ok(AcquireReply::Busy {
-            pttl: u64::try_from(ms).ok().map(Duration::from_millis),
-        })
+        Ok(AcquireReply::busy(code, ms))
     }
 
     /// A read-write lock's writer's attempt (its wait recorded, if `rw` says so).
@@ -49,7 +47,7 @@ impl RedisBackend {
         lease: Duration,
         fence_ttl: Option<Duration>,
     ) -> Result<AcquireReply, BackendError> {
-        let call = ScriptCall::of(&protocol::AcquireWrite {
+        let call = self.script_call(&protocol::AcquireWrite {
             write: &rw.write,
             fence: keys.fence(),
             readers: &rw.readers,
@@ -67,9 +65,7 @@ impl RedisBackend {
                 fence: minted(value)?,
             });
         }
-        Ok(AcquireReply::Busy {
-            pttl: u64::try_from(value).ok().map(Duration::from_millis),
-        })
+        Ok(AcquireReply::busy(code, value))
     }
 
     /// A read-write lock's reader's attempt.
@@ -80,7 +76,7 @@ impl RedisBackend {
         owner: &str,
         lease: Duration,
     ) -> Result<AcquireReply, BackendError> {
-        let call = ScriptCall::of(&protocol::AcquireRead {
+        let call = self.script_call(&protocol::AcquireRead {
             readers: &rw.readers,
             write: &rw.write,
             waiting: &rw.waiting,
@@ -94,9 +90,7 @@ impl RedisBackend {
             self.acknowledged(acknowledged)?;
             return Ok(AcquireReply::Acquired { fence: Some(0) });
         }
-        Ok(AcquireReply::Busy {
-            pttl: u64::try_from(value).ok().map(Duration::from_millis),
-        })
+        Ok(AcquireReply::busy(code, value))
     }
 
     pub(crate) async fn set_permits(
@@ -106,7 +100,7 @@ impl RedisBackend {
         permits: Option<u32>,
     ) -> Result<(), BackendError> {
         let limit = semaphore_limit(keys)?;
-        let call = ScriptCall::of(&protocol::SetPermits {
+        let call = self.script_call(&protocol::SetPermits {
             limit,
             channel: keys.channel(),
             count: permits,
@@ -122,7 +116,7 @@ impl RedisBackend {
         keys: &LockKeys,
     ) -> Result<(u32, Option<u32>), BackendError> {
         let limit = semaphore_limit(keys)?;
-        let call = ScriptCall::of(&protocol::Permits {
+        let call = self.script_call(&protocol::Permits {
             permits: &keys.lock,
             limit,
         });
@@ -146,7 +140,7 @@ impl RedisBackend {
         let fair = keys
             .fair_keys()
             .ok_or_else(|| BackendError::protocol("a fair attempt on a plain lock"))?;
-        let call = ScriptCall::of(&protocol::AcquireFair {
+        let call = self.script_call(&protocol::AcquireFair {
             lock: &keys.lock,
             fence: keys.fence(),
             channel: keys.channel(),
@@ -166,10 +160,8 @@ impl RedisBackend {
                 },
                 place: None,
             },
-            [0, pttl, place] => FairReply {
-                reply: AcquireReply::Busy {
-                    pttl: u64::try_from(*pttl).ok().map(Duration::from_millis),
-                },
+            [code @ (0 | 2), pttl, place] => FairReply {
+                reply: AcquireReply::busy(*code, *pttl),
                 place: u64::try_from(*place).ok(),
             },
             _ => return Err(BackendError::protocol("fair acquire script answered badly")),

@@ -29,6 +29,8 @@
 --               (another `Locker`'s claim made since stays on the new hold), and when it was
 --               granted to ARGV[8]; `token` is -1 when none was minted
 --   {0, pttl}   busy: the hold is then flagged as waited for, so its release wakes the waiters
+--   {2, pttl}   busy, held in a layout this one does not speak: nothing is written (no flag,
+--               no claim), so nothing wakes the waiter at its release
 --
 -- A first attempt mints no fencing token: the holder's first ask does (FENCE), so an
 -- uncontended acquisition costs no clock read and no write to the counter. An attempt from the
@@ -49,6 +51,9 @@ if v then
     -- hold over, with its lease from now and a token of its own.
     value = without(without(owner .. string.sub(v, #holder + 1), 'f'), 's')
   elseif not head or holder ~= kept_for(locker) then
+    if foreign(v) then
+      return {2, redis.call('PTTL', KEYS[1])}
+    end
     local changed = flagged(v)
     if ARGV[3] ~= '0' then
       local since, _, claimant = claim_of(field(v, 'w'))

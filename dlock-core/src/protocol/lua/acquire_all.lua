@@ -12,6 +12,8 @@
 --                              counts: a retry)
 --   {0, i, pttl}               lock i is busy; nothing was written but the busy hold's flag
 --                              that it is waited for
+--   {2, i, pttl}               lock i is held in a layout this one does not speak: nothing
+--                              was written at all
 --@include hold
 --@include fence
 local n = #KEYS / 2
@@ -20,6 +22,9 @@ for i = 1, n do
   local lock = KEYS[2 * i - 1]
   local v = redis.call('GET', lock)
   if v and who(v) ~= ARGV[2 + i] then
+    if foreign(v) then
+      return {2, i, redis.call('PTTL', lock)}
+    end
     local changed = flagged(v)
     if changed ~= v then
       rewrite(lock, changed)

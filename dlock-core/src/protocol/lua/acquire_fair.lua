@@ -18,6 +18,8 @@
 --   {0, pttl, place}     busy: the holder's PTTL (-2: free, but another waiter heads the line,
 --                        and was woken), and the waiter's place in line (0: the head; -1: not
 --                        in line)
+--   {2, pttl, place}     busy, the lock held in a layout this one does not speak: the
+--                        hold is not written (the waiter's place in line is its own)
 --@include clock
 --@include sorted_sets
 --@include hold
@@ -48,6 +50,9 @@ if v then
     return {1, token_of(v)}
   end
   local pttl = redis.call('PTTL', KEYS[1])
+  if foreign(v) then
+    return {2, pttl, join()}
+  end
   return {0, pttl, join()}
 end
 local head = fair_head(KEYS[4], KEYS[5], now)

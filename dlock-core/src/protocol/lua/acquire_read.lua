@@ -11,14 +11,20 @@
 -- Returns
 --   {1, 0}   in (also a retry)
 --   {0, ms}  busy: the writer's PTTL, or -1 (a writer waits)
+--   {2, ms}  busy, the writer's hold in a layout this one does not speak
 --@include clock
 --@include sorted_sets
+--@include hold
 local now = now_ms()
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 if redis.call('ZSCORE', KEYS[1], ARGV[1]) then
   return {1, 0}
 end
-if redis.call('EXISTS', KEYS[2]) == 1 then
+local writer = redis.call('GET', KEYS[2])
+if writer then
+  if foreign(writer) then
+    return {2, redis.call('PTTL', KEYS[2])}
+  end
   return {0, redis.call('PTTL', KEYS[2])}
 end
 if ARGV[3] == '1' then

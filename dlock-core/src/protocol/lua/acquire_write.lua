@@ -14,6 +14,7 @@
 -- Returns
 --   {1, token}  acquired (also a retry)
 --   {0, ms}     busy: the writer's PTTL, or when the first reader's lease ends
+--   {2, ms}     busy, the writer's hold in a layout this one does not speak (not written)
 --@include clock
 --@include sorted_sets
 --@include hold
@@ -32,6 +33,9 @@ if v then
     return {1, token_of(v)}
   end
   waits()
+  if foreign(v) then
+    return {2, redis.call('PTTL', KEYS[1])}
+  end
   return {0, redis.call('PTTL', KEYS[1])}
 end
 local first = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')

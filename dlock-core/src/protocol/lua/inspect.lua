@@ -15,12 +15,12 @@
 -- Returns {pttl, holders, token, kept, foreign, last, subscribers, queued,
 --          writer_pttl, writer, readers, permits, limit}:
 --   pttl         the lock key's PTTL (-2: gone)
---   holders      each holder as its owner token's first 8 characters and its label (the part
---                after `@`, or ''): never the whole token
+--   holders      each holder as its owner token's first 8 hex digits (after the layout's tag)
+--                and its label (the part after `@`, or ''): never the whole token
 --   token        the current hold's fencing token ('': none)
 --   kept         1 if the key is kept after a release (`at_least`)
 --   foreign      1 if the lock's or the writer's key holds something other than a hold (not an
---                owner token of 32 hex digits, nor a kept key)
+--                owner token of 32 hex digits after an optional layout tag, nor a kept key)
 --   last         the last fencing token handed out ('': none)
 --   subscribers  the wake-up channel's subscribers (one per waiting `Locker`)
 --   queued       the number of waiters in a fair lock's line
@@ -41,6 +41,8 @@ local function read_hold(key)
   end
   local v = redis.call('TYPE', key)['ok'] == 'string' and redis.call('GET', key)
   local holder = v and who(v) or ''
+  -- A token's layout tag (`v2/`, …) comes before its 32 hex digits.
+  holder = string.match(holder, '^v%d+/(.*)$') or holder
   local hex = string.match(holder, '^%x+')
   if is_kept_after(holder) then
     return pttl, 'kept'

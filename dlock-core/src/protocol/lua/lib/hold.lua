@@ -22,7 +22,12 @@
 --                     a claim to the next turn (the ` w` field's value); `grant`, if given, is
 --                     `{at, window, fence_ttl, n, token}` of a head waiter's claim
 -- claim_of(w)         `since, ms, locker, grant` of a claim (`grant` as above, or `nil`); all
---                     `nil` when `w` is `nil`
+--                     `nil` when `w` is `nil`, or when the claim's `Locker` is tagged with a
+--                     layout this one does not speak
+-- speaks(token)       whether this layout speaks the layout `token` is in: its own (tokens
+--                     tagged `v2/`) and layout 1's (untagged tokens)
+-- foreign(v)          whether the hold `v` is in a layout this one does not speak: such a hold
+--                     is busy, and never written
 local function who(v)
   return string.match(v, '^[^ ]+')
 end
@@ -68,6 +73,17 @@ end
 local function is_kept_for(holder)
   return string.sub(holder, 1, 3) == '#r:'
 end
+local function speaks(token)
+  local n = string.match(token, '^v(%d+)/')
+  return n == nil or n == '2'
+end
+local function foreign(v)
+  local h = who(v)
+  if is_kept_after(h) or is_kept_for(h) then
+    h = string.sub(h, 4)
+  end
+  return not speaks(h)
+end
 local function encode_claim(since, ms, locker, grant)
   local w = since .. ':' .. ms .. ':' .. locker
   if grant then
@@ -79,7 +95,10 @@ local function claim_of(w)
   if not w then
     return nil
   end
-  local since, ms, locker, rest = string.match(w, '^(%d+):(%d+):(%x+)(.*)$')
+  local since, ms, locker, rest = string.match(w, '^(%d+):(%d+):([%w/]+)(.*)$')
+  if not locker or not speaks(locker) then
+    return nil
+  end
   local at, window, fence_ttl, n, token = string.match(rest or '', '^:(%d+):(%d+):(%d+):(%d+):(.+)$')
   if token then
     return since, ms, locker, {at, window, fence_ttl, n, token}
