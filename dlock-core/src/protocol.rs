@@ -32,6 +32,10 @@
 //! - `#k:<owner token>`: kept taken after that owner's release (`at_least`), until it expires;
 //! - `#r:<locker id>`: kept for the `Locker` next in turn after a release, for the time it asked.
 //!
+//! Every token (owner and hand-over tokens, locker ids, the members of the sorted sets) starts
+//! with the tag of the key layout it was written in, `v2/` for this one; see [`layout`] for
+//! which layouts this version speaks and what it does with a hold in another.
+//!
 //! Then fields, each one word after a space: ` f<token>` the hold's fencing token (once minted),
 //! ` s<n>` the sequence number of the last lease change, ` w<waiting since>:<ms>:<locker id>`
 //! the `Locker` next in turn (plain locks; a head waiter's claim goes on with

@@ -731,6 +731,89 @@ const ROWS: &[Row] = &[
             "rw:write:waiting zset {o1={n}} {~5000}",
         ],
     },
+    // A hold in a layout this version does not speak (a later version's `v9/` token): busy
+    // (`2`) to every attempt, and left exactly as it was.
+    Row {
+        what: "ACQUIRE finds a newer layout's hold: busy, neither flagged nor claimed",
+        before: &[Str("lk", "v9/o0 f7", 10000)],
+        op: Script(
+            "ACQUIRE",
+            &["lk", "lk:fence"],
+            &["v2/o1", "30000", "300", "1000", "v2/aa", "0", "0"],
+        ),
+        reply: "[2, {~10000}]",
+        after: &["lk string \"v9/o0 f7\" {~10000}"],
+    },
+    Row {
+        what: "ACQUIRE speaks layout 1: an untagged hold is flagged and claimed",
+        before: &[Str("lk", "o0", 10000)],
+        op: Script(
+            "ACQUIRE",
+            &["lk", "lk:fence"],
+            &["v2/o1", "30000", "300", "1000", "v2/aa", "0", "0"],
+        ),
+        reply: "[0, {~10000}]",
+        after: &["lk string \"o0 l w1000:300:v2/aa\" {~10000}"],
+    },
+    Row {
+        what: "ACQUIRE replaces a claim of a layout it does not speak on a hold it speaks",
+        before: &[Str("lk", "o0 l w500:300:v9/bb", 10000)],
+        op: Script(
+            "ACQUIRE",
+            &["lk", "lk:fence"],
+            &["v2/o1", "30000", "300", "1000", "v2/aa", "0", "0"],
+        ),
+        reply: "[0, {~10000}]",
+        after: &["lk string \"o0 l w1000:300:v2/aa\" {~10000}"],
+    },
+    Row {
+        what: "ACQUIRE_ALL finds a newer layout's hold: busy, nothing written",
+        before: &[Str("b", "#k:v9/o0", 10000)],
+        op: Script(
+            "ACQUIRE_ALL",
+            &["a", "a:fence", "b", "b:fence"],
+            &["30000", "0", "o1", "o2"],
+        ),
+        reply: "[2, 2, {~10000}]",
+        after: &["b string \"#k:v9/o0\" {~10000}"],
+    },
+    Row {
+        what: "ACQUIRE_FAIR finds a newer layout's hold: busy, the waiter in line",
+        before: &[Str("lk", "#r:v9/bb", 10000)],
+        op: Script(
+            "ACQUIRE_FAIR",
+            &["lk", "lk:fence", "lk:wake", "lk:queue", "lk:alive"],
+            &["o1", "30000", "0", "5000", "PUBLISH"],
+        ),
+        reply: "[2, {~10000}, 0]",
+        after: &[
+            "lk string \"#r:v9/bb\" {~10000}",
+            "lk:alive zset {o1={n}} {~5000}",
+            "lk:queue zset {o1=1} {~5000}",
+        ],
+    },
+    Row {
+        what: "ACQUIRE_WRITE finds a newer layout's writer: busy, not written",
+        before: &[Str("rw:write", "v9/o0", 10000)],
+        op: Script(
+            "ACQUIRE_WRITE",
+            &["rw:write", "rw:write:fence", "rw:read", "rw:write:waiting"],
+            &["o1", "30000", "0", "0"],
+        ),
+        reply: "[2, {~10000}]",
+        after: &["rw:write string \"v9/o0\" {~10000}"],
+    },
+    Row {
+        what: "ACQUIRE_READ finds a newer layout's writer: busy",
+        before: &[Str("rw:write", "v9/o0", 10000)],
+        op: Script(
+            "ACQUIRE_READ",
+            &["rw:read", "rw:write", "rw:write:waiting"],
+            &["r1", "30000", "1"],
+        ),
+        reply: "[2, {~10000}]",
+        after: &["rw:write string \"v9/o0\" {~10000}"],
+    },
     // ACQUIRE_READ, RELEASE_READ
     Row {
         what: "ACQUIRE_READ: in when no writer holds it",
