@@ -13,12 +13,12 @@ pub(crate) enum Mode {
     /// `LockerBuilder::cluster`: a 3-master cluster, woken through sharded pub/sub; by default,
     /// every write waits for the master's replica.
     Cluster,
-    /// The same cluster with `without_replica_ack()`: writes count once the master has them.
+    /// The same cluster with `replica_ack(ReplicaAck::none())`: writes count once the master has them.
     ClusterUnacked,
     /// `LockerBuilder::sentinel`: the master found through three sentinels; by default, every
     /// write waits for the replica.
     Sentinel,
-    /// The same sentinels with `without_replica_ack()`.
+    /// The same sentinels with `replica_ack(ReplicaAck::none())`.
     SentinelUnacked,
     /// `LockerBuilder::replica_ack(ReplicaAck::new(1, 1 s))`: a grant counts once one replica
     /// has it.

@@ -247,15 +247,14 @@ impl Client {
             Lib::Scaled(mode) => {
                 let builder = match mode {
                     Mode::Cluster => Locker::builder().cluster(at.cluster_seeds.clone()),
-                    Mode::ClusterUnacked => {
-                        (Locker::builder().cluster(at.cluster_seeds.clone())).without_replica_ack()
-                    }
+                    Mode::ClusterUnacked => (Locker::builder().cluster(at.cluster_seeds.clone()))
+                        .replica_ack(ReplicaAck::none()),
                     Mode::Sentinel => {
                         Locker::builder().sentinel(at.sentinels.clone(), at.sentinel_master.clone())
                     }
                     Mode::SentinelUnacked => (Locker::builder())
                         .sentinel(at.sentinels.clone(), at.sentinel_master.clone())
-                        .without_replica_ack(),
+                        .replica_ack(ReplicaAck::none()),
                     Mode::Ack => Locker::builder()
                         .url(&at.ack_master)
                         .replica_ack(ReplicaAck::new(1, Duration::from_secs(1))),

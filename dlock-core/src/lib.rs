@@ -47,7 +47,7 @@
 //!   1), so they keep rising after a failover to a replica that missed the latest grants (see
 //!   [`FencingToken`]). On Sentinel and a Cluster a grant counts once a replica has it too
 //!   (one the deployment lists as healthy, if any: [`ReplicaAck::up_to_listed`];
-//!   [`LockerBuilder::replica_ack`] says more, and [`LockerBuilder::without_replica_ack`]
+//!   [`LockerBuilder::replica_ack`] says more, and `replica_ack(ReplicaAck::none())`
 //!   turns it off); on one server, once the master has it, unless [`ReplicaAck`] asks for more.
 //! - **Independent masters**: a [`MasterSet`] holds a lock on every master
 //!   ([`MasterSet::all`]) or on a majority ([`MasterSet::majority`], Redlock), so no single

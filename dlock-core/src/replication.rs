@@ -6,7 +6,7 @@ use std::time::Duration;
 /// have them (Redis's `WAIT`), so that a failover to one of those replicas keeps them. Set it with
 /// [`LockerBuilder::replica_ack`](crate::LockerBuilder::replica_ack). A `Locker` on Sentinel or a
 /// Cluster waits for one replica by default, [up to the replicas listed](Self::up_to_listed)
-/// (turn it off with [`without_replica_ack`](crate::LockerBuilder::without_replica_ack)).
+/// (turn it off with [`ReplicaAck::none`]).
 ///
 /// What each operation then guarantees:
 ///
@@ -41,6 +41,8 @@ pub struct ReplicaAck {
     timeout: Duration,
     fsync: bool,
     up_to_listed: bool,
+    /// Writes wait for no replica at all ([`none`](Self::none)).
+    none: bool,
 }
 
 impl ReplicaAck {
@@ -52,7 +54,27 @@ impl ReplicaAck {
             timeout,
             fsync: false,
             up_to_listed: false,
+            none: false,
         }
+    }
+
+    /// No acknowledgement: lock writes count once the master has them, also on Sentinel and a
+    /// Cluster, where waiting for one replica is the default. The fastest choice there, and
+    /// the one that gives up a guarantee: a failover to a replica that had not received a lock
+    /// write yet loses it, and two holders may then overlap until the lost holder's lease ends.
+    pub const fn none() -> Self {
+        Self {
+            replicas: 0,
+            timeout: Duration::ZERO,
+            fsync: false,
+            up_to_listed: false,
+            none: true,
+        }
+    }
+
+    /// Whether this is [`none`](Self::none).
+    pub const fn is_none(&self) -> bool {
+        self.none
     }
 
     /// Wait for no more replicas than the deployment lists as healthy for the master a write

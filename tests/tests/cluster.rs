@@ -136,7 +136,7 @@ async fn waiters_are_woken_through_sharded_pub_sub_on_the_locks_shard_only() {
     // claim (with a replica to acknowledge, it keeps it for the waiter's `Locker` instead).
     let unacked = || async {
         (Locker::builder().cluster(cluster.seed_urls()))
-            .without_replica_ack()
+            .replica_ack(ReplicaAck::none())
             .build()
             .await
             .expect("a locker on the cluster")

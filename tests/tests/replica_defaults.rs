@@ -12,7 +12,7 @@
 
 use std::time::{Duration, Instant};
 
-use dlock_core::{LockError, Locker};
+use dlock_core::{LockError, Locker, ReplicaAck};
 use dlock_tests::{RedisCluster, RedisSentinel, RedisServer, unique_name};
 use tokio::task::block_in_place;
 
@@ -47,7 +47,7 @@ async fn a_cluster_locker_waits_for_a_replica_unless_told_not_to() {
         .await
         .expect("a locker on the cluster");
     let unacked = (Locker::builder().cluster(cluster.seed_urls()))
-        .without_replica_ack()
+        .replica_ack(ReplicaAck::none())
         .build()
         .await
         .expect("a locker that doesn't wait for replicas");
@@ -264,7 +264,7 @@ async fn a_sentinel_locker_waits_for_the_replica_unless_told_not_to() {
     block_in_place(|| set_up.wait_replica_listed_in_sync());
     let builder = || Locker::builder().sentinel(set_up.sentinel_urls(), set_up.master_name());
     let by_default = builder().build().await.expect("a locker on sentinel");
-    let unacked = (builder().without_replica_ack().build())
+    let unacked = (builder().replica_ack(ReplicaAck::none()).build())
         .await
         .expect("a locker that doesn't wait for replicas");
     let name = unique_name("sentinel-acked-by-default");

@@ -392,20 +392,21 @@ impl LockerBuilder {
     /// replicas than the deployment lists as healthy for the write's master
     /// ([`ReplicaAck::up_to_listed`]): over masters without replicas, or a master whose replica
     /// died, writes don't wait. On one server, writes count once the master has them.
-    /// [`without_replica_ack`](Self::without_replica_ack) turns the default off.
+    /// `replica_ack(ReplicaAck::none())` turns the default off (see [`ReplicaAck::none`] for
+    /// what that gives up).
     pub fn replica_ack(mut self, ack: ReplicaAck) -> Self {
-        self.replica_ack = AckChoice::On(ack);
+        self.replica_ack = if ack.is_none() {
+            AckChoice::Off
+        } else {
+            AckChoice::On(ack)
+        };
         self
     }
 
-    /// Lock writes count once the master has them, without waiting for a replica — also on
-    /// Sentinel and a Cluster, where waiting for one is the default (see
-    /// [`replica_ack`](Self::replica_ack)). The fastest choice there, and the one that gives
-    /// up a guarantee: a failover to a replica that had not received a lock write yet loses
-    /// it, and two holders may then overlap until the lost holder's lease ends.
-    pub fn without_replica_ack(mut self) -> Self {
-        self.replica_ack = AckChoice::Off;
-        self
+    /// The old way to say `replica_ack(ReplicaAck::none())`.
+    #[deprecated(note = "use `replica_ack(ReplicaAck::none())`")]
+    pub fn without_replica_ack(self) -> Self {
+        self.replica_ack(ReplicaAck::none())
     }
 
     /// Connects (for a URL or client) and builds the `Locker`.

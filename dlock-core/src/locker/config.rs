@@ -108,7 +108,7 @@ pub struct LockerConfig {
     pub span_level: Option<tracing::Level>,
     /// How many replicas acknowledge every lock write; `0` turns acknowledgement off
     /// (`DLOCK_REPLICA_ACK`; [`LockerBuilder::replica_ack`],
-    /// [`LockerBuilder::without_replica_ack`]). Unset: the builder's default for the source.
+    /// [`ReplicaAck::none`]). Unset: the builder's default for the source.
     pub replica_ack: Option<u32>,
     /// How long a write waits for [`replica_ack`](Self::replica_ack) replicas
     /// (`DLOCK_REPLICA_ACK_TIMEOUT`; default a quarter of the command timeout, at most 250 ms).
@@ -468,7 +468,7 @@ impl LockerConfig {
             .hide_names(self.hide_names);
         match self.replica_ack {
             None => builder,
-            Some(0) => builder.without_replica_ack(),
+            Some(0) => builder.replica_ack(ReplicaAck::none()),
             Some(replicas) => {
                 let command = self
                     .command_timeout

@@ -280,7 +280,7 @@ fn builder(prefix: &str, p: Params, acked: bool, scale_out: bool) -> LockerBuild
     match (acked, scale_out) {
         (true, true) => b,
         (true, false) => b.replica_ack(ACK),
-        (false, _) => b.without_replica_ack(),
+        (false, _) => b.replica_ack(dlock_core::ReplicaAck::none()),
     }
 }
 
