@@ -93,7 +93,7 @@ struct Cli {
     master: Option<String>,
     /// Trust this certificate authority (a PEM file) for a `rediss://` --url, beside the
     /// well-known roots.
-    #[arg(long, value_name = "FILE", global = true)]
+    #[arg(long, value_name = "FILE", env = "DLOCK_TLS_CA", global = true)]
     tls_ca: Option<std::path::PathBuf>,
     /// The key prefix of the applications' `Locker`s.
     #[arg(

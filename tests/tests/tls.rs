@@ -70,3 +70,55 @@ async fn a_server_certificate_nobody_trusts_is_refused() {
         .expect_err("an untrusted certificate");
     assert!(err.is_backend() || err.is_config(), "{err}");
 }
+
+/// `DLOCK_TLS_CA` names the certificate authority a `rediss://` `DLOCK_URL` is trusted by; a
+/// file that can't be read, or a source other than a URL, is a configuration error naming it.
+#[tokio::test]
+async fn dlock_tls_ca_trusts_a_private_authority() {
+    rustls::crypto::ring::default_provider()
+        .install_default()
+        .expect("the application installs its provider");
+    let server = TlsServer::start();
+    let ca = server.ca_file();
+    let vars = |pairs: &[(&str, String)]| {
+        let pairs = pairs.to_vec();
+        dlock_core::LockerConfig::from_vars(move |name| {
+            (pairs.iter())
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| v.clone())
+        })
+        .expect("readable variables")
+    };
+    let ca_path = ca.display().to_string();
+    let locker = vars(&[
+        ("DLOCK_URL", server.url()),
+        ("DLOCK_TLS_CA", ca_path.clone()),
+    ])
+    .build()
+    .await
+    .expect("trusted through DLOCK_TLS_CA");
+    let guard = locker
+        .lock(unique_name("tls-ca").as_str())
+        .await
+        .expect("free");
+    assert!(guard.release().await.is_released());
+
+    let missing = vars(&[
+        ("DLOCK_URL", server.url()),
+        ("DLOCK_TLS_CA", "/nonexistent/ca.pem".to_owned()),
+    ]);
+    let err = missing.build().await.expect_err("no such file");
+    assert!(
+        err.is_config() && err.to_string().contains("DLOCK_TLS_CA"),
+        "{err}"
+    );
+    let cluster = vars(&[
+        ("DLOCK_CLUSTER_URLS", server.url()),
+        ("DLOCK_TLS_CA", ca_path),
+    ]);
+    let err = cluster.build().await.expect_err("a URL only");
+    assert!(
+        err.is_config() && err.to_string().contains("DLOCK_TLS_CA"),
+        "{err}"
+    );
+}

@@ -45,6 +45,9 @@ pub struct LockerConfig {
     /// One Redis server, or a master its replicas follow (`DLOCK_URL`;
     /// [`LockerBuilder::url`]).
     pub url: Option<String>,
+    /// A certificate authority to trust for a `rediss://` [`url`](Self::url), beside the
+    /// well-known roots: the path of a PEM file (`DLOCK_TLS_CA`; feature `tls-rustls`).
+    pub tls_ca: Option<std::path::PathBuf>,
     /// A Redis Cluster's seed nodes (`DLOCK_CLUSTER_URLS`, comma-separated;
     /// [`LockerBuilder::cluster`], feature `cluster`).
     pub cluster: Vec<String>,
@@ -121,6 +124,7 @@ impl fmt::Debug for LockerConfig {
         let urls = |urls: &[String]| urls.iter().map(|u| redact_url(u)).collect::<Vec<_>>();
         f.debug_struct("LockerConfig")
             .field("url", &self.url.as_deref().map(redact_url))
+            .field("tls_ca", &self.tls_ca)
             .field("cluster", &urls(&self.cluster))
             .field("sentinels", &urls(&self.sentinels))
             .field("sentinel_master", &self.sentinel_master)
@@ -182,10 +186,14 @@ impl From<ConfigError> for LockError {
 
 impl LockerConfig {
     /// Every variable [`from_env`](Self::from_env) reads, and what it sets.
-    pub const ENV_VARS: [(&'static str, &'static str); 22] = [
+    pub const ENV_VARS: [(&'static str, &'static str); 23] = [
         (
             "DLOCK_URL",
             "one Redis server: redis://[user:password@]host:6379[/db]",
+        ),
+        (
+            "DLOCK_TLS_CA",
+            "a PEM file of a certificate authority to trust for a rediss:// DLOCK_URL",
         ),
         (
             "DLOCK_CLUSTER_URLS",
@@ -344,6 +352,7 @@ impl LockerConfig {
                 })?),
             },
             replica_ack_timeout: duration("DLOCK_REPLICA_ACK_TIMEOUT")?,
+            tls_ca: text("DLOCK_TLS_CA").map(std::path::PathBuf::from),
         })
     }
 
@@ -379,7 +388,15 @@ impl LockerConfig {
                     "DLOCK_MASTERS names a set of masters: build it with `build_master_set`".into(),
                 ));
             }
-            ["DLOCK_URL"] => Locker::builder().url(self.url.clone().unwrap_or_default()),
+            ["DLOCK_URL"] => match &self.tls_ca {
+                None => Locker::builder().url(self.url.clone().unwrap_or_default()),
+                Some(ca) => self.tls_builder(ca)?,
+            },
+            [source] if self.tls_ca.is_some() => {
+                return Err(LockError::Config(format!(
+                    "DLOCK_TLS_CA works with DLOCK_URL, not with {source}"
+                )));
+            }
             ["DLOCK_CLUSTER_URLS"] => self.cluster_builder()?,
             _ => self.sentinel_builder()?,
         };
@@ -389,6 +406,36 @@ impl LockerConfig {
     /// Builds the `Locker` ([`builder`](Self::builder), then [`LockerBuilder::build`]).
     pub async fn build(&self) -> Result<Locker, LockError> {
         self.builder()?.build().await
+    }
+
+    /// A builder over a client of [`url`](Self::url) that trusts the certificate authority
+    /// in the file `ca`.
+    #[cfg(feature = "tls-rustls")]
+    fn tls_builder(&self, ca: &std::path::Path) -> Result<LockerBuilder, LockError> {
+        let pem = std::fs::read(ca).map_err(|err| {
+            LockError::Config(format!("DLOCK_TLS_CA: cannot read {}: {err}", ca.display()))
+        })?;
+        let url = self.url.as_deref().unwrap_or_default();
+        let certificates = redis::TlsCertificates {
+            client_tls: None,
+            root_cert: Some(pem),
+        };
+        // The error's text may repeat the URL, and the URL may hold a password.
+        let client = redis::Client::build_with_tls(url, certificates).map_err(|err| {
+            LockError::Config(format!(
+                "DLOCK_URL with DLOCK_TLS_CA: no TLS client ({:?}) for {}",
+                err.kind(),
+                redact_url(url)
+            ))
+        })?;
+        Ok(Locker::builder().client(client))
+    }
+
+    #[cfg(not(feature = "tls-rustls"))]
+    fn tls_builder(&self, _ca: &std::path::Path) -> Result<LockerBuilder, LockError> {
+        Err(LockError::Config(
+            "DLOCK_TLS_CA needs dlock-core's `tls-rustls` feature".into(),
+        ))
     }
 
     #[cfg(feature = "cluster")]
@@ -662,6 +709,7 @@ mod tests {
             ("DLOCK_SPAN_LEVEL", "DEBUG"),
             ("DLOCK_REPLICA_ACK", "0"),
             ("DLOCK_REPLICA_ACK_TIMEOUT", "100ms"),
+            ("DLOCK_TLS_CA", "/etc/redis/ca.pem"),
         ])
         .unwrap();
         let ms = Duration::from_millis;
@@ -684,6 +732,10 @@ mod tests {
         assert_eq!(
             (config.replica_ack, config.replica_ack_timeout),
             (Some(0), Some(ms(100)))
+        );
+        assert_eq!(
+            config.tls_ca.as_deref(),
+            Some(std::path::Path::new("/etc/redis/ca.pem"))
         );
         let shown = format!("{config:?}");
         assert!(!shown.contains("pw"), "{shown}");
