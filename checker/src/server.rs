@@ -1,22 +1,5 @@
-//! The test harness: real `redis-server` processes on free loopback ports, and a proxy that can cut
-//! connections.
-//!
-//! - [`RedisServer`] spawns `redis-server` (the binary named by `DLOCK_REDIS_SERVER`, default
-//!   `redis-server`) with `--save ""` and a log file in a temporary directory, polls until it
-//!   answers, and kills it on drop. It can be killed, restarted on the same port, paused
-//!   (`SIGSTOP`) and resumed. While a server lives, every panic message is followed by the tail
-//!   of its log.
-//! - [`Proxy`] forwards a loopback port to a server and can cut every connection through it.
-//! - [`RedisCluster`] ([`cluster`]) is a Redis Cluster of three masters and three replicas,
-//!   [`RedisSentinel`] ([`sentinel`]) a master, a replica and three sentinels: real processes,
-//!   with failovers, kills, pauses and slot migrations on demand.
-//!
-//! - [`holder`] runs a lock holder in a process of its own (the `holder` binary), to be killed and
-//!   stopped for real; it writes to a [`fenced`] resource that refuses stale fencing tokens.
-//!
-//! - [`checker`] is the randomized, seeded, replayable history checker for dlock-core.
-//!
-//! A missing `redis-server` binary is a loud failure naming the command that installs it.
+//! [`RedisServer`]: one real `redis-server` process on a free loopback port (the crate's
+//! documentation says what it does), and how the harness finds the binary.
 
 use std::collections::BTreeMap;
 use std::io::{Read as _, Write as _};
@@ -26,22 +9,6 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, Once, PoisonError};
 use std::time::{Duration, Instant};
-
-mod admin;
-pub mod capture;
-pub mod checker;
-pub mod cluster;
-pub mod fenced;
-pub mod handover;
-pub mod hold;
-pub mod holder;
-mod proxy;
-pub mod sentinel;
-pub mod tls;
-
-pub use cluster::RedisCluster;
-pub use proxy::Proxy;
-pub use sentinel::RedisSentinel;
 
 /// The environment variable naming the `redis-server` binary.
 pub const REDIS_SERVER_ENV: &str = "DLOCK_REDIS_SERVER";
@@ -89,13 +56,15 @@ fn log_tail(port: u16, log: &std::path::Path, lines: usize) -> String {
     )
 }
 
-fn redis_binary() -> String {
+/// The `redis-server` binary the harness runs: the one `DLOCK_REDIS_SERVER` names, else
+/// `redis-server`.
+pub fn redis_server_binary() -> String {
     std::env::var(REDIS_SERVER_ENV).unwrap_or_else(|_| "redis-server".to_owned())
 }
 
 /// Panics with the install command when the `redis-server` binary can't be run.
 pub fn require_redis_server() {
-    require_binary(&redis_binary());
+    require_binary(&redis_server_binary());
 }
 
 fn require_binary(binary: &str) {
@@ -113,34 +82,6 @@ fn require_binary(binary: &str) {
     );
 }
 
-/// The Redis to use for a demo: `DLOCK_URL` if set, otherwise a `redis-server` started here
-/// (announced on stdout, killed when the returned server is dropped). A missing binary is an
-/// error message naming the install command, for the caller to print.
-pub fn redis_from_env_or_start() -> Result<(String, Option<RedisServer>), String> {
-    if let Some(url) = std::env::var("DLOCK_URL")
-        .ok()
-        .filter(|u| !u.trim().is_empty())
-    {
-        return Ok((url, None));
-    }
-    let binary = redis_binary();
-    let found = Command::new(&binary)
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !found {
-        return Err(format!(
-            "`{binary}` was not found: install it with `apt-get install redis-server`, \
-             or set DLOCK_URL to a running server"
-        ));
-    }
-    let server = RedisServer::start();
-    println!("started redis-server on port {}", server.port());
-    Ok((server.url(), Some(server)))
-}
-
 /// A free loopback port (bound then released; the server binds it right after).
 pub fn free_port() -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind a free loopback port");
@@ -155,56 +96,6 @@ pub fn unique_name(prefix: &str) -> String {
         std::process::id(),
         NEXT.fetch_add(1, Ordering::Relaxed)
     )
-}
-
-/// `CLIENT PAUSE <ms> WRITE` on `con`: the server holds every write (every dlock script) for
-/// `ms`, and key expiry with it, while reads go on — a slow server, for real.
-pub async fn pause_writes(con: &mut redis::aio::MultiplexedConnection, ms: u64) {
-    let () = redis::cmd("CLIENT")
-        .arg("PAUSE")
-        .arg(ms)
-        .arg("WRITE")
-        .query_async(con)
-        .await
-        .expect("CLIENT PAUSE");
-}
-
-/// `CLIENT UNPAUSE` on `con`.
-pub async fn unpause(con: &mut redis::aio::MultiplexedConnection) {
-    let () = redis::cmd("CLIENT")
-        .arg("UNPAUSE")
-        .query_async(con)
-        .await
-        .expect("CLIENT UNPAUSE");
-}
-
-/// Exits the process as soon as its standard input closes: for helper binaries that tests
-/// start, so that none outlives the test that started it.
-pub fn exit_when_stdin_closes() {
-    std::thread::spawn(|| {
-        use std::io::Read as _;
-        let mut sink = [0u8; 64];
-        let mut stdin = std::io::stdin();
-        while matches!(stdin.read(&mut sink), Ok(n) if n > 0) {}
-        std::process::exit(3);
-    });
-}
-
-/// Waits (up to 3 s) until `inspect` counts `n` `Locker`s waiting for `name`; returns the last
-/// reading, whether or not it got there.
-pub async fn until_waiting(
-    locker: &dlock_core::Locker,
-    name: &str,
-    n: u64,
-) -> dlock_core::LockInfo {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
-    loop {
-        let info = locker.inspect(name).await.expect("inspect");
-        if info.waiting_lockers == n || tokio::time::Instant::now() >= deadline {
-            return info;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// A `redis-server` process on a free loopback port, killed on drop.
@@ -270,7 +161,7 @@ impl RedisServer {
 
     /// Spawns the process on `self.port` and polls until it answers `PING`.
     fn spawn(&mut self) -> Result<(), String> {
-        let mut cmd = Command::new(redis_binary());
+        let mut cmd = Command::new(redis_server_binary());
         cmd.args(&self.config)
             .arg("--port")
             .arg(self.port.to_string())
