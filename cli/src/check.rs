@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use dlock_tests::checker::{Config, FaultFamily, Invariant, Remote, RemoteError, Report, Spread};
+use dlock_checker::{Config, FaultFamily, Invariant, Remote, RemoteError, Report, Spread};
 use serde_json::{Value, json};
 
 use crate::Failure;
@@ -116,7 +116,7 @@ pub(crate) async fn check(options: Options) -> Result<Checked, Failure> {
                     .enable_all()
                     .build()
                     .map_err(|e| RemoteError::Unreachable(format!("no runtime: {e}")))?;
-                runtime.block_on(dlock_tests::checker::run_remote(config, &remote))
+                runtime.block_on(dlock_checker::run_remote(config, &remote))
             }
         })
         .map_err(|e| Failure::new(1, format!("cannot start the check: {e}")))?;

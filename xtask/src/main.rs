@@ -122,9 +122,9 @@ fn test() -> Result<(), String> {
     let filter = [
         "--workspace",
         "-E",
-        "(package(dlock-tests) | package(dlock-macros) | package(dlock-tower)) & not (binary(ui) \
-         | test(=checker_memory_paused_clock) | binary(checker_distributed) \
-         | binary(cluster_harness))",
+        "(package(dlock-checker) | package(dlock-tests) | package(dlock-macros) \
+         | package(dlock-tower)) & not (binary(ui) | test(=checker_memory_paused_clock) \
+         | binary(checker_distributed) | binary(cluster_harness))",
     ];
     cargo(
         &nextest,

@@ -5,8 +5,14 @@
 use std::path::Path;
 use std::process::Command;
 
-/// The crates users depend on.
-const PUBLISHED: [&str; 3] = ["dlock-core", "dlock-macros", "dlock-tower"];
+/// The crates users depend on or install, each with its directory.
+const PUBLISHED: [(&str, &str); 5] = [
+    ("dlock-core", "dlock-core"),
+    ("dlock-macros", "dlock-macros"),
+    ("dlock-tower", "dlock-tower"),
+    ("dlock-checker", "checker"),
+    ("dlock-cli", "cli"),
+];
 
 pub(crate) fn check(root: &Path) -> Result<(), String> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
@@ -38,7 +44,7 @@ pub(crate) fn check(root: &Path) -> Result<(), String> {
     // Everything a published crate pulls in to build (normal and build dependencies).
     let mut stack: Vec<String> = packages
         .iter()
-        .filter(|p| p["source"].is_null() && PUBLISHED.iter().any(|n| p["name"] == *n))
+        .filter(|p| p["source"].is_null() && PUBLISHED.iter().any(|(n, _)| p["name"] == *n))
         .filter_map(|p| p["id"].as_str().map(str::to_owned))
         .collect();
     let mut seen = std::collections::BTreeSet::new();
@@ -74,7 +80,7 @@ pub(crate) fn check(root: &Path) -> Result<(), String> {
             too_new.join("; ")
         ));
     }
-    for dir in ["dlock-core", "dlock-macros", "dlock-tower"] {
+    for (_, dir) in PUBLISHED {
         silenced(&root.join(dir).join("src"))?;
     }
     println!(

@@ -78,7 +78,7 @@ impl RedisCluster {
 
     /// [`try_start`](Self::try_start) with another `cluster-node-timeout`.
     pub fn try_start_with_node_timeout(node_timeout: Duration) -> Result<Self, String> {
-        let server = crate::redis_binary();
+        let server = crate::redis_server_binary();
         if !runs(&server) {
             return Err(format!(
                 "`{server}` was not found: install it with `apt-get install redis-server`, \

@@ -1,4 +1,10 @@
-//! A randomized, seeded, replayable history checker for dlock-core.
+//! A randomized, seeded, replayable history checker for dlock-core, and the real Redis servers
+//! it runs against.
+//!
+//! `dlock check` (the `dlock` command line, crate `dlock-cli`) runs it against a server of the
+//! user's own with [`run_remote`]; dlock's own tests run it on the memory backend
+//! ([`run_memory`]), on one server ([`run_redis`]), on a Redis Cluster ([`run_cluster`]), on a
+//! Sentinel set-up ([`run_sentinel`]) and on independent masters ([`run_masters`]), with faults.
 //!
 //! A run starts several lockers on one backend, has many worker tasks run randomly generated
 //! sessions over a few hot names (acquire with random waits and leases, `try_lock`, re-entry in a
@@ -29,6 +35,40 @@
 //! ([`Report::digest`]; ARCHITECTURE.md, "A seed replays", says what makes it so).
 //! Without the variable a random seed is drawn and printed. `DLOCK_CHECKER_OPS=<n>` sets the
 //! number of sessions (operations) per run, for a long soak.
+//!
+//! # The servers
+//!
+//! The runs start real processes, as the tests do:
+//!
+//! - [`RedisServer`] spawns `redis-server` (the binary named by `DLOCK_REDIS_SERVER`, default
+//!   `redis-server`) with `--save ""` and a log file in a temporary directory, polls until it
+//!   answers, and kills it on drop. It can be killed, restarted on the same port, paused
+//!   (`SIGSTOP`) and resumed. While a server lives, every panic message is followed by the tail
+//!   of its log.
+//! - [`Proxy`] forwards a loopback port to a server and can cut, stall or retarget every
+//!   connection through it.
+//! - [`RedisCluster`] ([`cluster`]) is a Redis Cluster of three masters and three replicas,
+//!   [`RedisSentinel`] ([`sentinel`]) a master, a replica and three sentinels: real processes,
+//!   with failovers, kills, pauses and slot migrations on demand.
+//! - [`hold`] reads a lock's key as Redis holds it, with dlock-core's own codec.
+//!
+//! A missing `redis-server` binary is a loud failure naming the command that installs it.
+
+mod admin;
+pub mod cluster;
+pub mod hold;
+pub mod layouts;
+mod proxy;
+pub mod sentinel;
+mod server;
+
+pub use cluster::RedisCluster;
+pub use proxy::Proxy;
+pub use sentinel::RedisSentinel;
+pub use server::{
+    REDIS_SERVER_ENV, RedisServer, free_port, redis_server_binary, require_redis_server,
+    unique_name,
+};
 
 mod actors;
 mod bounded;

@@ -10,10 +10,10 @@ use tokio::time::Instant;
 use dlock_core::Locker;
 
 use super::{COMMAND_TIMEOUT, FOLLOW_WITHIN, PARTITIONED};
-use crate::checker::faults::{FaultKind, FaultRec, FaultSpec, Reach};
-use crate::checker::history::{History, locked};
-use crate::checker::invariants::{Invariant, Violation};
 use crate::cluster::key_slot;
+use crate::faults::{FaultKind, FaultRec, FaultSpec, Reach};
+use crate::history::{History, locked};
+use crate::invariants::{Invariant, Violation};
 use crate::{Proxy, RedisCluster, RedisSentinel};
 
 /// Which deployment a run's faults act on.

@@ -695,8 +695,8 @@ mod tests {
     use std::sync::{Mutex, OnceLock};
 
     use super::*;
-    use crate::checker::faults::Reach;
-    use crate::checker::history::Special;
+    use crate::faults::Reach;
+    use crate::history::Special;
 
     fn rec(id: u32, t: Instant, (call, start, end): (u64, u64, u64), token: u64) -> Hold {
         let at = |ms: u64| t + Duration::from_millis(ms);

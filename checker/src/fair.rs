@@ -302,7 +302,7 @@ pub(crate) fn check(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checker::history::LeaseSpec;
+    use crate::history::LeaseSpec;
 
     fn at(origin: Instant, ms: u64) -> Instant {
         origin + Duration::from_millis(ms)

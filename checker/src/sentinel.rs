@@ -122,7 +122,9 @@ impl RedisSentinel {
     pub fn client(&self) -> redis::sentinel::SentinelClient {
         redis::sentinel::SentinelClient::build(
             self.sentinel_urls(),
-            MASTER_NAME,
+            // A `String`: redis-rs takes one without its `tls-rustls` feature, anything
+            // string-like with it.
+            String::from(MASTER_NAME),
             None,
             redis::sentinel::SentinelServerType::Master,
         )
