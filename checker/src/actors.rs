@@ -2,7 +2,8 @@
 //! multiplexed connection, with a tiny command timeout, built on a runtime that is gone; or
 //! several over one memory store.
 
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use dlock_core::{Locker, LockerBuilder, MemoryStore};
@@ -81,17 +82,23 @@ pub(crate) struct RedisSetup {
     pub(crate) fence_ttl: Option<Duration>,
     /// How long a fair lock's waiter keeps its place without an attempt.
     pub(crate) dead_waiter_timeout: Duration,
+    /// Every other locker built runs layout 1's frozen scripts (see `Config::mixed_layouts`).
+    pub(crate) mixed_layouts: bool,
+    /// How many lockers were built so far.
+    pub(crate) built: Arc<AtomicUsize>,
 }
 
 impl RedisSetup {
     fn builder(&self, command_timeout: Duration) -> LockerBuilder {
-        Locker::builder()
+        let builder = Locker::builder()
             .prefix(self.prefix.clone())
             .default_lease(dlock_core::Lease::watchdog(self.watchdog_lease))
             .dead_waiter_timeout(self.dead_waiter_timeout)
             .fence_ttl(self.fence_ttl)
             .command_timeout(command_timeout)
-            .connect_timeout(self.command_timeout.max(Duration::from_millis(200)))
+            .connect_timeout(self.command_timeout.max(Duration::from_millis(200)));
+        let nth = self.built.fetch_add(1, Ordering::Relaxed);
+        with_layout(builder, self.mixed_layouts && nth % 2 == 0)
     }
 
     fn client(&self) -> dlock_core::redis::Client {
@@ -252,6 +259,14 @@ impl RedisSetup {
     }
 }
 
+/// `builder`, on layout 1's frozen scripts if `layout_1`.
+fn with_layout(builder: LockerBuilder, layout_1: bool) -> LockerBuilder {
+    match layout_1 {
+        true => builder.frozen_layout(crate::layouts::layout_1()),
+        false => builder,
+    }
+}
+
 /// The index of the multiplexed actor in [`RedisSetup::actors`].
 pub(crate) const MULTIPLEXED: usize = 3;
 
@@ -262,14 +277,16 @@ pub(crate) async fn memory_actors(
     prefix: &str,
     (watchdog_lease, dead_waiter_timeout): (Duration, Duration),
     count: u8,
+    mixed_layouts: bool,
 ) -> Vec<Actor> {
     let mut actors = Vec::new();
     for i in 0..count {
-        let l = Locker::builder()
+        let builder = Locker::builder()
             .memory(store.clone())
             .prefix(prefix)
             .default_lease(dlock_core::Lease::watchdog(watchdog_lease))
-            .dead_waiter_timeout(dead_waiter_timeout)
+            .dead_waiter_timeout(dead_waiter_timeout);
+        let l = with_layout(builder, mixed_layouts && i % 2 == 0)
             .build()
             .await
             .expect("a memory locker");

@@ -125,6 +125,10 @@ pub struct Config {
     /// Run for this long instead: the workers start sessions until it has passed (`ops` is
     /// then ignored; sessions are drawn from the seed in batches as they are needed).
     pub duration: Option<std::time::Duration>,
+    /// Every other locker of a memory or single-server run runs layout 1's frozen scripts
+    /// ([`layouts::layout_1`]) beside this version's: a fleet in the middle of a rolling
+    /// deploy. The invariants are the same.
+    pub mixed_layouts: bool,
 }
 
 impl Config {
@@ -151,6 +155,7 @@ impl Config {
             ops,
             family,
             duration: None,
+            mixed_layouts: false,
         }
     }
 }

@@ -171,6 +171,8 @@ pub async fn run_remote(config: Config, remote: &Remote) -> Result<Report, Remot
         tiny_timeout: p.tiny_timeout,
         fence_ttl: p.fence_ttl,
         dead_waiter_timeout: p.dead_waiter_timeout,
+        mixed_layouts: false,
+        built: std::sync::Arc::default(),
     };
     let actors = setup.actors("warm-up").await;
     let ctx = ctx(actors, p, Some(admin.clone()));

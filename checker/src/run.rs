@@ -592,6 +592,8 @@ pub async fn run_redis(config: Config) -> Report {
         tiny_timeout: p.tiny_timeout,
         fence_ttl: p.fence_ttl,
         dead_waiter_timeout: p.dead_waiter_timeout,
+        mixed_layouts: config.mixed_layouts,
+        built: Arc::default(),
     };
     let actors = setup.actors("warm-up").await;
     let admin = redis::aio::ConnectionManager::new(server.client())
@@ -644,7 +646,7 @@ pub async fn run_memory(config: Config) -> Report {
     let store = MemoryStore::with_clock_at(MEMORY_CLOCK_AT);
     let prefix = format!("chk-{}:", config.seed);
     let timeouts = (p.watchdog_lease, p.dead_waiter_timeout);
-    let actors = actors::memory_actors(&store, &prefix, timeouts, 4).await;
+    let actors = actors::memory_actors(&store, &prefix, timeouts, 4, config.mixed_layouts).await;
     let ctx = ctx(actors, p, None);
     let targets = Targets::Memory(MemoryTargets {
         store: store.clone(),

@@ -75,6 +75,7 @@ pub(crate) async fn check(options: Options) -> Result<Checked, Failure> {
             FaultFamily::Quiet
         },
         duration: Some(options.duration),
+        mixed_layouts: false,
     };
     let remote = Remote {
         url: options.url.clone(),

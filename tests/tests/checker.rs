@@ -94,6 +94,37 @@ async fn checker_memory_paused_clock() {
     }
 }
 
+/// Operations of each mixed-layout run.
+const MIXED_LAYOUT_OPS: usize = 40_000;
+
+/// A fleet in the middle of a rolling deploy, on a paused clock: every other locker runs layout
+/// 1's frozen scripts (untagged tokens) beside this version's, on the same names, and every
+/// invariant holds as it does for one version — among them, never two holders at once.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn checker_memory_mixed_layouts() {
+    let mut config = Config::from_env(FaultFamily::Memory, MIXED_LAYOUT_OPS);
+    config.mixed_layouts = true;
+    let report = run_memory(config).await;
+    report.assert_clean();
+    if config.ops >= MIXED_LAYOUT_OPS {
+        // Turns passed between the two versions' lockers too.
+        let grants = report
+            .stats
+            .grants
+            .load(std::sync::atomic::Ordering::Relaxed);
+        assert!(grants > 0, "{}", report.summary());
+        assert!(report.fair.contested > 0, "{}", report.summary());
+    }
+}
+
+/// The same on a real server, with every fault (pauses, deletes, restarts, cut connections).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checker_redis_mixed_layouts() {
+    let mut config = Config::from_env(FaultFamily::Mixed, REDIS_OPS / 2);
+    config.mixed_layouts = true;
+    run_redis(config).await.assert_clean();
+}
+
 /// Operations of each of the two runs of the replay test.
 const REPLAY_OPS: usize = 10_000;
 

@@ -39,6 +39,7 @@ fn config(family: FaultFamily, default: Duration) -> Config {
     });
     Config {
         duration: Some(secs.map_or(default, Duration::from_secs)),
+        mixed_layouts: false,
         ..Config::from_env(family, 0)
     }
 }
