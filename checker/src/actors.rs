@@ -98,7 +98,7 @@ impl RedisSetup {
             .command_timeout(command_timeout)
             .connect_timeout(self.command_timeout.max(Duration::from_millis(200)));
         let nth = self.built.fetch_add(1, Ordering::Relaxed);
-        with_layout(builder, self.mixed_layouts && nth % 2 == 0)
+        with_layout(builder, self.mixed_layouts && nth.is_multiple_of(2))
     }
 
     fn client(&self) -> dlock_core::redis::Client {
@@ -286,7 +286,7 @@ pub(crate) async fn memory_actors(
             .prefix(prefix)
             .default_lease(dlock_core::Lease::watchdog(watchdog_lease))
             .dead_waiter_timeout(dead_waiter_timeout);
-        let l = with_layout(builder, mixed_layouts && i % 2 == 0)
+        let l = with_layout(builder, mixed_layouts && i.is_multiple_of(2))
             .build()
             .await
             .expect("a memory locker");
