@@ -67,6 +67,31 @@ mod tests {
         );
     }
 
+    /// Every scheme redis-rs connects with, a password where each form carries it: in the
+    /// authority (TCP, IPv4 and IPv6) or in the `pass` query parameter (unix sockets).
+    #[test]
+    fn every_url_form_redis_accepts_is_redacted() {
+        for scheme in ["redis", "rediss", "valkey", "valkeys"] {
+            for host in ["127.0.0.1:6379", "[::1]:6379", "cache.internal"] {
+                for auth in ["user:s3cret@", ":s3cret@"] {
+                    let raw = format!("{scheme}://{auth}{host}/3?protocol=resp3");
+                    let shown = redact_url(&raw);
+                    assert!(!shown.contains("s3cret"), "{raw} -> {shown}");
+                    assert!(shown.starts_with(&format!("{scheme}://")), "{shown}");
+                    assert!(shown.contains(host), "{raw} -> {shown}");
+                }
+            }
+        }
+        for scheme in ["unix", "redis+unix", "valkey+unix"] {
+            let raw = format!("{scheme}:///run/redis.sock?db=1&user=app&pass=s3cret");
+            let shown = redact_url(&raw);
+            assert_eq!(
+                shown,
+                format!("{scheme}:///run/redis.sock?db=1&user=app&pass=***")
+            );
+        }
+    }
+
     #[test]
     fn a_url_that_does_not_parse_is_not_shown() {
         for raw in ["redis://:pw@host:port/", "no scheme :pw@", "redis://[::1/"] {
