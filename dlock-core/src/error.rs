@@ -33,8 +33,8 @@ pub enum LockError {
     /// The lock stayed held until the wait deadline by a `Locker` of a version whose key layout
     /// this one does not speak (a newer version's, during a rolling deploy): the hold was left
     /// exactly as it was, and the wait polled. Busy, as far as the caller is concerned
-    /// ([`is_busy`](LockError::is_busy)); see the README's "Upgrades" for which versions may
-    /// run side by side.
+    /// ([`is_busy`](LockError::is_busy)); see `docs/UPGRADING.md` in the repository for which
+    /// versions may run side by side.
     #[error(
         "lock `{name}` is held in a key layout this version of dlock does not speak (waited {waited:?})"
     )]

@@ -19,6 +19,23 @@
 //! # }
 //! ```
 //!
+//! Where to go from here:
+//!
+//! - [`Locker`]: connects to Redis and hands out locks; built by [`LockerBuilder`].
+//! - [`LockRequest`]: one request for a lock: its wait and lease, then `.await` it.
+//! - [`LockGuard`]: a lock you hold: its fencing token, [`run`](LockGuard::run),
+//!   [`lost`](LockGuard::lost), [`release`](LockGuard::release).
+//! - Other kinds: [`fair_lock`](Locker::fair_lock), [`read_write_lock`](Locker::read_write_lock),
+//!   [`semaphore`](Locker::semaphore), [`lock_all`](Locker::lock_all) (several names at once).
+//! - [`MasterSet`]: one lock on several independent Redis masters, a majority or all of them.
+//! - [`LockerConfig`]: the whole configuration as data, read from `DLOCK_*` variables (or, with
+//!   the `serde` feature, a file).
+//! - [`metrics`](mod@crate::metrics): every metric dlock records, and what it means.
+//! - `docs/DEPLOYING.md` in the repository: a single server, Sentinel, a Cluster or independent
+//!   masters, and what a failover does to a lock in each.
+//! - `docs/UPGRADING.md` in the repository: which versions may run side by side in a rolling
+//!   deploy, and a checklist for one.
+//!
 //! # What a lock is
 //!
 //! - **Acquire** is one Lua script: if the name is free it records the owner (a random token)
