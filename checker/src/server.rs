@@ -107,6 +107,8 @@ pub struct RedisServer {
     config: Option<PathBuf>,
     args: Vec<String>,
     dir: tempfile::TempDir,
+    /// The port, held while the server is killed (see [`PortHold`]).
+    hold: Option<PortHold>,
 }
 
 impl RedisServer {
@@ -146,6 +148,7 @@ impl RedisServer {
                 config: config.clone(),
                 args: args(port),
                 dir: tempfile::tempdir().expect("temporary directory for redis-server"),
+                hold: None,
             };
             match server.spawn() {
                 Ok(()) => return server,
@@ -161,6 +164,8 @@ impl RedisServer {
 
     /// Spawns the process on `self.port` and polls until it answers `PING`.
     fn spawn(&mut self) -> Result<(), String> {
+        // The port is this server's again.
+        self.hold = None;
         let mut cmd = Command::new(redis_server_binary());
         cmd.args(&self.config)
             .arg("--port")
@@ -279,8 +284,18 @@ impl RedisServer {
         self.child.as_ref().map(Child::id)
     }
 
-    /// Kills the server (`SIGKILL`) and waits for it.
+    /// Kills the server (`SIGKILL`) and waits for it. Until it is restarted (or dropped), its
+    /// port stays taken and refuses every connection, as a dead server's does: a server that
+    /// another test starts meanwhile can't take the port and answer in its place.
     pub fn kill(&mut self) {
+        self.stop();
+        if self.hold.is_none() {
+            self.hold = PortHold::take(self.port);
+        }
+    }
+
+    /// Kills the process, if it runs, and waits for it.
+    fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
@@ -374,7 +389,47 @@ impl Drop for RedisServer {
                 .arg(pid.to_string())
                 .status();
         }
-        self.kill();
+        self.stop();
+    }
+}
+
+/// A killed server's port, held: a listener on it (so no other server can bind it) that closes
+/// every connection it is offered at once (so a client sees the server gone, not hung). A
+/// thread of its own accepts; it ends when the hold is dropped.
+#[derive(Debug)]
+struct PortHold {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl PortHold {
+    /// Holds `port`, unless something else took it already.
+    fn take(port: u16) -> Option<Self> {
+        let listener = TcpListener::bind(("127.0.0.1", port)).ok()?;
+        listener.set_nonblocking(true).ok()?;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = stop.clone();
+        let thread = std::thread::spawn(move || {
+            while !stopped.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((stream, _)) => drop(stream),
+                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                }
+            }
+        });
+        Some(Self {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for PortHold {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
     }
 }
 
@@ -397,6 +452,7 @@ mod tests {
             config: None,
             args: Vec::new(),
             dir: tempfile::tempdir().unwrap(),
+            hold: None,
         };
         let err = intruder.spawn().unwrap_err();
         assert!(err.contains("exited"), "{err}");

@@ -191,7 +191,15 @@ async fn kill_stops_the_server_and_restart_brings_it_back_empty() {
     let () = con.set("gone", 1).await.unwrap();
     server.kill();
     assert!(server.pid().is_none());
-    assert!(std::net::TcpStream::connect(server.addr()).is_err());
+    // Nothing answers on the port: a connection is closed at once, as by a dead server.
+    if let Ok(mut stream) = std::net::TcpStream::connect(server.addr()) {
+        use std::io::{Read as _, Write as _};
+        let _ = stream.write_all(b"PING\r\n");
+        let mut buf = [0u8; 16];
+        assert!(matches!(stream.read(&mut buf), Ok(0) | Err(_)), "an answer");
+    }
+    // And no other server can take the port while this one is down.
+    assert!(std::net::TcpListener::bind(server.addr()).is_err());
     server.restart();
     assert_eq!(server.port(), port);
     let mut con = server.connection().await;
