@@ -1,9 +1,11 @@
 //! Key layouts of earlier versions, frozen: their scripts exactly as the server got them, for
 //! `Locker`s of two versions side by side against one Redis (see `dlock_core::protocol::layout`).
 //!
-//! Layout 1 is the layout of the first release: untagged tokens. Its scripts are the text that
-//! version sent with `EVAL` (comments left out, helpers put in), one file per script, and are
-//! never edited: a change to this version's scripts must keep working beside them.
+//! Layout 1 is the untagged layout: a lock's key a string whose tokens carry no layout tag, as
+//! written from the change that made it a string (after 0.1.0, which kept a hash) until tags
+//! came (commit 9b1d62d). Its scripts are the text that code sent with `EVAL` (comments left
+//! out, helpers put in), one file per script, and are never edited: a change to this version's
+//! scripts must keep working beside them.
 
 use dlock_core::protocol::layout::FrozenLayout;
 
