@@ -601,8 +601,11 @@ where
     let chromium = require("chromium");
     let chromedriver = require("chromedriver");
     let port = free_port();
+    let logs = tempfile::tempdir().unwrap();
+    let driver_log = logs.path().join("chromedriver.log");
     let mut driver_process = tokio::process::Command::new(&chromedriver)
         .arg(format!("--port={port}"))
+        .arg(format!("--log-path={}", driver_log.display()))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .kill_on_drop(true)
@@ -617,33 +620,51 @@ where
         status["value"]["ready"].as_bool().filter(|r| *r)
     })
     .await;
-    let profile = tempfile::tempdir().unwrap();
-    let capabilities = json!({"capabilities": {"alwaysMatch": {
-        "browserName": "chrome",
-        "goog:chromeOptions": {
-            "binary": chromium,
-            "args": [
-                "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--disable-background-networking", "--disable-component-update",
-                "--disable-sync", "--no-first-run", "--disable-quic", "--lang=en-US",
-                "--hide-scrollbars", "--force-device-scale-factor=1",
-                format!("--window-size={},{}", WINDOW.0, WINDOW.1),
-                format!("--user-data-dir={}", profile.path().display()),
-            ]
+    // Chromium now and then exits while starting up on a loaded machine ("session not
+    // created: Chrome instance exited"); that says nothing about the shop, so a start that
+    // fails is tried again with a fresh profile, twice, before the test fails with the log.
+    let mut profile = tempfile::tempdir().unwrap();
+    let mut attempt = 1;
+    let session = loop {
+        let capabilities = json!({"capabilities": {"alwaysMatch": {
+            "browserName": "chrome",
+            "goog:chromeOptions": {
+                "binary": chromium,
+                "args": [
+                    "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                    "--disable-background-networking", "--disable-component-update",
+                    "--disable-sync", "--no-first-run", "--disable-quic", "--lang=en-US",
+                    "--hide-scrollbars", "--force-device-scale-factor=1",
+                    format!("--window-size={},{}", WINDOW.0, WINDOW.1),
+                    format!("--user-data-dir={}", profile.path().display()),
+                ]
+            }
+        }}});
+        let (_, session) = http(
+            &client,
+            "POST",
+            &format!("{base}/session"),
+            Some(&capabilities),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+        if let Some(id) = session["value"]["sessionId"].as_str() {
+            break id.to_owned();
         }
-    }}});
-    let (_, session) = http(
-        &client,
-        "POST",
-        &format!("{base}/session"),
-        Some(&capabilities),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{e}"));
-    let session = session["value"]["sessionId"]
-        .as_str()
-        .unwrap_or_else(|| panic!("no browser session: {session}"))
-        .to_owned();
+        if attempt == 3 {
+            let log = std::fs::read_to_string(&driver_log).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(40).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            panic!(
+                "no browser session after {attempt} starts: {session}\n--- chromedriver log ---\n{}",
+                tail.join("\n")
+            );
+        }
+        eprintln!("browser start {attempt} failed, starting again: {session}");
+        attempt += 1;
+        profile = tempfile::tempdir().unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
     let page = Page {
         client: client.clone(),
         base: base.clone(),
