@@ -119,16 +119,37 @@ fn info(url: &str, section: &str) -> String {
 }
 
 fn parse_commandstats(info: &str) -> BTreeMap<String, u64> {
+    commandstats(info)
+        .into_iter()
+        .map(|(name, stat)| (name, stat.calls))
+        .collect()
+}
+
+/// One command's line of `INFO commandstats`: how many times it ran and the µs it took. A
+/// script's inner commands count in their own lines (and their time in the script's too).
+#[derive(Debug, Clone, Copy, Default)]
+struct CommandStat {
+    calls: u64,
+    usec: u64,
+}
+
+fn commandstats(info: &str) -> BTreeMap<String, CommandStat> {
     info.lines()
         .filter_map(|l| l.strip_prefix("cmdstat_"))
         .filter_map(|l| l.split_once(':'))
         .map(|(name, fields)| {
-            let calls = fields
-                .split(',')
-                .find_map(|f| f.strip_prefix("calls="))
-                .and_then(|c| c.parse().ok())
-                .unwrap_or(0);
-            (name.to_owned(), calls)
+            let field = |key: &str| {
+                fields
+                    .split(',')
+                    .find_map(|f| f.strip_prefix(key))
+                    .and_then(|c| c.parse().ok())
+                    .unwrap_or(0)
+            };
+            let stat = CommandStat {
+                calls: field("calls="),
+                usec: field("usec="),
+            };
+            (name.to_owned(), stat)
         })
         .collect()
 }

@@ -43,6 +43,7 @@ const CLIENT_COMMANDS: &[&str] = &[
 struct Meter {
     lib: Lib,
     commands: u64,
+    work: RedisWork,
     redis_cpu: f64,
     client_cpu: f64,
     allocations: u64,
@@ -51,6 +52,11 @@ struct Meter {
 /// Per-op costs measured by a [`Meter`].
 struct Spent {
     commands_per_op: f64,
+    /// Commands Redis ran per op, scripts' inner ones included.
+    redis_commands_per_op: f64,
+    /// µs Redis spent running the clients' commands per op (`INFO commandstats`; a script's
+    /// time includes its inner commands'), without the event loop and the network.
+    redis_command_us_per_op: f64,
     redis_cpu_us_per_op: f64,
     client_cpu_us_per_op: f64,
     /// Allocations this process made per op (the workload's own bookkeeping included, which
@@ -64,6 +70,7 @@ impl Meter {
         Meter {
             lib,
             commands: infos.iter().map(|i| client_commands(i)).sum(),
+            work: infos.iter().map(|i| redis_work(i)).sum(),
             redis_cpu: infos.iter().map(|i| redis_cpu(i)).sum(),
             client_cpu: client_cpu_s(),
             allocations: crate::allocations(),
@@ -76,9 +83,12 @@ impl Meter {
         let infos = server.infos(self.lib, "all");
         let commands: u64 = infos.iter().map(|i| client_commands(i)).sum();
         let cpu: f64 = infos.iter().map(|i| redis_cpu(i)).sum();
+        let work: RedisWork = infos.iter().map(|i| redis_work(i)).sum();
         let ops = ops.max(1) as f64;
         Spent {
             commands_per_op: commands.saturating_sub(self.commands) as f64 / ops,
+            redis_commands_per_op: work.commands.saturating_sub(self.work.commands) as f64 / ops,
+            redis_command_us_per_op: work.usec.saturating_sub(self.work.usec) as f64 / ops,
             redis_cpu_us_per_op: (cpu - self.redis_cpu) * 1e6 / ops,
             client_cpu_us_per_op: (client_cpu - self.client_cpu) * 1e6 / ops,
             allocs_per_op: allocations.saturating_sub(self.allocations) as f64 / ops,
@@ -94,6 +104,47 @@ fn client_commands(info: &str) -> u64 {
     }
     let stats = crate::parse_commandstats(info);
     CLIENT_COMMANDS.iter().filter_map(|c| stats.get(*c)).sum()
+}
+
+/// What the clients' commands made one server do: every command it ran (scripts' inner ones
+/// included, the meter's own `INFO` not), and the µs the clients' commands took.
+#[derive(Debug, Clone, Copy, Default)]
+struct RedisWork {
+    commands: u64,
+    usec: u64,
+}
+
+impl std::iter::Sum for RedisWork {
+    fn sum<I: Iterator<Item = Self>>(iter: I) -> Self {
+        iter.fold(Self::default(), |a, b| Self {
+            commands: a.commands + b.commands,
+            usec: a.usec + b.usec,
+        })
+    }
+}
+
+fn redis_work(info: &str) -> RedisWork {
+    // A replica's work is counted too: it is the mode's cost. Its commands came from its
+    // master (a script's effects wrapped in `MULTI`/`EXEC`, whose time is its commands'); its
+    // time is in what it ran.
+    let replica = info.lines().any(|l| l.trim() == "role:slave");
+    let stats = crate::commandstats(info);
+    let commands = (stats.iter())
+        .filter(|(name, _)| !name.starts_with("info"))
+        .map(|(_, stat)| stat.calls)
+        .sum();
+    let usec = if replica {
+        (stats.iter())
+            .filter(|(name, _)| !name.starts_with("info") && name.as_str() != "exec")
+            .map(|(_, stat)| stat.usec)
+            .sum()
+    } else {
+        (CLIENT_COMMANDS.iter())
+            .filter_map(|c| stats.get(*c))
+            .map(|stat| stat.usec)
+            .sum()
+    };
+    RedisWork { commands, usec }
 }
 
 fn info_field(info: &str, field: &str) -> f64 {
@@ -191,6 +242,8 @@ struct Acc {
     p99: Vec<f64>,
     cmds: Vec<f64>,
     redis_cpu: Vec<f64>,
+    redis_commands: Vec<f64>,
+    redis_command_us: Vec<f64>,
     client_cpu: Vec<f64>,
     allocs: Vec<f64>,
     extra: BTreeMap<&'static str, Vec<f64>>,
@@ -201,9 +254,16 @@ struct Acc {
 impl Acc {
     fn spent(&mut self, spent: &Spent) {
         self.cmds.push(spent.commands_per_op);
+        self.redis_work(spent);
         self.redis_cpu.push(spent.redis_cpu_us_per_op);
         self.client_cpu.push(spent.client_cpu_us_per_op);
         self.allocs.push(spent.allocs_per_op);
+    }
+
+    /// What Redis did per op (kept for every workload that has Redis do work).
+    fn redis_work(&mut self, spent: &Spent) {
+        self.redis_commands.push(spent.redis_commands_per_op);
+        self.redis_command_us.push(spent.redis_command_us_per_op);
     }
 
     fn row(mut self, workload: &'static str, lib: &str) -> Row {
@@ -215,6 +275,12 @@ impl Acc {
             .collect();
         if let Some(v) = some(&mut self.redis_cpu) {
             extra.insert("redis_cpu_us_per_op", v);
+        }
+        if let Some(v) = some(&mut self.redis_commands) {
+            extra.insert("redis_cmds_per_op", v);
+        }
+        if let Some(v) = some(&mut self.redis_command_us) {
+            extra.insert("redis_cmd_us_per_op", v);
         }
         if let Some(v) = some(&mut self.client_cpu) {
             extra.insert("client_cpu_us_per_op", v);

@@ -30,7 +30,7 @@ mod keys;
 
 pub use glob::escape_glob;
 pub(crate) use glob::glob_matches;
-pub(crate) use keys::{KeyKind, LockKeys, NameKeys, RwKeys};
+pub(crate) use keys::{KeyKind, LockKeys, NameKeys, RwKeys, SemaphoreKeys};
 
 /// The longest lock name accepted, in bytes, after escaping.
 pub const MAX_NAME_LEN: usize = 512;

@@ -287,6 +287,7 @@ pub(super) async fn w3(settings: &Settings, server: &Server) -> Vec<Row> {
             a.p50.push(percentile_us(&mut samples, 0.5));
             a.p99.push(percentile_us(&mut samples, 0.99));
             a.cmds.push(spent.commands_per_op);
+            a.redis_work(&spent);
         }
     }
     let mut rows = Vec::new();

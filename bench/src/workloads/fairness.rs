@@ -84,8 +84,11 @@ pub(crate) async fn w7(settings: &Settings, server: &Server) -> Vec<Row> {
                 .flat_map(|o| o.waits.iter().copied())
                 .collect();
             let mut holds: Vec<f64> = outcomes.iter().map(|o| o.hold_us).collect();
-            // Commands only: the CPU is the contenders', not this process's.
-            a.cmds.push(meter.per_op(server, total).commands_per_op);
+            // Commands and Redis's work only: the client CPU is the contenders', not this
+            // process's.
+            let spent = meter.per_op(server, total);
+            a.cmds.push(spent.commands_per_op);
+            a.redis_work(&spent);
             a.ops.push(total as f64 / length.as_secs_f64());
             a.p50.push(percentile_us(&mut waits, 0.5));
             a.p99.push(percentile_us(&mut waits, 0.99));

@@ -200,7 +200,7 @@ impl Engine {
                 // A request that will wait asks to be next in turn at once: the holder's process
                 // may hand the lock between tasks of its own while this one subscribes.
                 let claim =
-                    (!wait.is_zero() && waiter.keys.hands_over()).then(|| self.claim(since));
+                    (!wait.is_zero() && waiter.keys.claims_turns()).then(|| self.claim(since));
                 if claim.is_some() {
                     turn.get_or_insert_with(|| LeaveTurn::new(&self, &waiter.keys, since));
                 }

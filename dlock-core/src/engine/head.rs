@@ -86,7 +86,7 @@ impl Engine {
             // The head waiter claims the next turn whenever it finds the lock taken — where
             // wake-ups arrive: the release's is its cue to come and take it.
             let next_turn = self.claim(since);
-            let claim = (waiter.failed.is_none() && watch.is_reliable() && keys.hands_over())
+            let claim = (waiter.failed.is_none() && watch.is_reliable() && keys.claims_turns())
                 .then_some(next_turn);
             if claim.is_some() {
                 let turn = turn.get_or_insert_with(|| LeaveTurn::new(self, &keys, since));

@@ -64,6 +64,9 @@ pub(crate) struct SemaphoreKeys {
     pub(crate) limit: String,
     /// The count to use when none was set.
     pub(crate) permits: u32,
+    /// The claim to the next free permit, of the `Locker` whose waiter has waited longest (see
+    /// `ACQUIRE_PERMIT`).
+    pub(crate) turn: String,
 }
 
 /// The keys of a read-write lock, and how it treats waiting writers.
@@ -209,6 +212,7 @@ impl LockKeys {
             KeyKind::Semaphore(SemaphoreKeys {
                 limit: format!("{base}:permits:limit"),
                 permits,
+                turn: format!("{base}:permits:turn"),
             }),
         )
     }
@@ -290,5 +294,15 @@ impl LockKeys {
     /// successor must leave the writers' waiting set).
     pub(crate) fn hands_over(&self) -> bool {
         matches!(self.kind, KeyKind::Lock)
+    }
+
+    /// Whether a waiter that finds the hold taken claims the next turn for its `Locker`, so
+    /// that processes take turns (see the `protocol` module): a plain lock, a writer and a
+    /// permit. A fair lock has its line; a reader shares the lock.
+    pub(crate) fn claims_turns(&self) -> bool {
+        matches!(
+            self.kind,
+            KeyKind::Lock | KeyKind::Write(_) | KeyKind::Semaphore(_)
+        )
     }
 }

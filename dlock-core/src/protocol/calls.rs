@@ -285,8 +285,12 @@ pub(crate) enum Released<'a> {
     Writer { channel: &'a str, waiting: &'a str },
     /// A fair lock's or a writer's hold by its key alone (mode 3), while its slot moves.
     Alone { channel: &'a str },
-    /// A semaphore's permit (`RELEASE_PERMIT`): the key is the permits.
-    Permit { channel: &'a str },
+    /// A semaphore's permit (`RELEASE_PERMIT`): the key is the permits; `turn`, the claim to
+    /// the next free permit, is named unless the slot moves.
+    Permit {
+        channel: &'a str,
+        turn: Option<&'a str>,
+    },
     /// A reader (`RELEASE_READ`): the key is the readers.
     Reader { channel: &'a str },
 }
@@ -327,6 +331,7 @@ impl Call for Release<'_> {
         match self.kind {
             Released::Fair { .. } => 4,
             Released::Writer { .. } => 3,
+            Released::Permit { turn: Some(_), .. } => 2,
             _ => 1,
         }
     }
@@ -334,12 +339,22 @@ impl Call for Release<'_> {
     fn write(&self, out: &mut impl Out) {
         out.text(self.key);
         let (mode, channel) = match self.kind {
-            // A permit's or a reader's set is named alone, its channel passed as an argument:
+            // A reader's set is named alone (a permit's with its claim key, or alone while
+            // its slot moves), its channel passed as an argument:
             // on a cluster a command naming two keys of a migrating slot fails (`TRYAGAIN`)
             // until the migration ends unless both are on the same side, and a channel is
             // never a key that exists. (The channel shares the set's hash tag, so the script
             // may publish on it.)
-            Released::Permit { channel } | Released::Reader { channel } => {
+            Released::Permit { channel, turn } => {
+                if let Some(turn) = turn {
+                    out.text(turn);
+                }
+                out.text(self.owner);
+                out.text(self.publish.command());
+                out.text(channel);
+                return;
+            }
+            Released::Reader { channel } => {
                 out.text(self.owner);
                 out.text(self.publish.command());
                 out.text(channel);
@@ -419,8 +434,11 @@ impl Call for Handoff<'_> {
 
 /// `LEAVE_TURN`: a waiter that claimed the next turn leaves without the lock.
 pub(crate) struct LeaveTurn<'a> {
+    /// The lock (a writer's too), or a semaphore's permits.
     pub(crate) lock: &'a str,
     pub(crate) channel: &'a str,
+    /// A semaphore's claim to the next free permit.
+    pub(crate) permit_turn: Option<&'a str>,
     /// Since when the waiter waited, as in its claim.
     pub(crate) since: u64,
     pub(crate) locker: &'a str,
@@ -437,12 +455,15 @@ impl Call for LeaveTurn<'_> {
     }
 
     fn key_count(&self) -> usize {
-        2
+        2 + usize::from(self.permit_turn.is_some())
     }
 
     fn write(&self, out: &mut impl Out) {
         out.text(self.lock);
         out.text(self.channel);
+        if let Some(turn) = self.permit_turn {
+            out.text(turn);
+        }
         out.number(self.since);
         out.text(self.locker);
         out.text(flag(self.last));
@@ -572,10 +593,14 @@ impl Call for AcquireFair<'_> {
 pub(crate) struct AcquirePermit<'a> {
     pub(crate) permits: &'a str,
     pub(crate) limit: &'a str,
+    /// The claim to the next free permit.
+    pub(crate) turn_key: &'a str,
     pub(crate) id: &'a str,
     pub(crate) lease: Duration,
     /// The count when none was set at run time.
     pub(crate) count: u32,
+    /// Where the attempt comes from, and its claim to the next free permit, if it makes one.
+    pub(crate) turn: Turn<'a>,
 }
 
 impl Call for AcquirePermit<'_> {
@@ -584,16 +609,28 @@ impl Call for AcquirePermit<'_> {
     }
 
     fn key_count(&self) -> usize {
-        2
+        3
     }
 
     fn write(&self, out: &mut impl Out) {
         out.text(self.permits);
         out.text(self.limit);
+        out.text(self.turn_key);
         out.text(self.id);
         out.number(millis(self.lease));
         out.number(u64::from(self.count));
+        write_turn(out, &self.turn);
     }
+}
+
+/// A claim to the next turn, as `ACQUIRE_PERMIT` and `ACQUIRE_WRITE` take it after their own
+/// arguments: the ms it asks a release to keep the hold for (`0`: no claim), since when the
+/// waiter waits, the `Locker`'s id and whether the attempt comes from its local line's head.
+fn write_turn(out: &mut impl Out, turn: &Turn<'_>) {
+    out.number(turn.claim.map_or(0, |c| millis_up(c.window)));
+    out.number(turn.claim.map_or(0, |c| c.since));
+    out.text(turn.locker);
+    out.text(flag(turn.head));
 }
 
 /// `SET_PERMITS`: a semaphore's count set at run time (`None`: each handle's own again).
@@ -656,6 +693,8 @@ pub(crate) struct AcquireWrite<'a> {
     pub(crate) fence_ttl: Option<Duration>,
     /// How long the writer's wait counts without another attempt (`None`: not recorded).
     pub(crate) wait_counts: Option<Duration>,
+    /// Where the attempt comes from, and its claim to the next turn, if it makes one.
+    pub(crate) turn: Turn<'a>,
 }
 
 impl Call for AcquireWrite<'_> {
@@ -675,6 +714,7 @@ impl Call for AcquireWrite<'_> {
         out.number(millis(self.lease));
         out.number(fence_ttl_ms(self.fence_ttl));
         out.number(self.wait_counts.map_or(0, millis));
+        write_turn(out, &self.turn);
     }
 }
 

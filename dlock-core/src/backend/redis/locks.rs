@@ -30,11 +30,11 @@ impl RedisBackend {
         // The other kinds boxed: their larger futures would size every lock's attempt too.
         match &keys.kind {
             KeyKind::Semaphore(sem) => {
-                let permit = self.acquire_permit(conn, keys, &sem.limit, sem.permits, owner, lease);
+                let permit = self.acquire_permit(conn, keys, sem, owner, lease, turn);
                 return Box::pin(permit).await;
             }
             KeyKind::Write(rw) => {
-                let write = self.acquire_write(conn, keys, rw, owner, lease, fence_ttl);
+                let write = self.acquire_write(conn, keys, rw, owner, (lease, fence_ttl), turn);
                 return Box::pin(write).await;
             }
             KeyKind::Read(rw) => return Box::pin(self.acquire_read(conn, rw, owner, lease)).await,
@@ -215,6 +215,7 @@ impl RedisBackend {
         let call = self.script_call(&protocol::LeaveTurn {
             lock: &keys.lock,
             channel: keys.channel(),
+            permit_turn: keys.semaphore_keys().map(|sem| sem.turn.as_str()),
             since,
             locker,
             last,
@@ -375,7 +376,10 @@ impl RedisBackend {
     ) -> protocol::Release<'k> {
         let channel = keys.channel();
         let kind = match &keys.kind {
-            KeyKind::Semaphore(_) => Released::Permit { channel },
+            KeyKind::Semaphore(sem) => Released::Permit {
+                channel,
+                turn: Some(&sem.turn),
+            },
             KeyKind::Read(_) => Released::Reader { channel },
             KeyKind::Lock => {
                 // The script's default channel: the key's `:wake`.
@@ -411,10 +415,16 @@ impl RedisBackend {
         handed_to: Option<&'k str>,
         keep: Option<Duration>,
     ) -> protocol::Release<'k> {
-        protocol::Release {
-            kind: Released::Alone {
-                channel: keys.channel(),
+        let channel = keys.channel();
+        let kind = match keys.kind {
+            KeyKind::Semaphore(_) => Released::Permit {
+                channel,
+                turn: None,
             },
+            _ => Released::Alone { channel },
+        };
+        protocol::Release {
+            kind,
             ..self.release_of(keys, owner, handed_to, keep)
         }
     }
@@ -457,10 +467,15 @@ impl RedisBackend {
 }
 
 /// Whether a release failed because `keys`' slot is moving and the line's keys of a fair lock
-/// or a writer are not all on one side: such a hold is released by its key alone (see the
-/// script's mode 3).
+/// or a writer, or a semaphore's permits and claim, are not all on one side: such a hold is
+/// released by its key alone (see the release script's mode 3; a permit given back then is
+/// kept for no claimant).
 fn moving_line(err: &BackendError, keys: &LockKeys) -> bool {
-    err.is_migrating() && matches!(keys.kind, KeyKind::Fair(_) | KeyKind::Write(_))
+    err.is_migrating()
+        && matches!(
+            keys.kind,
+            KeyKind::Fair(_) | KeyKind::Write(_) | KeyKind::Semaphore(_)
+        )
 }
 
 fn acquire_all_reply(reply: &[i64], n: usize) -> Result<AcquireAllReply, BackendError> {

@@ -4,28 +4,31 @@
 use std::time::Duration;
 
 use super::{OpConn, RedisBackend};
-use crate::backend::{AcquireReply, FairReply};
+use crate::backend::{AcquireReply, FairReply, Turn};
 use crate::error::BackendError;
-use crate::name::{LockKeys, RwKeys};
+use crate::name::{LockKeys, RwKeys, SemaphoreKeys};
 use crate::protocol;
 
 impl RedisBackend {
-    /// A semaphore's attempt: a permit `owner` (its id) if fewer than the count are held.
+    /// A semaphore's attempt: a permit `owner` (its id) if fewer than the count are held;
+    /// otherwise the next free one claimed for this `Locker`, if `turn` claims.
     pub(super) async fn acquire_permit(
         &self,
         conn: &OpConn,
         keys: &LockKeys,
-        limit: &str,
-        permits: u32,
+        sem: &SemaphoreKeys,
         owner: &str,
         lease: Duration,
+        turn: Turn<'_>,
     ) -> Result<AcquireReply, BackendError> {
         let call = self.script_call(&protocol::AcquirePermit {
             permits: &keys.lock,
-            limit,
+            limit: &sem.limit,
+            turn_key: &sem.turn,
             id: owner,
             lease,
-            count: permits,
+            count: sem.permits,
+            turn,
         });
         let ((code, ms), acknowledged): ((i64, i64), _) =
             self.invoke(conn, call, true, self.ack).await?;
@@ -37,15 +40,16 @@ impl RedisBackend {
         Ok(AcquireReply::busy(code, ms))
     }
 
-    /// A read-write lock's writer's attempt (its wait recorded, if `rw` says so).
+    /// A read-write lock's writer's attempt (its wait recorded, if `rw` says so); the next turn
+    /// claimed for this `Locker`, if `turn` claims and another writer holds the lock.
     pub(super) async fn acquire_write(
         &self,
         conn: &OpConn,
         keys: &LockKeys,
         rw: &RwKeys,
         owner: &str,
-        lease: Duration,
-        fence_ttl: Option<Duration>,
+        (lease, fence_ttl): (Duration, Option<Duration>),
+        turn: Turn<'_>,
     ) -> Result<AcquireReply, BackendError> {
         let call = self.script_call(&protocol::AcquireWrite {
             write: &rw.write,
@@ -56,6 +60,7 @@ impl RedisBackend {
             lease,
             fence_ttl,
             wait_counts: rw.wait_counts,
+            turn,
         });
         let ((code, value), acknowledged): ((i64, i64), _) =
             self.invoke(conn, call, true, self.ack).await?;

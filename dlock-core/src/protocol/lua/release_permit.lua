@@ -5,6 +5,12 @@
 -- ARGV[2]  the command that wakes waiters (PUBLISH; SPUBLISH on a cluster)
 -- ARGV[3]  the wake-up channel: an argument, not a key, so the script names one key alone and
 --          runs while the slot migrates (it shares the permits' hash tag)
+-- KEYS[2]  optional: the claim to the next free permit (see ACQUIRE_PERMIT); named unless the
+--          slot migrates
+--
+-- A permit given back while another `Locker` claims the next one is kept for that `Locker`
+-- (the member `#r:<locker>`) for the time its claim asked, and the claim goes: its head
+-- waiter's attempt takes the permit (as a plain lock's release keeps the lock, see `let_go`).
 --
 -- Returns, as RELEASE does
 --   n >= 0  given back; n subscribers got the wake-up
@@ -13,12 +19,21 @@
 --           same release
 --@include clock
 --@include sorted_sets
+--@include hold
 local expiry = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if not expiry then
   return -1
 end
 redis.call('ZREM', KEYS[1], ARGV[1])
-if tonumber(expiry) <= now_ms() then
+local now = now_ms()
+if tonumber(expiry) <= now then
   return -1
+end
+if KEYS[2] then
+  local _, ms, locker = claim_of(redis.call('GET', KEYS[2]))
+  if locker then
+    add_until(KEYS[1], kept_for(locker), now, tonumber(ms))
+    redis.call('DEL', KEYS[2])
+  end
 end
 return redis.call(ARGV[2], ARGV[3], '1')
