@@ -43,6 +43,8 @@ const CLIENT_COMMANDS: &[&str] = &[
 struct Meter {
     lib: Lib,
     commands: u64,
+    /// Client commands per data node, in the order `Server::infos` lists them.
+    per_node: Vec<u64>,
     work: RedisWork,
     redis_cpu: f64,
     client_cpu: f64,
@@ -62,6 +64,9 @@ struct Spent {
     /// Allocations this process made per op (the workload's own bookkeeping included, which
     /// is the same for every library).
     allocs_per_op: f64,
+    /// With several masters: the least and the most client commands one master got, each as a
+    /// share of the mean over the masters.
+    master_spread: Option<(f64, f64)>,
 }
 
 impl Meter {
@@ -70,6 +75,7 @@ impl Meter {
         Meter {
             lib,
             commands: infos.iter().map(|i| client_commands(i)).sum(),
+            per_node: infos.iter().map(|i| client_commands(i)).collect(),
             work: infos.iter().map(|i| redis_work(i)).sum(),
             redis_cpu: infos.iter().map(|i| redis_cpu(i)).sum(),
             client_cpu: client_cpu_s(),
@@ -84,6 +90,16 @@ impl Meter {
         let commands: u64 = infos.iter().map(|i| client_commands(i)).sum();
         let cpu: f64 = infos.iter().map(|i| redis_cpu(i)).sum();
         let work: RedisWork = infos.iter().map(|i| redis_work(i)).sum();
+        let masters: Vec<f64> = (infos.iter().zip(&self.per_node))
+            .filter(|(info, _)| info.lines().any(|l| l.trim() == "role:master"))
+            .map(|(info, before)| client_commands(info).saturating_sub(*before) as f64)
+            .collect();
+        let mean = masters.iter().sum::<f64>() / masters.len().max(1) as f64;
+        let master_spread = (masters.len() > 1 && mean > 0.0).then(|| {
+            let least = masters.iter().copied().fold(f64::INFINITY, f64::min);
+            let most = masters.iter().copied().fold(0.0, f64::max);
+            (least / mean, most / mean)
+        });
         let ops = ops.max(1) as f64;
         Spent {
             commands_per_op: commands.saturating_sub(self.commands) as f64 / ops,
@@ -92,6 +108,7 @@ impl Meter {
             redis_cpu_us_per_op: (cpu - self.redis_cpu) * 1e6 / ops,
             client_cpu_us_per_op: (client_cpu - self.client_cpu) * 1e6 / ops,
             allocs_per_op: allocations.saturating_sub(self.allocations) as f64 / ops,
+            master_spread,
         }
     }
 }
@@ -264,6 +281,10 @@ impl Acc {
     fn redis_work(&mut self, spent: &Spent) {
         self.redis_commands.push(spent.redis_commands_per_op);
         self.redis_command_us.push(spent.redis_command_us_per_op);
+        if let Some((least, most)) = spent.master_spread {
+            self.extra.entry("master_least").or_default().push(least);
+            self.extra.entry("master_most").or_default().push(most);
+        }
     }
 
     fn row(mut self, workload: &'static str, lib: &str) -> Row {

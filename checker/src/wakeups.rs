@@ -12,6 +12,9 @@
 //! lag, unless a fault reached the name (or that waiter's locker) meanwhile — a slot migration
 //! never does: the lock's key, its channel and a kept lock stay reachable all along; nor does a
 //! failover once its replica has taken over.
+//!
+//! The same bound holds after a waiting acquisition is dropped half-way with no guard of the
+//! name held after it: the lock may have been handed to it, and its clean-up gives it back.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -59,6 +62,8 @@ pub(super) fn check(
 ) {
     let mut waiters: HashMap<u32, Waiter> = HashMap::new();
     let mut multis: HashMap<u32, Multi> = HashMap::new();
+    // Waiting acquisitions dropped half-way: name, locker, when.
+    let mut dropped: Vec<(u8, u8, Instant)> = Vec::new();
     for e in history.events() {
         match e.kind {
             EventKind::AcquireCall {
@@ -91,6 +96,9 @@ pub(super) fn check(
             | EventKind::AcquireDropped => {
                 if let Some(w) = waiters.get_mut(&e.call) {
                     w.ended = Some(e.at);
+                    if matches!(e.kind, EventKind::AcquireDropped) {
+                        dropped.push((w.name, w.locker, e.at));
+                    }
                 }
                 if let Some(m) = multis.get_mut(&e.call) {
                     m.ended.get_or_insert(e.at);
@@ -189,6 +197,110 @@ pub(super) fn check(
             ),
             window: Some((g.name, first.called, by)),
             hint: "a lost wake-up: the waiter slept its fallback out",
+        });
+    }
+    dropped_waiters(
+        history,
+        faults,
+        (&waiters, &multis, &granted),
+        &dropped,
+        acknowledged,
+        out,
+    );
+}
+
+/// What the wake-up check gathered from the history: the waiting acquisitions and multi-locks
+/// by call, and each name's grants.
+type Seen<'a> = (
+    &'a HashMap<u32, Waiter>,
+    &'a HashMap<u32, Multi>,
+    &'a HashMap<u8, Vec<Instant>>,
+);
+
+/// A waiting acquisition dropped half-way may have been handed the lock by a release of its own
+/// `Locker` just before: its clean-up gives the lock back, which the waiters left must hear of
+/// as they hear of a release. So after such a drop, with no guard of the name held from the
+/// drop to the bound, a waiter that waited since before the drop and still waits at the bound is
+/// a lost wake-up (the history records no guard for a lock handed to a dropped waiter).
+fn dropped_waiters(
+    history: &History,
+    faults: &[FaultRec],
+    (waiters, multis, granted): Seen<'_>,
+    dropped: &[(u8, u8, Instant)],
+    acknowledged: Duration,
+    out: &mut Vec<Violation>,
+) {
+    let plain =
+        |name: u8| !history.is_fair(name) && !history.is_semaphore(name) && !history.is_rw(name);
+    let guards = history.guards();
+    for &(name, locker, at) in dropped.iter().filter(|(name, ..)| plain(*name)) {
+        // The drop itself may be a fault's doing, or come after one that reached the name.
+        let settling = faults
+            .iter()
+            .any(|f| f.hits(name) && f.from <= at && at - f.to.min(at) < SETTLING);
+        let bound = acknowledged
+            + if settling {
+                WAKE_WITHIN_AFTER_A_FAULT
+            } else {
+                WAKE_WITHIN
+            };
+        let deadline = at + bound;
+        let held = guards.iter().any(|g| {
+            g.name == name && g.start <= deadline && g.end().is_none_or(|end| end.at >= at)
+        });
+        if held {
+            continue;
+        }
+        let reached = |locker: u8| {
+            faults.iter().any(|f| {
+                !matches!(f.kind, FaultKind::Migration | FaultKind::Promoted)
+                    && f.reach.hits_hold(name, locker)
+                    && f.from <= deadline
+                    && f.to >= at
+            })
+        };
+        if reached(locker) {
+            continue;
+        }
+        let asleep: Vec<&Waiter> = (waiters.values())
+            .filter(|w| w.name == name && w.called < at)
+            .filter(|w| w.ended.is_none_or(|t| t > deadline))
+            .filter(|w| !reached(w.locker))
+            .collect();
+        let Some(first) = asleep.iter().min_by_key(|w| w.called) else {
+            continue;
+        };
+        let by = deadline + history.lags.max_within(at, deadline);
+        let next = (granted.get(&name).into_iter().flatten())
+            .filter(|&&s| s >= at)
+            .min()
+            .copied();
+        if next.is_some_and(|s| s <= by) {
+            continue;
+        }
+        let multi_held = multis.values().any(|m| {
+            m.names.contains(&name) && m.called < deadline && m.ended.is_none_or(|t| t > at)
+        });
+        if multi_held {
+            continue;
+        }
+        let next = next.map_or_else(
+            || "never, in the run".to_owned(),
+            |s| format!("{} after the drop", ms(s - at)),
+        );
+        out.push(Violation {
+            invariant: Invariant::WakeUp,
+            summary: format!(
+                "a waiting acquisition of `{}` on {} was dropped, no guard of the name was held                  after it, and {} acquisition(s) that waited since before it (the first on {},                  since {} before) still waited {} later; the name was granted again {next}",
+                history.names[usize::from(name)],
+                history.lockers[usize::from(locker)],
+                asleep.len(),
+                history.lockers[usize::from(first.locker)],
+                ms(at - first.called),
+                ms(by - at),
+            ),
+            window: Some((name, first.called, by)),
+            hint: "a lock handed to a dropped waiter was given back without waking the next",
         });
     }
 }

@@ -74,7 +74,8 @@
 //! than their last waiter's deadline, and Redis deletes a sorted set when its last member goes,
 //! so no key outlives the line.
 //!
-//! Turns across processes (plain locks): a waiter that finds the lock taken claims the next turn
+//! Turns across processes (plain locks; writers and permits below): a waiter that finds the lock
+//! taken claims the next turn
 //! for its `Locker` (` w` on the hold), unless a claim from a waiter that has waited as long or
 //! longer is there (by wall clock: hosts whose clocks are apart favour one by that much). So a
 //! process farther from Redis, which loses every race to a nearer one, still gets its turn. A
@@ -97,6 +98,14 @@
 //! the kept key instead. A waiter that leaves lets a grant to its token go, as a release would;
 //! one whose wake-up was lost finds the grant at its next attempt and takes it over (its own
 //! lease and owner token).
+//!
+//! A read-write lock's writers take turns the same way, their claims on the writer's hold, which
+//! a writer's release keeps for the claimant's `Locker`; no grant is made in the release (the
+//! claimant's head waiter takes the kept hold with its attempt). A semaphore's claim to its next
+//! free permit is a key of its own (`:permits:turn`, lasting as long as the permits may plus
+//! the claim's time); a permit given back while another `Locker` claims is kept for it as the
+//! member `#r:<locker>`, counted as held until that `Locker`'s head waiter takes it or the
+//! claim's time ends. Readers share the lock and claim nothing.
 //!
 //! Lease changes (watchdog renewals, `extend`) carry a per-hold sequence number and apply only
 //! if it is higher than the last one applied: a renewal that arrives late (a slow server, a

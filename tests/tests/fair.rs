@@ -352,3 +352,53 @@ async fn a_dead_waiters_keys_expire_with_it() {
     );
     assert!(holder.release().await.is_released());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_attempt_fails_keeps_its_place() {
+    let server = RedisServer::start();
+    let holder = locker(&server, Duration::from_secs(5)).await;
+    // The first waiter reaches Redis through a proxy that will cut it off for a moment; it
+    // shows it is alive every half second, and its place lasts 1.5 s without an attempt.
+    let line = dlock_tests::Proxy::start(server.addr()).await;
+    let first = (Locker::builder().url(line.url()))
+        .dead_waiter_timeout(Duration::from_millis(1_500))
+        .build()
+        .await
+        .expect("connect");
+    let second = locker(&server, Duration::from_secs(5)).await;
+    let name = unique_name("fair-keeps-place");
+    let held = (holder.fair_lock(name.as_str()).await).expect("hold");
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for (who, locker) in [("first", first.clone()), ("second", second.clone())] {
+        let (own, order) = (name.clone(), order.clone());
+        tasks.push(tokio::spawn(async move {
+            let guard = (locker.fair_lock(own.as_str()))
+                .wait(Duration::from_secs(20))
+                .await
+                .expect("fair lock");
+            order.lock().unwrap().push(who);
+            assert!(guard.release().await.is_released());
+        }));
+        until_queued(&holder, &name, tasks.len() as u64).await;
+    }
+    // Cut off for longer than a heartbeat, shorter than its place lasts: an attempt fails.
+    line.cut();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    line.restore();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(
+        holder
+            .inspect(name.as_str())
+            .await
+            .expect("inspect")
+            .queued_waiters,
+        2,
+        "a waiter left the line, or stood in it twice"
+    );
+    assert!(held.release().await.is_released());
+    for task in tasks {
+        task.await.expect("task");
+    }
+    assert_eq!(*order.lock().unwrap(), ["first", "second"]);
+}

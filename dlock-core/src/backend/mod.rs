@@ -245,6 +245,14 @@ impl Backend {
         }
     }
 
+    /// Whether a fair waiter's place in line is kept apart from its owner token (see
+    /// [`redis::RedisBackend::keeps_fair_places`]).
+    pub(crate) fn keeps_fair_places(&self) -> bool {
+        match self {
+            Self::Redis(r) => r.keeps_fair_places(),
+        }
+    }
+
     /// Milliseconds since 1970 on the clock that orders claims to the next turn (see
     /// [`redis::RedisBackend::wall_ms`]).
     pub(crate) fn wall_ms(&self) -> u64 {
@@ -303,19 +311,19 @@ impl Session {
     }
 
     /// A fair lock's attempt for `owner` (`keys` must be a fair lock's): the lock when it is
-    /// free and nobody alive is ahead in line; with `alive`, a place in line otherwise, which
-    /// counts for `alive` after this attempt.
+    /// free and nobody alive is ahead in line; with `alive`, a place in line otherwise (`place`,
+    /// if it is not `owner`), which counts for `alive` after this attempt.
     pub(crate) async fn acquire_fair(
         &self,
         keys: &LockKeys,
-        owner: &str,
+        (owner, place): (&str, Option<&str>),
         lease: Duration,
         fence_ttl: Option<Duration>,
         alive: Option<Duration>,
     ) -> Result<FairReply, BackendError> {
         match self {
             Self::Redis(r, c) => {
-                r.acquire_fair(c, keys, owner, lease, fence_ttl, alive)
+                r.acquire_fair(c, keys, (owner, place), lease, fence_ttl, alive)
                     .await
             }
         }

@@ -191,6 +191,12 @@ impl RedisBackend {
         let _ = self.frozen.set(layout);
     }
 
+    /// Whether the scripts keep a fair waiter's place in line apart from its owner token
+    /// (`ACQUIRE_FAIR`'s place argument): this version's do, layout 1's did not.
+    pub(crate) fn keeps_fair_places(&self) -> bool {
+        self.frozen.get().is_none()
+    }
+
     /// `call`'s script: this version's, or the frozen layout's that stands in for it.
     pub(crate) fn lua_of(&self, call: &impl Call) -> &'static crate::protocol::Lua {
         lua_of(call, self.frozen.get().copied())

@@ -16,13 +16,14 @@ use crate::name::{LockKeys, LockName};
 use crate::scope;
 
 impl Engine {
-    /// One attempt at the fair lock for `owner`, joining (or staying in) the line when `alive`
-    /// is set. Cancellation-safe like [`attempt`](Self::attempt): a dropped or failed call is
-    /// followed by a release for `owner`, which also takes it out of the line.
+    /// One attempt at the fair lock for `owner`, joining (or staying in) the line at `place`
+    /// (`owner`'s own when `None`) when `alive` is set. Cancellation-safe like
+    /// [`attempt`](Self::attempt): a dropped or failed call is followed by a release for
+    /// `owner`, which also takes `owner` (not a place of its own) out of the line.
     async fn attempt_fair(
         &self,
         keys: &Arc<LockKeys>,
-        owner: &Arc<str>,
+        (owner, place): (&Arc<str>, Option<&str>),
         lease: Duration,
         alive: Option<Duration>,
     ) -> Result<FairReply, LockError> {
@@ -30,7 +31,7 @@ impl Engine {
         let mut in_flight = InFlight::new(self, keys, owner);
         in_flight.session = Some(session.clone());
         let fence_ttl = self.inner.config.fence_ttl;
-        let res = (session.acquire_fair(keys, owner, lease, fence_ttl, alive)).await;
+        let res = (session.acquire_fair(keys, (owner, place), lease, fence_ttl, alive)).await;
         if res.is_ok() {
             in_flight.disarm();
         }
@@ -57,7 +58,8 @@ impl Engine {
         let mut waiter = Waiter::new(&self, name, keys, lease, (started, deadline));
 
         let sent_at = Instant::now();
-        let reply = (self.attempt_fair(&waiter.keys, &waiter.owner, lease.duration(), None)).await;
+        let first = (&waiter.owner, None);
+        let reply = (self.attempt_fair(&waiter.keys, first, lease.duration(), None)).await;
         match waiter.step(
             &self,
             reply.map(|r| r.reply),
@@ -75,7 +77,16 @@ impl Engine {
         let alive = self.inner.config.dead_waiter_timeout;
         // Shows the waiter alive well before its time is up, whatever the round trip takes.
         let heartbeat = alive / 3;
-        let mut place = Place::new(&self, &waiter.keys, &waiter.owner, deadline).await;
+        // The waiter's place in line: a token of its own, kept while attempts fail and their
+        // owner tokens are released (scripts that name the place by the owner token make a new
+        // place with each new token).
+        let keeps_place = self.inner.backend.keeps_fair_places();
+        let mut place_id = if keeps_place {
+            self.new_owner()
+        } else {
+            waiter.owner.clone()
+        };
+        let mut place = Place::new(&self, &waiter.keys, &place_id, deadline).await;
         loop {
             let watch = place.watch.clone();
             let notified = watch.notified();
@@ -85,8 +96,9 @@ impl Engine {
                 return waiter.gave_up();
             }
             let sent_at = Instant::now();
+            let at = (&waiter.owner, keeps_place.then_some(&*place_id));
             let reply = self
-                .attempt_fair(&waiter.keys, &waiter.owner, lease.duration(), Some(alive))
+                .attempt_fair(&waiter.keys, at, lease.duration(), Some(alive))
                 .await;
             let head = matches!(&reply, Ok(r) if r.place == Some(0));
             match waiter.step(&self, reply.map(|r| r.reply), Instant::now(), true) {
@@ -96,10 +108,15 @@ impl Engine {
                 }
                 Step::Failed(err) => return Err(err),
                 Step::Busy => {}
+                // The clean-up of that attempt releases the old owner token, not the place:
+                // the waiter keeps it, and tries again after a poll interval.
+                Step::Retry if keeps_place => {}
                 Step::Retry => {
-                    // The clean-up of that attempt takes the old token out of the line: stand
-                    // in line again with the fresh one (and its own wake-up channel).
-                    place = Place::new(&self, &waiter.keys, &waiter.owner, deadline).await;
+                    // The clean-up of that attempt takes the old token, which was the place,
+                    // out of the line: stand in line again with the fresh one (and its own
+                    // wake-up channel).
+                    place_id = waiter.owner.clone();
+                    place = Place::new(&self, &waiter.keys, &place_id, deadline).await;
                     continue;
                 }
             }
@@ -113,7 +130,7 @@ impl Engine {
                 let lease_left = (waiter.pttl).map_or(heartbeat, |p| p + Duration::from_millis(1));
                 sleep = sleep.min(lease_left);
             }
-            if !watch.is_reliable() || waiter.foreign {
+            if !watch.is_reliable() || waiter.foreign || waiter.failed.is_some() {
                 sleep = sleep.min(self.inner.config.poll_interval);
             }
             let nothing_handed = std::future::pending::<Option<()>>();
@@ -123,8 +140,8 @@ impl Engine {
 }
 
 /// A waiter's place in a fair lock's line: its wake-up registration, and, until it got the
-/// lock, a release for its token that takes it out of the line when the waiter stops waiting
-/// (its deadline, an error, or its future dropped).
+/// lock, a release for the place's token that takes it out of the line when the waiter stops
+/// waiting (its deadline, an error, or its future dropped).
 struct Place {
     watch: Arc<crate::backend::wait::Watch>,
     leave: Leave,

@@ -566,6 +566,8 @@ pub(crate) struct AcquireFair<'a> {
     /// the line).
     pub(crate) alive_for: Option<Duration>,
     pub(crate) publish: Publish,
+    /// The waiter's place in line, when it is not `owner`.
+    pub(crate) place: Option<&'a str>,
 }
 
 impl Call for AcquireFair<'_> {
@@ -586,6 +588,9 @@ impl Call for AcquireFair<'_> {
         out.number(fence_ttl_ms(self.fence_ttl));
         out.number(self.alive_for.map_or(0, millis));
         out.text(self.publish.command());
+        if let Some(place) = self.place {
+            out.text(place);
+        }
     }
 }
 

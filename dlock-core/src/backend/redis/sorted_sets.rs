@@ -137,7 +137,7 @@ impl RedisBackend {
         &self,
         conn: &OpConn,
         keys: &LockKeys,
-        owner: &str,
+        (owner, place): (&str, Option<&str>),
         lease: Duration,
         fence_ttl: Option<Duration>,
         alive: Option<Duration>,
@@ -156,6 +156,7 @@ impl RedisBackend {
             fence_ttl,
             alive_for: alive,
             publish: self.publish(),
+            place,
         });
         let (reply, acknowledged): (Vec<i64>, _) = self.invoke(conn, call, true, self.ack).await?;
         let reply = match reply.as_slice() {

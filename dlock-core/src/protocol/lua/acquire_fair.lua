@@ -12,6 +12,11 @@
 -- ARGV[4]  how long the waiter counts as alive without another attempt, ms (`0`: do not join
 --          the line)
 -- ARGV[5]  the command that wakes a waiter (PUBLISH; SPUBLISH on a cluster)
+-- ARGV[6]  optional: the waiter's place in line, when it is not ARGV[1]: a waiter keeps one
+--          place while its owner token changes (a failed attempt's token is released, and
+--          never used again), so an attempt that fails does not cost it its place
+--
+-- The line, and the head's wake-up channel, name the place.
 --
 -- Returns
 --   {1, token}           acquired (also a retry of a grant)
@@ -25,24 +30,25 @@
 --@include hold
 --@include fence
 local now = now_ms()
+local place = ARGV[6] or ARGV[1]
 local function join()
   if ARGV[4] == '0' then
     return -1
   end
-  if not redis.call('ZSCORE', KEYS[4], ARGV[1]) then
+  if not redis.call('ZSCORE', KEYS[4], place) then
     local last = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')
-    local place = 1
+    local place_no = 1
     if last[2] then
-      place = tonumber(last[2]) + 1
+      place_no = tonumber(last[2]) + 1
     end
-    redis.call('ZADD', KEYS[4], place, ARGV[1])
+    redis.call('ZADD', KEYS[4], place_no, place)
   end
   local alive_ms = tonumber(ARGV[4])
-  add_until(KEYS[5], ARGV[1], now, alive_ms)
+  add_until(KEYS[5], place, now, alive_ms)
   if redis.call('PTTL', KEYS[4]) < alive_ms then
     redis.call('PEXPIRE', KEYS[4], alive_ms)
   end
-  return redis.call('ZRANK', KEYS[4], ARGV[1])
+  return redis.call('ZRANK', KEYS[4], place)
 end
 local v = redis.call('GET', KEYS[1])
 if v then
@@ -56,10 +62,10 @@ if v then
   return {0, pttl, join()}
 end
 local head = fair_head(KEYS[4], KEYS[5], now)
-if head == nil or head == ARGV[1] then
+if head == nil or head == place then
   if head then
-    redis.call('ZREM', KEYS[4], ARGV[1])
-    redis.call('ZREM', KEYS[5], ARGV[1])
+    redis.call('ZREM', KEYS[4], place)
+    redis.call('ZREM', KEYS[5], place)
   end
   return {1, take_fenced(KEYS[1], KEYS[2], ARGV[3], ARGV[1], ARGV[2])}
 end

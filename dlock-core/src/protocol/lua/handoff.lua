@@ -20,20 +20,43 @@
 --   {2, woken}  waiters elsewhere want it (another `Locker` listens for its release, or a
 --               waiter of another `Locker` is next in turn), so it was released instead, as
 --               RELEASE does; `woken` subscribers got the wake-up
---@include clock
---@include hold
+-- The common case first, before any helper but the fencing counter's is defined: the hold is
+-- ARGV[1]'s, nobody of another `Locker` claims the next turn or listens, so it passes to
+-- ARGV[2] with the next token. The hold's own token, if it has one, is the counter's last (a
+-- token is minted only for the holder of the lock), so the counter is not read again.
+-- (`take_fenced` needs the hold codec, defined after it here: it is not called.)
 --@include fence
---@include let_go
 local v = redis.call('GET', KEYS[1])
-if not v or who(v) ~= ARGV[1] then
-  if v then
-    return {0, -2}
-  end
+if not v then
   return {0, -1}
 end
-local claim = field(v, 'w')
+local space = string.find(v, ' ', 1, true)
+local holder = v
+if space then
+  holder = string.sub(v, 1, space - 1)
+end
+if holder ~= ARGV[1] then
+  return {0, -2}
+end
+local claim = space and string.match(v, ' w([^ ]*)', space)
+local listeners
+if not claim or string.match(claim, '^%d+:%d+:([^:]+)') == ARGV[6] then
+  listeners = redis.call('PUBSUB', ARGV[5], KEYS[3])[2]
+  if listeners <= 1 then
+    local known = space and string.match(v, ' f(%d+)', space)
+    local f = next_fence(KEYS[2], ARGV[4], known)
+    redis.call('PSETEX', KEYS[1], ARGV[3], ARGV[2] .. ' f' .. string.format('%d', f))
+    return {1, f}
+  end
+end
+--@include clock
+--@include hold
+--@include let_go
 local _, _, next_in = claim_of(claim)
-if (next_in and next_in ~= ARGV[6]) or redis.call('PUBSUB', ARGV[5], KEYS[3])[2] > 1 then
+if (next_in and next_in ~= ARGV[6])
+  or (listeners or redis.call('PUBSUB', ARGV[5], KEYS[3])[2]) > 1 then
   return {2, redis.call(ARGV[7], KEYS[3], let_go(KEYS[1], claim, v, ARGV[7] == 'SPUBLISH'))}
 end
-return {1, take_fenced(KEYS[1], KEYS[2], ARGV[4], ARGV[2], ARGV[3])}
+local f = next_fence(KEYS[2], ARGV[4])
+redis.call('PSETEX', KEYS[1], ARGV[3], new_hold(ARGV[2], f))
+return {1, f}

@@ -19,8 +19,9 @@ local function next_fence(fence_key, fence_ttl, known)
       f = last + 1
     end
   end
-  redis.call('HSET', fence_key, 'n', string.format('%d', f))
-  if not last and fence_ttl ~= '0' and redis.call('PTTL', fence_key) == -1 then
+  -- A counter made here (none was there, or the one `known` came from is gone) gets its TTL.
+  if redis.call('HSET', fence_key, 'n', string.format('%d', f)) == 1
+    and fence_ttl ~= '0' and redis.call('PTTL', fence_key) == -1 then
     redis.call('PEXPIRE', fence_key, fence_ttl)
   end
   return f
