@@ -167,14 +167,8 @@ pub(super) fn check(
         if next.is_some_and(|s| s <= by) {
             continue;
         }
-        // A multi-lock takes its names one after another, and holds those it has while it
-        // waits for the next: one that named this name and was still at work after the release
-        // may have held it meanwhile, a hold the history cannot see (it records the guards a
-        // multi-lock returns, not what it gave back).
-        let multi_held = multis.values().any(|m| {
-            m.names.contains(&g.name) && m.called < deadline && m.ended.is_none_or(|t| t > end.at)
-        });
-        if multi_held {
+        // A multi-lock at work after the release may have held the name meanwhile.
+        if multi_held(multis.values(), g.name, (end.at, deadline)) {
             continue;
         }
         let next = next.map_or_else(
@@ -207,6 +201,18 @@ pub(super) fn check(
         acknowledged,
         out,
     );
+}
+
+/// Whether a multi-lock call that named `name` was at work some time in `from..to`: a
+/// multi-lock takes its names one after another, and holds those it has while it waits for the
+/// next, a hold the history cannot see (it records the guards a multi-lock returns, not what it
+/// gave back).
+fn multi_held<'a>(
+    mut multis: impl Iterator<Item = &'a Multi>,
+    name: u8,
+    (from, to): (Instant, Instant),
+) -> bool {
+    multis.any(|m| m.names.contains(&name) && m.called < to && m.ended.is_none_or(|t| t > from))
 }
 
 /// What the wake-up check gathered from the history: the waiting acquisitions and multi-locks
@@ -278,10 +284,7 @@ fn dropped_waiters(
         if next.is_some_and(|s| s <= by) {
             continue;
         }
-        let multi_held = multis.values().any(|m| {
-            m.names.contains(&name) && m.called < deadline && m.ended.is_none_or(|t| t > at)
-        });
-        if multi_held {
+        if multi_held(multis.values(), name, (at, deadline)) {
             continue;
         }
         let next = next.map_or_else(
@@ -291,7 +294,9 @@ fn dropped_waiters(
         out.push(Violation {
             invariant: Invariant::WakeUp,
             summary: format!(
-                "a waiting acquisition of `{}` on {} was dropped, no guard of the name was held                  after it, and {} acquisition(s) that waited since before it (the first on {},                  since {} before) still waited {} later; the name was granted again {next}",
+                "a waiting acquisition of `{}` on {} was dropped, no guard of the name was held \
+                 after it, and {} acquisition(s) that waited since before it (the first on {}, \
+                 since {} before) still waited {} later; the name was granted again {next}",
                 history.names[usize::from(name)],
                 history.lockers[usize::from(locker)],
                 asleep.len(),
