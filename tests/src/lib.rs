@@ -25,6 +25,7 @@ pub mod capture;
 pub mod fenced;
 pub mod handover;
 pub mod holder;
+pub mod shares;
 pub mod tls;
 
 pub use dlock_checker as checker;

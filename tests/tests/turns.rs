@@ -5,12 +5,12 @@
 //! `Locker` stands for a process (its own connections, its own local queue).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use dlock_core::redis::{self, AsyncCommands as _};
 use dlock_core::{Locker, LockerBuilder};
 use dlock_tests::hold::HoldValue;
+use dlock_tests::shares::contend;
 use dlock_tests::{Proxy, RedisServer, unique_name};
 
 /// Wakes the waiters of `name` as a release would, while the lock stays held: each finds it
@@ -251,41 +251,33 @@ async fn a_process_farther_from_redis_gets_its_share_against_hand_overs() {
     let near = locker(server.url()).build().await.expect("connect");
     let far = locker(proxy.url()).build().await.expect("connect");
     let name = unique_name("turn-share");
-    let end = Instant::now() + Duration::from_secs(2);
-    let counts: Vec<Arc<AtomicU64>> = (0..3).map(|_| Arc::default()).collect();
-    let longest = Arc::new(AtomicU64::new(0));
-    let mut tasks = Vec::new();
-    for (i, count) in counts.iter().enumerate() {
-        let locker = if i < 2 { near.clone() } else { far.clone() };
-        let (name, count, longest) = (name.clone(), count.clone(), longest.clone());
-        tasks.push(tokio::spawn(async move {
-            while Instant::now() < end {
+    let shares = contend(
+        &near,
+        &far,
+        Duration::from_secs(2),
+        move |locker: Locker| {
+            let name = name.clone();
+            async move {
                 let asked = Instant::now();
                 let guard = locker
                     .lock(name.as_str())
                     .wait(Duration::from_secs(3))
                     .await
                     .expect("lock");
-                let waited = u64::try_from(asked.elapsed().as_millis()).unwrap_or(u64::MAX);
-                longest.fetch_max(waited, Ordering::Relaxed);
-                count.fetch_add(1, Ordering::Relaxed);
+                let waited = asked.elapsed();
                 tokio::time::sleep(Duration::from_millis(2)).await;
                 assert!(guard.release().await.is_released());
+                waited
             }
-        }));
-    }
-    for task in tasks {
-        task.await.expect("task");
-    }
-    let counts: Vec<u64> = counts.iter().map(|c| c.load(Ordering::Relaxed)).collect();
-    let total: u64 = counts.iter().sum();
-    let fair = total as f64 / 3.0;
-    let longest = longest.load(Ordering::Relaxed);
+        },
+    )
+    .await;
+    let (counts, longest) = (&shares.counts, shares.longest_ms);
     eprintln!("acquisitions per task {counts:?}, the longest wait {longest} ms");
     // Without turns the far task gets next to nothing: the near process's waiters win every
     // race and hand the lock to each other. With them it gets about its share.
     assert!(
-        counts[2] as f64 >= 0.5 * fair,
+        shares.far_share() >= 0.5,
         "acquisitions per task {counts:?}: the far one got less than half its share"
     );
     assert!(longest < 1_000, "a wait took {longest} ms ({counts:?})");

@@ -5,12 +5,12 @@
 //! `Locker` stands for a process.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use dlock_core::redis::{self, AsyncCommands as _};
 use dlock_core::{LockGuard, Locker, Permit};
 use dlock_tests::hold::{ClaimValue, HoldValue};
+use dlock_tests::shares::contend;
 use dlock_tests::{Proxy, RedisServer, unique_name};
 
 /// The kinds that take turns here.
@@ -271,35 +271,27 @@ async fn a_farther_process_gets_its_share(kind: Kind) {
     let near = Locker::connect(&server.url()).await.expect("connect");
     let far = Locker::connect(&proxy.url()).await.expect("connect");
     let name = unique_name("turn-kind-share");
-    let end = Instant::now() + Duration::from_secs(2);
-    let counts: Vec<Arc<AtomicU64>> = (0..3).map(|_| Arc::default()).collect();
-    let longest = Arc::new(AtomicU64::new(0));
-    let mut tasks = Vec::new();
-    for (i, count) in counts.iter().enumerate() {
-        let locker = if i < 2 { near.clone() } else { far.clone() };
-        let (name, count, longest) = (name.clone(), count.clone(), longest.clone());
-        tasks.push(tokio::spawn(async move {
-            while Instant::now() < end {
+    let shares = contend(
+        &near,
+        &far,
+        Duration::from_secs(2),
+        move |locker: Locker| {
+            let name = name.clone();
+            async move {
                 let asked = Instant::now();
                 let guard = take(&locker, kind, &name, Duration::from_secs(3)).await;
-                let waited = u64::try_from(asked.elapsed().as_millis()).unwrap_or(u64::MAX);
-                longest.fetch_max(waited, Ordering::Relaxed);
-                count.fetch_add(1, Ordering::Relaxed);
+                let waited = asked.elapsed();
                 tokio::time::sleep(Duration::from_millis(5)).await;
                 assert!(guard.release().await);
+                waited
             }
-        }));
-    }
-    for task in tasks {
-        task.await.expect("task");
-    }
-    let counts: Vec<u64> = counts.iter().map(|c| c.load(Ordering::Relaxed)).collect();
-    let total: u64 = counts.iter().sum();
-    let fair = total as f64 / 3.0;
-    let longest = longest.load(Ordering::Relaxed);
+        },
+    )
+    .await;
+    let (counts, longest) = (&shares.counts, shares.longest_ms);
     eprintln!("{kind:?}: acquisitions per task {counts:?}, the longest wait {longest} ms");
     assert!(
-        counts[2] as f64 >= 0.5 * fair,
+        shares.far_share() >= 0.5,
         "{kind:?}: acquisitions per task {counts:?}: the far one got less than half its share"
     );
     assert!(

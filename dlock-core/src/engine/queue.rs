@@ -214,8 +214,8 @@ impl Engine {
     }
 
     /// Hands the lock straight to the local head waiter of `queue` (the name's local line, if
-    /// it has one), if there is one; `None` when the lock is to be released normally.
-    /// The outcome, and whether the lock went to the head waiter.
+    /// it has one), if there is one: the outcome, and whether the lock went to that waiter.
+    /// `None` when the lock is to be released normally.
     pub(crate) async fn try_handoff(
         &self,
         hold: &HoldState,
