@@ -308,6 +308,8 @@ pub struct GuardRec {
     pub reentrant: bool,
     /// What it holds.
     pub share: Share,
+    /// How many of the semaphore's permits it holds (taken at once); 1 for any other hold.
+    pub permits: u32,
     /// Whether the watchdog renews it.
     pub watchdog: bool,
     /// When its acquisition was called.

@@ -708,6 +708,7 @@ mod tests {
             fencing_token: AtomicU64::new(token),
             reentrant: false,
             share: Share::Exclusive,
+            permits: 1,
             watchdog: false,
             call: at(call),
             multi: false,

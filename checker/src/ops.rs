@@ -268,8 +268,8 @@ async fn acquire_one(
 /// What a shared acquisition asks for.
 #[derive(Debug, Clone, Copy)]
 enum Shared {
-    /// A permit of the semaphore.
-    Permit,
+    /// `take` permits of the semaphore, at once.
+    Permit { take: u32 },
     /// A read lock of the read-write name; inside a scope that holds its write lock with this
     /// token, a re-entry into it.
     Read { in_write: Option<u64> },
@@ -285,7 +285,7 @@ async fn acquire_shared(
 ) -> Option<Tracked> {
     let history = &ctx.history;
     let (name, kind) = match what {
-        Shared::Permit => (history.semaphore.map(|s| s.0), AcquireKind::Permit),
+        Shared::Permit { .. } => (history.semaphore.map(|s| s.0), AcquireKind::Permit),
         Shared::Read { .. } => (history.rw.map(|rw| rw.0), AcquireKind::Read),
     };
     let name = name.expect("a shared session on a run with its name");
@@ -294,9 +294,12 @@ async fn acquire_shared(
     let l: Locker = actor.locker();
     let fut = async {
         match what {
-            Shared::Permit => {
+            Shared::Permit { take } => {
                 let permits = history.semaphore.map_or(1, |s| s.1);
-                let request = l.semaphore(ctx.name(name), permits).acquire();
+                let semaphore = l.semaphore(ctx.name(name), permits);
+                // Layout 1's scripts take one permit at a time.
+                let take = if l.runs_frozen_layout() { 1 } else { take };
+                let request = semaphore.acquire_many(take.min(permits));
                 let request = leased!(request.wait(acq.wait), acq.lease);
                 let held = |p| vec![Held::Permit(p)];
                 if acq.try_lock {
@@ -325,7 +328,7 @@ async fn acquire_shared(
         .saturating_add(SLACK);
     let lease = lease_of(acq.lease, actor.watchdog_lease);
     let share = |held: &Held| match what {
-        Shared::Permit => (Share::Permit, None),
+        Shared::Permit { .. } => (Share::Permit, None),
         // A read in the writer's scope re-enters the write hold, and lives as long as it.
         Shared::Read {
             in_write: Some(token),
@@ -435,7 +438,6 @@ async fn steps(guard: &Tracked, steps: &[Step]) {
 /// Runs one session.
 pub(crate) async fn run_session(ctx: Arc<Ctx>, worker: u16, session: Session) {
     bump(&ctx.stats.sessions);
-    let permit = matches!(session, Session::Permit { .. });
     match session {
         Session::Single {
             locker,
@@ -559,21 +561,25 @@ pub(crate) async fn run_session(ctx: Arc<Ctx>, worker: u16, session: Session) {
         }
         Session::Permit {
             locker,
+            take,
             acquire,
             steps: planned,
             end,
+        } => {
+            let what = Shared::Permit { take };
+            let Some(guard) = acquire_shared(&ctx, worker, locker, &acquire, what).await else {
+                return;
+            };
+            steps(&guard, &planned).await;
+            guard.end(end, true).await;
         }
-        | Session::Read {
+        Session::Read {
             locker,
             acquire,
             steps: planned,
             end,
         } => {
-            let what = if permit {
-                Shared::Permit
-            } else {
-                Shared::Read { in_write: None }
-            };
+            let what = Shared::Read { in_write: None };
             let Some(guard) = acquire_shared(&ctx, worker, locker, &acquire, what).await else {
                 return;
             };

@@ -143,6 +143,8 @@ pub(crate) enum Session {
     Permit {
         /// The locker.
         locker: u8,
+        /// How many permits it takes at once (at most the handles' count).
+        take: u32,
         /// The acquisition (its `at_least` unused).
         acquire: Acquire,
         /// What to do while held.
@@ -371,9 +373,15 @@ fn permit(rng: &mut StdRng, shape: Shape, default_lease: Duration) -> Session {
             to: rng.random_bool(0.7).then(|| rng.random_range(1..=4)),
         };
     }
+    let take = match rng.random_range(0..100) {
+        0..75 => 1,
+        75..95 => 2,
+        _ => 3,
+    };
     let (acquire, steps) = shared(rng, default_lease);
     Session::Permit {
         locker,
+        take,
         acquire,
         steps,
         end: end(rng),

@@ -37,6 +37,8 @@ use super::invariants::{Invariant, Violation};
 pub struct ShareFigures {
     /// Permits handed out.
     pub permits: usize,
+    /// Of them, handed out several at once: how many times.
+    pub permits_at_once: usize,
     /// The most permits believed held at once.
     pub most_permits_at_once: usize,
     /// `set_permits` and `reset_permits` calls.
@@ -55,9 +57,11 @@ impl fmt::Display for ShareFigures {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "semaphore: {} permits, at most {} at once, {} count changes; read-write: {} reads \
-             (at most {} at once), {} writes, {} reads re-entering a write",
+            "semaphore: {} permits ({} times several at once), at most {} at once, {} count \
+             changes; read-write: {} reads (at most {} at once), {} writes, {} reads re-entering \
+             a write",
             self.permits,
+            self.permits_at_once,
             self.most_permits_at_once,
             self.permit_sets,
             self.reads,
@@ -144,11 +148,16 @@ fn destroyed(faults: &[FaultRec], name: u8, from: Instant, to: Instant) -> bool 
 
 fn describe(history: &History, g: &GuardRec, finish: Instant) -> String {
     format!(
-        "g{} ({} w{}{}, called {}) believed held {} .. {}{}",
+        "g{} ({} w{}{}{}, called {}) believed held {} .. {}{}",
         g.id,
         history.lockers[usize::from(g.locker)],
         g.worker,
         if g.reentrant { ", re-entered" } else { "" },
+        if g.permits > 1 {
+            format!(", {} permits", g.permits)
+        } else {
+            String::new()
+        },
         history.rel(g.call),
         history.rel(g.start),
         history.rel(g.belief_end(finish)),
@@ -174,18 +183,21 @@ fn permits(
     let sets = history.permit_sets();
     figures.permit_sets = sets.len();
     let spans = spans(guards, name, Share::Permit, finish);
-    figures.permits = spans.len();
+    figures.permits = spans.iter().map(|s| s.guard.permits as usize).sum();
+    figures.permits_at_once = spans.iter().filter(|s| s.guard.permits > 1).count();
     at_each_grant(&spans, |active| {
-        figures.most_permits_at_once = figures.most_permits_at_once.max(active.len());
+        // Permits taken at once count as many.
+        let held_now: usize = active.iter().map(|s| s.guard.permits as usize).sum();
+        figures.most_permits_at_once = figures.most_permits_at_once.max(held_now);
         let Some(last) = active.last() else { return };
         let at = last.start;
         let from = active.iter().map(|s| s.guard.call).min().unwrap_or(at);
         // Within the count it was made with, nothing to look up.
-        if active.len() <= default as usize {
+        if held_now <= default as usize {
             return;
         }
         let allowed = counts_between(&sets, default, from, at);
-        if active.len() <= allowed as usize || destroyed(faults, name, from, at) {
+        if held_now <= allowed as usize || destroyed(faults, name, from, at) {
             return;
         }
         let mut held: Vec<String> = active
@@ -209,7 +221,7 @@ fn permits(
             summary: format!(
                 "{} permits of `{}` believed held at {}, where the count in force since {} \
                  was at most {allowed}, with no destructive fault:\n      {}",
-                active.len(),
+                held_now,
                 history.names[usize::from(name)],
                 history.rel(at),
                 history.rel(from),

@@ -36,6 +36,14 @@ impl Held {
         }
     }
 
+    /// How many permits it holds: those of a permit taken at once, else 1.
+    fn permits(&self) -> u32 {
+        match self {
+            Self::Permit(p) => p.permits(),
+            _ => 1,
+        }
+    }
+
     /// The token a lock's guard has without asking (a read lock or a permit has none).
     fn minted_token(&self) -> Option<u64> {
         self.lock()
@@ -140,6 +148,7 @@ impl Tracked {
             fencing_token: AtomicU64::new(token.unwrap_or(0)),
             reentrant: guard.is_reentrant(),
             share,
+            permits: guard.permits(),
             watchdog: guard.is_watchdog(),
             call,
             multi,

@@ -92,6 +92,13 @@ impl Locker {
         )
     }
 
+    /// Whether this `Locker` runs an earlier layout's frozen scripts (built with
+    /// `LockerBuilder::frozen_layout`, for tests that run two versions side by side).
+    #[doc(hidden)]
+    pub fn runs_frozen_layout(&self) -> bool {
+        self.engine.inner.backend.runs_frozen_layout()
+    }
+
     fn from_parts(backend: Backend, config: Config, display: String) -> Self {
         Self {
             engine: Engine::new(backend, config, display),

@@ -17,9 +17,10 @@
 //! | `<prefix>{<name>}:queue` | sorted set | fair locks: `waiter -> place in line` |
 //! | `<prefix>{<name>}:alive` | sorted set | fair locks: `waiter -> until when it counts as alive` (server ms) |
 //! | `<prefix>{<name>}:wake:<waiter>` | channel | fair locks: wakes that waiter, once it heads the line |
-//! | `<prefix>{<name>}:permits` | sorted set | semaphores: `permit id -> expiry` (server ms) |
+//! | `<prefix>{<name>}:permits` | sorted set | semaphores: `permit id -> expiry` (server ms); permits taken at once add `<id>*2` … `<id>*n` |
 //! | `<prefix>{<name>}:permits:limit` | string | semaphores: the permit count set at run time |
 //! | `<prefix>{<name>}:permits:wake` | channel | semaphores: a message on every release |
+//! | `<prefix>{<name>}:permits:turn` | string | semaphores: the claim to the next free permit (`<since>:<ms>:<turn id>`, `:<n>` for a claim of several) |
 //! | `<prefix>{<name>}:write` | string | read-write locks: the writer's hold, as a lock's |
 //! | `<prefix>{<name>}:write:fence` | hash | read-write locks: the writers' fencing counter |
 //! | `<prefix>{<name>}:write:waiting` | sorted set | read-write locks: `writer -> until when its wait counts` (server ms) |
@@ -105,7 +106,10 @@
 //! free permit is a key of its own (`:permits:turn`, lasting as long as the permits may plus
 //! the claim's time); a permit given back while another `Locker` claims is kept for it as the
 //! member `#r:<locker>`, counted as held until that `Locker`'s head waiter takes it or the
-//! claim's time ends. Readers share the lock and claim nothing.
+//! claim's time ends. Permits taken at once are several members (`<id>`, `<id>*2`, …), and a
+//! waiter for several claims with its count appended (`:<n>`): while that claim stands, only
+//! its `Locker`'s head waiter takes free permits (see `ACQUIRE_PERMIT`). Readers share the lock
+//! and claim nothing.
 //!
 //! Lease changes (watchdog renewals, `extend`) carry a per-hold sequence number and apply only
 //! if it is higher than the last one applied: a renewal that arrives late (a slow server, a

@@ -23,6 +23,10 @@ use crate::name::{IntoLockName, LockKeys, LockName};
 /// are woken by every release. The count can be changed while the semaphore is in use
 /// ([`set_permits`](Self::set_permits)): every handle on the name then uses the new count.
 ///
+/// [`acquire_many(n)`](Self::acquire_many) takes `n` permits at once, all or none, as one
+/// [`Permit`]. Waiting, it is not starved by requests for one: once it has waited longest, free
+/// permits are kept for it until it has enough.
+///
 /// ```no_run
 /// use std::time::Duration;
 ///
@@ -70,19 +74,59 @@ impl Semaphore {
     }
 
     fn keys(&self) -> Result<(LockName, Arc<LockKeys>), LockError> {
+        self.keys_taking(1, Duration::ZERO)
+    }
+
+    /// The keys of a request for `take` permits that may wait `wait`.
+    fn keys_taking(
+        &self,
+        take: u32,
+        wait: Duration,
+    ) -> Result<(LockName, Arc<LockKeys>), LockError> {
         let name = self.name.clone().map_err(|err| match &*err {
             LockError::InvalidName(invalid) => LockError::InvalidName(invalid.clone()),
             other => LockError::Config(other.to_string()),
         })?;
-        let prefix = &self.engine.inner.config.prefix;
-        let keys = Arc::new(LockKeys::semaphore(prefix, &name, self.permits));
-        Ok((name, keys))
+        let config = &self.engine.inner.config;
+        // A waiting request for several keeps free permits from others while it waits longest:
+        // for as long as a waiter counts as alive without another attempt.
+        let counts = (!wait.is_zero()).then_some(config.dead_waiter_timeout);
+        let keys = LockKeys::semaphore(&config.prefix, &name, self.permits, (take, counts));
+        Ok((name, Arc::new(keys)))
     }
 
     /// Starts a request for one permit: set how long to wait and how to lease, then `.await`.
     pub fn acquire(&self) -> PermitRequest {
+        self.acquire_many(1)
+    }
+
+    /// Starts a request for `n` permits at once: all of them, held as one [`Permit`] and given
+    /// back together, or none. Set how long to wait and how to lease, then `.await`.
+    ///
+    /// Requests for one do not starve it: once it is the request that has waited longest (in
+    /// its process, and across processes once it has claimed its turn), no other request takes
+    /// a free permit until it has its `n`, for as long as it goes on waiting. `n` must be at
+    /// least 1 and at most this handle's [`permits`](Self::permits) (a [`LockError::Config`]
+    /// otherwise); a count set at run time below `n` keeps it waiting without holding permits
+    /// from others.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    ///
+    /// # async fn demo(locker: dlock_core::Locker) -> Result<(), dlock_core::LockError> {
+    /// // A large export takes 4 of the 10 database connections the service may use at once.
+    /// let connections = locker.semaphore("db-connections", 10);
+    /// let four = connections.acquire_many(4).wait(Duration::from_secs(5)).await?;
+    /// assert_eq!(four.permits(), 4);
+    /// // ... the export ...
+    /// four.release().await;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn acquire_many(&self, n: u32) -> PermitRequest {
         PermitRequest {
             semaphore: self.clone(),
+            take: n,
             wait: self.engine.inner.config.default_wait,
             lease: self.engine.inner.config.default_lease,
         }
@@ -134,6 +178,8 @@ impl Semaphore {
 #[derive(Debug)]
 pub struct PermitRequest {
     semaphore: Semaphore,
+    /// How many permits it takes at once.
+    take: u32,
     wait: Duration,
     lease: Lease,
 }
@@ -176,11 +222,24 @@ impl PermitRequest {
     }
 
     async fn run(self) -> Result<(Attempted, LockName), LockError> {
-        let (name, keys) = self.semaphore.keys()?;
-        if self.semaphore.permits == 0 {
+        let (name, keys) = self.semaphore.keys_taking(self.take, self.wait)?;
+        let permits = self.semaphore.permits;
+        if permits == 0 {
             return Err(LockError::Config(format!(
                 "semaphore {name} has no permits: give it at least one"
             )));
+        }
+        if self.take == 0 || self.take > permits {
+            return Err(LockError::Config(format!(
+                "semaphore {name} of {permits} permits can't give {} at once: ask for 1 to {permits}",
+                self.take
+            )));
+        }
+        let engine = &self.semaphore.engine;
+        if self.take > 1 && engine.inner.backend.runs_frozen_layout() {
+            return Err(LockError::Config(
+                "permits taken at once need this version's scripts, not an earlier layout's".into(),
+            ));
         }
         check_lease(self.lease.duration())?;
         let engine = self.semaphore.engine.clone();
@@ -230,6 +289,11 @@ impl Permit {
     /// This permit's id, unique among the semaphore's permits.
     pub fn id(&self) -> &str {
         &self.guard.state.owner
+    }
+
+    /// How many permits it is: 1, or the `n` of [`Semaphore::acquire_many`].
+    pub fn permits(&self) -> u32 {
+        self.guard.state.keys.members()
     }
 }
 

@@ -128,6 +128,7 @@ impl State {
                     lease_ms: u64::try_from(lease.as_millis()).unwrap_or(u64::MAX),
                     seq: h.begin_change(lease, sent_at),
                     permit: h.keys.is_member(),
+                    members: h.keys.members(),
                 }
             })
             .collect();

@@ -399,6 +399,13 @@ const ROWS: &[Row] = &[
         reply: "[1, 0]",
         after: &["other hash {a=b} none", "sp zset {p1={n}} {~30000}"],
     },
+    Row {
+        what: "RENEW moves the expiry of permits taken at once together",
+        before: &[Zset("sp", &[("p1", LATER), ("p1*2", LATER), ("p2", LATER)])],
+        op: Script("RENEW", &["sp"], &["p1", "30000", "p4x2"]),
+        reply: "[1]",
+        after: &["sp zset {p1={n}, p1*2={n}, p2=9999999999999} {~30000}"],
+    },
     // HANDOFF
     Row {
         what: "HANDOFF hands the lock over in one step, with a fresh token",
@@ -659,6 +666,54 @@ const ROWS: &[Row] = &[
         reply: "[1, 0]",
         after: &["sp zset {p1={n}} {~30000}"],
     },
+    Row {
+        what: "ACQUIRE_PERMIT takes several permits at once, in one ZADD",
+        before: &[Zset("sp", &[("p0", LATER)])],
+        op: Script(
+            "ACQUIRE_PERMIT",
+            &["sp", "sp:limit", "sp:turn"],
+            &[
+                "p1", "30000", "3", "0", "0", "v2/a", "0", "2", "PUBLISH", "sp:wake",
+            ],
+        ),
+        reply: "[1, 0]",
+        after: &["sp zset {p1={n}, p1*2={n}, p0=9999999999999} {~30000}"],
+    },
+    Row {
+        what: "ACQUIRE_PERMIT: another Locker's claim of several keeps the free permits",
+        before: &[
+            Zset("sp", &[("p0", LATER)]),
+            Str("sp:turn", "1:5000:v2/b:2", 5000),
+        ],
+        op: Script(
+            "ACQUIRE_PERMIT",
+            &["sp", "sp:limit", "sp:turn"],
+            &[
+                "p1", "30000", "3", "0", "0", "v2/a", "0", "1", "PUBLISH", "sp:wake",
+            ],
+        ),
+        reply: "[0, {~5000}]",
+        after: &[
+            "sp zset {p0=9999999999999} none",
+            "sp:turn string \"1:5000:v2/b:2\" {~5000}",
+        ],
+    },
+    Row {
+        what: "ACQUIRE_PERMIT: the claimant's head waiter takes its several, and wakes the others",
+        before: &[
+            Zset("sp", &[("p0", LATER)]),
+            Str("sp:turn", "1:5000:v2/b:2", 5000),
+        ],
+        op: Script(
+            "ACQUIRE_PERMIT",
+            &["sp", "sp:limit", "sp:turn"],
+            &[
+                "p1", "30000", "4", "5000", "1", "v2/b", "1", "2", "PUBLISH", "sp:wake",
+            ],
+        ),
+        reply: "[1, 0]",
+        after: &["sp zset {p1={n}, p1*2={n}, p0=9999999999999} {~30000}"],
+    },
     // RELEASE_PERMIT
     Row {
         what: "RELEASE_PERMIT gives a permit back; the last one takes the set",
@@ -672,6 +727,25 @@ const ROWS: &[Row] = &[
         before: &[Zset("sp", &[("p1", "1"), ("p2", LATER)])],
         op: Script("RELEASE_PERMIT", &["sp"], &["p1", "PUBLISH", "sp:wake"]),
         reply: "-1",
+        after: &["sp zset {p2=9999999999999} none"],
+    },
+    Row {
+        what: "RELEASE_PERMIT gives back permits taken at once together",
+        before: &[Zset(
+            "sp",
+            &[
+                ("p1", LATER),
+                ("p1*2", LATER),
+                ("p1*3", LATER),
+                ("p2", LATER),
+            ],
+        )],
+        op: Script(
+            "RELEASE_PERMIT",
+            &["sp"],
+            &["p1", "PUBLISH", "sp:wake", "3"],
+        ),
+        reply: "0",
         after: &["sp zset {p2=9999999999999} none"],
     },
     // SET_PERMITS, PERMITS

@@ -488,11 +488,27 @@ async fn a_semaphore_permit_costs_one_round_trip_each_way() {
     let (permit, taken) = measure(&server, semaphore.acquire().into_future()).await;
     let permit = permit.expect("permit");
     // EVALSHA; TIME, ZREMRANGEBYSCORE (expired permits), ZSCORE (a retry?), GET (the count set
-    // at run time), ZCARD, ZADD, PTTL + PEXPIRE (the set's TTL).
-    assert_eq!(taken, cost_of(1, 9));
+    // at run time), GET (a claim of several keeping free permits?), ZCARD, ZADD, PTTL + PEXPIRE
+    // (the set's TTL).
+    assert_eq!(taken, cost_of(1, 10));
     let (_, released) = measure(&server, permit.release()).await;
     // EVALSHA; ZSCORE (its expiry), ZREM, TIME (expired already?), GET (another process
     // claims the next permit?), PUBLISH.
+    assert_eq!(released, cost_of(1, 6));
+}
+
+#[tokio::test]
+async fn permits_taken_at_once_cost_what_one_permit_costs() {
+    let server = RedisServer::start();
+    let locker = warm_locker(&server).await;
+    let semaphore = locker.semaphore(unique_name("cost-semaphore-many"), 5);
+    let (permit, taken) = measure(&server, semaphore.acquire_many(3).into_future()).await;
+    let permit = permit.expect("permits");
+    assert_eq!(permit.permits(), 3);
+    // As one permit: the three members go in with one ZADD.
+    assert_eq!(taken, cost_of(1, 10));
+    let (_, released) = measure(&server, permit.release()).await;
+    // As one permit: the three go with one ZREM.
     assert_eq!(released, cost_of(1, 6));
 }
 

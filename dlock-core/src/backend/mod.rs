@@ -245,11 +245,11 @@ impl Backend {
         }
     }
 
-    /// Whether a fair waiter's place in line is kept apart from its owner token (see
-    /// [`redis::RedisBackend::keeps_fair_places`]).
-    pub(crate) fn keeps_fair_places(&self) -> bool {
+    /// Whether this runs an earlier layout's frozen scripts (see
+    /// [`redis::RedisBackend::runs_frozen_layout`]).
+    pub(crate) fn runs_frozen_layout(&self) -> bool {
         match self {
-            Self::Redis(r) => r.keeps_fair_places(),
+            Self::Redis(r) => r.runs_frozen_layout(),
         }
     }
 

@@ -191,10 +191,10 @@ impl RedisBackend {
         let _ = self.frozen.set(layout);
     }
 
-    /// Whether the scripts keep a fair waiter's place in line apart from its owner token
-    /// (`ACQUIRE_FAIR`'s place argument): this version's do, layout 1's did not.
-    pub(crate) fn keeps_fair_places(&self) -> bool {
-        self.frozen.get().is_none()
+    /// Whether this runs an earlier layout's frozen scripts (which lack what later versions
+    /// added: a fair waiter's place kept apart from its owner token, permits taken at once).
+    pub(crate) fn runs_frozen_layout(&self) -> bool {
+        self.frozen.get().is_some()
     }
 
     /// `call`'s script: this version's, or the frozen layout's that stands in for it.

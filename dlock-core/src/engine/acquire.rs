@@ -242,7 +242,10 @@ impl Engine {
                 break 'body waiter.gave_up();
             };
             // At the head of the line. Boxed: the waiters behind it, many more of them, hold a
-            // future without the head's state.
+            // future without the head's state. A claim for several permits keeps free ones
+            // from others for a while only, as a writer's recorded wait: it is said again in time.
+            let wait_counts = wait_counts
+                .or_else(|| (waiter.keys.semaphore_keys()).and_then(|sem| sem.claim_counts));
             let waiting = Waiting {
                 waiter,
                 since,

@@ -80,7 +80,8 @@ impl Engine {
         // The waiter's place in line: a token of its own, kept while attempts fail and their
         // owner tokens are released (scripts that name the place by the owner token make a new
         // place with each new token).
-        let keeps_place = self.inner.backend.keeps_fair_places();
+        // (Layout 1's frozen scripts name the place by the owner token.)
+        let keeps_place = !self.inner.backend.runs_frozen_layout();
         let mut place_id = if keeps_place {
             self.new_owner()
         } else {

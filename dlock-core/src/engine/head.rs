@@ -22,7 +22,8 @@ pub(crate) struct Waiting {
     /// When it began to wait, on the wall clock (for its claims).
     pub(crate) since: u64,
     pub(crate) leave: Leave,
-    /// How long a writer's recorded wait counts (a writer's request only).
+    /// How long a writer's recorded wait, or a claim for several permits, counts (those
+    /// requests only).
     pub(crate) wait_counts: Option<Duration>,
 }
 
@@ -147,7 +148,8 @@ impl Engine {
                 (false, Some(pttl)) => pttl.min(poll),
                 (false, None) => poll,
             };
-            // A waiting writer's wait counts for a while only: it says so again in time.
+            // A waiting writer's wait, or a claim for several permits, counts for a while only:
+            // it says so again in time.
             if let Some(counts) = wait_counts {
                 fallback = fallback.min(counts / 3);
             }

@@ -119,6 +119,7 @@ impl Engine {
             lease_ms,
             seq: hold.begin_change(lease, sent_at),
             permit: hold.keys.is_member(),
+            members: hold.keys.members(),
         };
         let replies = self
             .inner

@@ -67,6 +67,11 @@ pub(crate) struct SemaphoreKeys {
     /// The claim to the next free permit, of the `Locker` whose waiter has waited longest (see
     /// `ACQUIRE_PERMIT`).
     pub(crate) turn: String,
+    /// How many permits the request takes at once (all or none).
+    pub(crate) take: u32,
+    /// How long a claim for several permits keeps free ones from others without another
+    /// attempt (`None`: the request takes one, or does not wait).
+    pub(crate) claim_counts: Option<std::time::Duration>,
 }
 
 /// The keys of a read-write lock, and how it treats waiting writers.
@@ -202,8 +207,15 @@ impl LockKeys {
 
     /// The keys of the semaphore `name` with `permits` permits unless a count was set: its
     /// permits (a sorted set of permit ids by expiry, in `lock`), its set count and its wake-up
-    /// channel. They share the name's hash tag, but not a lock's keys.
-    pub(crate) fn semaphore(prefix: &str, name: &LockName, permits: u32) -> Self {
+    /// channel. They share the name's hash tag, but not a lock's keys. The request takes `take`
+    /// permits at once; one for several that waits keeps free permits from others for
+    /// `claim_counts` after each of its attempts.
+    pub(crate) fn semaphore(
+        prefix: &str,
+        name: &LockName,
+        permits: u32,
+        (take, claim_counts): (u32, Option<std::time::Duration>),
+    ) -> Self {
         let base = Self::new(prefix, name).lock;
         Self::of(
             format!("{base}:permits"),
@@ -213,6 +225,8 @@ impl LockKeys {
                 limit: format!("{base}:permits:limit"),
                 permits,
                 turn: format!("{base}:permits:turn"),
+                take,
+                claim_counts: claim_counts.filter(|_| take > 1),
             }),
         )
     }
@@ -273,6 +287,14 @@ impl LockKeys {
     /// not a lock's hold.
     pub(crate) fn is_member(&self) -> bool {
         matches!(self.kind, KeyKind::Semaphore(_) | KeyKind::Read(_))
+    }
+
+    /// How many members one hold is: the permits a semaphore's request takes at once, else 1.
+    pub(crate) fn members(&self) -> u32 {
+        match &self.kind {
+            KeyKind::Semaphore(sem) => sem.take,
+            _ => 1,
+        }
     }
 
     /// Whether a hold of this kind is re-entered inside a scope: every kind but a permit (one of

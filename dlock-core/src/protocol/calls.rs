@@ -136,6 +136,8 @@ pub(crate) struct RenewItem {
     /// A semaphore's permit (`key` its permits, `owner` the permit id): the lease moves
     /// whenever the permit has not expired.
     pub(crate) permit: bool,
+    /// How many members the hold is: the permits taken at once as `owner` (else 1).
+    pub(crate) members: u32,
 }
 
 /// `RENEW`: a batch of lease changes, all in one slot on a cluster.
@@ -159,7 +161,9 @@ impl Call for Renew<'_> {
         for item in self.items {
             out.text(&item.owner);
             out.number(item.lease_ms);
-            if item.permit {
+            if item.permit && item.members > 1 {
+                out.text(&format!("p{}x{}", item.seq, item.members));
+            } else if item.permit {
                 out.text(&format!("p{}", item.seq));
             } else {
                 out.number(item.seq);
@@ -289,10 +293,12 @@ pub(crate) enum Released<'a> {
     /// A fair lock's or a writer's hold by its key alone (mode 3), while its slot moves.
     Alone { channel: &'a str },
     /// A semaphore's permit (`RELEASE_PERMIT`): the key is the permits; `turn`, the claim to
-    /// the next free permit, is named unless the slot moves.
+    /// the next free permit, is named unless the slot moves; `taken`, the permits taken at
+    /// once as the owner.
     Permit {
         channel: &'a str,
         turn: Option<&'a str>,
+        taken: u32,
     },
     /// A reader (`RELEASE_READ`): the key is the readers.
     Reader { channel: &'a str },
@@ -348,13 +354,20 @@ impl Call for Release<'_> {
             // until the migration ends unless both are on the same side, and a channel is
             // never a key that exists. (The channel shares the set's hash tag, so the script
             // may publish on it.)
-            Released::Permit { channel, turn } => {
+            Released::Permit {
+                channel,
+                turn,
+                taken,
+            } => {
                 if let Some(turn) = turn {
                     out.text(turn);
                 }
                 out.text(self.owner);
                 out.text(self.publish.command());
                 out.text(channel);
+                if taken > 1 {
+                    out.number(u64::from(taken));
+                }
                 return;
             }
             Released::Reader { channel } => {

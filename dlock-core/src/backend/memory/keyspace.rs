@@ -342,14 +342,30 @@ impl Keyspace {
                     .count();
                 Reply::Int(i64::try_from(added).unwrap_or(i64::MAX))
             }
-            ("ZADD", [key, pairs @ ..]) if !pairs.is_empty() && pairs.len() % 2 == 0 => {
-                let mut scored = Vec::with_capacity(pairs.len() / 2);
-                for pair in pairs.chunks(2) {
-                    match pair[0].parse::<f64>() {
-                        Ok(score) if !score.is_nan() => scored.push((score, pair[1])),
-                        _ => return err("value is not a valid float"),
+            // `XX`: only members already there get the new score (the key is not made).
+            ("ZADD", [key, xx, pairs @ ..])
+                if xx.eq_ignore_ascii_case("XX") && !pairs.is_empty() && pairs.len() % 2 == 0 =>
+            {
+                let Some(scored) = scored(pairs) else {
+                    return err("value is not a valid float");
+                };
+                match self.zset(key) {
+                    Ok(Some(set)) => {
+                        for (score, member) in scored {
+                            if set.scores.contains_key(member) {
+                                set.add(member, score);
+                            }
+                        }
+                        Reply::Int(0)
                     }
+                    Ok(None) => Reply::Int(0),
+                    Err(reply) => reply,
                 }
+            }
+            ("ZADD", [key, pairs @ ..]) if !pairs.is_empty() && pairs.len() % 2 == 0 => {
+                let Some(scored) = scored(pairs) else {
+                    return err("value is not a valid float");
+                };
                 let set = match self.zset(key) {
                     Ok(Some(set)) => set,
                     Ok(None) => {
@@ -507,4 +523,14 @@ fn in_range(value: f64, (min, min_open): (f64, bool), (max, max_open): (f64, boo
     let above = if min_open { value > min } else { value >= min };
     let below = if max_open { value < max } else { value <= max };
     above && below
+}
+
+/// `ZADD`'s `score member` pairs, or `None` when a score is not a number.
+fn scored<'a>(pairs: &[&'a str]) -> Option<Vec<(f64, &'a str)>> {
+    (pairs.chunks(2))
+        .map(|pair| match pair[0].parse::<f64>() {
+            Ok(score) if !score.is_nan() => Some((score, pair[1])),
+            _ => None,
+        })
+        .collect()
 }

@@ -379,6 +379,7 @@ impl RedisBackend {
             KeyKind::Semaphore(sem) => Released::Permit {
                 channel,
                 turn: Some(&sem.turn),
+                taken: sem.take,
             },
             KeyKind::Read(_) => Released::Reader { channel },
             KeyKind::Lock => {
@@ -416,10 +417,11 @@ impl RedisBackend {
         keep: Option<Duration>,
     ) -> protocol::Release<'k> {
         let channel = keys.channel();
-        let kind = match keys.kind {
-            KeyKind::Semaphore(_) => Released::Permit {
+        let kind = match &keys.kind {
+            KeyKind::Semaphore(sem) => Released::Permit {
                 channel,
                 turn: None,
+                taken: sem.take,
             },
             _ => Released::Alone { channel },
         };

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::{OpConn, RedisBackend};
-use crate::backend::{AcquireReply, FairReply, Turn};
+use crate::backend::{AcquireReply, Claim, FairReply, Turn};
 use crate::error::BackendError;
 use crate::name::{LockKeys, RwKeys, SemaphoreKeys};
 use crate::protocol;
@@ -21,6 +21,18 @@ impl RedisBackend {
         lease: Duration,
         turn: Turn<'_>,
     ) -> Result<AcquireReply, BackendError> {
+        // A claim for several permits keeps free ones from others: it lasts as long as its
+        // waiter's wait counts, which says it again in time.
+        let turn = match (turn.claim, sem.claim_counts) {
+            (Some(claim), Some(counts)) => Turn {
+                claim: Some(Claim {
+                    window: counts,
+                    ..claim
+                }),
+                ..turn
+            },
+            _ => turn,
+        };
         let call = self.script_call(&protocol::AcquirePermit {
             permits: &keys.lock,
             limit: &sem.limit,
@@ -29,6 +41,9 @@ impl RedisBackend {
             lease,
             count: sem.permits,
             turn,
+            take: sem.take,
+            channel: keys.channel(),
+            publish: self.publish(),
         });
         let ((code, ms), acknowledged): ((i64, i64), _) =
             self.invoke(conn, call, true, self.ack).await?;

@@ -63,6 +63,11 @@ pub(crate) struct AcquirePermit<'a> {
     pub(crate) count: u32,
     /// Where the attempt comes from, and its claim to the next free permit, if it makes one.
     pub(crate) turn: Turn<'a>,
+    /// How many permits it takes at once.
+    pub(crate) take: u32,
+    /// The wake-up channel, for those a served claim of several kept out.
+    pub(crate) channel: &'a str,
+    pub(crate) publish: Publish,
 }
 
 impl Call for AcquirePermit<'_> {
@@ -82,6 +87,9 @@ impl Call for AcquirePermit<'_> {
         out.number(millis(self.lease));
         out.number(u64::from(self.count));
         write_turn(out, &self.turn);
+        out.number(u64::from(self.take));
+        out.text(self.publish.command());
+        out.text(self.channel);
     }
 }
 

@@ -8,7 +8,8 @@
 -- KEYS[1]  the lock (a plain lock's, or a writer's); a semaphore's permits with KEYS[3]
 -- KEYS[2]  its wake-up channel
 -- KEYS[3]  optional: a semaphore's claim to the next free permit (see ACQUIRE_PERMIT): the
---          claim there goes, and a permit kept for the `Locker` (its last waiter gone)
+--          claim there goes, and a permit kept for the `Locker` (its last waiter gone); a
+--          claim of several kept free permits from others, who are woken
 -- ARGV[1]  since when the waiter waited (as in its claim)
 -- ARGV[2]  the id of its `Locker`
 -- ARGV[3]  `1` if it was that `Locker`'s last waiter for the name, else `0`
@@ -22,16 +23,19 @@
 --@include let_go
 if KEYS[3] then
   local left = 0
-  local since, _, locker = claim_of(redis.call('GET', KEYS[3]))
+  local claim = redis.call('GET', KEYS[3])
+  local since, _, locker = claim_of(claim)
   if locker == ARGV[2] and (since == ARGV[1] or ARGV[3] == '1') then
     redis.call('DEL', KEYS[3])
-    left = 1
+    left = permits_claimed(claim)
   end
   if ARGV[3] == '1' and redis.call('ZREM', KEYS[1], kept_for(ARGV[2])) == 1 then
-    redis.call(ARGV[4], KEYS[2], '1')
-    left = 1
+    left = 2
   end
-  return left
+  if left > 1 then
+    redis.call(ARGV[4], KEYS[2], '1')
+  end
+  return math.min(left, 1)
 end
 local v = redis.call('GET', KEYS[1])
 if not v then

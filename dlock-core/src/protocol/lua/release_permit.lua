@@ -7,10 +7,12 @@
 --          runs while the slot migrates (it shares the permits' hash tag)
 -- KEYS[2]  optional: the claim to the next free permit (see ACQUIRE_PERMIT); named unless the
 --          slot migrates
+-- ARGV[4]  optional: how many permits were taken at once as ARGV[1] (default 1): all go
 --
 -- A permit given back while another `Locker` claims the next one is kept for that `Locker`
 -- (the member `#r:<locker>`) for the time its claim asked, and the claim goes: its head
 -- waiter's attempt takes the permit (as a plain lock's release keeps the lock, see `let_go`).
+-- A claim of several keeps every free permit already, and stays.
 --
 -- Returns, as RELEASE does
 --   n >= 0  given back; n subscribers got the wake-up
@@ -24,14 +26,15 @@ local expiry = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if not expiry then
   return -1
 end
-redis.call('ZREM', KEYS[1], ARGV[1])
+on_permits('ZREM', KEYS[1], ARGV[1], 1, tonumber(ARGV[4] or '1'))
 local now = now_ms()
 if tonumber(expiry) <= now then
   return -1
 end
 if KEYS[2] then
-  local _, ms, locker = claim_of(redis.call('GET', KEYS[2]))
-  if locker then
+  local claim = redis.call('GET', KEYS[2])
+  local _, ms, locker = claim_of(claim)
+  if locker and permits_claimed(claim) == 1 then
     add_until(KEYS[1], kept_for(locker), now, tonumber(ms))
     redis.call('DEL', KEYS[2])
   end

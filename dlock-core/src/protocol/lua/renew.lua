@@ -4,7 +4,8 @@
 -- ARGV[3i-2]  the owner (for permits: the permit id)
 -- ARGV[3i-1]  the new lease, ms
 -- ARGV[3i]    the change's sequence number; prefixed with `p` for a permit, whose expiry moves
---             to the lease from now if it has not passed
+--             to the lease from now if it has not passed (`p<seq>x<n>`: the n permits taken
+--             at once as the owner, see `permit_member`)
 --
 -- Returns one integer per key: 1 applied; 2 still held, but a later change was applied already
 -- (this one is stale and was ignored); 0 gone or held by someone else. A key holding something
@@ -21,6 +22,8 @@ for i = 1, #KEYS do
     local expiry = redis.pcall('ZSCORE', KEYS[i], ARGV[3 * i - 2])
     if type(expiry) == 'string' and tonumber(expiry) > now then
       add_until(KEYS[i], ARGV[3 * i - 2], now, lease)
+      local n = tonumber(string.match(ARGV[3 * i], 'x(%d+)$') or '1')
+      on_permits('ZADD XX', KEYS[i], ARGV[3 * i - 2], 2, n, now + lease)
       out[i] = 1
     else
       out[i] = 0

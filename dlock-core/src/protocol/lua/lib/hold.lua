@@ -24,6 +24,7 @@
 -- claim_of(w)         `since, ms, locker, grant` of a claim (`grant` as above, or `nil`); all
 --                     `nil` when `w` is `nil`, or when the claim's `Locker` is tagged with a
 --                     layout this one does not speak
+-- permits_claimed(w)  how many permits a semaphore's claim `w` waits for (`1` unless it says)
 -- speaks(token)       whether this layout speaks the layout `token` is in: its own (tokens
 --                     tagged `v2/`) and layout 1's (untagged tokens)
 -- foreign(v)          whether the hold `v` is in a layout this one does not speak: such a hold
@@ -104,4 +105,7 @@ local function claim_of(w)
     return since, ms, locker, {at, window, fence_ttl, n, token}
   end
   return since, ms, locker, nil
+end
+local function permits_claimed(w)
+  return tonumber(w and string.match(w, '^%d+:%d+:[%w/]+:(%d+)$') or '1')
 end
