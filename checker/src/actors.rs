@@ -55,6 +55,12 @@ impl Actor {
         locked(&self.current).clone()
     }
 
+    /// Whether any locker it had ran layout 1's frozen scripts.
+    pub(crate) fn ran_frozen_layout(&self) -> bool {
+        self.locker().runs_frozen_layout()
+            || locked(&self.all).iter().any(Locker::runs_frozen_layout)
+    }
+
     /// Replaces the current locker (the old one stays on the list, for the final checks).
     pub(crate) fn replace(&self, l: Locker) {
         locked(&self.all).push(l.clone());

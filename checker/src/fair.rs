@@ -22,13 +22,15 @@
 //!   between the calls covers that (strictly more: on a paused clock, instants can be equal).
 //!   The subscription waits for the subscriber's acknowledgement longer only while the
 //!   subscriber connects again, after a fault (see below).
-//! - A lost its place: an attempt that fails (a backend error, a command timeout) is cleaned up
-//!   with a release that takes A out of the line, and A stands in line again with a fresh token,
-//!   at the back. Backend errors mostly come from faults; a locker with a command timeout meant
-//!   to expire is never taken as A. They also come without one — a grant the replica did not
-//!   acknowledge in time (replica-acknowledged runs), a command slowed past its timeout on a
-//!   loaded machine — and A's failed attempts are not in the history (its call goes on), so a
-//!   backend error on A's locker between A's call and B's grant excuses the pair.
+//! - A lost its place: A's place in line is a token of its own, kept while its attempts fail (a
+//!   backend error, a command timeout), so A loses it only when none of its attempts lands for
+//!   the whole dead-waiter timeout (next point). Backend errors mostly come from faults; a locker
+//!   with a command timeout meant to expire is never taken as A. They also come without one — a
+//!   grant the replica did not acknowledge in time (replica-acknowledged runs), a command slowed
+//!   past its timeout on a loaded machine — and A's failed attempts are not in the history (its
+//!   call goes on), so backend errors on A's locker between A's call and B's grant that span a
+//!   third of the dead-waiter timeout or more excuse the pair. (On layout 1's frozen scripts a
+//!   failed attempt's clean-up took A out of the line: there, any such error excuses it.)
 //! - A was dropped as a dead waiter: A renews its place at least every third of the dead-waiter
 //!   timeout, and loses it only when no attempt lands for the whole timeout — a fault that
 //!   delays or drops commands, or a scheduler that leaves A's task unpolled for two thirds of
@@ -222,8 +224,19 @@ pub(crate) fn check(
             backend_errors.entry(e.locker).or_default().push(e.at);
         }
     }
+    // A waiter keeps its place through a failed attempt (its place is a token of its own), and
+    // loses it only when none of its attempts lands for the whole dead-waiter timeout: the
+    // locker's calls failing on and off for a third of it at least. A locker on layout 1's
+    // frozen scripts loses the place with any failed attempt.
+    let lasting = history.dead_waiter_timeout / 3;
     let errored = |locker: u8, from: Instant, to: Instant| {
-        (backend_errors.get(&locker).into_iter().flatten()).any(|at| *at >= from && *at <= to)
+        let mut within = (backend_errors.get(&locker).into_iter().flatten())
+            .filter(|at| **at >= from && **at <= to);
+        let Some(first) = within.next() else {
+            return false;
+        };
+        let last = within.next_back().unwrap_or(first);
+        history.runs_frozen_layout(locker) || last.saturating_duration_since(*first) >= lasting
     };
     // The overtaken: waiting, and with a known time it stood in line until.
     let mut ahead: Vec<(Wait, Instant)> = (all.iter())

@@ -476,6 +476,9 @@ pub struct History {
     /// [`Step::HoldPastPromotion`]: super::plan::Step::HoldPastPromotion
     pub(crate) promotions: tokio::sync::watch::Sender<Option<Reach>>,
     panics: Mutex<Vec<String>>,
+    /// Lockers that ran layout 1's frozen scripts at some point: their fair waiters lose their
+    /// place in line when an attempt fails.
+    frozen: Mutex<Vec<u8>>,
     next_guard: AtomicU32,
     next_call: AtomicU32,
 }
@@ -513,6 +516,7 @@ impl History {
             calls: Mutex::default(),
             runs: Mutex::default(),
             panics: Mutex::default(),
+            frozen: Mutex::default(),
             next_guard: AtomicU32::new(0),
             next_call: AtomicU32::new(1),
         }
@@ -667,6 +671,16 @@ impl History {
     /// Every bounded call so far.
     pub fn calls(&self) -> Vec<CallRec> {
         locked(&self.calls).clone()
+    }
+
+    /// Records that `locker` ran layout 1's frozen scripts.
+    pub(crate) fn ran_frozen_layout(&self, locker: u8) {
+        locked(&self.frozen).push(locker);
+    }
+
+    /// Whether `locker` ran layout 1's frozen scripts.
+    pub(crate) fn runs_frozen_layout(&self, locker: u8) -> bool {
+        locked(&self.frozen).contains(&locker)
     }
 
     /// Every panic so far.

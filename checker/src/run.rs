@@ -446,6 +446,12 @@ pub(super) fn finish(
     // Lockers whose commands are meant to time out, and the far one, whose waiters join a
     // fair line later than their calls say: neither is a reference for the fair order or the
     // watchdog check.
+    for (i, actor) in ctx.actors.iter().enumerate() {
+        if actor.ran_frozen_layout() {
+            ctx.history
+                .ran_frozen_layout(u8::try_from(i).expect("a few lockers"));
+        }
+    }
     let unreliable: Vec<u8> = (0..ctx.actors.len())
         .filter(|&i| ctx.actors[i].tiny || ctx.actors[i].far)
         .map(|i| u8::try_from(i).expect("a few lockers"))
