@@ -344,18 +344,30 @@ fn at_least(
         // The period starts when the library has the guard, a moment before the checker reads
         // the call's return: that moment is as long as the machine was late to wake the task.
         let tolerance = PERIOD_TOLERANCE + history.lags.max_within(a.guard.call, a.guard.start);
+        // A fault that may have removed a hold of the name between `from` and `to`.
+        let removed = |from: Instant, to: Instant| {
+            faults.iter().any(|f| {
+                (f.kind.destructive() || f.kind == FaultKind::AckedFailover)
+                    && f.hits(name)
+                    && f.to >= from
+                    && f.from <= to
+            })
+        };
         // Granted after A (a higher token): a hold granted before A and destroyed by a fault
-        // may come to believe it holds only after A's release, but Redis never kept it.
+        // may come to believe it holds only after A's release, but Redis never kept it. With
+        // A's token unknown, a multi-lock's name may be such a hold too (as in
+        // `mutual_exclusion`): Redis may have granted it long before its belief began (it went
+        // on to take its other names), before A's grant, so a fault that may have removed it
+        // before A was granted excuses it.
+        let granted_before_a = |b: &Hold| {
+            a.guard.token() == 0 && b.guard.multi && removed(b.guard.call, a.guard.start)
+        };
         let early = holds.iter().filter(|b| {
             b.guard.token() > a.guard.token()
                 && b.start >= end.at
                 && b.start + tolerance < until
-                && !faults.iter().any(|f| {
-                    (f.kind.destructive() || f.kind == FaultKind::AckedFailover)
-                        && f.hits(name)
-                        && f.to >= a.guard.call
-                        && f.from <= b.start
-                })
+                && !removed(a.guard.call, b.start)
+                && !granted_before_a(b)
         });
         for b in early {
             out.push(Violation {
@@ -696,7 +708,7 @@ mod tests {
 
     use super::*;
     use crate::faults::Reach;
-    use crate::history::Special;
+    use crate::history::{EndHow, GuardEnd, Special};
 
     fn rec(id: u32, t: Instant, (call, start, end): (u64, u64, u64), token: u64) -> Hold {
         let at = |ms: u64| t + Duration::from_millis(ms);
@@ -760,5 +772,55 @@ mod tests {
         Arc::get_mut(&mut multi.guard).expect("one owner").multi = true;
         assert_eq!(overlaps(&plain, &multi, &[del], t), 0);
         assert_eq!(overlaps(&plain, &multi, &[], t), 1);
+    }
+
+    /// A plain lock with no token, taken after a `DEL` and released within its at-least
+    /// period, and a multi-lock called before it whose name Redis had granted before the
+    /// `DEL` (and so before the plain lock) but that returned once it had its other names,
+    /// right after that release: the `DEL` explains it. A multi-lock called after the plain
+    /// lock's grant, or a plain lock in its place, or no fault, does not.
+    #[test]
+    fn a_multi_lock_granted_before_an_at_least_hold_may_believe_inside_its_period() {
+        let t = Instant::now();
+        let at = |ms: u64| t + Duration::from_millis(ms);
+        let del = FaultRec {
+            kind: FaultKind::Del,
+            reach: Reach::name(0),
+            from: at(90),
+            to: at(91),
+        };
+        let history = History::new(
+            vec!["n".to_owned()],
+            vec!["l".to_owned()],
+            Special::default(),
+            Duration::from_secs(1),
+        );
+        let finish = t + Duration::from_secs(5);
+        // Released 14 ms in, kept for 272 ms.
+        let mut kept = rec(1, t, (100, 100, 114), 0);
+        {
+            let guard = Arc::get_mut(&mut kept.guard).expect("one owner");
+            guard.at_least = Some(Duration::from_millis(272));
+            *guard.end.get_mut().expect("not poisoned") = Some(GuardEnd {
+                at: at(114),
+                how: EndHow::Released,
+                valid_until: at(600),
+                lost_before: false,
+                returned: Some((at(114), Outcome::Released)),
+                final_of_hold: true,
+                hget: None,
+            });
+        }
+        let early = |call: u64, multi: bool, faults: &[FaultRec]| {
+            let mut b = rec(2, t, (call, 115, 700), 77);
+            Arc::get_mut(&mut b.guard).expect("one owner").multi = multi;
+            let mut out = Vec::new();
+            at_least(&history, 0, &[&kept, &b], faults, finish, &mut out);
+            out.len()
+        };
+        assert_eq!(early(0, true, &[del]), 0);
+        assert_eq!(early(0, true, &[]), 1);
+        assert_eq!(early(0, false, &[del]), 1);
+        assert_eq!(early(105, true, &[del]), 1);
     }
 }
