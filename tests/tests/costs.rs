@@ -278,25 +278,27 @@ async fn a_release_past_local_waiters_to_another_process_is_one_round_trip() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_hand_over_inside_a_process_is_one_script_and_the_next_head_tries_once() {
+async fn a_hand_over_inside_a_process_is_one_script_and_the_next_head_sends_nothing() {
     let server = RedisServer::start();
     let locker = warm_locker(&server).await;
     // The first round loads the hand-over script; the second is counted.
     hand_over_twice(&server, &locker, "cost-hand-over-warm").await;
-    let [first, second] = hand_over_twice(&server, &locker, "cost-hand-over-line").await;
-    // The hand-over: EVALSHA; GET, PUBSUB NUMSUB (nobody else listens), TIME, HGET (the hold
-    // had no token yet: the counter's last one), HSET, PTTL + PEXPIRE (a new counter's TTL),
-    // PSETEX. Then the next waiter, head now, tries once: EVALSHA; GET, TIME, PTTL, PSETEX
-    // (it finds the lock taken, flags it and claims the next turn).
-    assert_eq!(first, cost_of(2, 14));
+    let [first, idle, second] = hand_over_twice(&server, &locker, "cost-hand-over-line").await;
+    // EVALSHA; GET, PUBSUB NUMSUB (nobody else listens), TIME, HGET (the hold had no token
+    // yet: the counter's last one), HSET, PTTL + PEXPIRE (a new counter's TTL), PSETEX.
+    assert_eq!(first, cost_of(1, 9));
+    // The other waiter is the head meanwhile, and sends nothing while a hold of its own
+    // `Locker` that will hand the lock on has it.
+    assert_eq!(idle, cost_of(0, 0));
     // The next hand-over starts from the hold's own token: the counter is not read.
-    // EVALSHA; GET, PUBSUB NUMSUB, TIME, HSET, PSETEX; and the next head's try.
-    assert_eq!(second, cost_of(2, 11));
+    // EVALSHA; GET, PUBSUB NUMSUB, TIME, HSET, PSETEX.
+    assert_eq!(second, cost_of(1, 6));
 }
 
 /// A lock held with three local waiters behind it, handed over twice (a waiter is left in line
-/// each time): what each hand-over cost, with what the line sent in the 200 ms after it.
-async fn hand_over_twice(server: &RedisServer, locker: &Locker, name: &str) -> [Cost; 2] {
+/// each time): the first hand-over's cost, what the line sent while the first waiter held the
+/// lock, and the second hand-over's.
+async fn hand_over_twice(server: &RedisServer, locker: &Locker, name: &str) -> [Cost; 3] {
     let name = unique_name(name);
     let first = locker.lock(name.as_str()).await.expect("lock");
     // Three local waiters: the first of them makes its attempt (and subscribes) as the head.
@@ -316,21 +318,11 @@ async fn hand_over_twice(server: &RedisServer, locker: &Locker, name: &str) -> [
         }));
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let settle = || tokio::time::sleep(Duration::from_millis(200));
-    let (outcome, first_cost) = measure(server, async {
-        let outcome = first.release().await;
-        settle().await;
-        outcome
-    })
-    .await;
+    let (outcome, first_cost) = measure(server, first.release()).await;
     assert!(outcome.is_released());
     let (second, done) = rx.recv().await.expect("the first waiter holds");
-    let (outcome, second_cost) = measure(server, async {
-        let outcome = second.release().await;
-        settle().await;
-        outcome
-    })
-    .await;
+    let (_, idle) = measure(server, tokio::time::sleep(Duration::from_millis(200))).await;
+    let (outcome, second_cost) = measure(server, second.release()).await;
     assert!(outcome.is_released());
     let _ = done.send(());
     for _ in 0..2 {
@@ -341,7 +333,7 @@ async fn hand_over_twice(server: &RedisServer, locker: &Locker, name: &str) -> [
     for waiter in waiters {
         waiter.await.expect("waiter task");
     }
-    [first_cost, second_cost]
+    [first_cost, idle, second_cost]
 }
 
 /// Script calls and `PUBLISH`es from a release with one local waiter until that waiter holds

@@ -84,6 +84,32 @@ impl Engine {
             if waiter.out_of_time() {
                 return waiter.gave_up();
             }
+            let queue = ticket.queue();
+            if queue.is_held_here() && waiter.failed.is_none() && Instant::now() < deadline {
+                // A hold of this `Locker`, handed over inside it, has the lock: it hands the
+                // lock on to this waiter, or wakes it when it lets go through Redis (see
+                // `LocalQueue::let_go`); an attempt now would only find the lock taken. A
+                // release that passes the lock to another process wakes it by pub/sub too.
+                let let_go = queue.let_go_notified();
+                let until = deadline.min(Instant::now() + self.inner.config.dead_waiter_timeout);
+                tokio::select! {
+                    biased;
+                    Some(handed) = handed(rx) => {
+                        leave.disarm();
+                        waiter.owner = handed.owner;
+                        return Ok(waiter.held(self, Some(handed.fence), handed.sent_at));
+                    }
+                    () = let_go => {}
+                    // A release in Redis: only a holder releases, so the lock is not (or no
+                    // longer) held by a hold handed over here.
+                    () = notified.as_mut() => queue.not_held_here(),
+                    () = tokio::time::sleep_until(until) => {}
+                }
+                if Instant::now() >= deadline {
+                    return waiter.gave_up();
+                }
+                continue;
+            }
             // The head waiter claims the next turn whenever it finds the lock taken — where
             // wake-ups arrive: the release's is its cue to come and take it.
             let next_turn = self.claim(since);

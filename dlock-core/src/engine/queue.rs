@@ -38,6 +38,13 @@ pub(crate) struct LocalQueue {
     defer_until: Mutex<Option<Instant>>,
     /// The last release broke a hand-over streak.
     yield_pending: std::sync::atomic::AtomicBool,
+    /// The lock was handed over inside this `Locker` and its holder has not let go through
+    /// Redis since: the head waiter makes no attempt (it would find the lock taken), and waits
+    /// for the next hand-over or for [`let_go`](Self::let_go).
+    held_here: std::sync::atomic::AtomicBool,
+    /// Wakes the head waiter when a holder of this `Locker` let go of the lock other than by a
+    /// hand-over.
+    let_go: tokio::sync::Notify,
 }
 
 /// The head waiter's offer to take the lock over directly from a local releaser.
@@ -87,6 +94,31 @@ impl LocalQueue {
         if current.is_none() && !slot.tx.is_closed() {
             *current = Some(slot);
         }
+    }
+
+    /// Whether a hold of this `Locker`, handed over inside it, has the lock (see
+    /// [`held_here`](Self::held_here)).
+    pub(crate) fn is_held_here(&self) -> bool {
+        self.held_here.load(Ordering::Acquire)
+    }
+
+    /// Resolves after a holder of this `Locker` let go of the lock other than by a hand-over
+    /// (at once if one did since the last call).
+    pub(crate) fn let_go_notified(&self) -> tokio::sync::futures::Notified<'_> {
+        self.let_go.notified()
+    }
+
+    /// The lock was released in Redis (a wake-up came): whatever the hand-overs said, the head
+    /// waiter attempts again.
+    pub(crate) fn not_held_here(&self) {
+        self.held_here.store(false, Ordering::Release);
+    }
+
+    /// A holder of this `Locker` let go of the lock through Redis (released, or found it gone):
+    /// the head waiter attempts again.
+    pub(crate) fn let_go(&self) {
+        self.held_here.store(false, Ordering::Release);
+        self.let_go.notify_one();
     }
 
     fn defer(&self) {
@@ -182,12 +214,13 @@ impl Engine {
     }
 
     /// Hands the lock straight to the local head waiter of `queue` (the name's local line, if
-    /// it has one), if there is one; `None` when the lock is to be released normally.
+    /// it has one), if there is one: the outcome, and whether the lock went to that waiter.
+    /// `None` when the lock is to be released normally.
     pub(crate) async fn try_handoff(
         &self,
         hold: &HoldState,
         queue: Option<&Arc<LocalQueue>>,
-    ) -> Option<ReleaseOutcome> {
+    ) -> Option<(ReleaseOutcome, bool)> {
         // A name kept taken after the release (`at_least`) is handed to nobody.
         // Only a plain lock is handed over (see `LockKeys::hands_over`).
         let queue = queue?;
@@ -233,6 +266,7 @@ impl Engine {
         match reply {
             Ok(HandoffReply::HandedOver { fence }) => {
                 queue.streak.fetch_add(1, Ordering::Relaxed);
+                queue.held_here.store(true, Ordering::Release);
                 let handed = Handed {
                     owner: slot.owner.clone(),
                     fence,
@@ -241,12 +275,13 @@ impl Engine {
                 if slot.tx.send(handed).is_err() {
                     // The waiter left meanwhile: release what it was given.
                     let _ = session.clean_up(&hold.keys, &slot.owner, None).await;
+                    return Some((ReleaseOutcome::Released, false));
                 }
-                Some(ReleaseOutcome::Released)
+                Some((ReleaseOutcome::Released, true))
             }
             Ok(HandoffReply::NotHandedOver(reply)) => {
                 queue.offer_again(slot);
-                Some(release_outcome(hold, reply))
+                Some((release_outcome(hold, reply), false))
             }
             Ok(HandoffReply::ReleasedInstead { woke }) => {
                 // Waiters of another `Locker` want it (they listen for its release, or claimed the
@@ -255,7 +290,7 @@ impl Engine {
                 queue.streak.store(0, Ordering::Relaxed);
                 queue.offer_again(slot);
                 Self::yield_to_other_processes(Some(queue), woke);
-                Some(ReleaseOutcome::Released)
+                Some((ReleaseOutcome::Released, false))
             }
             Err(_) => {
                 // Unknown whether it ran: the lock is ours still, or the offer's token holds
@@ -264,10 +299,9 @@ impl Engine {
                 let handed_to = slot.owner.clone();
                 queue.offer_again(slot.renewed(self.new_owner()));
                 let after = super::release::Try::AfterHandoff;
-                Some(
-                    self.release_in_redis(hold, Some(&handed_to), after, Some(queue))
-                        .await,
-                )
+                let outcome =
+                    (self.release_in_redis(hold, Some(&handed_to), after, Some(queue))).await;
+                Some((outcome, false))
             }
         }
     }
@@ -354,6 +388,9 @@ impl Drop for HeadWait<'_> {
             // Handed over after this waiter stopped waiting: give it back.
             // The hand-over was answered, so any connection reaches Redis after it.
             drop(InFlight::new(self.locker, &self.keys, &handed.owner));
+            // No hold of this `Locker` will hand the lock on: the next head attempts (it finds
+            // the lock free, or taken and flagged, so that the release above wakes it).
+            self.queue.let_go();
         }
         // Other local waiters remain: the next head takes over the subscription.
         if self.locker.queue_users(&self.ticket.keys.lock) > 1 {

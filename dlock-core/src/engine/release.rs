@@ -104,10 +104,16 @@ impl Engine {
                 Some(_) => Box::pin(self.try_handoff(&hold, queue)).await,
                 None => None,
             };
-            let outcome = match handed {
-                Some(outcome) => outcome,
-                None => self.release_in_redis(&hold, None, Try::First, queue).await,
+            let (outcome, handed_here) = match handed {
+                Some(handed) => handed,
+                None => (
+                    self.release_in_redis(&hold, None, Try::First, queue).await,
+                    false,
+                ),
             };
+            if let Some(queue) = queue.filter(|_| !handed_here) {
+                queue.let_go();
+            }
             let outcome = judged_at_let_go(&hold, outcome);
             log_release(&hold, &outcome);
             let held = hold.let_go().0.saturating_duration_since(hold.acquired_at);
