@@ -1,6 +1,6 @@
-//! (e) A release wakes its waiters in time: when a plain lock is released while someone waits
-//! for it over a subscription, the name is granted again within a bound — not when the released
-//! hold's lease would have run out.
+//! (e) A release wakes its waiters in time: when a plain lock (or the read-write name's write
+//! lock) is released while someone waits for it over a subscription, the name is granted again
+//! within a bound — not when the released hold's lease would have run out.
 //!
 //! A waiter that sleeps until the lease ends is still correct, which is why no safety invariant
 //! sees a lost wake-up: after a slot moved or a master failed over, a subscription the client
@@ -22,7 +22,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::faults::{FaultKind, FaultRec};
-use super::history::{AcquireKind, EventKind, History, Outcome, ms};
+use super::history::{AcquireKind, EventKind, GuardRec, History, Outcome, Share, ms};
 use super::invariants::{Invariant, Violation};
 
 /// How soon after a release's answer a waiting name must be granted again.
@@ -112,9 +112,13 @@ pub(super) fn check(
     for g in guards.iter().filter(|g| !g.reentrant) {
         granted.entry(g.name).or_default().push(g.start);
     }
-    let plain =
-        |name: u8| !history.is_fair(name) && !history.is_semaphore(name) && !history.is_rw(name);
-    for g in guards.iter().filter(|g| !g.reentrant && plain(g.name)) {
+    // Plain locks, and the read-write name's write lock: writers take turns as plain locks'
+    // waiters do (a reader granted after the release counts as the name granted again).
+    let turns = |g: &GuardRec| {
+        let plain = !history.is_fair(g.name) && !history.is_semaphore(g.name);
+        plain && (!history.is_rw(g.name) || g.share == Share::Exclusive)
+    };
+    for g in guards.iter().filter(|g| !g.reentrant && turns(g)) {
         // A release kept for an at-least period frees the name later, by design.
         if g.at_least.is_some() {
             continue;
