@@ -16,6 +16,8 @@ pub struct Proxy {
     cut: Arc<AtomicBool>,
     /// While true, nothing is forwarded either way and new connections wait.
     stalled: watch::Sender<bool>,
+    /// While true, what the server sends is held back (what clients send goes on).
+    replies_stalled: watch::Sender<bool>,
     generation: watch::Sender<u64>,
     target: Arc<Mutex<SocketAddr>>,
     task: tokio::task::JoinHandle<()>,
@@ -38,12 +40,14 @@ impl Proxy {
         let cut = Arc::new(AtomicBool::new(false));
         let (generation, _) = watch::channel(0u64);
         let (stalled, _) = watch::channel(false);
+        let (replies_stalled, _) = watch::channel(false);
         let target = Arc::new(Mutex::new(target));
         let task = tokio::spawn({
             let target = target.clone();
             let cut = cut.clone();
             let generation = generation.clone();
             let stalled = stalled.clone();
+            let replies_stalled = replies_stalled.clone();
             async move {
                 loop {
                     let Ok((inbound, _)) = listener.accept().await else {
@@ -57,6 +61,7 @@ impl Proxy {
                         continue;
                     }
                     let stall = stalled.subscribe();
+                    let replies = replies_stalled.subscribe();
                     let target = *target.lock().unwrap_or_else(|e| e.into_inner());
                     tokio::spawn(async move {
                         let forward = async move {
@@ -72,7 +77,7 @@ impl Proxy {
                             let (from_server, to_server) = outbound.into_split();
                             tokio::join!(
                                 pump_delayed(from_client, to_server, stall.clone(), delay),
-                                pump(from_server, to_client, stall),
+                                pump(from_server, to_client, stall, Some(replies)),
                             );
                         };
                         tokio::select! {
@@ -87,6 +92,7 @@ impl Proxy {
             port,
             cut,
             stalled,
+            replies_stalled,
             generation,
             target,
             task,
@@ -131,6 +137,17 @@ impl Proxy {
         self.stalled.send_replace(false);
     }
 
+    /// Holds back what the server sends until [`unstall_replies`](Proxy::unstall_replies),
+    /// while what clients send still reaches it: commands run, their answers come late.
+    pub fn stall_replies(&self) {
+        self.replies_stalled.send_replace(true);
+    }
+
+    /// Forwards the answers [`stall_replies`](Proxy::stall_replies) held back.
+    pub fn unstall_replies(&self) {
+        self.replies_stalled.send_replace(false);
+    }
+
     /// Forwards new connections to `target` and closes the open ones, as a floating address
     /// that moves to another server breaks the connections to the old one.
     pub fn retarget(&self, target: SocketAddr) {
@@ -144,11 +161,13 @@ async fn unstalled(mut stall: watch::Receiver<bool>) {
     let _ = stall.wait_for(|stalled| !stalled).await;
 }
 
-/// Copies one direction, holding back what it read while the proxy is stalled.
+/// Copies one direction, holding back what it read while the proxy is stalled (or, with
+/// `also`, while that is raised too).
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     stall: watch::Receiver<bool>,
+    also: Option<watch::Receiver<bool>>,
 ) {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
     let mut buf = vec![0u8; 16 * 1024];
@@ -158,6 +177,9 @@ async fn pump(
             Ok(n) => n,
         };
         unstalled(stall.clone()).await;
+        if let Some(also) = &also {
+            unstalled(also.clone()).await;
+        }
         if to.write_all(&buf[..n]).await.is_err() {
             break;
         }
@@ -174,7 +196,7 @@ async fn pump_delayed(
 ) {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
     if delay.is_zero() {
-        return pump(from, to, stall).await;
+        return pump(from, to, stall, None).await;
     }
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(tokio::time::Instant, Vec<u8>)>();
     let read = async move {

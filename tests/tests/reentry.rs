@@ -3,11 +3,12 @@
 //! Windows are opened for real: `CLIENT PAUSE ... WRITE` holds every script in the server while
 //! the client times out or drops the future.
 
+use std::future::IntoFuture as _;
 use std::time::Duration;
 
 use dlock_core::Locker;
 use dlock_core::redis::AsyncCommands as _;
-use dlock_tests::{RedisServer, pause_writes, unique_name, unpause};
+use dlock_tests::{Proxy, RedisServer, pause_writes, unique_name, unpause};
 
 async fn locker_with_timeout(server: &RedisServer, timeout: Duration) -> Locker {
     Locker::builder()
@@ -132,6 +133,45 @@ async fn re_entering_a_hold_whose_key_vanished_reports_the_loss() {
         assert!(locker.lock(name.as_str()).await.unwrap_err().is_lost());
         let outcome = outer.release().await;
         assert!(!outcome.is_released(), "{outcome:?}");
+    })
+    .await;
+}
+
+/// A re-entry's check that Redis still has the hold runs while it does, and its answer comes
+/// back after the hold's lease ran out: no guard is handed out for a hold over by then.
+#[tokio::test]
+async fn a_re_entry_answered_after_the_hold_ran_out_reports_the_loss() {
+    let server = RedisServer::start();
+    let line = Proxy::start(server.addr()).await;
+    let locker = Locker::builder()
+        .url(line.url())
+        .command_timeout(Duration::from_secs(3))
+        .build()
+        .await
+        .expect("connect");
+    let name = unique_name("reenter-late");
+    dlock_core::scope(async {
+        let outer = (locker.lock(name.as_str()))
+            .lease(Duration::from_millis(300))
+            .await
+            .expect("outer");
+        // The check's script loaded first (a first call's NOSCRIPT would send it again late).
+        let warm = locker.lock(name.as_str()).await.expect("a first re-entry");
+        drop(warm);
+        // The check reaches Redis at once; its answer comes once the 300 ms lease is over.
+        line.stall_replies();
+        let (reentry, ()) = tokio::join!(locker.lock(name.as_str()).into_future(), async {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            line.unstall_replies();
+        });
+        match reentry {
+            Err(err) => assert!(err.is_lost(), "{err}"),
+            Ok(guard) => panic!(
+                "re-entered a hold whose lease ran out before the answer (lost: {})",
+                guard.is_lost()
+            ),
+        }
+        assert!(outer.is_lost());
     })
     .await;
 }

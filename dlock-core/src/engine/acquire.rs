@@ -97,6 +97,12 @@ impl Engine {
             .await
             .map_err(LockError::Backend)?;
         // No `.await` from here on: nothing below can be left half-done by a dropped future.
+        // Redis had the hold when it ran the check, but the answer may come back after the
+        // hold's lease ran out (a slow server, a failover): a guard is never handed out for a
+        // hold known to be over.
+        if hold.is_lost() {
+            return Err(hold.lost_error());
+        }
         let counted_in = hold
             .holds
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
