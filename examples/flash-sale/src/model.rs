@@ -13,7 +13,7 @@ fn currency() -> String {
 /// `POST /api/login`.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 pub struct Login {
-    /// 1 to 40 characters after trimming, no control characters.
+    /// 1 to 40 characters after trimming, no control or format characters.
     pub name: String,
 }
 
@@ -29,7 +29,7 @@ pub struct User {
 /// A new voucher (`POST /api/vouchers`).
 #[derive(Debug, Clone, Deserialize, Serialize)]
 pub struct NewVoucher {
-    /// What it is: 1 to 120 characters, no control characters.
+    /// What it is: 1 to 120 characters, no control or format characters.
     pub title: String,
     /// Price in cents, 0 to 100,000,000.
     pub price_cents: i64,
@@ -64,7 +64,7 @@ pub struct Voucher {
 /// A new SKU (`POST /api/skus`).
 #[derive(Debug, Clone, Deserialize, Serialize)]
 pub struct NewSku {
-    /// Its name: 1 to 80 characters, no control characters.
+    /// Its name: 1 to 80 characters, no control or format characters.
     pub name: String,
     /// Price in cents, 0 to 100,000,000.
     pub price_cents: i64,

@@ -27,7 +27,8 @@
 //! **Bounds** (400 outside them): ids 1 to 2⁵³ − 1; `price_cents` 0 to 100,000,000; `stock` 0
 //! to 1,000,000; `qty` 1 to 100 per addition, and at most 100 of one SKU and 20 SKUs in a cart
 //! (422); user names 1 to 40 characters, SKU names 1 to 80, voucher titles 1 to 120, after
-//! trimming, without control characters; times 0 to 2⁵³ − 1 ms, the end after the start; request
+//! trimming, without control or format characters (Unicode Cc and Cf: no NUL, newline, escape,
+//! bidi override or zero-width joiner); times 0 to 2⁵³ − 1 ms, the end after the start; request
 //! bodies at most 16 KiB (413). Money is integer cents in one currency (`"EUR"`); times are
 //! milliseconds since the epoch. Every number the API answers is a whole number at most 2⁵³ − 1,
 //! exact in JavaScript (`/api/stats` clamps its counts there).

@@ -299,6 +299,38 @@ async fn texts_with_control_characters_blank_or_huge_are_refused() {
     assert_eq!(shop.login("alice").await, first);
 }
 
+/// Format characters (Unicode Cf) in a title or a name: a right-to-left override shows a name
+/// backwards, a zero-width joiner makes two names look alike. 400, as control characters are.
+#[tokio::test]
+async fn texts_with_format_characters_are_refused() {
+    let shop = shop().await;
+    let now = flash_sale::now_ms();
+    for text in ["evil\u{202E}gpj.exe", "ad\u{200D}min"] {
+        let body = json!({"title": text, "price_cents": 1, "stock": 1,
+                          "starts_at_ms": now, "ends_at_ms": now + 1000});
+        let (status, problem) = shop.call("POST", "/api/vouchers", &body.to_string()).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{text:?}: {problem}");
+        assert!(
+            problem["detail"]
+                .as_str()
+                .unwrap()
+                .contains("format characters"),
+            "{problem}"
+        );
+        let (status, problem) = shop
+            .call("POST", "/api/login", &json!({ "name": text }).to_string())
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{text:?}: {problem}");
+        let body = json!({"name": text, "price_cents": 1, "stock": 1});
+        let (status, _) = shop.call("POST", "/api/skus", &body.to_string()).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{text:?}");
+    }
+    let (_, vouchers) = shop.call("GET", "/api/vouchers", "").await;
+    assert_eq!(vouchers, json!([]), "nothing stored");
+    let (_, skus) = shop.call("GET", "/api/skus", "").await;
+    assert_eq!(skus, json!([]), "nothing stored");
+}
+
 /// Ids must be positive, everywhere.
 #[tokio::test]
 async fn ids_of_zero_or_below_are_refused() {
