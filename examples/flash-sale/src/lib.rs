@@ -38,6 +38,7 @@
 //!
 //! The API, its bounds and its one error format are in [`routes`].
 
+pub mod auth;
 pub mod counters;
 pub mod db;
 pub mod demo;
@@ -84,6 +85,8 @@ pub struct App {
     pub buyers_per_voucher: u32,
     /// This instance's request counters.
     pub counters: Arc<Counters>,
+    /// The operator's token ([`auth`]): `None` refuses every operator request.
+    pub operator: Option<auth::OperatorToken>,
     /// Changes of the catalog and of users' carts and orders, for the event stream.
     pub(crate) events: events::Events,
 }
@@ -116,6 +119,7 @@ pub async fn app(database_url: &str, locker: Locker, locks: bool) -> Result<App,
         locker,
         locks,
         buyers_per_voucher: BUYERS_PER_VOUCHER,
+        operator: None,
         counters,
         events,
     })

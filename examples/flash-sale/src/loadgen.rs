@@ -19,6 +19,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use serde::Serialize;
 use tokio::sync::Semaphore;
 
+use crate::auth::OperatorToken;
 use crate::{NewSku, NewVoucher, Sku, Stats, User, Voucher, now_ms};
 
 /// How hard to push.
@@ -40,6 +41,9 @@ pub struct LoadConfig {
     pub sku_stock: i64,
     /// Every this many buyers, one edits its cart while its checkout runs (0: none).
     pub edit_every: u64,
+    /// The operator's token, to put the voucher and the SKUs on sale and read the numbers
+    /// (`SHOP_OPERATOR_TOKEN` for the `loadgen` binary).
+    pub operator: Option<OperatorToken>,
 }
 
 impl Default for LoadConfig {
@@ -53,6 +57,7 @@ impl Default for LoadConfig {
             skus: 5,
             sku_stock: 20,
             edit_every: 3,
+            operator: None,
         }
     }
 }
@@ -112,10 +117,25 @@ fn client() -> HttpClient {
 type Answer = Result<(u16, Bytes), String>;
 
 async fn send(client: &HttpClient, method: &str, url: &str, body: Option<String>) -> Answer {
-    let request = hyper::Request::builder()
+    send_as(client, None, method, url, body).await
+}
+
+/// [`send`], as the operator when `operator` is given.
+async fn send_as(
+    client: &HttpClient,
+    operator: Option<&OperatorToken>,
+    method: &str,
+    url: &str,
+    body: Option<String>,
+) -> Answer {
+    let mut request = hyper::Request::builder()
         .method(method)
         .uri(url)
-        .header("content-type", "application/json")
+        .header("content-type", "application/json");
+    if let Some(token) = operator {
+        request = request.header("authorization", format!("Bearer {}", token.expose()));
+    }
+    let request = request
         .body(Full::new(Bytes::from(body.unwrap_or_default())))
         .map_err(|e| e.to_string())?;
     let exchange = async {
@@ -136,12 +156,13 @@ async fn send(client: &HttpClient, method: &str, url: &str, body: Option<String>
 
 async fn post_json<T: Serialize, R: serde::de::DeserializeOwned>(
     client: &HttpClient,
+    operator: Option<&OperatorToken>,
     url: &str,
     value: &T,
     expect: u16,
 ) -> Result<R, String> {
     let body = serde_json::to_string(value).map_err(|e| e.to_string())?;
-    let (status, bytes) = send(client, "POST", url, Some(body)).await?;
+    let (status, bytes) = send_as(client, operator, "POST", url, Some(body)).await?;
     if status != expect {
         return Err(format!(
             "POST {url}: {status} {}",
@@ -151,15 +172,26 @@ async fn post_json<T: Serialize, R: serde::de::DeserializeOwned>(
     serde_json::from_slice(&bytes).map_err(|e| format!("POST {url}: {e}"))
 }
 
-/// Puts a voucher on sale through the API of `target`.
-pub async fn create_voucher(target: &str, voucher: &NewVoucher) -> Result<Voucher, String> {
-    post_json(&client(), &format!("{target}/api/vouchers"), voucher, 201).await
+/// Puts a voucher on sale through the API of `target`, as the operator.
+pub async fn create_voucher(
+    target: &str,
+    operator: Option<&OperatorToken>,
+    voucher: &NewVoucher,
+) -> Result<Voucher, String> {
+    post_json(
+        &client(),
+        operator,
+        &format!("{target}/api/vouchers"),
+        voucher,
+        201,
+    )
+    .await
 }
 
 /// Logs in as `name` through the API of `target`.
 pub async fn login(target: &str, name: &str) -> Result<User, String> {
     let body = serde_json::json!({ "name": name });
-    post_json(&client(), &format!("{target}/api/login"), &body, 200).await
+    post_json(&client(), None, &format!("{target}/api/login"), &body, 200).await
 }
 
 /// Whether `target` answers `/healthz`.
@@ -170,9 +202,10 @@ pub async fn healthy(target: &str) -> bool {
     )
 }
 
-/// Reads `/api/stats` of `target`.
-pub async fn stats(target: &str) -> Result<Stats, String> {
-    let (status, body) = send(&client(), "GET", &format!("{target}/api/stats"), None).await?;
+/// Reads `/api/stats` of `target`, as the operator.
+pub async fn stats(target: &str, operator: Option<&OperatorToken>) -> Result<Stats, String> {
+    let url = format!("{target}/api/stats");
+    let (status, body) = send_as(&client(), operator, "GET", &url, None).await?;
     if status != 200 {
         return Err(format!(
             "reading the stats of {target}: {status} {}",
@@ -299,7 +332,8 @@ pub async fn run(config: &LoadConfig) -> Result<Report, String> {
         starts_at_ms: now_ms() - 1_000,
         ends_at_ms: now_ms() + 3_600_000,
     };
-    let voucher = create_voucher(&first, &voucher).await?.id;
+    let operator = config.operator.as_ref();
+    let voucher = create_voucher(&first, operator, &voucher).await?.id;
     let mut skus = Vec::new();
     for i in 0..config.skus {
         let sku = NewSku {
@@ -307,7 +341,8 @@ pub async fn run(config: &LoadConfig) -> Result<Report, String> {
             price_cents: 500 + i64::from(i) * 100,
             stock: config.sku_stock,
         };
-        let sku: Sku = post_json(&client, &format!("{first}/api/skus"), &sku, 201).await?;
+        let url = format!("{first}/api/skus");
+        let sku: Sku = post_json(&client, operator, &url, &sku, 201).await?;
         skus.push(sku.id);
     }
     let (targets, skus) = (Arc::new(config.targets.clone()), Arc::new(skus));
@@ -380,19 +415,19 @@ pub async fn run(config: &LoadConfig) -> Result<Report, String> {
     report.p50_ms = pick(0.5);
     report.p99_ms = pick(0.99);
     // The audit and the counters are the database's: every instance answers alike.
-    report.stats = settled_stats(&first).await?;
+    report.stats = settled_stats(&first, operator).await?;
     Ok(report)
 }
 
 /// The shop's numbers once every instance has written what it counted: each adds its counts
 /// to the database once per [`crate::events::POLL_INTERVAL`], so the numbers are read again,
 /// more than one interval apart, until two reads agree (at most about five seconds).
-async fn settled_stats(target: &str) -> Result<Stats, String> {
+async fn settled_stats(target: &str, operator: Option<&OperatorToken>) -> Result<Stats, String> {
     let apart = crate::events::POLL_INTERVAL + Duration::from_millis(100);
-    let mut last = stats(target).await?;
+    let mut last = stats(target, operator).await?;
     for _ in 0..12 {
         tokio::time::sleep(apart).await;
-        let now = stats(target).await?;
+        let now = stats(target, operator).await?;
         if now == last {
             return Ok(now);
         }

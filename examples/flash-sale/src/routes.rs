@@ -3,15 +3,18 @@
 //! | route | takes | answers |
 //! | --- | --- | --- |
 //! | `GET /` | | the shop's page |
-//! | `GET /operator` | | the operator's page |
+//! | `GET /operator` | operator | the operator's page; a browser without the credential is sent to `/operator/login` (303) |
+//! | `GET /operator/login` | | the operator's sign-in page: the token, entered once |
+//! | `POST /api/operator/login` | `{"token"}` | 204 and the operator's cookie; 401 wrong token |
+//! | `POST /api/operator/logout` | | 204, the operator's cookie removed |
 //! | `GET /healthz` | | 200 `{"status": "ok"}` while the process serves |
 //! | `GET /readyz` | | 200 `{"status": "ready", "redis": "up", "database": "up"}`; 503 problem naming what is down (`"redis": "down"`, `"database": "down"`; Redis is `"unused"` with `--no-locks`) |
 //! | `POST /api/login` | `{"name"}` | 200 [`User`](crate::model::User) `{"id", "name"}`, created on first login |
 //! | `GET /api/vouchers` | | 200 `[`[`Voucher`](crate::model::Voucher)`]`: `{"id", "title", "price_cents", "currency", "stock", "starts_at_ms", "ends_at_ms"}` |
-//! | `POST /api/vouchers` | [`NewVoucher`] `{"title", "price_cents", "stock", "starts_at_ms", "ends_at_ms"}` | 201 the voucher |
+//! | `POST /api/vouchers` | operator; [`NewVoucher`] `{"title", "price_cents", "stock", "starts_at_ms", "ends_at_ms"}` | 201 the voucher |
 //! | `POST /api/vouchers/{id}/orders` | [`Buyer`] `{"user_id"}` | 201 [`Order`](crate::model::Order); 404 unknown voucher or user (checked before any lock); 409 sold out, not started, ended, already ordered, busy (`Retry-After`) |
 //! | `GET /api/skus` | | 200 `[`[`Sku`](crate::model::Sku)`]`: `{"id", "name", "price_cents", "currency", "stock"}` |
-//! | `POST /api/skus` | [`NewSku`] `{"name", "price_cents", "stock"}` | 201 the SKU |
+//! | `POST /api/skus` | operator; [`NewSku`] `{"name", "price_cents", "stock"}` | 201 the SKU |
 //! | `GET /api/carts/{user}` | | 200 [`Cart`](crate::model::Cart) `{"items": [{"sku_id", "name", "qty", "price_cents", "currency"}], "total_cents", "currency"}` |
 //! | `POST /api/carts/{user}/items` | [`CartItem`] `{"sku_id", "qty"}` | 200 the cart; 404 unknown SKU (nothing stored); 400 qty out of bounds; 422 the cart would hold more than 100 of the SKU or more than 20 SKUs; 409 busy |
 //! | `DELETE /api/carts/{user}/items/{sku}` | | 200 the cart without that SKU |
@@ -19,7 +22,10 @@
 //! | `POST /api/carts/{user}/checkout` | | 201 [`CartOrder`](crate::model::CartOrder) `{"id", "user_id", "items", "total_cents", "currency", "at_ms"}`; 400 empty cart; 409 "cart changed during checkout; nothing was bought, retry", out of stock, busy (`Retry-After`) |
 //! | `GET /api/users/{user}/orders` | | 200 [`Orders`](crate::model::Orders) `{"vouchers": [`[`Order`](crate::model::Order)`], "carts": [`[`CartOrder`](crate::model::CartOrder)`]}` |
 //! | `GET /api/events?user={id}` | | `text/event-stream`: `event: catalog` (`{"vouchers", "skus"}`) on connect and whenever the catalog or a stock changes, on any instance; with `user`, also `event: cart` ([`Cart`](crate::model::Cart)) and `event: orders` ([`Orders`](crate::model::Orders)) on connect and when they change; a keep-alive comment every 15 s |
-//! | `GET /api/stats` | | 200 [`Stats`](crate::model::Stats), over every instance |
+//! | `GET /api/stats` | operator | 200 [`Stats`](crate::model::Stats), over every instance |
+//!
+//! "operator": the request carries the operator's credential (`Authorization: Bearer <token>`
+//! or the cookie `/operator/login` sets; [`crate::auth`]), else 401.
 //!
 //! A [`Voucher`](crate::model::Voucher) order is `{"id", "user_id", "voucher_id", "title",
 //! "price_cents", "currency", "fencing_token", "at_ms"}`; a cart order's items are cart lines.
@@ -72,6 +78,7 @@ use axum::{Extension, Json, Router};
 use dlock_tower::{HeldLocks, LockLayer};
 use serde::Deserialize;
 
+use crate::auth::{self, Operator};
 use crate::extract::{AskedAt, CheckoutLocks, Input, Params, PathId, PathIds};
 use crate::{
     App, AppError, Buyer, CartItem, Counter, Fences, Login, NewSku, NewVoucher, health, telemetry,
@@ -81,8 +88,11 @@ use crate::{
 /// The shop's page, served at `/`.
 pub const PAGE: &str = include_str!("../static/index.html");
 
-/// The operator's page, served at `/operator`.
+/// The operator's page, served at `/operator` to the operator.
 pub const OPERATOR_PAGE: &str = include_str!("../static/operator.html");
+
+/// The operator's sign-in page, served at `/operator/login`.
+pub const OPERATOR_LOGIN_PAGE: &str = include_str!("../static/operator-login.html");
 
 /// How long a purchase or a cart edit waits for a busy lock before it is answered 409.
 pub const LOCK_WAIT: Duration = Duration::from_secs(2);
@@ -100,6 +110,7 @@ async fn list_vouchers(State(app): State<App>) -> Result<impl IntoResponse, AppE
 
 async fn create_voucher(
     State(app): State<App>,
+    _: Operator,
     Input(new): Input<NewVoucher>,
 ) -> Result<impl IntoResponse, AppError> {
     Ok((StatusCode::CREATED, Json(app.create_voucher(&new).await?)))
@@ -129,6 +140,7 @@ async fn list_skus(State(app): State<App>) -> Result<impl IntoResponse, AppError
 
 async fn create_sku(
     State(app): State<App>,
+    _: Operator,
     Input(new): Input<NewSku>,
 ) -> Result<impl IntoResponse, AppError> {
     Ok((StatusCode::CREATED, Json(app.create_sku(&new).await?)))
@@ -208,7 +220,7 @@ async fn events(
     crate::events::stream(app, user).await
 }
 
-async fn stats(State(app): State<App>) -> Result<impl IntoResponse, AppError> {
+async fn stats(State(app): State<App>, _: Operator) -> Result<impl IntoResponse, AppError> {
     Ok(Json(app.stats().await?))
 }
 
@@ -216,8 +228,8 @@ async fn page() -> Html<&'static str> {
     Html(PAGE)
 }
 
-async fn operator_page() -> Html<&'static str> {
-    Html(OPERATOR_PAGE)
+async fn operator_login_page() -> Html<&'static str> {
+    Html(OPERATOR_LOGIN_PAGE)
 }
 
 async fn not_found() -> AppError {
@@ -275,7 +287,10 @@ pub fn router(app: App) -> Router {
         .route_layer(middleware::from_fn_with_state(app.clone(), count));
     Router::new()
         .route("/", get(page))
-        .route("/operator", get(operator_page))
+        .route("/operator", get(auth::operator_page))
+        .route("/operator/login", get(operator_login_page))
+        .route("/api/operator/login", post(auth::operator_login))
+        .route("/api/operator/logout", post(auth::operator_logout))
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
         .route("/api/login", post(login))

@@ -105,7 +105,7 @@ async fn bad_vouchers_and_carts_are_refused() {
         ),
     ];
     for (json, why) in bad {
-        let (status, body) = shop.call("POST", "/api/vouchers", json).await;
+        let (status, body) = shop.operator("POST", "/api/vouchers", json).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{json}: {body}");
         assert!(body["detail"].as_str().unwrap().contains(why), "{body}");
     }
@@ -113,6 +113,10 @@ async fn bad_vouchers_and_carts_are_refused() {
     let answer = shop
         .send(
             Request::post("/api/vouchers")
+                .header(
+                    "authorization",
+                    format!("Bearer {}", common::OPERATOR_TOKEN),
+                )
                 .body(Body::from("title=x"))
                 .unwrap(),
         )
@@ -239,11 +243,163 @@ async fn busy_locks_answer_409_with_retry_after() {
 #[tokio::test]
 async fn the_pages_are_served() {
     let shop = shop().await;
-    for (path, needle) in [("/", "Flash sale"), ("/operator", "operator")] {
+    for (path, needle) in [("/", "Flash sale"), ("/operator/login", "Operator sign-in")] {
         let answer = shop
             .send(Request::get(path).body(Body::empty()).unwrap())
             .await;
         assert_eq!(answer.status, StatusCode::OK, "{path}");
         assert!(answer.text.contains(needle), "{path}");
     }
+    // The operator's page is the operator's.
+    let answer = shop
+        .send(
+            Request::get("/operator")
+                .header(
+                    "authorization",
+                    format!("Bearer {}", common::OPERATOR_TOKEN),
+                )
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await;
+    assert_eq!(answer.status, StatusCode::OK);
+    assert!(answer.text.contains("operator"));
+}
+
+/// Creating vouchers and SKUs, the operator's page and the numbers need the operator's token:
+/// as a bearer token, or as the cookie the sign-in sets. Without it, 401 problem+json, and
+/// nothing is created; the token is never in an answer.
+#[tokio::test]
+async fn only_the_operator_changes_the_catalogue_and_reads_the_numbers() {
+    let shop = shop().await;
+    let token = common::OPERATOR_TOKEN;
+    let voucher = r#"{"title":"free","price_cents":0,"stock":1000000,"starts_at_ms":0,"ends_at_ms":9007199254740991}"#;
+    let sku = r#"{"name":"free","price_cents":0,"stock":1000000}"#;
+    let request = |method: &str, uri: &str, credential: Option<(&str, String)>, body: &str| {
+        let mut request = Request::builder()
+            .method(method)
+            .uri(uri)
+            .header("content-type", "application/json");
+        if let Some((name, value)) = credential {
+            request = request.header(name, value);
+        }
+        request.body(Body::from(body.to_owned())).unwrap()
+    };
+    let nobody = || None;
+    let wrong = || Some(("authorization", "Bearer not-the-operator-token".to_owned()));
+    for credential in [nobody(), wrong()] {
+        for (method, uri, body) in [
+            ("POST", "/api/vouchers", voucher),
+            ("POST", "/api/skus", sku),
+            ("GET", "/api/stats", ""),
+            ("GET", "/operator", ""),
+        ] {
+            let answer = shop
+                .send(request(method, uri, credential.clone(), body))
+                .await;
+            assert_eq!(answer.status, StatusCode::UNAUTHORIZED, "{uri}: {answer:?}");
+        }
+    }
+    let (_, vouchers) = shop.call("GET", "/api/vouchers", "").await;
+    assert_eq!(vouchers, serde_json::json!([]), "nothing created");
+    let (_, skus) = shop.call("GET", "/api/skus", "").await;
+    assert_eq!(skus, serde_json::json!([]), "nothing created");
+
+    // A browser without the credential is sent to the sign-in page.
+    let redirect = tower::ServiceExt::oneshot(
+        shop.router.clone(),
+        Request::get("/operator")
+            .header("accept", "text/html,application/xhtml+xml")
+            .body(Body::empty())
+            .unwrap(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(redirect.status(), StatusCode::SEE_OTHER);
+    assert_eq!(redirect.headers()["location"], "/operator/login");
+
+    // Signing in: a wrong token is refused, the right one sets a cookie that is not the token.
+    let login = |token: &str| {
+        request(
+            "POST",
+            "/api/operator/login",
+            None,
+            &serde_json::json!({ "token": token }).to_string(),
+        )
+    };
+    let answer = shop.send(login("not-the-operator-token")).await;
+    assert_eq!(answer.status, StatusCode::UNAUTHORIZED);
+    assert!(!answer.headers.contains_key("set-cookie"), "{answer:?}");
+    let answer = shop.send(login(token)).await;
+    assert_eq!(answer.status, StatusCode::NO_CONTENT, "{answer:?}");
+    let set = answer.headers["set-cookie"].to_str().unwrap().to_owned();
+    for part in [
+        "shop_operator=",
+        "HttpOnly",
+        "SameSite=Strict",
+        "Path=/",
+        "Max-Age=43200",
+    ] {
+        assert!(set.contains(part), "{part}: {set}");
+    }
+    assert!(!set.contains(token), "the cookie holds the token: {set}");
+    let cookie = set.split(';').next().unwrap().to_owned();
+    let with_cookie = || Some(("cookie", cookie.clone()));
+    let answer = shop
+        .send(request("GET", "/operator", with_cookie(), ""))
+        .await;
+    assert_eq!(answer.status, StatusCode::OK);
+    let answer = shop
+        .send(request("GET", "/api/stats", with_cookie(), ""))
+        .await;
+    assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
+    let answer = shop
+        .send(request("POST", "/api/skus", with_cookie(), sku))
+        .await;
+    assert_eq!(answer.status, StatusCode::CREATED, "{answer:?}");
+    let bearer = Some(("authorization", format!("Bearer {token}")));
+    let answer = shop
+        .send(request("POST", "/api/vouchers", bearer, voucher))
+        .await;
+    assert_eq!(answer.status, StatusCode::CREATED, "{answer:?}");
+
+    // A forged cookie is refused; signing out removes the cookie.
+    let forged = Some(("cookie", format!("shop_operator={token}")));
+    let answer = shop.send(request("GET", "/api/stats", forged, "")).await;
+    assert_eq!(answer.status, StatusCode::UNAUTHORIZED);
+    let answer = shop
+        .send(request("POST", "/api/operator/logout", with_cookie(), ""))
+        .await;
+    assert_eq!(answer.status, StatusCode::NO_CONTENT);
+    let set = answer.headers["set-cookie"].to_str().unwrap();
+    assert!(
+        set.starts_with("shop_operator=;") && set.contains("Max-Age=0"),
+        "{set}"
+    );
+}
+
+/// An instance started without an operator token has no operator: every operator request is
+/// 401, saying why.
+#[tokio::test]
+async fn without_an_operator_token_nobody_is_the_operator() {
+    let mut shop = shop().await;
+    shop.app.operator = None;
+    shop.router = flash_sale::router(shop.app.clone());
+    let (status, problem) = shop.operator("GET", "/api/stats", "").await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("SHOP_OPERATOR_TOKEN"),
+        "{problem}"
+    );
+    let (status, _) = shop
+        .call(
+            "POST",
+            "/api/operator/login",
+            &format!(r#"{{"token":"{}"}}"#, common::OPERATOR_TOKEN),
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
 }

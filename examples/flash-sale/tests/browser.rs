@@ -59,7 +59,11 @@ fn http_client() -> HttpClient {
     Client::builder(hyper_util::rt::TokioExecutor::new()).build_http()
 }
 
-/// One HTTP request with a JSON body; the status and the JSON answer (`Null` if not JSON).
+/// The operator's token the instances are started with; every request of [`http`] carries it.
+const OPERATOR: &str = "test-operator-token-0123456789";
+
+/// One HTTP request with a JSON body, as the operator; the status and the JSON answer (`Null`
+/// if not JSON).
 async fn http(
     client: &HttpClient,
     method: &str,
@@ -70,6 +74,7 @@ async fn http(
         .method(method)
         .uri(url)
         .header("content-type", "application/json")
+        .header("authorization", format!("Bearer {OPERATOR}"))
         .body(Full::new(Bytes::from(
             body.map(Value::to_string).unwrap_or_default(),
         )))
@@ -135,6 +140,7 @@ impl Instance {
             .arg(port.to_string())
             .env("DLOCK_URL", redis_url)
             .env("DATABASE_URL", database_url)
+            .env("SHOP_OPERATOR_TOKEN", OPERATOR)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
@@ -334,6 +340,15 @@ impl Page {
 
     async fn goto(&self, url: &str) {
         self.call("POST", "/url", Some(json!({"url": url}))).await;
+    }
+
+    /// Signs in on `base`'s operator sign-in page with the operator's token, and waits for the
+    /// operator's view it leads to.
+    async fn operator_view(&self, base: &str) {
+        self.goto(&format!("{base}/operator/login")).await;
+        self.type_into("#token", OPERATOR).await;
+        self.click("#go").await;
+        self.wait_text("#stats-state", |_| true).await;
     }
 
     async fn refresh(&self) {
@@ -954,7 +969,7 @@ async fn shopping(shop: Shop, page: Page) {
     .await;
 
     // The operator view: the whole shop's numbers, invariants held, locks on.
-    page.goto(&format!("{}/operator", shop.url(1))).await;
+    page.operator_view(&shop.url(1)).await;
     page.wait_text("#stats-state", |t| t == "live").await;
     page.wait_text("#t-locks .value", |t| t == "on").await;
     for invariant in INVARIANTS {
@@ -1148,7 +1163,7 @@ async fn html_in_titles_and_names_shows_as_text_and_never_runs() {
         page.assert_no_script_ran().await;
         page.screenshot("10-xss-shown-as-text.png").await;
 
-        page.goto(&format!("{}/operator", shop.url(0))).await;
+        page.operator_view(&shop.url(0)).await;
         page.wait_text("#vouchers", |t| t.contains(XSS_TITLE)).await;
         page.wait_text("#skus", |t| t.contains(XSS_SKU)).await;
         let parsed = page
@@ -1202,6 +1217,45 @@ async fn a_remembered_user_the_shop_does_not_know_is_signed_out() {
         page.wait_text("#who", |t| t == "Ghost").await;
         page.wait_text("#cart-note", |t| t == "Your cart is empty.").await;
         page.wait_text("#live", |t| t == "live").await;
+    })
+    .await;
+}
+
+/// The operator's view is the operator's: a browser without the token is sent to the sign-in
+/// page, a wrong token is refused there, the right one opens the view, and signing out closes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operator_signs_in_with_the_token_and_out_again() {
+    let shop = Shop::start(1, None).await;
+    with_browser(false, |page| async move {
+        let url = shop.url(0);
+        page.switch_to(&page.window().await).await;
+        page.goto(&format!("{url}/operator")).await;
+        page.wait_text("h1", |t| t == "Operator sign-in").await;
+        page.type_into("#token", "not-the-operator-token").await;
+        page.click("#go").await;
+        page.wait_text("#message", |t| t.contains("not right"))
+            .await;
+        // The numbers stay closed to this browser.
+        let status = page
+            .script(
+                "return fetch('/api/stats').then((r) => r.status);",
+                json!([]),
+            )
+            .await;
+        assert_eq!(status, 401);
+
+        page.type_into("#token", OPERATOR).await;
+        page.click("#go").await;
+        page.wait_text("#stats-state", |t| t == "live").await;
+        page.wait_text("#t-locks .value", |t| t == "on").await;
+        // The cookie is out of the page's reach.
+        let cookies = page.script("return document.cookie;", json!([])).await;
+        assert_eq!(cookies, "", "the operator's cookie is visible to scripts");
+
+        page.click("#signout").await;
+        page.wait_text("h1", |t| t == "Operator sign-in").await;
+        page.goto(&format!("{url}/operator")).await;
+        page.wait_text("h1", |t| t == "Operator sign-in").await;
     })
     .await;
 }
@@ -1260,7 +1314,7 @@ async fn a_dead_instance_shows_reconnecting_and_unknown_then_recovers() {
             .await;
         let operator = page.new_window().await;
         page.switch_to(&operator).await;
-        page.goto(&format!("{url}/operator")).await;
+        page.operator_view(&url).await;
         page.wait_text("#t-locks .value", |t| t == "on").await;
         page.wait_text("#catalog-state", |t| t == "(live)").await;
 

@@ -16,8 +16,12 @@ use http_body_util::{BodyExt as _, Full};
 use hyper_util::client::legacy::Client;
 use serde_json::{Value, json};
 
+/// The operator's token the instances are started with; every request below carries it.
+const OPERATOR: &str = "test-operator-token-0123456789";
+
 fn server() -> ServerCommand {
     ServerCommand::binary(env!("CARGO_BIN_EXE_flash-sale"))
+        .with_operator(flash_sale::auth::OperatorToken::new(OPERATOR).unwrap())
 }
 
 async fn http(method: &str, url: &str, body: Option<Value>) -> (u16, Value) {
@@ -27,6 +31,7 @@ async fn http(method: &str, url: &str, body: Option<Value>) -> (u16, Value) {
         .method(method)
         .uri(url)
         .header("content-type", "application/json")
+        .header("authorization", format!("Bearer {OPERATOR}"))
         .body(Full::new(Bytes::from(body)))
         .unwrap();
     let response = tokio::time::timeout(Duration::from_secs(10), client.request(request))

@@ -246,7 +246,7 @@ async fn out_of_bounds_numbers_are_refused_and_stats_stay_readable() {
         (voucher(-1, 1), "price_cents"),
         (voucher(100_000_001, 1), "price_cents"),
     ] {
-        let (status, problem) = shop.call("POST", "/api/vouchers", &body).await;
+        let (status, problem) = shop.operator("POST", "/api/vouchers", &body).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {problem}");
         assert!(
             problem["detail"].as_str().unwrap().contains(why),
@@ -257,7 +257,7 @@ async fn out_of_bounds_numbers_are_refused_and_stats_stay_readable() {
         r#"{"name":"a","price_cents":-5,"stock":1}"#,
         r#"{"name":"a","price_cents":5,"stock":9223372036854775807}"#,
     ] {
-        let (status, problem) = shop.call("POST", "/api/skus", body).await;
+        let (status, problem) = shop.operator("POST", "/api/skus", body).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {problem}");
     }
     shop.voucher(1_000_000, now - 1000, now + 60_000).await;
@@ -274,7 +274,9 @@ async fn texts_with_control_characters_blank_or_huge_are_refused() {
     for title in ["a\u{0}b", "line\nbreak", "   ", &"x".repeat(121)] {
         let body = json!({"title": title, "price_cents": 1, "stock": 1,
                           "starts_at_ms": now, "ends_at_ms": now + 1000});
-        let (status, problem) = shop.call("POST", "/api/vouchers", &body.to_string()).await;
+        let (status, problem) = shop
+            .operator("POST", "/api/vouchers", &body.to_string())
+            .await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{title:?}: {problem}");
     }
     for name in ["nul\u{0}", "", "\t", &"n".repeat(81)] {
@@ -283,13 +285,13 @@ async fn texts_with_control_characters_blank_or_huge_are_refused() {
             .await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{name:?}");
         let body = json!({"name": name, "price_cents": 1, "stock": 1});
-        let (status, _) = shop.call("POST", "/api/skus", &body.to_string()).await;
+        let (status, _) = shop.operator("POST", "/api/skus", &body.to_string()).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{name:?}");
     }
     let megabyte = json!({"title": "x".repeat(1 << 20), "price_cents": 1, "stock": 1,
                           "starts_at_ms": now, "ends_at_ms": now + 1000});
     let (status, _) = shop
-        .call("POST", "/api/vouchers", &megabyte.to_string())
+        .operator("POST", "/api/vouchers", &megabyte.to_string())
         .await;
     assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
     let (_, vouchers) = shop.call("GET", "/api/vouchers", "").await;
@@ -308,7 +310,9 @@ async fn texts_with_format_characters_are_refused() {
     for text in ["evil\u{202E}gpj.exe", "ad\u{200D}min"] {
         let body = json!({"title": text, "price_cents": 1, "stock": 1,
                           "starts_at_ms": now, "ends_at_ms": now + 1000});
-        let (status, problem) = shop.call("POST", "/api/vouchers", &body.to_string()).await;
+        let (status, problem) = shop
+            .operator("POST", "/api/vouchers", &body.to_string())
+            .await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{text:?}: {problem}");
         assert!(
             problem["detail"]
@@ -322,7 +326,7 @@ async fn texts_with_format_characters_are_refused() {
             .await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{text:?}: {problem}");
         let body = json!({"name": text, "price_cents": 1, "stock": 1});
-        let (status, _) = shop.call("POST", "/api/skus", &body.to_string()).await;
+        let (status, _) = shop.operator("POST", "/api/skus", &body.to_string()).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{text:?}");
     }
     let (_, vouchers) = shop.call("GET", "/api/vouchers", "").await;
@@ -415,7 +419,15 @@ async fn internal_errors_never_reach_the_body_and_every_error_is_a_problem() {
         .await
         .unwrap();
     let answer = shop
-        .send(Request::get("/api/stats").body(Body::empty()).unwrap())
+        .send(
+            Request::get("/api/stats")
+                .header(
+                    "authorization",
+                    format!("Bearer {}", common::OPERATOR_TOKEN),
+                )
+                .body(Body::empty())
+                .unwrap(),
+        )
         .await;
     assert_eq!(answer.status, StatusCode::INTERNAL_SERVER_ERROR);
     for leak in ["counters", "table", "sqlite", "SQL", "error returned"] {

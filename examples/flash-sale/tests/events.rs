@@ -14,10 +14,14 @@ async fn serve(app: flash_sale::App) -> String {
     url
 }
 
+/// The operator's token of the instances; every request of [`post`] carries it.
+const OPERATOR: &str = "test-operator-token-0123456789";
+
 async fn post(url: &str, body: Value) -> Value {
     let client = Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
     let request = hyper::Request::post(url)
         .header("content-type", "application/json")
+        .header("authorization", format!("Bearer {OPERATOR}"))
         .body(Full::new(Bytes::from(body.to_string())))
         .unwrap();
     let response = client.request(request).await.unwrap();
@@ -85,7 +89,8 @@ async fn a_subscriber_sees_changes_made_on_another_instance() {
     let mut urls = Vec::new();
     for _ in 0..2 {
         let locker = flash_sale::server::locker(&redis.url()).await.unwrap();
-        let app = flash_sale::app(&db, locker, true).await.unwrap();
+        let mut app = flash_sale::app(&db, locker, true).await.unwrap();
+        app.operator = Some(flash_sale::auth::OperatorToken::new(OPERATOR).unwrap());
         urls.push(serve(app).await);
     }
     let (a, b) = (&urls[0], &urls[1]);

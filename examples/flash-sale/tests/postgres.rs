@@ -135,7 +135,8 @@ impl Drop for Postgres {
 async fn the_shop_runs_on_postgres_without_duplicates_or_oversell() {
     let pg = Postgres::start();
     let redis = dlock_tests::RedisServer::start();
-    let server = demo::ServerCommand::binary(env!("CARGO_BIN_EXE_flash-sale"));
+    let server = demo::ServerCommand::binary(env!("CARGO_BIN_EXE_flash-sale"))
+        .with_operator(flash_sale::auth::OperatorToken::new(OPERATOR).unwrap());
     let started = Instant::now();
     let instances = demo::start(
         &server,
@@ -148,6 +149,7 @@ async fn the_shop_runs_on_postgres_without_duplicates_or_oversell() {
     .expect("instances on postgres");
     let load = LoadConfig {
         targets: instances.urls.clone(),
+        operator: Some(instances.operator.clone()),
         users: 150,
         concurrency: 50,
         ..LoadConfig::default()
@@ -162,6 +164,9 @@ async fn the_shop_runs_on_postgres_without_duplicates_or_oversell() {
     assert_eq!(report.stats.duplicate_orders, 0, "{report:?}");
 }
 
+/// The operator's token the instances are started with; every request of [`http`] carries it.
+const OPERATOR: &str = "test-operator-token-0123456789";
+
 async fn http(method: &str, url: &str, body: serde_json::Value) -> (u16, serde_json::Value) {
     use http_body_util::BodyExt as _;
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
@@ -170,6 +175,7 @@ async fn http(method: &str, url: &str, body: serde_json::Value) -> (u16, serde_j
         .method(method)
         .uri(url)
         .header("content-type", "application/json")
+        .header("authorization", format!("Bearer {OPERATOR}"))
         .body(http_body_util::Full::new(bytes::Bytes::from(
             body.to_string(),
         )))
@@ -194,7 +200,8 @@ async fn http(method: &str, url: &str, body: serde_json::Value) -> (u16, serde_j
 async fn three_instances_start_together_on_a_fresh_postgres_and_refuse_bad_input() {
     let pg = Postgres::start();
     let redis = dlock_tests::RedisServer::start();
-    let server = demo::ServerCommand::binary(env!("CARGO_BIN_EXE_flash-sale"));
+    let server = demo::ServerCommand::binary(env!("CARGO_BIN_EXE_flash-sale"))
+        .with_operator(flash_sale::auth::OperatorToken::new(OPERATOR).unwrap());
     let instances = demo::start(
         &server,
         3,

@@ -23,12 +23,16 @@ pub async fn shop() -> Shop {
     shop_with(true).await
 }
 
+/// The operator's token of every test shop.
+pub const OPERATOR_TOKEN: &str = "test-operator-token-0123456789";
+
 pub async fn shop_with(locks: bool) -> Shop {
     let redis = dlock_tests::RedisServer::start();
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
     let locker = flash_sale::server::locker(&redis.url()).await.unwrap();
-    let app = flash_sale::app(&url, locker, locks).await.unwrap();
+    let mut app = flash_sale::app(&url, locker, locks).await.unwrap();
+    app.operator = Some(flash_sale::auth::OperatorToken::new(OPERATOR_TOKEN).unwrap());
     Shop {
         router: flash_sale::router(app.clone()),
         app,
@@ -99,6 +103,22 @@ impl Shop {
         (answer.status, answer.body)
     }
 
+    /// [`Shop::call`] as the operator (`Authorization: Bearer`).
+    pub async fn operator(&self, method: &str, uri: &str, body: &str) -> (StatusCode, Value) {
+        let answer = self
+            .send(
+                Request::builder()
+                    .method(method)
+                    .uri(uri)
+                    .header("content-type", "application/json")
+                    .header("authorization", format!("Bearer {OPERATOR_TOKEN}"))
+                    .body(Body::from(body.to_owned()))
+                    .unwrap(),
+            )
+            .await;
+        (answer.status, answer.body)
+    }
+
     pub async fn login(&self, name: &str) -> i64 {
         let (status, user) = self
             .call("POST", "/api/login", &format!(r#"{{"name":"{name}"}}"#))
@@ -116,7 +136,7 @@ impl Shop {
             ends_at_ms,
         };
         let (status, body) = self
-            .call(
+            .operator(
                 "POST",
                 "/api/vouchers",
                 &serde_json::to_string(&new).unwrap(),
@@ -133,7 +153,7 @@ impl Shop {
 
     pub async fn sku(&self, name: &str, stock: i64) -> i64 {
         let (status, sku) = self
-            .call(
+            .operator(
                 "POST",
                 "/api/skus",
                 &format!(r#"{{"name":"{name}","price_cents":250,"stock":{stock}}}"#),
@@ -153,7 +173,7 @@ impl Shop {
     }
 
     pub async fn stats(&self) -> Value {
-        let (status, stats) = self.call("GET", "/api/stats", "").await;
+        let (status, stats) = self.operator("GET", "/api/stats", "").await;
         assert_eq!(status, StatusCode::OK, "{stats}");
         stats
     }
