@@ -1,5 +1,21 @@
-//! Who may do what: the operator.
+//! Who may do what: shoppers, by their session, and the operator.
 //!
+//! **Shoppers.** `POST /api/login` `{"name"}` signs in (the demo's one-click login by name) and
+//! sets the cookie [`SESSION_COOKIE`]: a random 256-bit token, `HttpOnly` (the page's scripts
+//! never see it), `SameSite=Strict` (no other site's page sends it), for [`SESSION_SECONDS`].
+//! The database keeps the token's SHA-256 digest, the user and the expiry, so every instance
+//! knows the session and the table alone opens none. Every shopper's route takes the user from
+//! the session ([`Shopper`]), never from the path or the body: there is no way to name another
+//! user's cart, orders or event stream. `POST /api/logout` deletes the session's row (on every
+//! instance at once) and the cookie. Without a valid session a shopper's route answers 401.
+//!
+//! **Cross-site requests.** Besides `SameSite`, every request that changes something (`POST`,
+//! `PUT`, `PATCH`, `DELETE`) from a browser must come from the shop's own pages
+//! ([`same_origin_only`]): a browser says where a request comes from in `Sec-Fetch-Site`, or
+//! else in `Origin`, and one from another site is refused with 403. A request with neither is
+//! not a browser's (a script, the load generator) and carries no cookie a browser would add.
+//!
+//! **The operator.**
 //! Changing the catalogue (`POST /api/vouchers`, `POST /api/skus`), the operator's page
 //! (`/operator`) and the shop's numbers (`/api/stats`) are the operator's. The operator proves
 //! it with a token the instance reads from [`OPERATOR_TOKEN_ENV`] at start (at least
@@ -25,8 +41,14 @@ use axum::response::{IntoResponse, Redirect, Response};
 use sha2::{Digest as _, Sha256};
 use subtle::ConstantTimeEq as _;
 
+use axum::extract::Request;
+use axum::http::Method;
+use axum::middleware::Next;
+use sqlx::Row as _;
+
 use crate::extract::Input;
-use crate::{App, AppError};
+use crate::model::{Login, User};
+use crate::{App, AppError, now_ms};
 
 /// The environment variable with the operator's token.
 pub const OPERATOR_TOKEN_ENV: &str = "SHOP_OPERATOR_TOKEN";
@@ -150,8 +172,155 @@ pub(crate) fn set_cookie(name: &str, value: &str, max_age: u64) -> HeaderValue {
     HeaderValue::from_str(&text).unwrap_or_else(|_| HeaderValue::from_static(""))
 }
 
+/// A shopper's session cookie.
+pub const SESSION_COOKIE: &str = "shop_session";
+
+/// How long a session lasts: 12 hours.
+pub const SESSION_SECONDS: u64 = 12 * 60 * 60;
+
+/// The digest the database keeps of a session token.
+fn session_digest(token: &str) -> String {
+    hex(&digest(&["flash-sale session", token]))
+}
+
+/// The signed-in shopper of the request, from its session cookie: 401 without a valid one.
+#[derive(Debug, Clone, Copy)]
+pub struct Shopper(pub i64);
+
+/// The shopper whose session the request carries, if any (expired and unknown: none).
+pub(crate) async fn session_user(app: &App, headers: &HeaderMap) -> Result<Option<i64>, AppError> {
+    let Some(token) = cookie(headers, SESSION_COOKIE) else {
+        return Ok(None);
+    };
+    if token.is_empty() || token.len() > 128 {
+        return Ok(None);
+    }
+    let row =
+        sqlx::query("SELECT user_id FROM sessions WHERE token_digest = $1 AND expires_at_ms > $2")
+            .bind(session_digest(token))
+            .bind(now_ms())
+            .fetch_optional(&app.db)
+            .await?;
+    Ok(match row {
+        Some(row) => Some(row.try_get::<i64, _>("user_id")?),
+        None => None,
+    })
+}
+
+impl FromRequestParts<App> for Shopper {
+    type Rejection = AppError;
+
+    async fn from_request_parts(parts: &mut Parts, app: &App) -> Result<Self, AppError> {
+        if let Some(Shopper(user)) = parts.extensions.get::<Shopper>() {
+            return Ok(Shopper(*user));
+        }
+        match session_user(app, &parts.headers).await? {
+            Some(user) => {
+                parts.extensions.insert(Shopper(user));
+                Ok(Shopper(user))
+            }
+            None => Err(unauthorized(
+                "sign in first: this is a signed-in shopper's (POST /api/login)",
+            )),
+        }
+    }
+}
+
+/// `POST /api/login` `{"name"}`: 200 the user and a new session's cookie.
+pub(crate) async fn login(
+    State(app): State<App>,
+    Input(login): Input<Login>,
+) -> Result<Response, AppError> {
+    let user: User = app.login(&login.name).await?;
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes)
+        .map_err(|e| AppError::Internal(format!("no randomness for a session token: {e}")))?;
+    let token = hex(&bytes);
+    let now = now_ms();
+    let seconds = i64::try_from(SESSION_SECONDS).unwrap_or(i64::MAX);
+    // Expired sessions go as new ones come: the table holds about a day of logins.
+    sqlx::query("DELETE FROM sessions WHERE expires_at_ms <= $1")
+        .bind(now)
+        .execute(&app.db)
+        .await?;
+    sqlx::query("INSERT INTO sessions (token_digest, user_id, expires_at_ms) VALUES ($1, $2, $3)")
+        .bind(session_digest(&token))
+        .bind(user.id)
+        .bind(now + seconds * 1_000)
+        .execute(&app.db)
+        .await?;
+    let cookie = set_cookie(SESSION_COOKIE, &token, SESSION_SECONDS);
+    Ok(([(header::SET_COOKIE, cookie)], axum::Json(user)).into_response())
+}
+
+/// `POST /api/logout`: 204; the session is ended on every instance and its cookie removed.
+pub(crate) async fn logout(
+    State(app): State<App>,
+    headers: HeaderMap,
+) -> Result<Response, AppError> {
+    if let Some(token) = cookie(&headers, SESSION_COOKIE) {
+        sqlx::query("DELETE FROM sessions WHERE token_digest = $1")
+            .bind(session_digest(token))
+            .execute(&app.db)
+            .await?;
+    }
+    let cookie = set_cookie(SESSION_COOKIE, "", 0);
+    Ok((StatusCode::NO_CONTENT, [(header::SET_COOKIE, cookie)]).into_response())
+}
+
+/// `GET /api/me`: the signed-in shopper, or 401.
+pub(crate) async fn me(
+    State(app): State<App>,
+    Shopper(user): Shopper,
+) -> Result<Response, AppError> {
+    Ok(axum::Json(app.user(user).await?).into_response())
+}
+
+/// Refuses (403) a request that changes something when a browser says it comes from another
+/// site: `Sec-Fetch-Site` other than `same-origin` or `none` (typed in the address bar), or,
+/// from a browser that doesn't send that, an `Origin` other than the shop's own. A request with
+/// neither is not a browser's and passes.
+pub async fn same_origin_only(request: Request, next: Next) -> Response {
+    let changes = matches!(
+        *request.method(),
+        Method::POST | Method::PUT | Method::PATCH | Method::DELETE
+    );
+    if changes && cross_site(request.headers()) {
+        tracing::warn!("cross-site request refused");
+        return AppError::Rejected(
+            StatusCode::FORBIDDEN,
+            "this request came from another site's page; the shop takes changes only from its \
+             own pages"
+                .to_owned(),
+        )
+        .into_response();
+    }
+    next.run(request).await
+}
+
+fn cross_site(headers: &HeaderMap) -> bool {
+    let text = |name| {
+        headers
+            .get(name)
+            .and_then(|v: &HeaderValue| v.to_str().ok())
+    };
+    if let Some(site) = text("sec-fetch-site") {
+        return !matches!(site, "same-origin" | "none");
+    }
+    let Some(origin) = text("origin") else {
+        return false;
+    };
+    let Some(host) = text("host") else {
+        return true;
+    };
+    let origin_host = origin
+        .strip_prefix("http://")
+        .or_else(|| origin.strip_prefix("https://"));
+    origin_host != Some(host)
+}
+
 /// The request is the operator's: a route that takes it answers 401 without a valid
-/// credential.
+/// credential (403 to a signed-in shopper).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Operator;
 
@@ -186,6 +355,10 @@ impl FromRequestParts<App> for Operator {
             Some(_) => Err(unauthorized(
                 "the operator sign-in has expired or the token changed: sign in again at \
                  /operator/login",
+            )),
+            None if session_user(app, &parts.headers).await?.is_some() => Err(AppError::Rejected(
+                StatusCode::FORBIDDEN,
+                "this is the operator's; a shopper's sign-in is not enough".to_owned(),
             )),
             None => Err(unauthorized(
                 "this is the operator's: send Authorization: Bearer <operator token>, or sign \

@@ -36,6 +36,11 @@
 //!   Grafana dashboard of them, per instance; a test checks every query of it against what an
 //!   instance exports.
 //!
+//! - Shoppers sign in by name (it's a demo) and get a session: an `HttpOnly`, `SameSite=Strict`
+//!   cookie whose digest the database keeps, so every instance knows it. A shopper's routes take
+//!   the user from the session, never from the path or the body; changing the catalogue and the
+//!   operator's view need the operator's token ([`auth`]).
+//!
 //! The API, its bounds and its one error format are in [`routes`].
 
 pub mod auth;
@@ -66,8 +71,8 @@ pub use crate::counters::{Counter, Counters, LOCK_WAIT_THRESHOLD};
 pub use crate::db::DbError;
 pub use crate::error::{AppError, Problem};
 pub use crate::model::{
-    Buyer, CURRENCY, Cart, CartItem, CartLine, CartOrder, Login, NewSku, NewVoucher, Order, Orders,
-    Sku, Stats, User, Voucher,
+    CURRENCY, Cart, CartItem, CartLine, CartOrder, Login, NewSku, NewVoucher, Order, Orders, Sku,
+    Stats, User, Voucher,
 };
 pub use crate::service::{Fences, cart_lock_name, sku_lock_name};
 

@@ -20,7 +20,7 @@ pub struct Login {
 /// A shopper.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 pub struct User {
-    /// Its id: what the other routes take.
+    /// Its id.
     pub id: i64,
     /// Its name, trimmed.
     pub name: String,
@@ -88,14 +88,7 @@ pub struct Sku {
     pub stock: i64,
 }
 
-/// Who buys a voucher (`POST /api/vouchers/{id}/orders`).
-#[derive(Debug, Clone, Deserialize, Serialize)]
-pub struct Buyer {
-    /// The user (from `POST /api/login`).
-    pub user_id: i64,
-}
-
-/// An addition to a cart (`POST /api/carts/{user}/items`).
+/// An addition to the shopper's cart (`POST /api/cart/items`).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 pub struct CartItem {
     /// The SKU.
@@ -192,7 +185,7 @@ pub struct CartOrder {
     pub at_ms: i64,
 }
 
-/// A user's orders (`GET /api/users/{user}/orders`), oldest first.
+/// A user's orders (`GET /api/orders`, the signed-in shopper's), oldest first.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
 pub struct Orders {
     /// Voucher orders.

@@ -168,14 +168,28 @@ async fn the_shop_runs_on_postgres_without_duplicates_or_oversell() {
 const OPERATOR: &str = "test-operator-token-0123456789";
 
 async fn http(method: &str, url: &str, body: serde_json::Value) -> (u16, serde_json::Value) {
+    http_as(None, method, url, body).await
+}
+
+/// [`http`], with a shopper's session cookie when `cookie` is given.
+async fn http_as(
+    cookie: Option<&str>,
+    method: &str,
+    url: &str,
+    body: serde_json::Value,
+) -> (u16, serde_json::Value) {
     use http_body_util::BodyExt as _;
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .build_http();
-    let request = hyper::Request::builder()
+    let mut request = hyper::Request::builder()
         .method(method)
         .uri(url)
         .header("content-type", "application/json")
-        .header("authorization", format!("Bearer {OPERATOR}"))
+        .header("authorization", format!("Bearer {OPERATOR}"));
+    if let Some(cookie) = cookie {
+        request = request.header("cookie", cookie);
+    }
+    let request = request
         .body(http_body_util::Full::new(bytes::Bytes::from(
             body.to_string(),
         )))
@@ -229,13 +243,7 @@ async fn three_instances_start_together_on_a_fresh_postgres_and_refuse_bad_input
     )
     .await;
     assert_eq!(status, 400, "{problem}");
-    let (_, user) = http(
-        "POST",
-        &format!("{url}/api/login"),
-        serde_json::json!({"name": "pg"}),
-    )
-    .await;
-    let user = user["id"].as_i64().unwrap();
+    let (_, user) = flash_sale::loadgen::login(url, "pg").await.unwrap();
     let (_, sku) = http(
         "POST",
         &format!("{url}/api/skus"),
@@ -244,9 +252,10 @@ async fn three_instances_start_together_on_a_fresh_postgres_and_refuse_bad_input
     .await;
     let sku = sku["id"].as_i64().unwrap();
     for _ in 0..2 {
-        let (status, problem) = http(
+        let (status, problem) = http_as(
+            Some(&user),
             "POST",
-            &format!("{url}/api/carts/{user}/items"),
+            &format!("{url}/api/cart/items"),
             serde_json::json!({"sku_id": sku, "qty": i64::MAX}),
         )
         .await;

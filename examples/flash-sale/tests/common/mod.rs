@@ -41,6 +41,13 @@ pub async fn shop_with(locks: bool) -> Shop {
     }
 }
 
+/// A signed-in shopper: its id and its session cookie (`shop_session=…`).
+#[derive(Debug, Clone)]
+pub struct Shopper {
+    pub id: i64,
+    pub cookie: String,
+}
+
 /// One answer.
 #[derive(Debug)]
 pub struct Answer {
@@ -119,12 +126,55 @@ impl Shop {
         (answer.status, answer.body)
     }
 
-    pub async fn login(&self, name: &str) -> i64 {
-        let (status, user) = self
-            .call("POST", "/api/login", &format!(r#"{{"name":"{name}"}}"#))
+    /// Signs in as `name`: the user and its session cookie.
+    pub async fn login(&self, name: &str) -> Shopper {
+        let answer = self
+            .send(
+                Request::post("/api/login")
+                    .header("content-type", "application/json")
+                    .body(Body::from(serde_json::json!({ "name": name }).to_string()))
+                    .unwrap(),
+            )
             .await;
-        assert_eq!(status, StatusCode::OK, "{user}");
-        user["id"].as_i64().unwrap()
+        assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
+        let set = answer.headers["set-cookie"].to_str().unwrap();
+        Shopper {
+            id: answer.body["id"].as_i64().unwrap(),
+            cookie: set.split(';').next().unwrap().to_owned(),
+        }
+    }
+
+    /// [`Shop::call`] as the signed-in `user` (its session cookie).
+    pub async fn call_as(
+        &self,
+        user: &Shopper,
+        method: &str,
+        uri: &str,
+        body: &str,
+    ) -> (StatusCode, Value) {
+        let answer = self
+            .send(
+                Request::builder()
+                    .method(method)
+                    .uri(uri)
+                    .header("content-type", "application/json")
+                    .header("cookie", &user.cookie)
+                    .body(Body::from(body.to_owned()))
+                    .unwrap(),
+            )
+            .await;
+        (answer.status, answer.body)
+    }
+
+    /// Buys `voucher` as `user`.
+    pub async fn buy(&self, user: &Shopper, voucher: i64) -> (StatusCode, Value) {
+        self.call_as(user, "POST", &format!("/api/vouchers/{voucher}/orders"), "")
+            .await
+    }
+
+    /// Checks out `user`'s cart.
+    pub async fn checkout(&self, user: &Shopper) -> (StatusCode, Value) {
+        self.call_as(user, "POST", "/api/cart/checkout", "").await
     }
 
     pub async fn voucher(&self, stock: i64, starts_at_ms: i64, ends_at_ms: i64) -> i64 {
@@ -163,10 +213,11 @@ impl Shop {
         sku["id"].as_i64().unwrap()
     }
 
-    pub async fn add(&self, user: i64, sku: i64, qty: i64) -> (StatusCode, Value) {
-        self.call(
+    pub async fn add(&self, user: &Shopper, sku: i64, qty: i64) -> (StatusCode, Value) {
+        self.call_as(
+            user,
             "POST",
-            &format!("/api/carts/{user}/items"),
+            "/api/cart/items",
             &format!(r#"{{"sku_id":{sku},"qty":{qty}}}"#),
         )
         .await
