@@ -5,15 +5,19 @@ use std::time::Instant;
 
 use axum::Json;
 use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request};
+use axum::http::StatusCode;
 use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
 use dlock_core::LockName;
 use serde::de::DeserializeOwned;
 
 use crate::auth::Shopper;
+use crate::validate::BODY_TIMEOUT;
 use crate::{App, AppError, validate};
 
-/// A JSON body: 400 malformed, 413 too large, 415 not JSON, 422 wrong shape.
+/// A JSON body: 400 malformed, 408 not all there within [`BODY_TIMEOUT`] (its connection is
+/// closed: a client that stops sending holds neither a connection nor a task), 413 too large, 415
+/// not JSON, 422 wrong shape.
 #[derive(Debug)]
 pub(crate) struct Input<T>(pub(crate) T);
 
@@ -21,12 +25,22 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for Input<T> {
     type Rejection = AppError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, AppError> {
-        match Json::<T>::from_request(req, state).await {
-            Ok(Json(value)) => Ok(Input(value)),
-            Err(rejection) => Err(AppError::Rejected(
+        match tokio::time::timeout(BODY_TIMEOUT, Json::<T>::from_request(req, state)).await {
+            Ok(Ok(Json(value))) => Ok(Input(value)),
+            Ok(Err(rejection)) => Err(AppError::Rejected(
                 rejection.status(),
                 rejection.body_text(),
             )),
+            Err(_) => {
+                tracing::info!("request body stalled: 408");
+                Err(AppError::Rejected(
+                    StatusCode::REQUEST_TIMEOUT,
+                    format!(
+                        "the request body did not arrive within {} s",
+                        BODY_TIMEOUT.as_secs()
+                    ),
+                ))
+            }
         }
     }
 }

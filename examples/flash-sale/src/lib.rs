@@ -92,6 +92,8 @@ pub struct App {
     pub counters: Arc<Counters>,
     /// The operator's token ([`auth`]): `None` refuses every operator request.
     pub operator: Option<auth::OperatorToken>,
+    /// Whether the database answers ([`db::Watch`]).
+    pub(crate) db_watch: db::Watch,
     /// Changes of the catalog and of users' carts and orders, for the event stream.
     pub(crate) events: events::Events,
 }
@@ -117,6 +119,7 @@ pub fn now_ms() -> i64 {
 /// its background task (counters, change watching) on the current runtime.
 pub async fn app(database_url: &str, locker: Locker, locks: bool) -> Result<App, DbError> {
     let db = db::connect(database_url).await?;
+    let db_watch = db::Watch::start(database_url);
     let counters = Arc::new(Counters::new(counters::random_id()));
     let events = events::Events::start(db.clone(), counters.clone());
     Ok(App {
@@ -125,6 +128,7 @@ pub async fn app(database_url: &str, locker: Locker, locks: bool) -> Result<App,
         locks,
         buyers_per_voucher: BUYERS_PER_VOUCHER,
         operator: None,
+        db_watch,
         counters,
         events,
     })

@@ -41,7 +41,7 @@
 //! (422); user names 1 to 40 characters, SKU names 1 to 80, voucher titles 1 to 120, after
 //! trimming, without control or format characters (Unicode Cc and Cf: no NUL, newline, escape,
 //! bidi override or zero-width joiner); times 0 to 2⁵³ − 1 ms, the end after the start; request
-//! bodies at most 16 KiB (413). Money is integer cents in one currency (`"EUR"`); times are
+//! bodies at most 16 KiB (413), arriving whole within 5 s (408, and the connection closed). Money is integer cents in one currency (`"EUR"`); times are
 //! milliseconds since the epoch. Every number the API answers is a whole number at most 2⁵³ − 1,
 //! exact in JavaScript (`/api/stats` clamps its counts there).
 //!
@@ -51,7 +51,9 @@
 //! renders lock errors (a lock's name, which holds a user id, stays out). `detail` is meant for
 //! the shopper; a 500's cause is logged under the request id (`x-request-id`, echoed on every
 //! answer), never sent. A busy lock is 409 with `Retry-After` (at most 2 s); Redis unreachable
-//! is 503.
+//! is 503, and so is the database down (noticed within about 1.5 s, [`crate::db::Watch`]) or
+//! too busy to give a connection within 5 s (with `Retry-After: 1`; its cause is logged,
+//! never sent).
 //!
 //! # Locks
 //!
@@ -264,6 +266,31 @@ async fn method_not_allowed() -> AppError {
     )
 }
 
+/// The database's outages, for the routes that need it: 503 at once while it is down, and a
+/// request already running when it goes down is answered 503 then, rather than when the pool
+/// gives up on it. The pages, the health checks, the metrics and the event stream (which says
+/// so by itself) go on.
+async fn database_up(
+    State(app): State<App>,
+    request: axum::extract::Request,
+    next: Next,
+) -> Response {
+    let path = request.uri().path();
+    let needs_database = path.starts_with("/api/")
+        && !path.starts_with("/api/events")
+        && !path.starts_with("/api/operator/");
+    if !needs_database {
+        return next.run(request).await;
+    }
+    if app.db_watch.is_down() {
+        return crate::error::database_unavailable();
+    }
+    tokio::select! {
+        response = next.run(request) => response,
+        () = app.db_watch.down() => crate::error::database_unavailable(),
+    }
+}
+
 /// Counts purchase requests and their 409s, including the lock layer's own.
 async fn count(State(app): State<App>, request: axum::extract::Request, next: Next) -> Response {
     app.counters.bump(Counter::Request);
@@ -327,6 +354,7 @@ pub fn router(app: App) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(validate::MAX_BODY_BYTES))
+        .layer(middleware::from_fn_with_state(app.clone(), database_up))
         .layer(middleware::from_fn(auth::same_origin_only))
         .layer(middleware::from_fn(telemetry::problem_only))
         .layer(middleware::from_fn(telemetry::request_id))

@@ -25,6 +25,8 @@ pub const MAX_SKU_NAME: usize = 80;
 pub const MAX_TITLE: usize = 120;
 /// The largest request body the API reads (bigger ones: 413).
 pub const MAX_BODY_BYTES: usize = 16 * 1024;
+/// How long a request body may take to arrive, whole (slower ones: 408).
+pub const BODY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// `id` is an id: 1 to 2⁵³ − 1.
 pub fn id(what: &str, id: i64) -> Result<i64, AppError> {

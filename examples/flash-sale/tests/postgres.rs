@@ -264,3 +264,61 @@ async fn three_instances_start_together_on_a_fresh_postgres_and_refuse_bad_input
     let (status, stats) = http("GET", &format!("{url}/api/stats"), serde_json::json!(null)).await;
     assert_eq!(status, 200, "{stats}");
 }
+
+/// PostgreSQL stopped under a running instance: the routes that need it answer 503 problem+json
+/// within 2 s (not a 500 after the pool's wait), and `/readyz` says the database is down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_down_is_a_503_within_two_seconds() {
+    let pg = Postgres::start();
+    let redis = dlock_tests::RedisServer::start();
+    let server = demo::ServerCommand::binary(env!("CARGO_BIN_EXE_flash-sale"))
+        .with_operator(flash_sale::auth::OperatorToken::new(OPERATOR).unwrap());
+    let instances = demo::start(
+        &server,
+        1,
+        &RedisTarget::Server(redis.url()),
+        Some(&pg.url()),
+        true,
+    )
+    .await
+    .expect("an instance on postgres");
+    let url = &instances.urls[0];
+    let (_, user) = flash_sale::loadgen::login(url, "pg").await.unwrap();
+    let now = flash_sale::now_ms();
+    let (status, voucher) = http(
+        "POST",
+        &format!("{url}/api/vouchers"),
+        serde_json::json!({"title": "v", "price_cents": 1, "stock": 5,
+                           "starts_at_ms": now - 1000, "ends_at_ms": now + 600_000}),
+    )
+    .await;
+    assert_eq!(status, 201, "{voucher}");
+    drop(pg);
+    for (cookie, method, path) in [
+        (None, "GET", "/api/vouchers".to_owned()),
+        (Some(user.as_str()), "GET", "/api/cart".to_owned()),
+        (
+            Some(user.as_str()),
+            "POST",
+            format!("/api/vouchers/{}/orders", voucher["id"]),
+        ),
+        (None, "GET", "/api/stats".to_owned()),
+        (None, "GET", "/readyz".to_owned()),
+    ] {
+        let started = Instant::now();
+        let (status, problem) = http_as(
+            cookie,
+            method,
+            &format!("{url}{path}"),
+            serde_json::Value::Null,
+        )
+        .await;
+        let took = started.elapsed();
+        assert_eq!(status, 503, "{path}: {problem}");
+        assert!(took < Duration::from_secs(2), "{path}: {took:?}");
+        let text = problem.to_string().to_lowercase();
+        for leak in ["pool", "postgres", "connection refused", "sqlx"] {
+            assert!(!text.contains(leak), "{path}: {problem}");
+        }
+    }
+}
