@@ -166,9 +166,23 @@ pub(crate) fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> 
 }
 
 /// A `Set-Cookie` value: `name=value` for `max_age` seconds (0: remove it), for the whole
-/// site, out of scripts' reach, never sent by another site's page.
-pub(crate) fn set_cookie(name: &str, value: &str, max_age: u64) -> HeaderValue {
-    let text = format!("{name}={value}; Path=/; Max-Age={max_age}; HttpOnly; SameSite=Strict");
+/// site, out of scripts' reach, never sent by another site's page; `Secure` (sent over HTTPS
+/// only) when the request came over HTTPS through a proxy that says so
+/// (`X-Forwarded-Proto: https`). The demo serves plain HTTP on loopback, where a `Secure`
+/// cookie would not be kept.
+pub(crate) fn set_cookie(
+    request: &HeaderMap,
+    name: &str,
+    value: &str,
+    max_age: u64,
+) -> HeaderValue {
+    let https = request
+        .get("x-forwarded-proto")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|proto| proto.eq_ignore_ascii_case("https"));
+    let secure = if https { "; Secure" } else { "" };
+    let text =
+        format!("{name}={value}; Path=/; Max-Age={max_age}; HttpOnly; SameSite=Strict{secure}");
     HeaderValue::from_str(&text).unwrap_or_else(|_| HeaderValue::from_static(""))
 }
 
@@ -226,12 +240,20 @@ impl FromRequestParts<App> for Shopper {
     }
 }
 
-/// `POST /api/login` `{"name"}`: 200 the user and a new session's cookie.
+/// `POST /api/login` `{"name"}`: 200 the user and a new session's cookie. A session the
+/// browser had before ends: a sign-in never keeps a token that was set before it.
 pub(crate) async fn login(
     State(app): State<App>,
+    headers: HeaderMap,
     Input(login): Input<Login>,
 ) -> Result<Response, AppError> {
     let user: User = app.login(&login.name).await?;
+    if let Some(old) = cookie(&headers, SESSION_COOKIE) {
+        sqlx::query("DELETE FROM sessions WHERE token_digest = $1")
+            .bind(session_digest(old))
+            .execute(&app.db)
+            .await?;
+    }
     let mut bytes = [0u8; 32];
     getrandom::fill(&mut bytes)
         .map_err(|e| AppError::Internal(format!("no randomness for a session token: {e}")))?;
@@ -249,7 +271,7 @@ pub(crate) async fn login(
         .bind(now + seconds * 1_000)
         .execute(&app.db)
         .await?;
-    let cookie = set_cookie(SESSION_COOKIE, &token, SESSION_SECONDS);
+    let cookie = set_cookie(&headers, SESSION_COOKIE, &token, SESSION_SECONDS);
     Ok(([(header::SET_COOKIE, cookie)], axum::Json(user)).into_response())
 }
 
@@ -264,7 +286,7 @@ pub(crate) async fn logout(
             .execute(&app.db)
             .await?;
     }
-    let cookie = set_cookie(SESSION_COOKIE, "", 0);
+    let cookie = set_cookie(&headers, SESSION_COOKIE, "", 0);
     Ok((StatusCode::NO_CONTENT, [(header::SET_COOKIE, cookie)]).into_response())
 }
 
@@ -377,6 +399,7 @@ pub(crate) struct OperatorLogin {
 /// `POST /api/operator/login` `{"token"}`: 204 and the operator's cookie, or 401.
 pub(crate) async fn operator_login(
     State(app): State<App>,
+    headers: HeaderMap,
     Input(login): Input<OperatorLogin>,
 ) -> Result<Response, AppError> {
     let Some(token) = &app.operator else {
@@ -391,6 +414,7 @@ pub(crate) async fn operator_login(
     }
     tracing::info!("operator signed in");
     let cookie = set_cookie(
+        &headers,
         OPERATOR_COOKIE,
         &token.cookie_value(),
         OPERATOR_COOKIE_SECONDS,
@@ -399,8 +423,8 @@ pub(crate) async fn operator_login(
 }
 
 /// `POST /api/operator/logout`: 204, the operator's cookie removed.
-pub(crate) async fn operator_logout() -> Response {
-    let cookie = set_cookie(OPERATOR_COOKIE, "", 0);
+pub(crate) async fn operator_logout(headers: HeaderMap) -> Response {
+    let cookie = set_cookie(&headers, OPERATOR_COOKIE, "", 0);
     (StatusCode::NO_CONTENT, [(header::SET_COOKIE, cookie)]).into_response()
 }
 

@@ -51,6 +51,20 @@ async fn login_sets_an_http_only_same_site_session_cookie_with_an_expiry() {
     let (status, me) = shop.call_as(&alice, "GET", "/api/me", "").await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(me, json!({"id": alice.id, "name": "alice"}));
+
+    // Behind a proxy that terminates HTTPS, the cookie is sent over HTTPS only.
+    let answer = shop
+        .send(
+            Request::post("/api/login")
+                .header("content-type", "application/json")
+                .header("x-forwarded-proto", "https")
+                .body(Body::from(r#"{"name":"alice"}"#))
+                .unwrap(),
+        )
+        .await;
+    let set = answer.headers["set-cookie"].to_str().unwrap();
+    assert!(set.ends_with("; Secure"), "{set}");
+    assert!(set.contains("HttpOnly; SameSite=Strict"), "{set}");
 }
 
 #[tokio::test]
@@ -186,6 +200,30 @@ async fn logging_out_ends_the_session_and_so_does_its_expiry() {
     // Another sign-in of the same user is its own session.
     let (status, _) = shop.call_as(&other_tab, "GET", "/api/cart", "").await;
     assert_eq!(status, StatusCode::OK);
+
+    // Signing in again from a browser that had a session ends the one it had.
+    let answer = shop
+        .send(
+            Request::post("/api/login")
+                .header("content-type", "application/json")
+                .header("cookie", &other_tab.cookie)
+                .body(Body::from(r#"{"name":"alice"}"#))
+                .unwrap(),
+        )
+        .await;
+    assert_eq!(answer.status, StatusCode::OK);
+    let (status, _) = shop.call_as(&other_tab, "GET", "/api/cart", "").await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "the old session lives on");
+    let other_tab = common::Shopper {
+        id: other_tab.id,
+        cookie: answer.headers["set-cookie"]
+            .to_str()
+            .unwrap()
+            .split(';')
+            .next()
+            .unwrap()
+            .to_owned(),
+    };
 
     // An expired session opens nothing either.
     sqlx::query("UPDATE sessions SET expires_at_ms = $1")
