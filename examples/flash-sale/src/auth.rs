@@ -7,7 +7,9 @@
 //! knows the session and the table alone opens none. Every shopper's route takes the user from
 //! the session ([`Shopper`]), never from the path or the body: there is no way to name another
 //! user's cart, orders or event stream. `POST /api/logout` deletes the session's row (on every
-//! instance at once) and the cookie. Without a valid session a shopper's route answers 401.
+//! instance at once) and the cookie. Without a valid session a shopper's route answers 401. An
+//! event stream opened before the sign-out runs on until it is closed (the page closes its own
+//! as it signs out); every request after it is refused.
 //!
 //! **Cross-site requests.** Besides `SameSite`, every request that changes something (`POST`,
 //! `PUT`, `PATCH`, `DELETE`) from a browser must come from the shop's own pages
@@ -15,8 +17,7 @@
 //! else in `Origin`, and one from another site is refused with 403. A request with neither is
 //! not a browser's (a script, the load generator) and carries no cookie a browser would add.
 //!
-//! **The operator.**
-//! Changing the catalogue (`POST /api/vouchers`, `POST /api/skus`), the operator's page
+//! **The operator.** Changing the catalogue (`POST /api/vouchers`, `POST /api/skus`), the operator's page
 //! (`/operator`) and the shop's numbers (`/api/stats`) are the operator's. The operator proves
 //! it with a token the instance reads from [`OPERATOR_TOKEN_ENV`] at start (at least
 //! [`MIN_OPERATOR_TOKEN`] characters; every instance of one shop gets the same), presented as
@@ -30,21 +31,18 @@
 //!
 //! Both are compared with the instance's own in constant time (digests of equal length, compared
 //! with `subtle`), so how long a refusal takes tells nothing about the token. Without a valid
-//! credential the answer is 401 problem+json; an instance started without a token refuses
-//! every operator request with 401 and says why. The token is never logged, never in a `Debug`
+//! credential the answer is 401 problem+json (403 to a signed-in shopper); an instance started
+//! without a token refuses every operator request with 401 and says why. The token is never logged, never in a `Debug`
 //! and never in an answer.
 
-use axum::extract::{FromRequestParts, State};
+use axum::extract::{FromRequestParts, Request, State};
 use axum::http::request::Parts;
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Redirect, Response};
 use sha2::{Digest as _, Sha256};
-use subtle::ConstantTimeEq as _;
-
-use axum::extract::Request;
-use axum::http::Method;
-use axum::middleware::Next;
 use sqlx::Row as _;
+use subtle::ConstantTimeEq as _;
 
 use crate::extract::Input;
 use crate::model::{Login, User};
