@@ -7,9 +7,8 @@
 //! knows the session and the table alone opens none. Every shopper's route takes the user from
 //! the session ([`Shopper`]), never from the path or the body: there is no way to name another
 //! user's cart, orders or event stream. `POST /api/logout` deletes the session's row (on every
-//! instance at once) and the cookie. Without a valid session a shopper's route answers 401. An
-//! event stream opened before the sign-out runs on until it is closed (the page closes its own
-//! as it signs out); every request after it is refused.
+//! instance at once) and the cookie, and ends the session's open event streams within a few
+//! seconds. Without a valid session a shopper's route answers 401.
 //!
 //! **Cross-site requests.** Besides `SameSite`, every request that changes something (`POST`,
 //! `PUT`, `PATCH`, `DELETE`) from a browser must come from the shop's own pages
@@ -234,6 +233,34 @@ impl FromRequestParts<App> for Shopper {
             None => Err(unauthorized(
                 "sign in first: this is a signed-in shopper's (POST /api/login)",
             )),
+        }
+    }
+}
+
+/// How often an open event stream looks whether its session still stands.
+pub(crate) const STREAM_SESSION_CHECK: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Resolves when the session of `headers` has ended (signed out, or expired): an event stream
+/// of a shopper ends with it. Never resolves for a request without a session, and a database
+/// that can't be asked ends nothing.
+pub(crate) fn session_ends(app: App, headers: &HeaderMap) -> impl Future<Output = ()> + use<> {
+    let digest = cookie(headers, SESSION_COOKIE).map(session_digest);
+    async move {
+        let Some(digest) = digest else {
+            return std::future::pending().await;
+        };
+        loop {
+            tokio::time::sleep(STREAM_SESSION_CHECK).await;
+            let row = sqlx::query(
+                "SELECT user_id FROM sessions WHERE token_digest = $1 AND expires_at_ms > $2",
+            )
+            .bind(&digest)
+            .bind(now_ms())
+            .fetch_optional(&app.db)
+            .await;
+            if matches!(row, Ok(None)) {
+                return;
+            }
         }
     }
 }

@@ -237,7 +237,8 @@ async fn events(
         }
         _ => {}
     }
-    crate::events::stream(app, user).await
+    let ends = auth::session_ends(app.clone(), &headers);
+    crate::events::stream(app, user, ends).await
 }
 
 async fn stats(State(app): State<App>, _: Operator) -> Result<impl IntoResponse, AppError> {

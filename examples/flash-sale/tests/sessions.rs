@@ -289,3 +289,43 @@ async fn requests_from_other_sites_pages_are_refused() {
     assert_eq!(answer.status, StatusCode::FORBIDDEN);
     assert!(!answer.headers.contains_key("set-cookie"));
 }
+
+/// Signing out ends the session's event stream too, within a few seconds: a stream opened
+/// before doesn't go on carrying the cart and the orders.
+#[tokio::test]
+async fn signing_out_ends_the_sessions_event_stream() {
+    use http_body_util::BodyExt as _;
+    let shop = shop().await;
+    let alice = shop.login("alice").await;
+    let response = tower::ServiceExt::oneshot(
+        shop.router.clone(),
+        Request::get("/api/events")
+            .header("cookie", &alice.cookie)
+            .body(Body::empty())
+            .unwrap(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut body = response.into_body();
+    let mut seen = String::new();
+    while !(seen.contains("event: orders") && seen.contains("event: cart")) {
+        let frame = tokio::time::timeout(std::time::Duration::from_secs(5), body.frame())
+            .await
+            .expect("the state on connect")
+            .expect("a frame")
+            .unwrap();
+        if let Ok(data) = frame.into_data() {
+            seen.push_str(&String::from_utf8_lossy(&data));
+        }
+    }
+    let (status, _) = shop.call_as(&alice, "POST", "/api/logout", "").await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let ended = tokio::time::timeout(std::time::Duration::from_secs(5), async {
+        while let Some(frame) = body.frame().await {
+            frame.unwrap();
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "the stream outlived the session");
+}
