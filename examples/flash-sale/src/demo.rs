@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use tokio::process::{Child, Command};
 
+use crate::auth::{OPERATOR_TOKEN_ENV, OperatorToken};
 use crate::loadgen::{self, LoadConfig, Report};
 use crate::server::{REDIS_CLUSTER_URLS_ENV, REDIS_URL_ENV, RedisTarget};
 
@@ -17,6 +18,8 @@ pub struct Instances {
     children: Vec<Child>,
     /// Their base URLs (`http://127.0.0.1:PORT`).
     pub urls: Vec<String>,
+    /// The operator's token they were started with (new for each start).
+    pub operator: OperatorToken,
     _dir: Option<tempfile::TempDir>,
 }
 
@@ -43,6 +46,8 @@ pub struct ServerCommand {
     pub program: PathBuf,
     /// Its leading arguments.
     pub args: Vec<String>,
+    /// The operator's token to start instances with; `None`: a new one for each start.
+    pub operator: Option<OperatorToken>,
 }
 
 impl ServerCommand {
@@ -51,7 +56,14 @@ impl ServerCommand {
         Self {
             program: path.into(),
             args: Vec::new(),
+            operator: None,
         }
+    }
+
+    /// The same, starting its instances with the operator's token `token`.
+    pub fn with_operator(mut self, token: OperatorToken) -> Self {
+        self.operator = Some(token);
+        self
     }
 
     /// The running program itself with `serve` first: the demo binary serves the shop too, so
@@ -61,6 +73,7 @@ impl ServerCommand {
         Ok(Self {
             program,
             args: vec!["serve".to_owned()],
+            operator: None,
         })
     }
 
@@ -73,7 +86,8 @@ impl ServerCommand {
 
 /// Starts `count` instances on free loopback ports over `redis` and `database_url` (default: a
 /// fresh SQLite file in a temporary directory), all at once — as replicas start, racing to migrate the
-/// schema — and waits until each answers. Their logs go to stderr at `warn` unless `RUST_LOG`
+/// schema — and waits until each answers. They share one operator's token
+/// ([`Instances::operator`]): the command's, or a new one. Their logs go to stderr at `warn` unless `RUST_LOG`
 /// says otherwise.
 pub async fn start(
     server: &ServerCommand,
@@ -93,6 +107,10 @@ pub async fn start(
     let mut instances = Instances {
         children: Vec::new(),
         urls: Vec::new(),
+        operator: server
+            .operator
+            .clone()
+            .unwrap_or_else(OperatorToken::generate),
         _dir: dir,
     };
     let log_level = std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".to_owned());
@@ -103,6 +121,7 @@ pub async fn start(
             .arg("--port")
             .arg(port.to_string())
             .env("DATABASE_URL", &database_url)
+            .env(OPERATOR_TOKEN_ENV, instances.operator.expose())
             .env("RUST_LOG", &log_level)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -165,6 +184,7 @@ pub async fn round(
     let running = start(server, instances, redis, None, locks).await?;
     let config = LoadConfig {
         targets: running.urls.clone(),
+        operator: Some(running.operator.clone()),
         ..load.clone()
     };
     let report = loadgen::run(&config).await?;

@@ -77,7 +77,8 @@ pub enum AppError {
     /// The lock could not be taken: answered as dlock-core renders it (409 with `Retry-After`
     /// when busy, 503 when Redis is unreachable).
     Lock(LockError),
-    /// The database failed: logged with its cause, answered 500 without it.
+    /// The database failed: logged with its cause, answered without it — 503 with
+    /// `Retry-After` when it is down or busy ([`crate::db::unavailable`]), else 500.
     Db(sqlx::Error),
     /// Anything else that must not happen: logged, answered 500.
     Internal(String),
@@ -123,9 +124,24 @@ impl AppError {
             AppError::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
             AppError::Rejected(status, _) => *status,
             AppError::Lock(err) => dlock_core::ErrorResponses::new().status_of(err),
+            AppError::Db(err) if crate::db::unavailable(err) => StatusCode::SERVICE_UNAVAILABLE,
             AppError::Db(_) | AppError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
+}
+
+/// The detail of a 503 when the database is down or too busy.
+pub const DATABASE_UNAVAILABLE: &str =
+    "the shop's database is unavailable right now; nothing was bought, please try again shortly";
+
+/// The answer while the database is down or too busy: 503 problem+json, `Retry-After: 1`.
+pub(crate) fn database_unavailable() -> Response {
+    let mut response =
+        Problem::new(StatusCode::SERVICE_UNAVAILABLE, DATABASE_UNAVAILABLE).response();
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    response
 }
 
 /// The detail of every 500: the cause is in the log, under the request id.
@@ -151,6 +167,10 @@ impl IntoResponse for AppError {
                 }
                 return err.into_response();
             }
+            AppError::Db(err) if crate::db::unavailable(&err) => {
+                tracing::error!(error = %err, "database unavailable");
+                return database_unavailable();
+            }
             AppError::Db(err) => {
                 tracing::error!(error = %err, "database error");
                 INTERNAL_DETAIL.to_owned()
@@ -160,6 +180,13 @@ impl IntoResponse for AppError {
                 INTERNAL_DETAIL.to_owned()
             }
         };
-        Problem::new(status, detail).response()
+        let mut response = Problem::new(status, detail).response();
+        if status == StatusCode::REQUEST_TIMEOUT {
+            // The rest of the body is not read: the connection can't carry another request.
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        response
     }
 }

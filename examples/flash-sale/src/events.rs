@@ -283,6 +283,7 @@ impl Subscriber {
 pub(crate) async fn stream(
     app: App,
     user: Option<i64>,
+    ends: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, AppError> {
     if let Some(user) = user {
         app.user(user).await?;
@@ -311,5 +312,6 @@ pub(crate) async fn stream(
             }
         }
     });
+    let stream = futures_util::StreamExt::take_until(stream, ends);
     Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(KEEP_ALIVE)))
 }

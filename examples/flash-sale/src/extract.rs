@@ -5,14 +5,19 @@ use std::time::Instant;
 
 use axum::Json;
 use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request};
+use axum::http::StatusCode;
 use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
 use dlock_core::LockName;
 use serde::de::DeserializeOwned;
 
+use crate::auth::Shopper;
+use crate::validate::BODY_TIMEOUT;
 use crate::{App, AppError, validate};
 
-/// A JSON body: 400 malformed, 413 too large, 415 not JSON, 422 wrong shape.
+/// A JSON body: 400 malformed, 408 not all there within [`BODY_TIMEOUT`] (its connection is
+/// closed: a client that stops sending holds neither a connection nor a task), 413 too large, 415
+/// not JSON, 422 wrong shape.
 #[derive(Debug)]
 pub(crate) struct Input<T>(pub(crate) T);
 
@@ -20,18 +25,28 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for Input<T> {
     type Rejection = AppError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, AppError> {
-        match Json::<T>::from_request(req, state).await {
-            Ok(Json(value)) => Ok(Input(value)),
-            Err(rejection) => Err(AppError::Rejected(
+        match tokio::time::timeout(BODY_TIMEOUT, Json::<T>::from_request(req, state)).await {
+            Ok(Ok(Json(value))) => Ok(Input(value)),
+            Ok(Err(rejection)) => Err(AppError::Rejected(
                 rejection.status(),
                 rejection.body_text(),
             )),
+            Err(_) => {
+                tracing::info!("request body stalled: 408");
+                Err(AppError::Rejected(
+                    StatusCode::REQUEST_TIMEOUT,
+                    format!(
+                        "the request body did not arrive within {} s",
+                        BODY_TIMEOUT.as_secs()
+                    ),
+                ))
+            }
         }
     }
 }
 
-/// The one id in the path (`/api/carts/{user}`, `/api/vouchers/{id}/orders`): 1 to 2⁵³ − 1,
-/// else 400.
+/// The one id in the path (`/api/cart/items/{sku}`, `/api/vouchers/{id}/orders`): 1 to
+/// 2⁵³ − 1, else 400.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct PathId(pub(crate) i64);
 
@@ -43,24 +58,6 @@ impl<S: Send + Sync> FromRequestParts<S> for PathId {
             .await
             .map_err(|r| AppError::Rejected(r.status(), r.body_text()))?;
         Ok(PathId(validate::id("the id in the path", id)?))
-    }
-}
-
-/// The two ids in the path (`/api/carts/{user}/items/{sku}`).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct PathIds(pub(crate) i64, pub(crate) i64);
-
-impl<S: Send + Sync> FromRequestParts<S> for PathIds {
-    type Rejection = AppError;
-
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, AppError> {
-        let Path((a, b)) = Path::<(i64, i64)>::from_request_parts(parts, state)
-            .await
-            .map_err(|r| AppError::Rejected(r.status(), r.body_text()))?;
-        Ok(PathIds(
-            validate::id("the first id in the path", a)?,
-            validate::id("the second id in the path", b)?,
-        ))
     }
 }
 
@@ -79,9 +76,9 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for Params<T> {
     }
 }
 
-/// The checkout's locks: the user's cart and every SKU in it now ([`App::checkout_lock_names`]).
-/// Rejects like the other extractors (bad id: 400, unknown user: 404, database down: 500), so
-/// a failure is never "no lock".
+/// The checkout's locks: the signed-in shopper's cart and every SKU in it now
+/// ([`App::checkout_lock_names`]). Rejects like the other extractors (no session: 401, database
+/// down: 500), so a failure is never "no lock".
 #[derive(Debug)]
 pub(crate) struct CheckoutLocks(pub(crate) Vec<LockName>);
 
@@ -93,7 +90,7 @@ impl FromRequestParts<App> for CheckoutLocks {
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, app: &App) -> Result<Self, Response> {
-        let PathId(user) = PathId::from_request_parts(parts, app)
+        let Shopper(user) = Shopper::from_request_parts(parts, app)
             .await
             .map_err(IntoResponse::into_response)?;
         let names = app

@@ -36,8 +36,14 @@
 //!   Grafana dashboard of them, per instance; a test checks every query of it against what an
 //!   instance exports.
 //!
+//! - Shoppers sign in by name (it's a demo) and get a session: an `HttpOnly`, `SameSite=Strict`
+//!   cookie whose digest the database keeps, so every instance knows it. A shopper's routes take
+//!   the user from the session, never from the path or the body; changing the catalogue and the
+//!   operator's view need the operator's token ([`auth`]).
+//!
 //! The API, its bounds and its one error format are in [`routes`].
 
+pub mod auth;
 pub mod counters;
 pub mod db;
 pub mod demo;
@@ -65,8 +71,8 @@ pub use crate::counters::{Counter, Counters, LOCK_WAIT_THRESHOLD};
 pub use crate::db::DbError;
 pub use crate::error::{AppError, Problem};
 pub use crate::model::{
-    Buyer, CURRENCY, Cart, CartItem, CartLine, CartOrder, Login, NewSku, NewVoucher, Order, Orders,
-    Sku, Stats, User, Voucher,
+    CURRENCY, Cart, CartItem, CartLine, CartOrder, Login, NewSku, NewVoucher, Order, Orders, Sku,
+    Stats, User, Voucher,
 };
 pub use crate::service::{Fences, cart_lock_name, sku_lock_name};
 
@@ -84,6 +90,10 @@ pub struct App {
     pub buyers_per_voucher: u32,
     /// This instance's request counters.
     pub counters: Arc<Counters>,
+    /// The operator's token ([`auth`]): `None` refuses every operator request.
+    pub operator: Option<auth::OperatorToken>,
+    /// Whether the database answers ([`db::Watch`]).
+    pub(crate) db_watch: db::Watch,
     /// Changes of the catalog and of users' carts and orders, for the event stream.
     pub(crate) events: events::Events,
 }
@@ -109,6 +119,7 @@ pub fn now_ms() -> i64 {
 /// its background task (counters, change watching) on the current runtime.
 pub async fn app(database_url: &str, locker: Locker, locks: bool) -> Result<App, DbError> {
     let db = db::connect(database_url).await?;
+    let db_watch = db::Watch::start(database_url);
     let counters = Arc::new(Counters::new(counters::random_id()));
     let events = events::Events::start(db.clone(), counters.clone());
     Ok(App {
@@ -116,6 +127,8 @@ pub async fn app(database_url: &str, locker: Locker, locks: bool) -> Result<App,
         locker,
         locks,
         buyers_per_voucher: BUYERS_PER_VOUCHER,
+        operator: None,
+        db_watch,
         counters,
         events,
     })

@@ -1,8 +1,9 @@
 //! The load generator: many buyers against one or several instances, then an audit of the
 //! database.
 //!
-//! Each buyer logs in, fires several voucher orders at the same moment, spread over the
-//! instances (the double-click, the retry, the second tab: what the per-user lock is for),
+//! Each buyer logs in (its requests then carry its session cookie), fires several voucher
+//! orders at the same moment, spread over the instances (the double-click, the retry, the
+//! second tab: what the per-user lock is for),
 //! then puts one SKU in its cart and checks out (buyers compete for the SKUs' stock: what the
 //! SKU locks are for). Every [`LoadConfig::edit_every`]th buyer also edits its cart while its
 //! checkout runs — adds a second SKU and takes it out again, from another instance — which is
@@ -19,6 +20,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use serde::Serialize;
 use tokio::sync::Semaphore;
 
+use crate::auth::OperatorToken;
 use crate::{NewSku, NewVoucher, Sku, Stats, User, Voucher, now_ms};
 
 /// How hard to push.
@@ -40,6 +42,9 @@ pub struct LoadConfig {
     pub sku_stock: i64,
     /// Every this many buyers, one edits its cart while its checkout runs (0: none).
     pub edit_every: u64,
+    /// The operator's token, to put the voucher and the SKUs on sale and read the numbers
+    /// (`SHOP_OPERATOR_TOKEN` for the `loadgen` binary).
+    pub operator: Option<OperatorToken>,
 }
 
 impl Default for LoadConfig {
@@ -53,6 +58,7 @@ impl Default for LoadConfig {
             skus: 5,
             sku_stock: 20,
             edit_every: 3,
+            operator: None,
         }
     }
 }
@@ -111,11 +117,39 @@ fn client() -> HttpClient {
 /// One answer: status and body, or what went wrong on the way.
 type Answer = Result<(u16, Bytes), String>;
 
+/// Who a request is from: nobody in particular, the operator, or a signed-in buyer.
+#[derive(Clone, Copy)]
+enum As<'a> {
+    Anyone,
+    Operator(Option<&'a OperatorToken>),
+    /// The buyer's session cookie (`shop_session=…`).
+    Buyer(&'a str),
+}
+
 async fn send(client: &HttpClient, method: &str, url: &str, body: Option<String>) -> Answer {
-    let request = hyper::Request::builder()
+    send_as(client, As::Anyone, method, url, body).await
+}
+
+/// [`send`], as `who`.
+async fn send_as(
+    client: &HttpClient,
+    who: As<'_>,
+    method: &str,
+    url: &str,
+    body: Option<String>,
+) -> Answer {
+    let mut request = hyper::Request::builder()
         .method(method)
         .uri(url)
-        .header("content-type", "application/json")
+        .header("content-type", "application/json");
+    match who {
+        As::Anyone | As::Operator(None) => {}
+        As::Operator(Some(token)) => {
+            request = request.header("authorization", format!("Bearer {}", token.expose()));
+        }
+        As::Buyer(cookie) => request = request.header("cookie", cookie),
+    }
+    let request = request
         .body(Full::new(Bytes::from(body.unwrap_or_default())))
         .map_err(|e| e.to_string())?;
     let exchange = async {
@@ -136,12 +170,13 @@ async fn send(client: &HttpClient, method: &str, url: &str, body: Option<String>
 
 async fn post_json<T: Serialize, R: serde::de::DeserializeOwned>(
     client: &HttpClient,
+    operator: Option<&OperatorToken>,
     url: &str,
     value: &T,
     expect: u16,
 ) -> Result<R, String> {
     let body = serde_json::to_string(value).map_err(|e| e.to_string())?;
-    let (status, bytes) = send(client, "POST", url, Some(body)).await?;
+    let (status, bytes) = send_as(client, As::Operator(operator), "POST", url, Some(body)).await?;
     if status != expect {
         return Err(format!(
             "POST {url}: {status} {}",
@@ -151,15 +186,59 @@ async fn post_json<T: Serialize, R: serde::de::DeserializeOwned>(
     serde_json::from_slice(&bytes).map_err(|e| format!("POST {url}: {e}"))
 }
 
-/// Puts a voucher on sale through the API of `target`.
-pub async fn create_voucher(target: &str, voucher: &NewVoucher) -> Result<Voucher, String> {
-    post_json(&client(), &format!("{target}/api/vouchers"), voucher, 201).await
+/// Puts a voucher on sale through the API of `target`, as the operator.
+pub async fn create_voucher(
+    target: &str,
+    operator: Option<&OperatorToken>,
+    voucher: &NewVoucher,
+) -> Result<Voucher, String> {
+    post_json(
+        &client(),
+        operator,
+        &format!("{target}/api/vouchers"),
+        voucher,
+        201,
+    )
+    .await
 }
 
-/// Logs in as `name` through the API of `target`.
-pub async fn login(target: &str, name: &str) -> Result<User, String> {
-    let body = serde_json::json!({ "name": name });
-    post_json(&client(), &format!("{target}/api/login"), &body, 200).await
+/// Logs in as `name` through the API of `target`: the user, and the session's cookie
+/// (`shop_session=…`) to send with the user's requests.
+pub async fn login(target: &str, name: &str) -> Result<(User, String), String> {
+    let url = format!("{target}/api/login");
+    let body = serde_json::json!({ "name": name }).to_string();
+    let request = hyper::Request::post(&url)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body)))
+        .map_err(|e| e.to_string())?;
+    let response = tokio::time::timeout(Duration::from_secs(30), client().request(request))
+        .await
+        .map_err(|_| format!("POST {url}: no answer within 30 s"))?
+        .map_err(|e| e.to_string())?;
+    let status = response.status().as_u16();
+    let cookie = response
+        .headers()
+        .get_all("set-cookie")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .filter_map(|v| v.split(';').next())
+        .find(|pair| pair.starts_with(crate::auth::SESSION_COOKIE))
+        .map(str::to_owned);
+    let bytes = response
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| e.to_string())?
+        .to_bytes();
+    if status != 200 {
+        return Err(format!(
+            "POST {url}: {status} {}",
+            String::from_utf8_lossy(&bytes)
+        ));
+    }
+    let user = serde_json::from_slice(&bytes).map_err(|e| format!("POST {url}: {e}"))?;
+    let cookie = cookie.ok_or_else(|| format!("POST {url}: no session cookie"))?;
+    Ok((user, cookie))
 }
 
 /// Whether `target` answers `/healthz`.
@@ -170,9 +249,10 @@ pub async fn healthy(target: &str) -> bool {
     )
 }
 
-/// Reads `/api/stats` of `target`.
-pub async fn stats(target: &str) -> Result<Stats, String> {
-    let (status, body) = send(&client(), "GET", &format!("{target}/api/stats"), None).await?;
+/// Reads `/api/stats` of `target`, as the operator.
+pub async fn stats(target: &str, operator: Option<&OperatorToken>) -> Result<Stats, String> {
+    let url = format!("{target}/api/stats");
+    let (status, body) = send_as(&client(), As::Operator(operator), "GET", &url, None).await?;
     if status != 200 {
         return Err(format!(
             "reading the stats of {target}: {status} {}",
@@ -189,9 +269,15 @@ struct Sent {
     purchase: bool,
 }
 
-async fn timed(client: &HttpClient, method: &str, url: String, body: Option<String>) -> Sent {
+async fn timed(
+    client: &HttpClient,
+    cookie: &str,
+    method: &str,
+    url: String,
+    body: Option<String>,
+) -> Sent {
     let t = Instant::now();
-    let answer = send(client, method, &url, body).await;
+    let answer = send_as(client, As::Buyer(cookie), method, &url, body).await;
     Sent {
         answer,
         took: t.elapsed(),
@@ -217,22 +303,22 @@ impl Buyer {
     }
 
     async fn go(self) -> Result<Vec<Sent>, String> {
-        let user = login(
+        let (_, cookie) = login(
             self.target(0),
             &format!("buyer-{}-{}", self.run, self.index),
         )
-        .await?
-        .id;
+        .await?;
+        let cookie = cookie.as_str();
         let mut sent = Vec::new();
-        // Several requests of one buyer at the same moment, spread over the instances.
+        // Several requests of one buyer at the same moment, spread over the instances: the
+        // session is known to every instance.
         let client = &self.client;
         let burst = (0..self.requests as usize).map(|r| {
             let url = format!("{}/api/vouchers/{}/orders", self.target(r), self.voucher);
-            let body = format!("{{\"user_id\":{user}}}");
             async move {
                 Sent {
                     purchase: true,
-                    ..timed(client, "POST", url, Some(body)).await
+                    ..timed(client, cookie, "POST", url, None).await
                 }
             }
         });
@@ -241,9 +327,10 @@ impl Buyer {
             return Ok(sent);
         }
         let sku = self.skus[self.index % self.skus.len()];
-        let items = format!("{}/api/carts/{user}/items", self.target(0));
+        let items = format!("{}/api/cart/items", self.target(0));
         let added = timed(
-            &self.client,
+            client,
+            cookie,
             "POST",
             items.clone(),
             Some(format!("{{\"sku_id\":{sku},\"qty\":1}}")),
@@ -255,10 +342,10 @@ impl Buyer {
             return Ok(sent);
         }
         let checkout = async {
-            let url = format!("{}/api/carts/{user}/checkout", self.target(0));
+            let url = format!("{}/api/cart/checkout", self.target(0));
             Sent {
                 purchase: true,
-                ..timed(&self.client, "POST", url, None).await
+                ..timed(client, cookie, "POST", url, None).await
             }
         };
         if !self.edits {
@@ -268,16 +355,24 @@ impl Buyer {
         // A second tab, on another instance: adds another SKU and takes it out again while the
         // checkout runs.
         let other = self.skus[(self.index + 1) % self.skus.len()];
-        let elsewhere = format!("{}/api/carts/{user}/items", self.target(1));
+        let elsewhere = format!("{}/api/cart/items", self.target(1));
         let edit = async {
             let add = timed(
-                &self.client,
+                client,
+                cookie,
                 "POST",
                 elsewhere.clone(),
                 Some(format!("{{\"sku_id\":{other},\"qty\":1}}")),
             )
             .await;
-            let remove = timed(&self.client, "DELETE", format!("{elsewhere}/{other}"), None).await;
+            let remove = timed(
+                client,
+                cookie,
+                "DELETE",
+                format!("{elsewhere}/{other}"),
+                None,
+            )
+            .await;
             [add, remove]
         };
         let (checkout, edits) = tokio::join!(checkout, edit);
@@ -299,7 +394,8 @@ pub async fn run(config: &LoadConfig) -> Result<Report, String> {
         starts_at_ms: now_ms() - 1_000,
         ends_at_ms: now_ms() + 3_600_000,
     };
-    let voucher = create_voucher(&first, &voucher).await?.id;
+    let operator = config.operator.as_ref();
+    let voucher = create_voucher(&first, operator, &voucher).await?.id;
     let mut skus = Vec::new();
     for i in 0..config.skus {
         let sku = NewSku {
@@ -307,7 +403,8 @@ pub async fn run(config: &LoadConfig) -> Result<Report, String> {
             price_cents: 500 + i64::from(i) * 100,
             stock: config.sku_stock,
         };
-        let sku: Sku = post_json(&client, &format!("{first}/api/skus"), &sku, 201).await?;
+        let url = format!("{first}/api/skus");
+        let sku: Sku = post_json(&client, operator, &url, &sku, 201).await?;
         skus.push(sku.id);
     }
     let (targets, skus) = (Arc::new(config.targets.clone()), Arc::new(skus));
@@ -380,19 +477,19 @@ pub async fn run(config: &LoadConfig) -> Result<Report, String> {
     report.p50_ms = pick(0.5);
     report.p99_ms = pick(0.99);
     // The audit and the counters are the database's: every instance answers alike.
-    report.stats = settled_stats(&first).await?;
+    report.stats = settled_stats(&first, operator).await?;
     Ok(report)
 }
 
 /// The shop's numbers once every instance has written what it counted: each adds its counts
 /// to the database once per [`crate::events::POLL_INTERVAL`], so the numbers are read again,
 /// more than one interval apart, until two reads agree (at most about five seconds).
-async fn settled_stats(target: &str) -> Result<Stats, String> {
+async fn settled_stats(target: &str, operator: Option<&OperatorToken>) -> Result<Stats, String> {
     let apart = crate::events::POLL_INTERVAL + Duration::from_millis(100);
-    let mut last = stats(target).await?;
+    let mut last = stats(target, operator).await?;
     for _ in 0..12 {
         tokio::time::sleep(apart).await;
-        let now = stats(target).await?;
+        let now = stats(target, operator).await?;
         if now == last {
             return Ok(now);
         }

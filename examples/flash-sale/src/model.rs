@@ -13,14 +13,14 @@ fn currency() -> String {
 /// `POST /api/login`.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 pub struct Login {
-    /// 1 to 40 characters after trimming, no control characters.
+    /// 1 to 40 characters after trimming, no control or format characters.
     pub name: String,
 }
 
 /// A shopper.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 pub struct User {
-    /// Its id: what the other routes take.
+    /// Its id.
     pub id: i64,
     /// Its name, trimmed.
     pub name: String,
@@ -29,7 +29,7 @@ pub struct User {
 /// A new voucher (`POST /api/vouchers`).
 #[derive(Debug, Clone, Deserialize, Serialize)]
 pub struct NewVoucher {
-    /// What it is: 1 to 120 characters, no control characters.
+    /// What it is: 1 to 120 characters, no control or format characters.
     pub title: String,
     /// Price in cents, 0 to 100,000,000.
     pub price_cents: i64,
@@ -64,7 +64,7 @@ pub struct Voucher {
 /// A new SKU (`POST /api/skus`).
 #[derive(Debug, Clone, Deserialize, Serialize)]
 pub struct NewSku {
-    /// Its name: 1 to 80 characters, no control characters.
+    /// Its name: 1 to 80 characters, no control or format characters.
     pub name: String,
     /// Price in cents, 0 to 100,000,000.
     pub price_cents: i64,
@@ -88,14 +88,7 @@ pub struct Sku {
     pub stock: i64,
 }
 
-/// Who buys a voucher (`POST /api/vouchers/{id}/orders`).
-#[derive(Debug, Clone, Deserialize, Serialize)]
-pub struct Buyer {
-    /// The user (from `POST /api/login`).
-    pub user_id: i64,
-}
-
-/// An addition to a cart (`POST /api/carts/{user}/items`).
+/// An addition to the shopper's cart (`POST /api/cart/items`).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 pub struct CartItem {
     /// The SKU.
@@ -192,7 +185,7 @@ pub struct CartOrder {
     pub at_ms: i64,
 }
 
-/// A user's orders (`GET /api/users/{user}/orders`), oldest first.
+/// A user's orders (`GET /api/orders`, the signed-in shopper's), oldest first.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
 pub struct Orders {
     /// Voucher orders.

@@ -3,23 +3,35 @@
 //! | route | takes | answers |
 //! | --- | --- | --- |
 //! | `GET /` | | the shop's page |
-//! | `GET /operator` | | the operator's page |
+//! | `GET /operator` | operator | the operator's page; a browser without the credential is sent to `/operator/login` (303) |
+//! | `GET /operator/login` | | the operator's sign-in page: the token, entered once |
+//! | `POST /api/operator/login` | `{"token"}` | 204 and the operator's cookie; 401 wrong token |
+//! | `POST /api/operator/logout` | | 204, the operator's cookie removed |
 //! | `GET /healthz` | | 200 `{"status": "ok"}` while the process serves |
 //! | `GET /readyz` | | 200 `{"status": "ready", "redis": "up", "database": "up"}`; 503 problem naming what is down (`"redis": "down"`, `"database": "down"`; Redis is `"unused"` with `--no-locks`) |
-//! | `POST /api/login` | `{"name"}` | 200 [`User`](crate::model::User) `{"id", "name"}`, created on first login |
+//! | `POST /api/login` | `{"name"}` | 200 [`User`](crate::model::User) `{"id", "name"}`, created on first login, and a session cookie ([`crate::auth`]) |
+//! | `POST /api/logout` | session | 204; the session is ended on every instance and its cookie removed |
+//! | `GET /api/me` | session | 200 the signed-in [`User`](crate::model::User) |
 //! | `GET /api/vouchers` | | 200 `[`[`Voucher`](crate::model::Voucher)`]`: `{"id", "title", "price_cents", "currency", "stock", "starts_at_ms", "ends_at_ms"}` |
-//! | `POST /api/vouchers` | [`NewVoucher`] `{"title", "price_cents", "stock", "starts_at_ms", "ends_at_ms"}` | 201 the voucher |
-//! | `POST /api/vouchers/{id}/orders` | [`Buyer`] `{"user_id"}` | 201 [`Order`](crate::model::Order); 404 unknown voucher or user (checked before any lock); 409 sold out, not started, ended, already ordered, busy (`Retry-After`) |
+//! | `POST /api/vouchers` | operator; [`NewVoucher`] `{"title", "price_cents", "stock", "starts_at_ms", "ends_at_ms"}` | 201 the voucher |
+//! | `POST /api/vouchers/{id}/orders` | session | 201 [`Order`](crate::model::Order) for the signed-in shopper; 404 unknown voucher (checked before any lock); 409 sold out, not started, ended, already ordered, busy (`Retry-After`) |
 //! | `GET /api/skus` | | 200 `[`[`Sku`](crate::model::Sku)`]`: `{"id", "name", "price_cents", "currency", "stock"}` |
-//! | `POST /api/skus` | [`NewSku`] `{"name", "price_cents", "stock"}` | 201 the SKU |
-//! | `GET /api/carts/{user}` | | 200 [`Cart`](crate::model::Cart) `{"items": [{"sku_id", "name", "qty", "price_cents", "currency"}], "total_cents", "currency"}` |
-//! | `POST /api/carts/{user}/items` | [`CartItem`] `{"sku_id", "qty"}` | 200 the cart; 404 unknown SKU (nothing stored); 400 qty out of bounds; 422 the cart would hold more than 100 of the SKU or more than 20 SKUs; 409 busy |
-//! | `DELETE /api/carts/{user}/items/{sku}` | | 200 the cart without that SKU |
-//! | `DELETE /api/carts/{user}/items` | | 200 the (empty) cart |
-//! | `POST /api/carts/{user}/checkout` | | 201 [`CartOrder`](crate::model::CartOrder) `{"id", "user_id", "items", "total_cents", "currency", "at_ms"}`; 400 empty cart; 409 "cart changed during checkout; nothing was bought, retry", out of stock, busy (`Retry-After`) |
-//! | `GET /api/users/{user}/orders` | | 200 [`Orders`](crate::model::Orders) `{"vouchers": [`[`Order`](crate::model::Order)`], "carts": [`[`CartOrder`](crate::model::CartOrder)`]}` |
-//! | `GET /api/events?user={id}` | | `text/event-stream`: `event: catalog` (`{"vouchers", "skus"}`) on connect and whenever the catalog or a stock changes, on any instance; with `user`, also `event: cart` ([`Cart`](crate::model::Cart)) and `event: orders` ([`Orders`](crate::model::Orders)) on connect and when they change; a keep-alive comment every 15 s |
-//! | `GET /api/stats` | | 200 [`Stats`](crate::model::Stats), over every instance |
+//! | `POST /api/skus` | operator; [`NewSku`] `{"name", "price_cents", "stock"}` | 201 the SKU |
+//! | `GET /api/cart` | session | 200 [`Cart`](crate::model::Cart) `{"items": [{"sku_id", "name", "qty", "price_cents", "currency"}], "total_cents", "currency"}` |
+//! | `POST /api/cart/items` | session; [`CartItem`] `{"sku_id", "qty"}` | 200 the cart; 404 unknown SKU (nothing stored); 400 qty out of bounds; 422 the cart would hold more than 100 of the SKU or more than 20 SKUs; 409 busy |
+//! | `DELETE /api/cart/items/{sku}` | session | 200 the cart without that SKU |
+//! | `DELETE /api/cart/items` | session | 200 the (empty) cart |
+//! | `POST /api/cart/checkout` | session | 201 [`CartOrder`](crate::model::CartOrder) `{"id", "user_id", "items", "total_cents", "currency", "at_ms"}`; 400 empty cart; 409 "cart changed during checkout; nothing was bought, retry", out of stock, busy (`Retry-After`) |
+//! | `GET /api/orders` | session | 200 [`Orders`](crate::model::Orders) `{"vouchers": [`[`Order`](crate::model::Order)`], "carts": [`[`CartOrder`](crate::model::CartOrder)`]}` |
+//! | `GET /api/events` | | `text/event-stream`: `event: catalog` (`{"vouchers", "skus"}`) on connect and whenever the catalog or a stock changes, on any instance; with a session, also `event: cart` ([`Cart`](crate::model::Cart)) and `event: orders` ([`Orders`](crate::model::Orders)) on connect and when they change; a keep-alive comment every 15 s. `?user={id}` may name only the session's own user (401 without a session, 403 another's) |
+//! | `GET /api/stats` | operator | 200 [`Stats`](crate::model::Stats), over every instance |
+//!
+//! "session": the request carries a signed-in shopper's session cookie, else 401; the user is
+//! the session's, never one named in the path or the body, so no request reaches another
+//! shopper's cart, orders or stream. Every `POST`, `PUT`, `PATCH` or `DELETE` that a browser
+//! says comes from another site's page is refused with 403 ([`auth::same_origin_only`]).
+//! "operator": the request carries the operator's credential (`Authorization: Bearer <token>`
+//! or the cookie `/operator/login` sets; [`crate::auth`]), else 401.
 //!
 //! A [`Voucher`](crate::model::Voucher) order is `{"id", "user_id", "voucher_id", "title",
 //! "price_cents", "currency", "fencing_token", "at_ms"}`; a cart order's items are cart lines.
@@ -27,8 +39,9 @@
 //! **Bounds** (400 outside them): ids 1 to 2⁵³ − 1; `price_cents` 0 to 100,000,000; `stock` 0
 //! to 1,000,000; `qty` 1 to 100 per addition, and at most 100 of one SKU and 20 SKUs in a cart
 //! (422); user names 1 to 40 characters, SKU names 1 to 80, voucher titles 1 to 120, after
-//! trimming, without control characters; times 0 to 2⁵³ − 1 ms, the end after the start; request
-//! bodies at most 16 KiB (413). Money is integer cents in one currency (`"EUR"`); times are
+//! trimming, without control or format characters (Unicode Cc and Cf: no NUL, newline, escape,
+//! bidi override or zero-width joiner); times 0 to 2⁵³ − 1 ms, the end after the start; request
+//! bodies at most 16 KiB (413), arriving whole within 5 s (408, and the connection closed). Money is integer cents in one currency (`"EUR"`); times are
 //! milliseconds since the epoch. Every number the API answers is a whole number at most 2⁵³ − 1,
 //! exact in JavaScript (`/api/stats` clamps its counts there).
 //!
@@ -38,7 +51,9 @@
 //! renders lock errors (a lock's name, which holds a user id, stays out). `detail` is meant for
 //! the shopper; a 500's cause is logged under the request id (`x-request-id`, echoed on every
 //! answer), never sent. A busy lock is 409 with `Retry-After` (at most 2 s); Redis unreachable
-//! is 503.
+//! is 503, and so is the database down (noticed within about 1.5 s, [`crate::db::Watch`]) or
+//! too busy to give a connection within 5 s (with `Retry-After: 1`; its cause is logged,
+//! never sent).
 //!
 //! # Locks
 //!
@@ -48,10 +63,10 @@
 //!
 //! ```text
 //! Router::new()
-//!     .route("/api/carts/{user}/checkout", post(checkout))
+//!     .route("/api/cart/checkout", post(checkout))
 //!     .route_layer(
 //!         LockLayer::with_state(app.locker.clone(), app.clone())
-//!             // `cart:<user>` and `sku:<id>` for every SKU in the cart now
+//!             // `cart:<user>` (the session's user) and `sku:<id>` for every SKU in the cart now
 //!             .key(|CheckoutLocks(names): CheckoutLocks| async move { names })
 //!             .wait(LOCK_WAIT),
 //!     )
@@ -71,27 +86,23 @@ use axum::{Extension, Json, Router};
 use dlock_tower::{HeldLocks, LockLayer};
 use serde::Deserialize;
 
-use crate::extract::{AskedAt, CheckoutLocks, Input, Params, PathId, PathIds};
+use crate::auth::{self, Operator, Shopper};
+use crate::extract::{AskedAt, CheckoutLocks, Input, Params, PathId};
 use crate::{
-    App, AppError, Buyer, CartItem, Counter, Fences, Login, NewSku, NewVoucher, health, telemetry,
-    validate,
+    App, AppError, CartItem, Counter, Fences, NewSku, NewVoucher, health, telemetry, validate,
 };
 
 /// The shop's page, served at `/`.
 pub const PAGE: &str = include_str!("../static/index.html");
 
-/// The operator's page, served at `/operator`.
+/// The operator's page, served at `/operator` to the operator.
 pub const OPERATOR_PAGE: &str = include_str!("../static/operator.html");
+
+/// The operator's sign-in page, served at `/operator/login`.
+pub const OPERATOR_LOGIN_PAGE: &str = include_str!("../static/operator-login.html");
 
 /// How long a purchase or a cart edit waits for a busy lock before it is answered 409.
 pub const LOCK_WAIT: Duration = Duration::from_secs(2);
-
-async fn login(
-    State(app): State<App>,
-    Input(login): Input<Login>,
-) -> Result<impl IntoResponse, AppError> {
-    Ok(Json(app.login(&login.name).await?))
-}
 
 async fn list_vouchers(State(app): State<App>) -> Result<impl IntoResponse, AppError> {
     Ok(Json(app.vouchers().await?))
@@ -99,6 +110,7 @@ async fn list_vouchers(State(app): State<App>) -> Result<impl IntoResponse, AppE
 
 async fn create_voucher(
     State(app): State<App>,
+    _: Operator,
     Input(new): Input<NewVoucher>,
 ) -> Result<impl IntoResponse, AppError> {
     Ok((StatusCode::CREATED, Json(app.create_voucher(&new).await?)))
@@ -107,17 +119,14 @@ async fn create_voucher(
 async fn buy_voucher(
     State(app): State<App>,
     PathId(voucher): PathId,
-    Input(buyer): Input<Buyer>,
+    Shopper(user): Shopper,
 ) -> Result<impl IntoResponse, AppError> {
-    Ok((
-        StatusCode::CREATED,
-        Json(app.buy(buyer.user_id, voucher).await?),
-    ))
+    Ok((StatusCode::CREATED, Json(app.buy(user, voucher).await?)))
 }
 
 async fn user_orders(
     State(app): State<App>,
-    PathId(user): PathId,
+    Shopper(user): Shopper,
 ) -> Result<impl IntoResponse, AppError> {
     Ok(Json(app.orders_of(user).await?))
 }
@@ -128,18 +137,22 @@ async fn list_skus(State(app): State<App>) -> Result<impl IntoResponse, AppError
 
 async fn create_sku(
     State(app): State<App>,
+    _: Operator,
     Input(new): Input<NewSku>,
 ) -> Result<impl IntoResponse, AppError> {
     Ok((StatusCode::CREATED, Json(app.create_sku(&new).await?)))
 }
 
-async fn cart(State(app): State<App>, PathId(user): PathId) -> Result<impl IntoResponse, AppError> {
+async fn cart(
+    State(app): State<App>,
+    Shopper(user): Shopper,
+) -> Result<impl IntoResponse, AppError> {
     Ok(Json(app.cart(user).await?))
 }
 
 async fn add_to_cart(
     State(app): State<App>,
-    PathId(user): PathId,
+    Shopper(user): Shopper,
     Input(item): Input<CartItem>,
 ) -> Result<impl IntoResponse, AppError> {
     Ok(Json(app.add_to_cart(user, &item).await?))
@@ -147,21 +160,22 @@ async fn add_to_cart(
 
 async fn remove_from_cart(
     State(app): State<App>,
-    PathIds(user, sku): PathIds,
+    Shopper(user): Shopper,
+    PathId(sku): PathId,
 ) -> Result<impl IntoResponse, AppError> {
     Ok(Json(app.remove_from_cart(user, sku).await?))
 }
 
 async fn clear_cart(
     State(app): State<App>,
-    PathId(user): PathId,
+    Shopper(user): Shopper,
 ) -> Result<impl IntoResponse, AppError> {
     Ok(Json(app.clear_cart(user).await?))
 }
 
 async fn checkout(
     State(app): State<App>,
-    PathId(user): PathId,
+    Shopper(user): Shopper,
     held: Option<Extension<HeldLocks>>,
     asked: Option<Extension<AskedAt>>,
 ) -> Result<impl IntoResponse, AppError> {
@@ -196,18 +210,38 @@ struct EventsQuery {
     user: Option<i64>,
 }
 
+/// The stream carries the signed-in shopper's cart and orders, and only theirs: `?user=` may
+/// name the session's own user (401 without a session, 403 for anyone else's).
 async fn events(
     State(app): State<App>,
     Params(query): Params<EventsQuery>,
+    headers: axum::http::HeaderMap,
 ) -> Result<impl IntoResponse, AppError> {
-    let user = query
+    let asked = query
         .user
         .map(|user| validate::id("user", user))
         .transpose()?;
-    crate::events::stream(app, user).await
+    let user = auth::session_user(&app, &headers).await?;
+    match (asked, user) {
+        (Some(_), None) => {
+            return Err(AppError::Rejected(
+                StatusCode::UNAUTHORIZED,
+                "sign in first: a shopper's stream is their own (POST /api/login)".to_owned(),
+            ));
+        }
+        (Some(asked), Some(user)) if asked != user => {
+            return Err(AppError::Rejected(
+                StatusCode::FORBIDDEN,
+                "that is another shopper's stream".to_owned(),
+            ));
+        }
+        _ => {}
+    }
+    let ends = auth::session_ends(app.clone(), &headers);
+    crate::events::stream(app, user, ends).await
 }
 
-async fn stats(State(app): State<App>) -> Result<impl IntoResponse, AppError> {
+async fn stats(State(app): State<App>, _: Operator) -> Result<impl IntoResponse, AppError> {
     Ok(Json(app.stats().await?))
 }
 
@@ -215,8 +249,8 @@ async fn page() -> Html<&'static str> {
     Html(PAGE)
 }
 
-async fn operator_page() -> Html<&'static str> {
-    Html(OPERATOR_PAGE)
+async fn operator_login_page() -> Html<&'static str> {
+    Html(OPERATOR_LOGIN_PAGE)
 }
 
 async fn not_found() -> AppError {
@@ -231,6 +265,31 @@ async fn method_not_allowed() -> AppError {
         StatusCode::METHOD_NOT_ALLOWED,
         "this route does not take that method".to_owned(),
     )
+}
+
+/// The database's outages, for the routes that need it: 503 at once while it is down, and a
+/// request already running when it goes down is answered 503 then, rather than when the pool
+/// gives up on it. The pages, the health checks, the metrics and the event stream (which says
+/// so by itself) go on.
+async fn database_up(
+    State(app): State<App>,
+    request: axum::extract::Request,
+    next: Next,
+) -> Response {
+    let path = request.uri().path();
+    let needs_database = path.starts_with("/api/")
+        && !path.starts_with("/api/events")
+        && !path.starts_with("/api/operator/");
+    if !needs_database {
+        return next.run(request).await;
+    }
+    if app.db_watch.is_down() {
+        return crate::error::database_unavailable();
+    }
+    tokio::select! {
+        response = next.run(request) => response,
+        () = app.db_watch.down() => crate::error::database_unavailable(),
+    }
 }
 
 /// Counts purchase requests and their 409s, including the lock layer's own.
@@ -252,7 +311,7 @@ async fn count(State(app): State<App>, request: axum::extract::Request, next: Ne
 /// The shop's router. With locks, checkout holds the cart and every SKU in it (all-or-none)
 /// through a `LockLayer`; busy after [`LOCK_WAIT`]: 409 with `Retry-After`.
 pub fn router(app: App) -> Router {
-    let mut checkout_route = Router::new().route("/api/carts/{user}/checkout", post(checkout));
+    let mut checkout_route = Router::new().route("/api/cart/checkout", post(checkout));
     if app.locks {
         checkout_route = checkout_route.route_layer(
             LockLayer::with_state(app.locker.clone(), app.clone())
@@ -274,19 +333,21 @@ pub fn router(app: App) -> Router {
         .route_layer(middleware::from_fn_with_state(app.clone(), count));
     Router::new()
         .route("/", get(page))
-        .route("/operator", get(operator_page))
+        .route("/operator", get(auth::operator_page))
+        .route("/operator/login", get(operator_login_page))
+        .route("/api/operator/login", post(auth::operator_login))
+        .route("/api/operator/logout", post(auth::operator_logout))
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
-        .route("/api/login", post(login))
+        .route("/api/login", post(auth::login))
+        .route("/api/logout", post(auth::logout))
+        .route("/api/me", get(auth::me))
         .route("/api/vouchers", get(list_vouchers).post(create_voucher))
-        .route("/api/users/{user}/orders", get(user_orders))
+        .route("/api/orders", get(user_orders))
         .route("/api/skus", get(list_skus).post(create_sku))
-        .route("/api/carts/{user}", get(cart))
-        .route(
-            "/api/carts/{user}/items",
-            post(add_to_cart).delete(clear_cart),
-        )
-        .route("/api/carts/{user}/items/{sku}", delete(remove_from_cart))
+        .route("/api/cart", get(cart))
+        .route("/api/cart/items", post(add_to_cart).delete(clear_cart))
+        .route("/api/cart/items/{sku}", delete(remove_from_cart))
         .route("/api/events", get(events))
         .route("/api/stats", get(stats))
         .route("/metrics", get(crate::metrics::metrics))
@@ -294,6 +355,8 @@ pub fn router(app: App) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(validate::MAX_BODY_BYTES))
+        .layer(middleware::from_fn_with_state(app.clone(), database_up))
+        .layer(middleware::from_fn(auth::same_origin_only))
         .layer(middleware::from_fn(telemetry::problem_only))
         .layer(middleware::from_fn(telemetry::request_id))
         .with_state(app)

@@ -2,8 +2,9 @@
 //! dlock's `DLOCK_*` variables (`LockerConfig::from_env`): Redis at `DLOCK_URL` (default
 //! `redis://127.0.0.1:6379/`) or a Redis Cluster at `DLOCK_CLUSTER_URLS` (its seed nodes' URLs,
 //! comma-separated: `redis://127.0.0.1:7000/,redis://127.0.0.1:7001/`; one reachable node is
-//! enough, the client finds the others), and `DATABASE_URL` (default: a SQLite file
-//! `flash-sale.db` in the current directory; `postgres://…` for PostgreSQL). Setting both Redis
+//! enough, the client finds the others), `DATABASE_URL` (default: a SQLite file
+//! `flash-sale.db` in the current directory; `postgres://…` for PostgreSQL), and
+//! `SHOP_OPERATOR_TOKEN`, the operator's token ([`crate::auth`]; unset, nobody is the operator). Setting both Redis
 //! variables is an error. The shop's own defaults — a 2 s bound on connecting and on each
 //! command, a 3 s wait, connecting lazily — apply where the variables say nothing.
 //!
@@ -100,12 +101,14 @@ pub struct ServerConfig {
     pub database_url: String,
     /// Buyers of one voucher let into the order path at once, across instances.
     pub buyers_per_voucher: u32,
+    /// The operator's token (`SHOP_OPERATOR_TOKEN`); without it, operator requests are refused.
+    pub operator: Option<crate::auth::OperatorToken>,
 }
 
 /// The instance's command line.
 pub const USAGE: &str = "[--port N] [--no-locks] [--buyers-per-voucher N]   (env: DLOCK_URL, or DLOCK_CLUSTER_URLS=\
 redis://127.0.0.1:7000/,redis://127.0.0.1:7001/ for a Redis Cluster, and dlock's other DLOCK_* \
-settings; DATABASE_URL, RUST_LOG, LOG_FORMAT=json)";
+settings; DATABASE_URL, SHOP_OPERATOR_TOKEN (16 characters or more), RUST_LOG, LOG_FORMAT=json)";
 
 /// The bound on each Redis command and on connecting.
 pub const REDIS_TIMEOUT: Duration = Duration::from_secs(2);
@@ -122,6 +125,7 @@ impl ServerConfig {
             database_url: std::env::var("DATABASE_URL")
                 .unwrap_or_else(|_| "sqlite://flash-sale.db?mode=rwc".to_owned()),
             buyers_per_voucher: crate::BUYERS_PER_VOUCHER,
+            operator: crate::auth::OperatorToken::from_env()?,
         };
         let mut args = args.into_iter();
         while let Some(arg) = args.next() {
@@ -198,6 +202,12 @@ pub async fn serve(config: ServerConfig) -> Result<(), String> {
         .await
         .map_err(|e| format!("database: {e}"))?;
     app.buyers_per_voucher = config.buyers_per_voucher;
+    app.operator = config.operator.clone();
+    if app.operator.is_none() {
+        tracing::warn!(
+            "no SHOP_OPERATOR_TOKEN: creating vouchers and SKUs, /operator and /api/stats are refused"
+        );
+    }
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", config.port))
         .await
         .map_err(|e| format!("cannot listen on port {}: {e}", config.port))?;

@@ -2,6 +2,8 @@
 //! is inside them, so sums and totals can't overflow and every number the API answers is exact
 //! in JavaScript.
 
+use unicode_properties::{GeneralCategory, UnicodeGeneralCategory as _};
+
 use crate::AppError;
 
 /// The largest integer a JavaScript number holds exactly (2⁵³ − 1): the API's numbers stay at or
@@ -23,6 +25,8 @@ pub const MAX_SKU_NAME: usize = 80;
 pub const MAX_TITLE: usize = 120;
 /// The largest request body the API reads (bigger ones: 413).
 pub const MAX_BODY_BYTES: usize = 16 * 1024;
+/// How long a request body may take to arrive, whole (slower ones: 408).
+pub const BODY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// `id` is an id: 1 to 2⁵³ − 1.
 pub fn id(what: &str, id: i64) -> Result<i64, AppError> {
@@ -47,7 +51,9 @@ pub fn within(what: &str, value: i64, min: i64, max: i64) -> Result<i64, AppErro
 }
 
 /// `text`, trimmed: not blank, at most `max` characters, no control characters (NUL, newlines,
-/// escapes: nothing that a database, a log line or a page would read differently).
+/// escapes: nothing that a database, a log line or a page would read differently) and no format
+/// characters (Unicode category Cf: bidi overrides such as U+202E that show a name backwards,
+/// zero-width spaces and joiners that make two names look alike, soft hyphens).
 pub fn text(what: &str, text: &str, max: usize) -> Result<String, AppError> {
     let trimmed = text.trim();
     if trimmed.is_empty() {
@@ -63,7 +69,19 @@ pub fn text(what: &str, text: &str, max: usize) -> Result<String, AppError> {
             "{what} must not contain control characters"
         )));
     }
+    if let Some(c) = trimmed.chars().find(|c| is_format(*c)) {
+        return Err(AppError::BadRequest(format!(
+            "{what} must not contain invisible format characters (U+{:04X})",
+            u32::from(c)
+        )));
+    }
     Ok(trimmed.to_owned())
+}
+
+/// Whether `c` is a Unicode format character (general category Cf): it changes how the text
+/// around it is shown (direction, joining, breaking) without being seen itself.
+fn is_format(c: char) -> bool {
+    c.general_category() == GeneralCategory::Format
 }
 
 #[cfg(test)]
@@ -78,6 +96,30 @@ mod tests {
         assert!(text("name", "a\u{1b}[31m", 40).is_err());
         assert!(text("name", &"é".repeat(40), 40).is_ok());
         assert!(text("name", &"é".repeat(41), 40).is_err());
+    }
+
+    #[test]
+    fn format_characters_are_refused() {
+        // Right-to-left override, zero-width joiner, zero-width space, byte-order mark, soft
+        // hyphen, a tag character.
+        for bad in [
+            "evil\u{202E}gpj.exe",
+            "a\u{200D}b",
+            "a\u{200B}b",
+            "\u{FEFF}a",
+            "soft\u{AD}",
+            "a\u{E0041}",
+        ] {
+            let err = text("name", bad, 40).unwrap_err();
+            assert!(
+                err.to_string().contains("format characters"),
+                "{bad:?}: {err}"
+            );
+        }
+        // Letters of other scripts, marks and emoji without joiners stay welcome.
+        for good in ["Zoë", "日本語", "עברית", "Ω≈ç", "☕", "e\u{301}"] {
+            assert!(text("name", good, 40).is_ok(), "{good:?}");
+        }
     }
 
     #[test]

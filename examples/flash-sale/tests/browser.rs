@@ -59,7 +59,11 @@ fn http_client() -> HttpClient {
     Client::builder(hyper_util::rt::TokioExecutor::new()).build_http()
 }
 
-/// One HTTP request with a JSON body; the status and the JSON answer (`Null` if not JSON).
+/// The operator's token the instances are started with; every request of [`http`] carries it.
+const OPERATOR: &str = "test-operator-token-0123456789";
+
+/// One HTTP request with a JSON body, as the operator; the status and the JSON answer (`Null`
+/// if not JSON).
 async fn http(
     client: &HttpClient,
     method: &str,
@@ -70,6 +74,7 @@ async fn http(
         .method(method)
         .uri(url)
         .header("content-type", "application/json")
+        .header("authorization", format!("Bearer {OPERATOR}"))
         .body(Full::new(Bytes::from(
             body.map(Value::to_string).unwrap_or_default(),
         )))
@@ -135,6 +140,7 @@ impl Instance {
             .arg(port.to_string())
             .env("DLOCK_URL", redis_url)
             .env("DATABASE_URL", database_url)
+            .env("SHOP_OPERATOR_TOKEN", OPERATOR)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
@@ -265,30 +271,57 @@ impl Shop {
             .unwrap_or_else(|| panic!("a SKU id in {created}"))
     }
 
-    async fn login(&self, name: &str) -> i64 {
-        let user = self.api("POST", "/api/login", json!({"name": name})).await;
-        user["id"]
-            .as_i64()
-            .unwrap_or_else(|| panic!("a user id in {user}"))
+    /// Signs in as `name` (not through the page): the session cookie.
+    async fn login(&self, name: &str) -> String {
+        let (_, cookie) = flash_sale::loadgen::login(&self.url(0), name)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        cookie
     }
 
-    async fn buy(&self, user: i64, voucher: i64) {
-        self.api(
+    /// `method path` as the shopper of the session `cookie`, which must answer with success.
+    async fn api_as(&self, cookie: &str, method: &str, path: &str, body: Value) -> Value {
+        let url = format!("{}{path}", self.url(0));
+        let request = hyper::Request::builder()
+            .method(method)
+            .uri(&url)
+            .header("content-type", "application/json")
+            .header("cookie", cookie)
+            .body(Full::new(Bytes::from(body.to_string())))
+            .unwrap();
+        let response = tokio::time::timeout(PATIENCE, self.client.request(request))
+            .await
+            .unwrap_or_else(|_| panic!("{method} {path}: no answer within {PATIENCE:?}"))
+            .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+        let status = response.status();
+        let bytes = response.into_body().collect().await.unwrap().to_bytes();
+        assert!(
+            status.is_success(),
+            "{method} {path}: {status} {}",
+            String::from_utf8_lossy(&bytes)
+        );
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null)
+    }
+
+    async fn buy(&self, user: &str, voucher: i64) {
+        self.api_as(
+            user,
             "POST",
             &format!("/api/vouchers/{voucher}/orders"),
-            json!({"user_id": user}),
+            Value::Null,
         )
         .await;
     }
 
-    async fn cart_checkout(&self, user: i64, sku: i64, qty: i64) {
-        self.api(
+    async fn cart_checkout(&self, user: &str, sku: i64, qty: i64) {
+        self.api_as(
+            user,
             "POST",
-            &format!("/api/carts/{user}/items"),
+            "/api/cart/items",
             json!({"sku_id": sku, "qty": qty}),
         )
         .await;
-        self.api("POST", &format!("/api/carts/{user}/checkout"), json!({}))
+        self.api_as(user, "POST", "/api/cart/checkout", Value::Null)
             .await;
     }
 }
@@ -334,6 +367,15 @@ impl Page {
 
     async fn goto(&self, url: &str) {
         self.call("POST", "/url", Some(json!({"url": url}))).await;
+    }
+
+    /// Signs in on `base`'s operator sign-in page with the operator's token, and waits for the
+    /// operator's view it leads to.
+    async fn operator_view(&self, base: &str) {
+        self.goto(&format!("{base}/operator/login")).await;
+        self.type_into("#token", OPERATOR).await;
+        self.click("#go").await;
+        self.wait_text("#stats-state", |_| true).await;
     }
 
     async fn refresh(&self) {
@@ -877,7 +919,7 @@ async fn shopping(shop: Shop, page: Page) {
     page.click(&format!("{mug_card} button.add")).await;
     page.wait_text("#cart", |t| t.contains(mug)).await;
     let bob = shop.login("Bob").await;
-    shop.cart_checkout(bob, mug_id, 1).await;
+    shop.cart_checkout(&bob, mug_id, 1).await;
     page.wait_text(&format!("{mug_card} .stock"), |t| t == "Sold out")
         .await;
     page.wait_text("#cart li:last-child .short", |t| {
@@ -929,9 +971,9 @@ async fn shopping(shop: Shop, page: Page) {
     page.screenshot("07-checkout-done.png").await;
 
     // Sold out, pushed: Bob takes the last concert ticket, Carol the chef's table.
-    shop.buy(bob, concert_id).await;
+    shop.buy(&bob, concert_id).await;
     let carol = shop.login("Carol").await;
-    shop.buy(carol, chef_id).await;
+    shop.buy(&carol, chef_id).await;
     page.wait_text(&format!("{card} .stock"), |t| t == "Sold out")
         .await;
     page.wait_text(&format!("{chef_card} .stock"), |t| t == "Sold out")
@@ -954,7 +996,7 @@ async fn shopping(shop: Shop, page: Page) {
     .await;
 
     // The operator view: the whole shop's numbers, invariants held, locks on.
-    page.goto(&format!("{}/operator", shop.url(1))).await;
+    page.operator_view(&shop.url(1)).await;
     page.wait_text("#stats-state", |t| t == "live").await;
     page.wait_text("#t-locks .value", |t| t == "on").await;
     for invariant in INVARIANTS {
@@ -1148,7 +1190,7 @@ async fn html_in_titles_and_names_shows_as_text_and_never_runs() {
         page.assert_no_script_ran().await;
         page.screenshot("10-xss-shown-as-text.png").await;
 
-        page.goto(&format!("{}/operator", shop.url(0))).await;
+        page.operator_view(&shop.url(0)).await;
         page.wait_text("#vouchers", |t| t.contains(XSS_TITLE)).await;
         page.wait_text("#skus", |t| t.contains(XSS_SKU)).await;
         let parsed = page
@@ -1185,7 +1227,7 @@ async fn a_remembered_user_the_shop_does_not_know_is_signed_out() {
         .await;
         page.refresh().await;
         page.wait_text("#message", |t| {
-            t == "This shop doesn't know Ghost any more. Please sign in again."
+            t == "Your sign-in as Ghost has ended. Please sign in again."
         })
         .await;
         page.wait_text("#live", |t| t == "live").await;
@@ -1202,6 +1244,118 @@ async fn a_remembered_user_the_shop_does_not_know_is_signed_out() {
         page.wait_text("#who", |t| t == "Ghost").await;
         page.wait_text("#cart-note", |t| t == "Your cart is empty.").await;
         page.wait_text("#live", |t| t == "live").await;
+    })
+    .await;
+}
+
+/// Signing in by name starts a session the page's scripts can't read; another shopper's cart,
+/// orders and stream stay out of reach from the page; signing out ends the session, and a
+/// reload finds the page signed out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_starts_at_sign_in_keeps_to_its_shopper_and_ends_at_sign_out() {
+    let shop = Shop::start(1, None).await;
+    with_browser(false, |page| async move {
+        let mug = shop.sku("Mug", 900, 5).await;
+        let bob = shop.login("Bob").await;
+        shop.api_as(
+            &bob,
+            "POST",
+            "/api/cart/items",
+            json!({"sku_id": mug, "qty": 3}),
+        )
+        .await;
+        let bob_id = shop.api_as(&bob, "GET", "/api/me", Value::Null).await["id"].clone();
+
+        page.switch_to(&page.window().await).await;
+        page.goto(&shop.url(0)).await;
+        page.type_into("#name", "Alice").await;
+        page.click("#signin button[type=submit]").await;
+        page.wait_text("#who", |t| t == "Alice").await;
+        page.wait_text("#cart-note", |t| t == "Your cart is empty.")
+            .await;
+        let cookies = page.script("return document.cookie;", json!([])).await;
+        assert_eq!(cookies, "", "the session cookie is visible to scripts");
+
+        // From Alice's page, Bob's data is not to be had, by any path.
+        let statuses = page
+            .script(
+                "const bob = arguments[0];
+                 const status = (url) => fetch(url).then((r) => r.status);
+                 return Promise.all([
+                   status(`/api/events?user=${bob}`),
+                   status(`/api/carts/${bob}`),
+                   status(`/api/users/${bob}/orders`),
+                   fetch('/api/cart').then((r) => r.json()).then((c) => c.items.length),
+                 ]);",
+                json!([bob_id]),
+            )
+            .await;
+        assert_eq!(statuses, json!([403, 404, 404, 0]));
+
+        // A reload keeps the session; signing out ends it.
+        page.refresh().await;
+        page.wait_text("#who", |t| t == "Alice").await;
+        page.click("#signout").await;
+        page.wait_text("#message", |t| t == "You are signed out.")
+            .await;
+        let status = page
+            .script(
+                "return fetch('/api/cart').then((r) => r.status);",
+                json!([]),
+            )
+            .await;
+        assert_eq!(status, 401);
+        page.refresh().await;
+        page.wait_text("#live", |t| t == "live").await;
+        let signed_in = page
+            .script(
+                "return document.getElementById('signin').hidden;",
+                json!([]),
+            )
+            .await;
+        assert_eq!(signed_in, false, "signed out after a reload");
+        // Bob's cart was never touched.
+        let cart = shop.api_as(&bob, "GET", "/api/cart", Value::Null).await;
+        assert_eq!(cart["items"][0]["qty"], 3, "{cart}");
+    })
+    .await;
+}
+
+/// The operator's view is the operator's: a browser without the token is sent to the sign-in
+/// page, a wrong token is refused there, the right one opens the view, and signing out closes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operator_signs_in_with_the_token_and_out_again() {
+    let shop = Shop::start(1, None).await;
+    with_browser(false, |page| async move {
+        let url = shop.url(0);
+        page.switch_to(&page.window().await).await;
+        page.goto(&format!("{url}/operator")).await;
+        page.wait_text("h1", |t| t == "Operator sign-in").await;
+        page.type_into("#token", "not-the-operator-token").await;
+        page.click("#go").await;
+        page.wait_text("#message", |t| t.contains("not right"))
+            .await;
+        // The numbers stay closed to this browser.
+        let status = page
+            .script(
+                "return fetch('/api/stats').then((r) => r.status);",
+                json!([]),
+            )
+            .await;
+        assert_eq!(status, 401);
+
+        page.type_into("#token", OPERATOR).await;
+        page.click("#go").await;
+        page.wait_text("#stats-state", |t| t == "live").await;
+        page.wait_text("#t-locks .value", |t| t == "on").await;
+        // The cookie is out of the page's reach.
+        let cookies = page.script("return document.cookie;", json!([])).await;
+        assert_eq!(cookies, "", "the operator's cookie is visible to scripts");
+
+        page.click("#signout").await;
+        page.wait_text("h1", |t| t == "Operator sign-in").await;
+        page.goto(&format!("{url}/operator")).await;
+        page.wait_text("h1", |t| t == "Operator sign-in").await;
     })
     .await;
 }
@@ -1260,7 +1414,7 @@ async fn a_dead_instance_shows_reconnecting_and_unknown_then_recovers() {
             .await;
         let operator = page.new_window().await;
         page.switch_to(&operator).await;
-        page.goto(&format!("{url}/operator")).await;
+        page.operator_view(&url).await;
         page.wait_text("#t-locks .value", |t| t == "on").await;
         page.wait_text("#catalog-state", |t| t == "(live)").await;
 
@@ -1308,7 +1462,7 @@ async fn a_dead_instance_shows_reconnecting_and_unknown_then_recovers() {
 
         // The shop goes on elsewhere; once the instance is back, both pages catch up by themselves.
         let bob = shop.login("Bob").await;
-        shop.buy(bob, voucher).await;
+        shop.buy(&bob, voucher).await;
         shop.restart(1).await;
         page.wait_text("#t-locks .value", |t| t == "on").await;
         page.wait_text("#stats-state", |t| t == "live").await;

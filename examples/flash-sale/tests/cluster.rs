@@ -16,19 +16,36 @@ use http_body_util::{BodyExt as _, Full};
 use hyper_util::client::legacy::Client;
 use serde_json::{Value, json};
 
+/// The operator's token the instances are started with; every request below carries it.
+const OPERATOR: &str = "test-operator-token-0123456789";
+
 fn server() -> ServerCommand {
     ServerCommand::binary(env!("CARGO_BIN_EXE_flash-sale"))
+        .with_operator(flash_sale::auth::OperatorToken::new(OPERATOR).unwrap())
 }
 
 async fn http(method: &str, url: &str, body: Option<Value>) -> (u16, Value) {
+    http_as(None, method, url, body).await
+}
+
+/// [`http`], with a shopper's session cookie when `cookie` is given.
+async fn http_as(
+    cookie: Option<&str>,
+    method: &str,
+    url: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
     let client = Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
     let body = body.map(|b| b.to_string()).unwrap_or_default();
-    let request = hyper::Request::builder()
+    let mut request = hyper::Request::builder()
         .method(method)
         .uri(url)
         .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(body)))
-        .unwrap();
+        .header("authorization", format!("Bearer {OPERATOR}"));
+    if let Some(cookie) = cookie {
+        request = request.header("cookie", cookie);
+    }
+    let request = request.body(Full::new(Bytes::from(body))).unwrap();
     let response = tokio::time::timeout(Duration::from_secs(10), client.request(request))
         .await
         .expect("an answer within 10 s")
@@ -118,22 +135,17 @@ async fn three_instances_on_a_redis_cluster_never_duplicate_or_oversell() {
         (&json!("down"), &json!("up")),
         "{ready}"
     );
-    let order = json!({ "user_id": user["id"] });
     let orders = format!("{url}/api/vouchers/{}/orders", voucher["id"]);
-    let (status, problem) = http("POST", &orders, Some(order)).await;
+    let (status, problem) = http_as(Some(&user), "POST", &orders, None).await;
     assert_eq!(status, 503, "{problem}");
     assert_eq!(problem["status"], 503, "{problem}");
 }
 
-/// A user called `name` and a voucher on sale now (neither needs Redis).
-async fn user_and_voucher(url: &str, name: &str) -> (Value, Value) {
-    let (status, user) = http(
-        "POST",
-        &format!("{url}/api/login"),
-        Some(json!({ "name": name })),
-    )
-    .await;
-    assert_eq!(status, 200, "{user}");
+/// A user called `name` (its session cookie) and a voucher on sale now (neither needs Redis).
+async fn user_and_voucher(url: &str, name: &str) -> (String, Value) {
+    let (_, user) = flash_sale::loadgen::login(url, name)
+        .await
+        .expect("the login answers");
     let now = flash_sale::now_ms();
     let voucher = json!({"title": "v", "price_cents": 100, "stock": 1,
                          "starts_at_ms": now - 1000, "ends_at_ms": now + 600_000});
@@ -164,7 +176,7 @@ async fn an_instance_starts_while_its_cluster_is_down() {
     assert_eq!(ready["redis"], "down", "{ready}");
     let (user, voucher) = user_and_voucher(url, "u").await;
     let orders = format!("{url}/api/vouchers/{}/orders", voucher["id"]);
-    let (status, problem) = http("POST", &orders, Some(json!({ "user_id": user["id"] }))).await;
+    let (status, problem) = http_as(Some(&user), "POST", &orders, None).await;
     assert_eq!(status, 503, "{problem}");
     assert_eq!(problem["status"], 503, "{problem}");
 }

@@ -14,10 +14,23 @@ async fn serve(app: flash_sale::App) -> String {
     url
 }
 
+/// The operator's token of the instances; every request of [`post`] carries it.
+const OPERATOR: &str = "test-operator-token-0123456789";
+
 async fn post(url: &str, body: Value) -> Value {
+    post_as(None, url, body).await
+}
+
+/// [`post`], with a shopper's session cookie when `cookie` is given.
+async fn post_as(cookie: Option<&str>, url: &str, body: Value) -> Value {
     let client = Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
-    let request = hyper::Request::post(url)
+    let mut request = hyper::Request::post(url)
         .header("content-type", "application/json")
+        .header("authorization", format!("Bearer {OPERATOR}"));
+    if let Some(cookie) = cookie {
+        request = request.header("cookie", cookie);
+    }
+    let request = request
         .body(Full::new(Bytes::from(body.to_string())))
         .unwrap();
     let response = client.request(request).await.unwrap();
@@ -85,13 +98,14 @@ async fn a_subscriber_sees_changes_made_on_another_instance() {
     let mut urls = Vec::new();
     for _ in 0..2 {
         let locker = flash_sale::server::locker(&redis.url()).await.unwrap();
-        let app = flash_sale::app(&db, locker, true).await.unwrap();
+        let mut app = flash_sale::app(&db, locker, true).await.unwrap();
+        app.operator = Some(flash_sale::auth::OperatorToken::new(OPERATOR).unwrap());
         urls.push(serve(app).await);
     }
     let (a, b) = (&urls[0], &urls[1]);
-    let user = post(&format!("{a}/api/login"), json!({"name": "watcher"})).await["id"]
-        .as_i64()
-        .unwrap();
+    let (watcher, cookie) = flash_sale::loadgen::login(a, "watcher").await.unwrap();
+    let user = watcher.id;
+    let (_, other) = flash_sale::loadgen::login(a, "someone else").await.unwrap();
     let now = flash_sale::now_ms();
     let voucher = post(
         &format!("{a}/api/vouchers"),
@@ -103,9 +117,27 @@ async fn a_subscriber_sees_changes_made_on_another_instance() {
         .unwrap();
 
     let client = Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
+    // Another user's stream: refused, signed in (403) or not (401).
+    for (cookie, status) in [(Some(other.as_str()), 403), (None, 401)] {
+        let mut request = hyper::Request::get(format!("{a}/api/events?user={user}"));
+        if let Some(cookie) = cookie {
+            request = request.header("cookie", cookie);
+        }
+        let response = client
+            .request(request.body(Empty::<Bytes>::new()).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(response.status(), status);
+        assert_eq!(
+            response.headers()["content-type"],
+            "application/problem+json"
+        );
+    }
+    // One's own, by the session (`?user=` may name it).
     let response = client
         .request(
             hyper::Request::get(format!("{a}/api/events?user={user}"))
+                .header("cookie", &cookie)
                 .body(Empty::<Bytes>::new())
                 .unwrap(),
         )
@@ -125,9 +157,10 @@ async fn a_subscriber_sees_changes_made_on_another_instance() {
     events.until("orders", |_| true).await;
 
     // The purchase happens on the other instance.
-    post(
+    post_as(
+        Some(&cookie),
         &format!("{b}/api/vouchers/{voucher}/orders"),
-        json!({ "user_id": user }),
+        Value::Null,
     )
     .await;
     // Both come, in either order.
@@ -149,8 +182,9 @@ async fn a_subscriber_sees_changes_made_on_another_instance() {
     .await["id"]
         .as_i64()
         .unwrap();
-    post(
-        &format!("{b}/api/carts/{user}/items"),
+    post_as(
+        Some(&cookie),
+        &format!("{b}/api/cart/items"),
         json!({"sku_id": sku, "qty": 2}),
     )
     .await;

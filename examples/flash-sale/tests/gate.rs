@@ -51,8 +51,8 @@ async fn at_most_the_gates_buyers_of_one_voucher_are_in_the_order_path_across_in
         let router = routers[i % 2].clone();
         buys.push(tokio::spawn(async move {
             let request = axum::http::Request::post(format!("/api/vouchers/{voucher}/orders"))
-                .header("content-type", "application/json")
-                .body(axum::body::Body::from(format!(r#"{{"user_id":{user}}}"#)))
+                .header("cookie", user.cookie)
+                .body(axum::body::Body::empty())
                 .unwrap();
             tower::ServiceExt::oneshot(router, request)
                 .await

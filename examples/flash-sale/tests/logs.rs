@@ -16,10 +16,11 @@ async fn requests_are_logged_with_their_id_status_and_lock_outcome() {
     let shop = common::shop().await;
     let user = shop.login("logged").await;
     let sku = shop.sku("Logged mug", 3).await;
-    shop.add(user, sku, 1).await;
+    shop.add(&user, sku, 1).await;
     let answer = shop
         .send(
-            Request::post(format!("/api/carts/{user}/checkout"))
+            Request::post("/api/cart/checkout")
+                .header("cookie", &user.cookie)
                 .header("x-request-id", "log-test-1")
                 .body(Body::empty())
                 .unwrap(),
@@ -34,14 +35,14 @@ async fn requests_are_logged_with_their_id_status_and_lock_outcome() {
         .unwrap_or_else(|| panic!("no span for the request: {}", logs.text()));
     assert_eq!(
         request.fields.get("path").map(String::as_str),
-        Some(format!("/api/carts/{user}/checkout").as_str())
+        Some("/api/cart/checkout")
     );
     let locked = logs.events_saying("locks acquired");
     assert!(
         locked.iter().any(|e| e
             .fields
             .get("locks")
-            .is_some_and(|l| l.contains(&format!("cart:{user}")))),
+            .is_some_and(|l| l.contains(&format!("cart:{}", user.id)))),
         "{}",
         logs.text()
     );
@@ -56,13 +57,14 @@ async fn requests_are_logged_with_their_id_status_and_lock_outcome() {
     let held = shop
         .app
         .locker
-        .lock(format!("cart:{user}"))
+        .lock(format!("cart:{}", user.id))
         .await
         .expect("hold the cart");
-    shop.add(user, sku, 1).await;
+    shop.add(&user, sku, 1).await;
     let busy = shop
         .send(
-            Request::post(format!("/api/carts/{user}/checkout"))
+            Request::post("/api/cart/checkout")
+                .header("cookie", &user.cookie)
                 .body(Body::empty())
                 .unwrap(),
         )

@@ -10,16 +10,35 @@ use http_body_util::{BodyExt as _, Full};
 use hyper_util::client::legacy::Client;
 use serde_json::{Value, json};
 
+/// The operator's token the instances are started with; every request below carries it.
+const OPERATOR: &str = "test-operator-token-0123456789";
+
 fn server() -> ServerCommand {
     ServerCommand::binary(env!("CARGO_BIN_EXE_flash-sale"))
+        .with_operator(flash_sale::auth::OperatorToken::new(OPERATOR).unwrap())
 }
 
 async fn http(method: &str, url: &str, body: Option<Value>) -> (u16, String, Value) {
+    http_as(None, method, url, body).await
+}
+
+/// [`http`], with a shopper's session cookie when `cookie` is given.
+async fn http_as(
+    cookie: Option<&str>,
+    method: &str,
+    url: &str,
+    body: Option<Value>,
+) -> (u16, String, Value) {
     let client = Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
-    let request = hyper::Request::builder()
+    let mut request = hyper::Request::builder()
         .method(method)
         .uri(url)
         .header("content-type", "application/json")
+        .header("authorization", format!("Bearer {OPERATOR}"));
+    if let Some(cookie) = cookie {
+        request = request.header("cookie", cookie);
+    }
+    let request = request
         .body(Full::new(Bytes::from(
             body.map(|b| b.to_string()).unwrap_or_default(),
         )))
@@ -46,14 +65,11 @@ async fn http(method: &str, url: &str, body: Option<Value>) -> (u16, String, Val
     )
 }
 
-async fn setup(url: &str) -> (i64, i64) {
-    let (status, _, user) = http(
-        "POST",
-        &format!("{url}/api/login"),
-        Some(json!({"name": "ops"})),
-    )
-    .await;
-    assert_eq!(status, 200, "{user}");
+/// Signs in as "ops": the session cookie; and a voucher.
+async fn setup(url: &str) -> (String, i64) {
+    let (_, user) = flash_sale::loadgen::login(url, "ops")
+        .await
+        .expect("the login answers");
     let now = flash_sale::now_ms();
     let (status, _, voucher) = http(
         "POST",
@@ -63,14 +79,11 @@ async fn setup(url: &str) -> (i64, i64) {
     )
     .await;
     assert_eq!(status, 201, "{voucher}");
-    (
-        user["id"].as_i64().unwrap(),
-        voucher["id"].as_i64().unwrap(),
-    )
+    (user, voucher["id"].as_i64().unwrap())
 }
 
 /// A purchase (a new voucher each time, so that one order per user doesn't get in the way).
-async fn buy(url: &str, user: i64) -> (u16, String) {
+async fn buy(url: &str, user: &str) -> (u16, String) {
     let now = flash_sale::now_ms();
     let (_, _, voucher) = http(
         "POST",
@@ -80,32 +93,35 @@ async fn buy(url: &str, user: i64) -> (u16, String) {
     )
     .await;
     let id = voucher["id"].as_i64().unwrap();
-    let (status, text, _) = http(
+    let (status, text, _) = http_as(
+        Some(user),
         "POST",
         &format!("{url}/api/vouchers/{id}/orders"),
-        Some(json!({ "user_id": user })),
+        None,
     )
     .await;
     (status, text)
 }
 
-async fn add(url: &str, user: i64, sku: i64) {
-    let (status, text, _) = http(
+async fn add(url: &str, user: &str, sku: i64) {
+    let (status, text, _) = http_as(
+        Some(user),
         "POST",
-        &format!("{url}/api/carts/{user}/items"),
+        &format!("{url}/api/cart/items"),
         Some(json!({"sku_id": sku, "qty": 1})),
     )
     .await;
     assert_eq!(status, 200, "{text}");
 }
 
-async fn checkout(url: &str, user: i64) -> (u16, String) {
-    let (status, text, _) = http("POST", &format!("{url}/api/carts/{user}/checkout"), None).await;
+async fn checkout(url: &str, user: &str) -> (u16, String) {
+    let url = format!("{url}/api/cart/checkout");
+    let (status, text, _) = http_as(Some(user), "POST", &url, None).await;
     (status, text)
 }
 
 /// One instance on `redis`, a user and a SKU of 100 units.
-async fn shop_with_a_sku(redis: &dlock_tests::RedisServer) -> (demo::Instances, i64, i64) {
+async fn shop_with_a_sku(redis: &dlock_tests::RedisServer) -> (demo::Instances, String, i64) {
     let shop = demo::start(&server(), 1, &RedisTarget::Server(redis.url()), None, true)
         .await
         .expect("the instance starts");
@@ -158,14 +174,14 @@ async fn an_instance_starts_without_redis_and_locks_once_it_is_back() {
     assert_no_internals(&text);
 
     let (user, _) = setup(url).await;
-    let (status, text) = buy(url, user).await;
+    let (status, text) = buy(url, &user).await;
     assert_eq!(status, 503, "{text}");
     assert_no_internals(&text);
     let (status, _, _) = http("GET", &format!("{url}/api/vouchers"), None).await;
     assert_eq!(status, 200);
 
     redis.restart();
-    let (status, text) = buy(url, user).await;
+    let (status, text) = buy(url, &user).await;
     assert_eq!(
         status, 201,
         "the first locked request after Redis is back: {text}"
@@ -181,25 +197,25 @@ async fn the_first_locked_request_after_redis_restarts_succeeds() {
     let mut redis = dlock_tests::RedisServer::start();
     let (shop, user, sku) = shop_with_a_sku(&redis).await;
     let url = &shop.urls[0];
-    assert_eq!(buy(url, user).await.0, 201);
+    assert_eq!(buy(url, &user).await.0, 201);
     for round in 0..3 {
         redis.kill();
-        let (status, text) = buy(url, user).await;
+        let (status, text) = buy(url, &user).await;
         assert_eq!(status, 503, "round {round}: {text}");
         assert_no_internals(&text);
         redis.restart();
-        let (status, text) = buy(url, user).await;
+        let (status, text) = buy(url, &user).await;
         assert_eq!(
             status, 201,
             "round {round}: the first request after the restart: {text}"
         );
         // The checkout's layer (several locks at once) too.
-        add(url, user, sku).await;
+        add(url, &user, sku).await;
         redis.kill();
-        let (status, text) = checkout(url, user).await;
+        let (status, text) = checkout(url, &user).await;
         assert_eq!(status, 503, "round {round}: {text}");
         redis.restart();
-        let (status, text) = checkout(url, user).await;
+        let (status, text) = checkout(url, &user).await;
         assert_eq!(
             status, 201,
             "round {round}: the first checkout after the restart: {text}"
@@ -209,21 +225,21 @@ async fn the_first_locked_request_after_redis_restarts_succeeds() {
     // request finds out.
     for round in 0..3 {
         redis.restart();
-        let (status, text) = buy(url, user).await;
+        let (status, text) = buy(url, &user).await;
         assert_eq!(status, 201, "idle restart {round}: {text}");
-        add(url, user, sku).await;
+        add(url, &user, sku).await;
         redis.restart();
-        let (status, text) = checkout(url, user).await;
+        let (status, text) = checkout(url, &user).await;
         assert_eq!(status, 201, "idle restart {round}: {text}");
     }
     // A paused Redis (SIGSTOP) is unavailable too, and resumes cleanly.
     redis.pause();
     let started = Instant::now();
-    let (status, text) = buy(url, user).await;
+    let (status, text) = buy(url, &user).await;
     assert_eq!(status, 503, "{text}");
     assert!(started.elapsed() < Duration::from_secs(20));
     redis.resume();
-    let (status, text) = buy(url, user).await;
+    let (status, text) = buy(url, &user).await;
     assert_eq!(status, 201, "after the pause: {text}");
 }
 
@@ -240,7 +256,7 @@ async fn an_instance_without_locks_runs_without_redis() {
     assert_eq!(status, 200, "{ready}");
     assert_eq!(ready["redis"], "unused", "{ready}");
     let (user, _) = setup(url).await;
-    assert_eq!(buy(url, user).await.0, 201);
+    assert_eq!(buy(url, &user).await.0, 201);
     let (_, _, stats) = http("GET", &format!("{url}/api/stats"), None).await;
     assert_eq!(stats["locks"], false, "{stats}");
 }
@@ -256,7 +272,7 @@ async fn three_replicas_start_together_on_a_fresh_sqlite_file() {
             .expect("three instances start together");
         let (user, _) = setup(&shop.urls[0]).await;
         for url in &shop.urls {
-            assert_eq!(buy(url, user).await.0, 201);
+            assert_eq!(buy(url, &user).await.0, 201);
         }
         // Each instance writes its counters every few hundred milliseconds.
         for url in &shop.urls {
@@ -283,17 +299,17 @@ async fn every_dashboard_query_names_exported_metrics() {
     let redis = dlock_tests::RedisServer::start();
     let (shop, user, sku) = shop_with_a_sku(&redis).await;
     let url = &shop.urls[0];
-    assert_eq!(buy(url, user).await.0, 201);
-    add(url, user, sku).await;
-    assert_eq!(checkout(url, user).await.0, 201);
+    assert_eq!(buy(url, &user).await.0, 201);
+    add(url, &user, sku).await;
+    assert_eq!(checkout(url, &user).await.0, 201);
     // The SKU held elsewhere: the checkout waits, then 409.
     let other = dlock_core::Locker::connect(&redis.url()).await.unwrap();
     let held = other
         .lock(flash_sale::sku_lock_name(sku).unwrap())
         .await
         .unwrap();
-    add(url, user, sku).await;
-    assert_eq!(checkout(url, user).await.0, 409);
+    add(url, &user, sku).await;
+    assert_eq!(checkout(url, &user).await.0, 409);
     assert!(held.release().await.is_released());
 
     let client = Client::builder(hyper_util::rt::TokioExecutor::new()).build_http::<Full<Bytes>>();

@@ -135,7 +135,8 @@ impl Drop for Postgres {
 async fn the_shop_runs_on_postgres_without_duplicates_or_oversell() {
     let pg = Postgres::start();
     let redis = dlock_tests::RedisServer::start();
-    let server = demo::ServerCommand::binary(env!("CARGO_BIN_EXE_flash-sale"));
+    let server = demo::ServerCommand::binary(env!("CARGO_BIN_EXE_flash-sale"))
+        .with_operator(flash_sale::auth::OperatorToken::new(OPERATOR).unwrap());
     let started = Instant::now();
     let instances = demo::start(
         &server,
@@ -148,6 +149,7 @@ async fn the_shop_runs_on_postgres_without_duplicates_or_oversell() {
     .expect("instances on postgres");
     let load = LoadConfig {
         targets: instances.urls.clone(),
+        operator: Some(instances.operator.clone()),
         users: 150,
         concurrency: 50,
         ..LoadConfig::default()
@@ -162,14 +164,32 @@ async fn the_shop_runs_on_postgres_without_duplicates_or_oversell() {
     assert_eq!(report.stats.duplicate_orders, 0, "{report:?}");
 }
 
+/// The operator's token the instances are started with; every request of [`http`] carries it.
+const OPERATOR: &str = "test-operator-token-0123456789";
+
 async fn http(method: &str, url: &str, body: serde_json::Value) -> (u16, serde_json::Value) {
+    http_as(None, method, url, body).await
+}
+
+/// [`http`], with a shopper's session cookie when `cookie` is given.
+async fn http_as(
+    cookie: Option<&str>,
+    method: &str,
+    url: &str,
+    body: serde_json::Value,
+) -> (u16, serde_json::Value) {
     use http_body_util::BodyExt as _;
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .build_http();
-    let request = hyper::Request::builder()
+    let mut request = hyper::Request::builder()
         .method(method)
         .uri(url)
         .header("content-type", "application/json")
+        .header("authorization", format!("Bearer {OPERATOR}"));
+    if let Some(cookie) = cookie {
+        request = request.header("cookie", cookie);
+    }
+    let request = request
         .body(http_body_util::Full::new(bytes::Bytes::from(
             body.to_string(),
         )))
@@ -194,7 +214,8 @@ async fn http(method: &str, url: &str, body: serde_json::Value) -> (u16, serde_j
 async fn three_instances_start_together_on_a_fresh_postgres_and_refuse_bad_input() {
     let pg = Postgres::start();
     let redis = dlock_tests::RedisServer::start();
-    let server = demo::ServerCommand::binary(env!("CARGO_BIN_EXE_flash-sale"));
+    let server = demo::ServerCommand::binary(env!("CARGO_BIN_EXE_flash-sale"))
+        .with_operator(flash_sale::auth::OperatorToken::new(OPERATOR).unwrap());
     let instances = demo::start(
         &server,
         3,
@@ -222,13 +243,7 @@ async fn three_instances_start_together_on_a_fresh_postgres_and_refuse_bad_input
     )
     .await;
     assert_eq!(status, 400, "{problem}");
-    let (_, user) = http(
-        "POST",
-        &format!("{url}/api/login"),
-        serde_json::json!({"name": "pg"}),
-    )
-    .await;
-    let user = user["id"].as_i64().unwrap();
+    let (_, user) = flash_sale::loadgen::login(url, "pg").await.unwrap();
     let (_, sku) = http(
         "POST",
         &format!("{url}/api/skus"),
@@ -237,9 +252,10 @@ async fn three_instances_start_together_on_a_fresh_postgres_and_refuse_bad_input
     .await;
     let sku = sku["id"].as_i64().unwrap();
     for _ in 0..2 {
-        let (status, problem) = http(
+        let (status, problem) = http_as(
+            Some(&user),
             "POST",
-            &format!("{url}/api/carts/{user}/items"),
+            &format!("{url}/api/cart/items"),
             serde_json::json!({"sku_id": sku, "qty": i64::MAX}),
         )
         .await;
@@ -247,4 +263,62 @@ async fn three_instances_start_together_on_a_fresh_postgres_and_refuse_bad_input
     }
     let (status, stats) = http("GET", &format!("{url}/api/stats"), serde_json::json!(null)).await;
     assert_eq!(status, 200, "{stats}");
+}
+
+/// PostgreSQL stopped under a running instance: the routes that need it answer 503 problem+json
+/// within 2 s (not a 500 after the pool's wait), and `/readyz` says the database is down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_down_is_a_503_within_two_seconds() {
+    let pg = Postgres::start();
+    let redis = dlock_tests::RedisServer::start();
+    let server = demo::ServerCommand::binary(env!("CARGO_BIN_EXE_flash-sale"))
+        .with_operator(flash_sale::auth::OperatorToken::new(OPERATOR).unwrap());
+    let instances = demo::start(
+        &server,
+        1,
+        &RedisTarget::Server(redis.url()),
+        Some(&pg.url()),
+        true,
+    )
+    .await
+    .expect("an instance on postgres");
+    let url = &instances.urls[0];
+    let (_, user) = flash_sale::loadgen::login(url, "pg").await.unwrap();
+    let now = flash_sale::now_ms();
+    let (status, voucher) = http(
+        "POST",
+        &format!("{url}/api/vouchers"),
+        serde_json::json!({"title": "v", "price_cents": 1, "stock": 5,
+                           "starts_at_ms": now - 1000, "ends_at_ms": now + 600_000}),
+    )
+    .await;
+    assert_eq!(status, 201, "{voucher}");
+    drop(pg);
+    for (cookie, method, path) in [
+        (None, "GET", "/api/vouchers".to_owned()),
+        (Some(user.as_str()), "GET", "/api/cart".to_owned()),
+        (
+            Some(user.as_str()),
+            "POST",
+            format!("/api/vouchers/{}/orders", voucher["id"]),
+        ),
+        (None, "GET", "/api/stats".to_owned()),
+        (None, "GET", "/readyz".to_owned()),
+    ] {
+        let started = Instant::now();
+        let (status, problem) = http_as(
+            cookie,
+            method,
+            &format!("{url}{path}"),
+            serde_json::Value::Null,
+        )
+        .await;
+        let took = started.elapsed();
+        assert_eq!(status, 503, "{path}: {problem}");
+        assert!(took < Duration::from_secs(2), "{path}: {took:?}");
+        let text = problem.to_string().to_lowercase();
+        for leak in ["pool", "postgres", "connection refused", "sqlx"] {
+            assert!(!text.contains(leak), "{path}: {problem}");
+        }
+    }
 }

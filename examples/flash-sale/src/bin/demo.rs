@@ -122,7 +122,7 @@ async fn run() -> Result<ExitCode, String> {
             starts_at_ms: begin_at,
             ends_at_ms: begin_at + lasts,
         };
-        loadgen::create_voucher(shop, &voucher).await?;
+        loadgen::create_voucher(shop, Some(&running.operator), &voucher).await?;
     }
     println!(
         "\nThe shop (with locks) is up on {} instances:",
@@ -131,6 +131,10 @@ async fn run() -> Result<ExitCode, String> {
     for url in &running.urls {
         println!("  {url}/");
     }
+    println!(
+        "The operator's view: {shop}/operator/login, with the operator's token {}",
+        running.operator.expose()
+    );
     println!("Open one in a browser; Ctrl-C to stop.");
     std::future::pending::<()>().await;
     Ok(ExitCode::SUCCESS)

@@ -1,5 +1,6 @@
 //! The load generator: `loadgen URL [URL ...] [--users N] [--stock N] [--requests N]
-//! [--concurrency N] [--skus N] [--sku-stock N]`. Fires the buyers at every URL, audits the
+//! [--concurrency N] [--skus N] [--sku-stock N]`, as the operator of `SHOP_OPERATOR_TOKEN`
+//! (it puts the voucher and the SKUs on sale and reads the numbers). Fires the buyers at every URL, audits the
 //! database behind them, prints the table, and exits 1 if an invariant broke (2 on a usage or
 //! connection error).
 
@@ -8,7 +9,8 @@ use std::process::ExitCode;
 use flash_sale::loadgen::{self, LoadConfig};
 
 const USAGE: &str = "loadgen URL [URL ...] [--users N] [--stock N] [--requests N] \
-                     [--concurrency N] [--skus N] [--sku-stock N]";
+                     [--concurrency N] [--skus N] [--sku-stock N]   \
+                     (env: SHOP_OPERATOR_TOKEN, the shop's operator token)";
 
 fn number<T: std::str::FromStr>(flag: &str, value: Option<String>) -> Result<T, String> {
     value
@@ -18,7 +20,10 @@ fn number<T: std::str::FromStr>(flag: &str, value: Option<String>) -> Result<T, 
 }
 
 fn config() -> Result<Option<LoadConfig>, String> {
-    let mut config = LoadConfig::default();
+    let mut config = LoadConfig {
+        operator: flash_sale::auth::OperatorToken::from_env()?,
+        ..LoadConfig::default()
+    };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {

@@ -23,18 +23,29 @@ pub async fn shop() -> Shop {
     shop_with(true).await
 }
 
+/// The operator's token of every test shop.
+pub const OPERATOR_TOKEN: &str = "test-operator-token-0123456789";
+
 pub async fn shop_with(locks: bool) -> Shop {
     let redis = dlock_tests::RedisServer::start();
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
     let locker = flash_sale::server::locker(&redis.url()).await.unwrap();
-    let app = flash_sale::app(&url, locker, locks).await.unwrap();
+    let mut app = flash_sale::app(&url, locker, locks).await.unwrap();
+    app.operator = Some(flash_sale::auth::OperatorToken::new(OPERATOR_TOKEN).unwrap());
     Shop {
         router: flash_sale::router(app.clone()),
         app,
         redis,
         _dir: dir,
     }
+}
+
+/// A signed-in shopper: its id and its session cookie (`shop_session=…`).
+#[derive(Debug, Clone)]
+pub struct Shopper {
+    pub id: i64,
+    pub cookie: String,
 }
 
 /// One answer.
@@ -99,12 +110,71 @@ impl Shop {
         (answer.status, answer.body)
     }
 
-    pub async fn login(&self, name: &str) -> i64 {
-        let (status, user) = self
-            .call("POST", "/api/login", &format!(r#"{{"name":"{name}"}}"#))
+    /// [`Shop::call`] as the operator (`Authorization: Bearer`).
+    pub async fn operator(&self, method: &str, uri: &str, body: &str) -> (StatusCode, Value) {
+        let answer = self
+            .send(
+                Request::builder()
+                    .method(method)
+                    .uri(uri)
+                    .header("content-type", "application/json")
+                    .header("authorization", format!("Bearer {OPERATOR_TOKEN}"))
+                    .body(Body::from(body.to_owned()))
+                    .unwrap(),
+            )
             .await;
-        assert_eq!(status, StatusCode::OK, "{user}");
-        user["id"].as_i64().unwrap()
+        (answer.status, answer.body)
+    }
+
+    /// Signs in as `name`: the user and its session cookie.
+    pub async fn login(&self, name: &str) -> Shopper {
+        let answer = self
+            .send(
+                Request::post("/api/login")
+                    .header("content-type", "application/json")
+                    .body(Body::from(serde_json::json!({ "name": name }).to_string()))
+                    .unwrap(),
+            )
+            .await;
+        assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
+        let set = answer.headers["set-cookie"].to_str().unwrap();
+        Shopper {
+            id: answer.body["id"].as_i64().unwrap(),
+            cookie: set.split(';').next().unwrap().to_owned(),
+        }
+    }
+
+    /// [`Shop::call`] as the signed-in `user` (its session cookie).
+    pub async fn call_as(
+        &self,
+        user: &Shopper,
+        method: &str,
+        uri: &str,
+        body: &str,
+    ) -> (StatusCode, Value) {
+        let answer = self
+            .send(
+                Request::builder()
+                    .method(method)
+                    .uri(uri)
+                    .header("content-type", "application/json")
+                    .header("cookie", &user.cookie)
+                    .body(Body::from(body.to_owned()))
+                    .unwrap(),
+            )
+            .await;
+        (answer.status, answer.body)
+    }
+
+    /// Buys `voucher` as `user`.
+    pub async fn buy(&self, user: &Shopper, voucher: i64) -> (StatusCode, Value) {
+        self.call_as(user, "POST", &format!("/api/vouchers/{voucher}/orders"), "")
+            .await
+    }
+
+    /// Checks out `user`'s cart.
+    pub async fn checkout(&self, user: &Shopper) -> (StatusCode, Value) {
+        self.call_as(user, "POST", "/api/cart/checkout", "").await
     }
 
     pub async fn voucher(&self, stock: i64, starts_at_ms: i64, ends_at_ms: i64) -> i64 {
@@ -116,7 +186,7 @@ impl Shop {
             ends_at_ms,
         };
         let (status, body) = self
-            .call(
+            .operator(
                 "POST",
                 "/api/vouchers",
                 &serde_json::to_string(&new).unwrap(),
@@ -133,7 +203,7 @@ impl Shop {
 
     pub async fn sku(&self, name: &str, stock: i64) -> i64 {
         let (status, sku) = self
-            .call(
+            .operator(
                 "POST",
                 "/api/skus",
                 &format!(r#"{{"name":"{name}","price_cents":250,"stock":{stock}}}"#),
@@ -143,17 +213,18 @@ impl Shop {
         sku["id"].as_i64().unwrap()
     }
 
-    pub async fn add(&self, user: i64, sku: i64, qty: i64) -> (StatusCode, Value) {
-        self.call(
+    pub async fn add(&self, user: &Shopper, sku: i64, qty: i64) -> (StatusCode, Value) {
+        self.call_as(
+            user,
             "POST",
-            &format!("/api/carts/{user}/items"),
+            "/api/cart/items",
             &format!(r#"{{"sku_id":{sku},"qty":{qty}}}"#),
         )
         .await
     }
 
     pub async fn stats(&self) -> Value {
-        let (status, stats) = self.call("GET", "/api/stats", "").await;
+        let (status, stats) = self.operator("GET", "/api/stats", "").await;
         assert_eq!(status, StatusCode::OK, "{stats}");
         stats
     }
