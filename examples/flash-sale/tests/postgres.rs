@@ -135,18 +135,10 @@ impl Drop for Postgres {
 async fn the_shop_runs_on_postgres_without_duplicates_or_oversell() {
     let pg = Postgres::start();
     let redis = dlock_tests::RedisServer::start();
-    let server = demo::ServerCommand::binary(env!("CARGO_BIN_EXE_flash-sale"))
-        .with_operator(flash_sale::auth::OperatorToken::new(OPERATOR).unwrap());
     let started = Instant::now();
-    let instances = demo::start(
-        &server,
-        2,
-        &RedisTarget::Server(redis.url()),
-        Some(&pg.url()),
-        true,
-    )
-    .await
-    .expect("instances on postgres");
+    let instances = on_postgres(&pg, &redis, 2)
+        .await
+        .expect("instances on postgres");
     let load = LoadConfig {
         targets: instances.urls.clone(),
         operator: Some(instances.operator.clone()),
@@ -166,6 +158,18 @@ async fn the_shop_runs_on_postgres_without_duplicates_or_oversell() {
 
 /// The operator's token the instances are started with; every request of [`http`] carries it.
 const OPERATOR: &str = "test-operator-token-0123456789";
+
+/// `count` instances of the shop on `pg`, locking on `redis`, with the operator's token.
+async fn on_postgres(
+    pg: &Postgres,
+    redis: &dlock_tests::RedisServer,
+    count: usize,
+) -> Result<demo::Instances, String> {
+    let server = demo::ServerCommand::binary(env!("CARGO_BIN_EXE_flash-sale"))
+        .with_operator(flash_sale::auth::OperatorToken::new(OPERATOR).unwrap());
+    let redis = RedisTarget::Server(redis.url());
+    demo::start(&server, count, &redis, Some(&pg.url()), true).await
+}
 
 async fn http(method: &str, url: &str, body: serde_json::Value) -> (u16, serde_json::Value) {
     http_as(None, method, url, body).await
@@ -214,17 +218,9 @@ async fn http_as(
 async fn three_instances_start_together_on_a_fresh_postgres_and_refuse_bad_input() {
     let pg = Postgres::start();
     let redis = dlock_tests::RedisServer::start();
-    let server = demo::ServerCommand::binary(env!("CARGO_BIN_EXE_flash-sale"))
-        .with_operator(flash_sale::auth::OperatorToken::new(OPERATOR).unwrap());
-    let instances = demo::start(
-        &server,
-        3,
-        &RedisTarget::Server(redis.url()),
-        Some(&pg.url()),
-        true,
-    )
-    .await
-    .expect("three instances start together on a fresh database");
+    let instances = on_postgres(&pg, &redis, 3)
+        .await
+        .expect("three instances start together on a fresh database");
     let url = &instances.urls[2];
     let now = flash_sale::now_ms();
     for body in [
@@ -271,17 +267,9 @@ async fn three_instances_start_together_on_a_fresh_postgres_and_refuse_bad_input
 async fn postgres_down_is_a_503_within_two_seconds() {
     let pg = Postgres::start();
     let redis = dlock_tests::RedisServer::start();
-    let server = demo::ServerCommand::binary(env!("CARGO_BIN_EXE_flash-sale"))
-        .with_operator(flash_sale::auth::OperatorToken::new(OPERATOR).unwrap());
-    let instances = demo::start(
-        &server,
-        1,
-        &RedisTarget::Server(redis.url()),
-        Some(&pg.url()),
-        true,
-    )
-    .await
-    .expect("an instance on postgres");
+    let instances = on_postgres(&pg, &redis, 1)
+        .await
+        .expect("an instance on postgres");
     let url = &instances.urls[0];
     let (_, user) = flash_sale::loadgen::login(url, "pg").await.unwrap();
     let now = flash_sale::now_ms();
