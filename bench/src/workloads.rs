@@ -22,6 +22,7 @@ pub(crate) const IDS: [&str; 7] = ["W1", "W2", "W3", "W4", "W5", "W6", "W7"];
 /// scripts run too are left out: the `PEXPIRE` inside raw-hash-acquire's transaction is not
 /// counted, its `MULTI`, `HSETNX` and `EXEC` are.
 const CLIENT_COMMANDS: &[&str] = &[
+    "fcall",
     "evalsha",
     "multi",
     "exec",
@@ -36,6 +37,7 @@ const CLIENT_COMMANDS: &[&str] = &[
     "ping",
     "script|load",
     "script",
+    "function|load",
 ];
 
 /// What a library's servers and this process spent over an interval: client commands, CPU

@@ -220,9 +220,10 @@ pub enum FaultFamily {
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum FaultSpec {
     Pause(Duration),
-    /// The server's script cache emptied (`SCRIPT FLUSH`), then a pause: every locker's next
-    /// script is refused (`NOSCRIPT`) and sent again once loaded, so commands held up by the
-    /// pause reach the server later still, one at a time.
+    /// The server's scripts and functions gone (`SCRIPT FLUSH`, `FUNCTION FLUSH`), then a
+    /// pause: every locker's next script is refused (`NOSCRIPT`, "Function not found") and sent
+    /// again once loaded, so commands held up by the pause reach the server later still, one at
+    /// a time.
     FlushThenPause(Duration),
     Del(u8),
     Restart {
@@ -478,7 +479,8 @@ impl Targets {
         }
         let (kind, reach, applied) = match (self, fault) {
             (Self::Redis(t), FaultSpec::FlushThenPause(d)) => {
-                let flushed = admin_cmd(&t.admin, redis::cmd("SCRIPT").arg("FLUSH")).await;
+                let flushed = admin_cmd(&t.admin, redis::cmd("SCRIPT").arg("FLUSH")).await
+                    && admin_cmd(&t.admin, redis::cmd("FUNCTION").arg("FLUSH")).await;
                 let mut cmd = redis::cmd("CLIENT");
                 cmd.arg("PAUSE").arg(d.as_millis() as u64).arg("WRITE");
                 let ok = flushed && admin_cmd(&t.admin, &cmd).await;

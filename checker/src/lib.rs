@@ -67,7 +67,7 @@ pub use proxy::Proxy;
 pub use sentinel::RedisSentinel;
 pub use server::{
     REDIS_SERVER_ENV, RedisServer, free_port, redis_server_binary, require_redis_server,
-    unique_name,
+    script_calls, unique_name,
 };
 
 mod actors;

@@ -345,7 +345,12 @@ impl RedisServer {
         std::fs::read_to_string(self.log_path()).unwrap_or_default()
     }
 
-    /// Calls per command from `INFO commandstats` (e.g. `"evalsha" -> 12`).
+    /// Script calls the server ran so far, whatever their form (see [`script_calls`]).
+    pub fn script_calls(&self) -> u64 {
+        script_calls(&self.info_commandstats())
+    }
+
+    /// Calls per command from `INFO commandstats` (e.g. `"fcall" -> 12`).
     pub fn info_commandstats(&self) -> BTreeMap<String, u64> {
         let info = self.info("commandstats");
         let mut stats = BTreeMap::new();
@@ -431,6 +436,23 @@ impl Drop for PortHold {
             let _ = thread.join();
         }
     }
+}
+
+/// Script calls among `INFO commandstats`' counts (as [`RedisServer::info_commandstats`] reads
+/// them): functions (`FCALL`, how dlock calls its scripts), scripts by hash (`EVALSHA`, an
+/// earlier layout's scripts) and by text (`EVAL`, a release's clean-up).
+pub fn script_calls(stats: &BTreeMap<String, u64>) -> u64 {
+    [
+        "fcall",
+        "fcall_ro",
+        "evalsha",
+        "eval",
+        "evalsha_ro",
+        "eval_ro",
+    ]
+    .iter()
+    .filter_map(|name| stats.get(*name))
+    .sum()
 }
 
 #[cfg(test)]

@@ -115,34 +115,56 @@
 //! if it is higher than the last one applied: a renewal that arrives late (a slow server, a
 //! command that timed out but ran anyway) can't undo a later `extend`.
 
-use std::sync::LazyLock;
+use std::sync::{LazyLock, OnceLock};
 
 use redis::Script;
 
 pub(crate) mod calls;
 pub mod hold;
 pub mod layout;
+mod library;
 #[cfg(feature = "cluster")]
 pub mod slot;
 
 pub(crate) use calls::*;
+pub(crate) use library::LIBRARY;
 
-/// A script of the protocol: its text, as sent with `EVAL`, and the `redis::Script` that sends
-/// it as `EVALSHA` (loading it when the server does not have it).
+/// A script of the protocol: its text, as sent with `EVAL`, the `redis::Script` that sends
+/// it as `EVALSHA` (loading it when the server does not have it), and its function in the
+/// [`library`] (this version's scripts; an earlier layout's frozen ones have none).
 pub(crate) struct Lua {
     text: String,
     script: Script,
+    /// The script's own lines (no helpers), and its function's flags: what the library makes
+    /// its function of.
+    body: String,
+    flags: Vec<String>,
+    /// The script's name (`ACQUIRE`, …), for its function's; `None` for a frozen script.
+    name: Option<&'static str>,
+    function: OnceLock<String>,
 }
 
 impl Lua {
-    fn new(file: &str) -> Self {
-        Self::from_text(compose(file))
+    fn new(name: &'static str, file: &str) -> Self {
+        Self {
+            body: compose_with(file, false),
+            flags: library::flags(file),
+            name: Some(name),
+            ..Self::from_text(compose(file))
+        }
     }
 
     /// A script already made whole (an earlier layout's, frozen).
     fn from_text(text: String) -> Self {
         let script = Script::new(&text);
-        Self { text, script }
+        Self {
+            text,
+            script,
+            body: String::new(),
+            flags: Vec::new(),
+            name: None,
+            function: OnceLock::new(),
+        }
     }
 
     /// The script, for `EVALSHA`.
@@ -154,16 +176,40 @@ impl Lua {
     pub(crate) fn text(&self) -> &str {
         &self.text
     }
+
+    /// The function of [`LIBRARY`] that runs this script, for `FCALL`; `None` for an earlier
+    /// layout's script, which is sent by `EVALSHA` only.
+    pub(crate) fn function(&self) -> Option<&str> {
+        let name = self.name?;
+        Some(self.function.get_or_init(|| LIBRARY.function(name)))
+    }
+
+    /// The script's lines without its helpers.
+    fn body(&self) -> &str {
+        &self.body
+    }
+
+    /// Its function's flags.
+    fn flags(&self) -> &[String] {
+        &self.flags
+    }
 }
 
 /// A script's file made whole: each `--@include <name>` line replaced by the helpers of
 /// `lua/lib/<name>.lua`, and comment lines left out (they are for the reader of the file; the
 /// server would parse them on every load, and an `EVAL` would send them).
 fn compose(file: &str) -> String {
+    compose_with(file, true)
+}
+
+/// [`compose`], or the file's own lines only (`helpers` false: its `--@include` lines left
+/// out, for the library, which defines the helpers once for all its functions).
+fn compose_with(file: &str, helpers: bool) -> String {
     let mut text = String::with_capacity(file.len() + 4096);
     for line in file.lines() {
         if let Some(name) = line.trim_start().strip_prefix("--@include ") {
-            match library(name.trim()) {
+            match helper(name.trim()) {
+                Some(_) if !helpers => continue,
                 Some(lib) => text.push_str(&compose(lib)),
                 // Kept as it is, a comment the server ignores; a test fails on it.
                 None => text.push_str(line),
@@ -177,7 +223,7 @@ fn compose(file: &str) -> String {
 }
 
 /// The helpers a script may include, by name.
-fn library(name: &str) -> Option<&'static str> {
+fn helper(name: &str) -> Option<&'static str> {
     Some(match name {
         "clock" => include_str!("protocol/lua/lib/clock.lua"),
         "fence" => include_str!("protocol/lua/lib/fence.lua"),
@@ -194,7 +240,7 @@ macro_rules! scripts {
         $(
             $(#[$doc])*
             pub(crate) static $name: LazyLock<Lua> =
-                LazyLock::new(|| Lua::new(include_str!(concat!("protocol/lua/", $file))));
+                LazyLock::new(|| Lua::new(stringify!($name), include_str!(concat!("protocol/lua/", $file))));
         )*
 
         /// Every script, by name.
@@ -250,6 +296,14 @@ scripts! {
 /// tests, which run each one on a server and on the memory store.
 pub fn script_texts() -> Vec<(&'static str, &'static str)> {
     ALL.iter().map(|(name, lua)| (*name, lua.text())).collect()
+}
+
+/// This version's scripts as one library of Redis functions, as `FUNCTION LOAD` takes it, and
+/// the function that runs each script (by the script's name, `ACQUIRE`, …): for the
+/// conformance tests, which run each script both ways.
+pub fn library() -> (&'static str, Vec<(&'static str, String)>) {
+    let functions = ALL.iter().map(|(name, _)| (*name, LIBRARY.function(name)));
+    (LIBRARY.text(), functions.collect())
 }
 
 /// Every script, by name.

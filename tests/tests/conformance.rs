@@ -1086,10 +1086,24 @@ async fn set<C: ConnectionLike + Send + Sync>(con: &mut C, before: &[Before]) {
     }
 }
 
-/// Runs `row` on `con` (an empty keyspace): its reply and every key after.
-async fn run<C: ConnectionLike + Send + Sync>(con: &mut C, row: &Row) -> (String, Vec<String>) {
+/// Runs `row` on `con` (an empty keyspace): its reply and every key after. A script runs as
+/// `EVAL` of its text, or (`function`) as `FCALL` of its function in the loaded library.
+async fn run<C: ConnectionLike + Send + Sync>(
+    con: &mut C,
+    row: &Row,
+    function: bool,
+) -> (String, Vec<String>) {
     set(con, row.before).await;
     let cmd = match row.op {
+        Script(name, keys, args) if function => {
+            let (_, functions) = dlock_core::protocol::library();
+            let (_, function) = (functions.into_iter())
+                .find(|(n, _)| *n == name)
+                .unwrap_or_else(|| panic!("no function for {name}"));
+            let mut cmd = redis::cmd("FCALL");
+            cmd.arg(function).arg(keys.len()).arg(keys).arg(args);
+            cmd
+        }
         Script(name, keys, args) => {
             let text = dlock_core::protocol::script_texts()
                 .into_iter()
@@ -1137,15 +1151,33 @@ fn check(target: &str, row: &Row, (reply, after): &(String, Vec<String>)) -> Vec
 async fn every_script_answers_alike_on_the_server_and_the_memory_store() {
     let server = RedisServer::start();
     let mut con = server.connection().await;
+    let load = || {
+        let mut cmd = redis::cmd("FUNCTION");
+        cmd.arg("LOAD").arg(dlock_core::protocol::library().0);
+        cmd
+    };
+    load()
+        .query_async::<String>(&mut con)
+        .await
+        .expect("FUNCTION LOAD");
     let mut failures = Vec::new();
     for row in ROWS {
-        redis::cmd("FLUSHALL")
-            .query_async::<()>(&mut con)
-            .await
-            .expect("FLUSHALL");
-        failures.extend(check("server", row, &run(&mut con, row).await));
-        let mut memory = MemoryStore::new().connection();
-        failures.extend(check("memory", row, &run(&mut memory, row).await));
+        for (function, how) in [(false, "EVAL"), (true, "FCALL")] {
+            // Functions stay through FLUSHALL, as on a server that keeps them.
+            redis::cmd("FLUSHALL")
+                .query_async::<()>(&mut con)
+                .await
+                .expect("FLUSHALL");
+            let on_server = run(&mut con, row, function).await;
+            failures.extend(check(&format!("server, {how}"), row, &on_server));
+            let mut memory = MemoryStore::new().connection();
+            load()
+                .query_async::<String>(&mut memory)
+                .await
+                .expect("FUNCTION LOAD");
+            let in_memory = run(&mut memory, row, function).await;
+            failures.extend(check(&format!("memory, {how}"), row, &in_memory));
+        }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     // Every script has its rows.

@@ -375,9 +375,7 @@ async fn a_waiter_is_woken_by_the_release_without_polling() {
     let handoff = acquired_at.duration_since(released_at);
     assert!(handoff < Duration::from_millis(50), "{handoff:?}");
     let after = server.info_commandstats();
-    let scripts = |stats: &std::collections::BTreeMap<String, u64>| {
-        stats.get("evalsha").copied().unwrap_or(0) + stats.get("eval").copied().unwrap_or(0)
-    };
+    let scripts = dlock_tests::script_calls;
     // Holder release + waiter: first attempt, attempt after subscribing, attempt after the
     // wake-up, its release. A polling loop would make dozens.
     let calls = scripts(&after) - scripts(&before);

@@ -18,13 +18,15 @@ struct Cost {
 }
 
 /// Commands that only take the readings: `INFO`, a new connection's `CLIENT SETINFO` and
-/// `HELLO`, the end marker's `ECHO`, a script loaded after a first `NOSCRIPT`, and a replica's
-/// acknowledgements of what it received (`REPLCONF ACK`, every second).
+/// `HELLO`, the end marker's `ECHO`, the scripts' library loaded after a first "Function not
+/// found" (or a script after `NOSCRIPT`), and a replica's acknowledgements of what it received
+/// (`REPLCONF ACK`, every second).
 fn reading(command: &str) -> bool {
     matches!(
         command,
-        "info" | "echo" | "hello" | "script" | "client" | "replconf"
+        "info" | "echo" | "hello" | "script" | "function" | "client" | "replconf"
     ) || command.starts_with("script|")
+        || command.starts_with("function|")
         || command.starts_with("client|")
         || command.starts_with("replconf")
 }
@@ -137,7 +139,7 @@ async fn a_plain_lock_costs_one_round_trip_to_take_and_one_to_give_back() {
     assert_eq!(taken, cost_of(1, 1));
     let (token, minted) = measure(&server, guard.fencing_token()).await;
     let token = token.expect("a token");
-    // EVALSHA; GET (still the owner? minted already?), TIME, HGET (last token), HSET (counter),
+    // FCALL; GET (still the owner? minted already?), TIME, HGET (last token), HSET (counter),
     // PTTL + PEXPIRE (a new counter's TTL), APPEND (the hold's token).
     assert_eq!(minted, cost_of(1, 8));
     let (again, asked_again) = measure(&server, guard.fencing_token()).await;
@@ -148,7 +150,7 @@ async fn a_plain_lock_costs_one_round_trip_to_take_and_one_to_give_back() {
         "a token is asked for once per hold"
     );
     let (_, released) = measure(&server, guard.release()).await;
-    // EVALSHA; GET (the owner, a claim to the next turn, a waiter's flag), DEL. Nobody waited:
+    // FCALL; GET (the owner, a claim to the next turn, a waiter's flag), DEL. Nobody waited:
     // no PUBLISH.
     assert_eq!(released, cost_of(1, 3));
 
@@ -192,7 +194,7 @@ async fn a_lock_taken_after_a_wait_has_its_token_with_the_grant() {
 /// Until a local waiter has tried (more than `calls` scripts ran) and waits for a hand-over.
 async fn tried(server: &RedisServer, calls: u64) {
     let until = std::time::Instant::now() + Duration::from_secs(5);
-    while (server.info_commandstats().get("evalsha")).is_none_or(|n| *n <= calls) {
+    while server.script_calls() <= calls {
         assert!(
             std::time::Instant::now() < until,
             "the local waiter never tried"
@@ -224,26 +226,20 @@ async fn a_release_past_local_waiters_to_another_process_is_one_round_trip() {
             guard.expect("the local waiter").release().await
         })
     };
-    let evalsha = || {
-        server
-            .info_commandstats()
-            .get("evalsha")
-            .copied()
-            .unwrap_or(0)
-    };
+    let scripts = || server.script_calls();
 
     // A hand-over first, so its script is loaded.
     let warm = unique_name("cost-turn-warm");
     let guard = locker.lock(warm.as_str()).await.expect("lock");
     let waiter = local_waiter(warm);
-    tried(&server, evalsha()).await;
+    tried(&server, scripts()).await;
     assert!(guard.release().await.is_released());
     assert!(waiter.await.expect("waiter task").is_released());
 
     let name = unique_name("cost-turn");
     let key = locker.key_of(name.as_str()).expect("key");
     let guard = locker.lock(name.as_str()).await.expect("lock");
-    let calls = evalsha();
+    let calls = scripts();
     let waiter = local_waiter(name);
     tried(&server, calls).await;
     // A waiter of another process claims the next turn.
@@ -284,14 +280,14 @@ async fn a_hand_over_inside_a_process_is_one_script_and_the_next_head_sends_noth
     // The first round loads the hand-over script; the second is counted.
     hand_over_twice(&server, &locker, "cost-hand-over-warm").await;
     let [first, idle, second] = hand_over_twice(&server, &locker, "cost-hand-over-line").await;
-    // EVALSHA; GET, PUBSUB NUMSUB (nobody else listens), TIME, HGET (the hold had no token
+    // FCALL; GET, PUBSUB NUMSUB (nobody else listens), TIME, HGET (the hold had no token
     // yet: the counter's last one), HSET, PTTL + PEXPIRE (a new counter's TTL), PSETEX.
     assert_eq!(first, cost_of(1, 9));
     // The other waiter is the head meanwhile, and sends nothing while a hold of its own
     // `Locker` that will hand the lock on has it.
     assert_eq!(idle, cost_of(0, 0));
     // The next hand-over starts from the hold's own token: the counter is not read.
-    // EVALSHA; GET, PUBSUB NUMSUB, TIME, HSET, PSETEX.
+    // FCALL; GET, PUBSUB NUMSUB, TIME, HSET, PSETEX.
     assert_eq!(second, cost_of(1, 6));
 }
 
@@ -353,7 +349,7 @@ async fn until_the_local_waiter_holds(on: bool) -> (u64, u64) {
             .copied()
             .unwrap_or(0)
     };
-    let evalsha = || count("evalsha");
+    let scripts = || server.script_calls();
     let mut counted = (0, 0);
     // The first round loads the scripts; the second is counted.
     for round in 0..2 {
@@ -372,12 +368,12 @@ async fn until_the_local_waiter_holds(on: bool) -> (u64, u64) {
                 guard.release().await
             })
         };
-        tried(&server, evalsha()).await;
-        let before = (evalsha(), count("publish"));
+        tried(&server, scripts()).await;
+        let before = (scripts(), count("publish"));
         assert!(guard.release().await.is_released());
         held_rx.await.expect("the waiter holds the lock");
         if round == 1 {
-            counted = (evalsha() - before.0, count("publish") - before.1);
+            counted = (scripts() - before.0, count("publish") - before.1);
         }
         assert!(waiter.await.expect("waiter task").is_released());
     }
@@ -410,7 +406,7 @@ async fn a_fair_lock_costs_one_round_trip_each_way_when_nobody_waits() {
     let name = unique_name("cost-fair");
     let (guard, taken) = measure(&server, locker.fair_lock(name.as_str()).into_future()).await;
     let guard = guard.expect("lock");
-    // EVALSHA; TIME, GET, a look at the (empty) line, the fencing work (TIME, HGET, HSET, PTTL,
+    // FCALL; TIME, GET, a look at the (empty) line, the fencing work (TIME, HGET, HSET, PTTL,
     // PEXPIRE), PSETEX.
     assert_eq!(taken, cost_of(1, 10));
     let (_, released) = measure(&server, guard.release()).await;
@@ -427,7 +423,7 @@ async fn a_multi_lock_on_one_server_costs_one_round_trip_to_take_them_all() {
     let names: Vec<String> = (0..3).map(|i| format!("{base}-{i}")).collect();
     let (guard, taken) = measure(&server, locker.lock_all(names.clone()).into_future()).await;
     let guard = guard.expect("lock all");
-    // EVALSHA; per name GET, the fencing work (TIME, HGET, HSET, PTTL, PEXPIRE) and PSETEX.
+    // FCALL; per name GET, the fencing work (TIME, HGET, HSET, PTTL, PEXPIRE) and PSETEX.
     assert_eq!(taken, cost_of(1, 1 + 3 * 7));
     let (_, released) = measure(&server, guard.release()).await;
     // One release per name, all at once.
@@ -444,7 +440,7 @@ async fn a_reentry_costs_one_read_only_round_trip() {
         let (inner, taken) = measure(&server, locker.lock(name.as_str()).into_future()).await;
         let inner = inner.expect("inner");
         assert!(inner.is_reentrant());
-        // EVALSHA; GET.
+        // FCALL; GET.
         assert_eq!(taken, cost_of(1, 2));
         let (_, released) = measure(&server, inner.release()).await;
         assert_eq!(
@@ -467,7 +463,7 @@ async fn an_at_least_release_keeps_the_key_in_the_same_round_trip() {
         .await
         .expect("lock");
     let (_, released) = measure(&server, guard.release()).await;
-    // The plain release's (EVALSHA; GET), and PSETEX written over the hold to keep the name
+    // The plain release's (FCALL; GET), and PSETEX written over the hold to keep the name
     // taken. Nobody waited: no PUBLISH.
     assert_eq!(released, cost_of(1, 3));
 }
@@ -479,12 +475,12 @@ async fn a_semaphore_permit_costs_one_round_trip_each_way() {
     let semaphore = locker.semaphore(unique_name("cost-semaphore"), 3);
     let (permit, taken) = measure(&server, semaphore.acquire().into_future()).await;
     let permit = permit.expect("permit");
-    // EVALSHA; TIME, ZREMRANGEBYSCORE (expired permits), ZSCORE (a retry?), GET (the count set
+    // FCALL; TIME, ZREMRANGEBYSCORE (expired permits), ZSCORE (a retry?), GET (the count set
     // at run time), GET (a claim of several keeping free permits?), ZCARD, ZADD, PTTL + PEXPIRE
     // (the set's TTL).
     assert_eq!(taken, cost_of(1, 10));
     let (_, released) = measure(&server, permit.release()).await;
-    // EVALSHA; ZSCORE (its expiry), ZREM, TIME (expired already?), GET (another process
+    // FCALL; ZSCORE (its expiry), ZREM, TIME (expired already?), GET (another process
     // claims the next permit?), PUBLISH.
     assert_eq!(released, cost_of(1, 6));
 }
@@ -511,20 +507,20 @@ async fn a_read_write_lock_costs_one_round_trip_each_way() {
     let lock = locker.read_write_lock(unique_name("cost-rw"));
     let (read, taken) = measure(&server, lock.read().into_future()).await;
     let read = read.expect("read");
-    // EVALSHA; TIME, ZREMRANGEBYSCORE (expired readers), ZSCORE (a retry?), EXISTS (a
+    // FCALL; TIME, ZREMRANGEBYSCORE (expired readers), ZSCORE (a retry?), EXISTS (a
     // writer?), ZREMRANGEBYSCORE + ZCARD (writers waiting?), ZADD, PTTL + PEXPIRE.
     assert_eq!(taken, cost_of(1, 10));
     let (_, released) = measure(&server, read.release()).await;
-    // EVALSHA; ZSCORE (its expiry), ZREM, TIME (expired already?), EXISTS (the last reader?),
+    // FCALL; ZSCORE (its expiry), ZREM, TIME (expired already?), EXISTS (the last reader?),
     // PUBLISH.
     assert_eq!(released, cost_of(1, 6));
     let (write, taken) = measure(&server, lock.write().into_future()).await;
     let write = write.expect("write");
-    // EVALSHA; TIME, two ZREMRANGEBYSCOREs, GET, ZRANGE (a reader?), ZREM (its wait), the
+    // FCALL; TIME, two ZREMRANGEBYSCOREs, GET, ZRANGE (a reader?), ZREM (its wait), the
     // fencing work (TIME, HGET, HSET, PTTL, PEXPIRE) and PSETEX.
     assert_eq!(taken, cost_of(1, 13));
     let (_, released) = measure(&server, write.release()).await;
-    // EVALSHA; ZREM (its wait, if any), GET, DEL, PUBLISH (readers may wait without having
+    // FCALL; ZREM (its wait, if any), GET, DEL, PUBLISH (readers may wait without having
     // flagged the hold: a writer's release always wakes).
     assert_eq!(released, cost_of(1, 5));
 }
@@ -605,7 +601,8 @@ async fn waiters_behind_a_local_line_send_no_attempt_of_their_own() {
         |name: &str| after.get(name).copied().unwrap_or(0) - before.get(name).copied().unwrap_or(0);
     // The first request's attempt, and the head's after it subscribed; the eighteen others
     // wait in line without a round trip of their own.
-    assert_eq!(delta("evalsha"), 2, "{after:?}");
+    let scripts = dlock_tests::script_calls(&after) - dlock_tests::script_calls(&before);
+    assert_eq!(scripts, 2, "{after:?}");
     assert_eq!(delta("subscribe"), 1, "{after:?}");
     assert!(guard.release().await.is_released());
     for waiter in waiters {

@@ -118,10 +118,7 @@ async fn a_release_wakes_only_the_head_of_the_line() {
         task.await.expect("task");
     }
     let after = server.info_commandstats();
-    let scripts = |s: &std::collections::BTreeMap<String, u64>| {
-        s.get("evalsha").copied().unwrap_or(0) + s.get("eval").copied().unwrap_or(0)
-    };
-    let calls = scripts(&after) - scripts(&before);
+    let calls = dlock_tests::script_calls(&after) - dlock_tests::script_calls(&before);
     // The holder's release, then for each waiter one attempt (its wake-up) and one release:
     // a waiter woken out of turn would attempt once more.
     assert_eq!(calls, 1 + 6 * 2, "script calls: {calls}");

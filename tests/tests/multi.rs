@@ -8,10 +8,9 @@ use dlock_core::Locker;
 use dlock_core::redis::AsyncCommands as _;
 use dlock_tests::{RedisServer, pause_writes, unique_name, unpause};
 
-/// Script calls the server ran so far (`EVALSHA` and `EVAL`).
+/// Script calls the server ran so far.
 fn scripts(server: &RedisServer) -> u64 {
-    let stats = server.info_commandstats();
-    stats.get("evalsha").copied().unwrap_or(0) + stats.get("eval").copied().unwrap_or(0)
+    server.script_calls()
 }
 
 fn names(prefix: &str, n: usize) -> Vec<String> {

@@ -149,13 +149,8 @@ pub(super) async fn w5(settings: &Settings, server: &Server) -> Row {
     tokio::time::sleep(hold).await;
     let trips = locker.stats().renewal_round_trips - trips_before;
     let after = server.info("all");
-    let evalsha = |info: &str| {
-        crate::parse_commandstats(info)
-            .get("evalsha")
-            .copied()
-            .unwrap_or(0)
-    };
-    let script_calls = evalsha(&after) - evalsha(&before);
+    let scripts = |info: &str| dlock_tests::script_calls(&crate::parse_commandstats(info));
+    let script_calls = scripts(&after) - scripts(&before);
     let cpu_used = redis_cpu(&after) - redis_cpu(&before);
     let lost_client = guards.iter().filter(|g| g.is_lost()).count();
     // Every lock is still in Redis, with a lease that was renewed.

@@ -6,9 +6,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, MultiplexedConnection};
-use redis::{FromRedisValue, Pipeline, RedisResult, Script, Value};
+use redis::{FromRedisValue, Pipeline, RedisResult, Value};
 
 mod acks;
+mod code;
 mod locks;
 mod renewals;
 mod sorted_sets;
@@ -19,10 +20,12 @@ use super::sentinel::SentinelConnection;
 use crate::backend::wait::{Slots, Subscriber, SubscriberSource, Watch};
 use crate::error::BackendError;
 use crate::protocol::layout::FrozenLayout;
-use crate::protocol::{Call, Out, Publish};
+use crate::protocol::{Call, Publish};
 use crate::replication::ReplicaAck;
 
 use acks::Acked;
+pub(crate) use code::ScriptCall;
+use code::{Code, Functions, lua_of};
 
 #[derive(Clone)]
 pub(crate) enum RedisConn {
@@ -153,6 +156,9 @@ pub(crate) struct RedisBackend {
     masters: Option<Arc<super::cluster::Masters>>,
     /// An earlier version's scripts, run instead of this version's (tests of mixed fleets).
     frozen: std::sync::OnceLock<&'static FrozenLayout>,
+    /// Whether scripts go by `FCALL` (the default) or, once a server refused functions, by
+    /// `EVALSHA`.
+    functions: Arc<Functions>,
 }
 
 impl fmt::Debug for RedisBackend {
@@ -183,6 +189,7 @@ impl RedisBackend {
             #[cfg(feature = "cluster")]
             masters: None,
             frozen: std::sync::OnceLock::new(),
+            functions: Arc::new(Functions::default()),
         }
     }
 
@@ -202,9 +209,10 @@ impl RedisBackend {
         lua_of(call, self.frozen.get().copied())
     }
 
-    /// `call` as `EVALSHA`, of this version's script or the frozen layout's.
-    pub(crate) fn script_call(&self, call: &impl Call) -> ScriptCall {
-        ScriptCall::of(call, self.frozen.get().copied())
+    /// `call` as `FCALL` of this version's library, or as `EVALSHA` of the frozen layout's
+    /// script (or this version's, once a server refused functions).
+    pub(crate) fn script_call(&self, call: &impl Call) -> ScriptCall<'_> {
+        ScriptCall::of(call, self.frozen.get().copied(), &self.functions)
     }
 
     /// `call` as `EVAL`, of this version's script or the frozen layout's.
@@ -314,7 +322,7 @@ impl RedisBackend {
     async fn invoke<T: FromRedisValue>(
         &self,
         conn: &OpConn,
-        call: ScriptCall,
+        call: ScriptCall<'_>,
         idempotent: bool,
         ack: Option<ReplicaAck>,
     ) -> Result<(T, Acked), BackendError> {
@@ -327,7 +335,7 @@ impl RedisBackend {
     async fn invoke_until<T: FromRedisValue>(
         &self,
         conn: &OpConn,
-        call: ScriptCall,
+        call: ScriptCall<'_>,
         idempotent: bool,
         ack: Option<ReplicaAck>,
         until: tokio::time::Instant,
@@ -403,49 +411,58 @@ impl RedisBackend {
         res
     }
 
+    /// Sends `pipe`, its scripts' `code` loaded where the server lacks it. A server that
+    /// refuses functions fails this call, and gets `EVALSHA` from the next one on.
     async fn pipeline(
         &self,
         pipe: &Pipeline,
-        reload: &[&redis::Script],
+        code: Option<Code>,
     ) -> Result<Vec<Value>, BackendError> {
-        async fn go<C: ConnectionLike>(
+        async fn run<C: ConnectionLike>(
             c: &mut C,
             pipe: &Pipeline,
-            reload: &[&redis::Script],
+            code: Option<Code>,
+            functions: &Functions,
         ) -> RedisResult<Vec<Value>> {
-            match pipe.query_async::<Vec<Value>>(c).await {
-                Err(err)
-                    if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
-                {
-                    for s in reload {
-                        s.prepare_invoke().load_async(c).await?;
-                    }
+            match (pipe.query_async::<Vec<Value>>(c).await, code) {
+                (Err(err), Some(code)) if code::is_missing(&err) => {
+                    code.load(c).await?;
                     pipe.query_async(c).await
                 }
-                other => other,
+                (Err(err), Some(Code::Function(_))) if code::refuses_functions(&err) => {
+                    functions.refuse();
+                    Err(err)
+                }
+                (other, _) => other,
             }
         }
         self.bounded(async {
             let res = match &self.conn {
                 // Lease changes carry sequence numbers: a second try is harmless.
-                RedisConn::Manager(c) => match go(&mut c.clone(), pipe, reload).await {
-                    Err(err) if err.is_connection_dropped() => {
-                        go(&mut c.clone(), pipe, reload).await
+                RedisConn::Manager(c) => {
+                    match run(&mut c.clone(), pipe, code, &self.functions).await {
+                        Err(err) if err.is_connection_dropped() => {
+                            run(&mut c.clone(), pipe, code, &self.functions).await
+                        }
+                        other => other,
                     }
-                    other => other,
-                },
+                }
                 #[cfg(feature = "sentinel")]
-                RedisConn::Sentinel(c) => match go(&mut c.clone(), pipe, reload).await {
-                    Err(err) if err.is_connection_dropped() => {
-                        go(&mut c.clone(), pipe, reload).await
+                RedisConn::Sentinel(c) => {
+                    match run(&mut c.clone(), pipe, code, &self.functions).await {
+                        Err(err) if err.is_connection_dropped() => {
+                            run(&mut c.clone(), pipe, code, &self.functions).await
+                        }
+                        other => other,
                     }
-                    other => other,
-                },
-                RedisConn::Multiplexed(c) => go(&mut c.clone(), pipe, reload).await,
+                }
+                RedisConn::Multiplexed(c) => run(&mut c.clone(), pipe, code, &self.functions).await,
                 #[cfg(feature = "cluster")]
-                RedisConn::Cluster(c) => go(&mut c.clone(), pipe, reload).await,
-                RedisConn::Pool(pool) => go(&mut pool.checkout().await?, pipe, reload).await,
-                RedisConn::Memory(c) => go(&mut c.clone(), pipe, reload).await,
+                RedisConn::Cluster(c) => run(&mut c.clone(), pipe, code, &self.functions).await,
+                RedisConn::Pool(pool) => {
+                    run(&mut pool.checkout().await?, pipe, code, &self.functions).await
+                }
+                RedisConn::Memory(c) => run(&mut c.clone(), pipe, code, &self.functions).await,
             };
             res.map_err(BackendError::redis)
         })
@@ -471,7 +488,7 @@ impl RedisBackend {
                 .arg(pattern)
                 .arg("COUNT")
                 .arg(COUNT);
-            let reply = self.pipeline(&pipe, &[]).await?;
+            let reply = self.pipeline(&pipe, None).await?;
             let (next, batch): (u64, Vec<String>) = match reply.into_iter().next() {
                 Some(value) => redis::from_redis_value(value)
                     .map_err(|e| BackendError::protocol(format!("SCAN: {e}")))?,
@@ -489,7 +506,7 @@ impl RedisBackend {
     pub(crate) async fn knows_command(&self, command: &str) -> Result<bool, BackendError> {
         let mut pipe = redis::pipe();
         pipe.cmd("COMMAND").arg("INFO").arg(command);
-        let reply = self.pipeline(&pipe, &[]).await?;
+        let reply = self.pipeline(&pipe, None).await?;
         Ok(match reply.into_iter().next() {
             Some(Value::Array(items)) => items.first().is_some_and(|i| *i != Value::Nil),
             _ => false,
@@ -500,7 +517,7 @@ impl RedisBackend {
     pub(crate) async fn ping(&self) -> Result<(), BackendError> {
         let mut pipe = redis::pipe();
         pipe.cmd("PING");
-        self.pipeline(&pipe, &[]).await.map(|_| ())
+        self.pipeline(&pipe, None).await.map(|_| ())
     }
 
     pub(crate) async fn watch(&self, channel: &str, deadline: tokio::time::Instant) -> Watch {
@@ -549,136 +566,5 @@ impl RedisBackend {
                 .unwrap_or_else(|e| e.into_inner())
                 .as_ref()
                 .is_some_and(|s| s.is_running() && s.is_healthy())
-    }
-}
-
-/// `call`'s script: this version's, or the frozen layout's that stands in for it.
-fn lua_of(
-    call: &impl Call,
-    frozen: Option<&'static FrozenLayout>,
-) -> &'static crate::protocol::Lua {
-    match frozen {
-        None => call.lua(),
-        Some(layout) => layout.script_for(call.lua()),
-    }
-}
-
-/// One script call: `EVALSHA` with its keys and arguments, and the script to load when the
-/// server does not have it — or a plain command, with no script behind it.
-pub(crate) struct ScriptCall {
-    script: Option<&'static Script>,
-    cmd: redis::Cmd,
-}
-
-impl ScriptCall {
-    /// The call as `EVALSHA`, the script loaded if the server lacks it.
-    fn of(call: &impl Call, frozen: Option<&'static FrozenLayout>) -> Self {
-        let script = lua_of(call, frozen).script();
-        let mut cmd = ScriptCall::with_room(call);
-        cmd.arg("EVALSHA")
-            .arg(script.get_hash())
-            .arg(call.key_count());
-        call.write(&mut CmdOut(&mut cmd));
-        Self {
-            script: Some(script),
-            cmd,
-        }
-    }
-
-    /// The call as `EVAL` with the script's text: it runs even on a server whose script cache
-    /// is empty.
-    fn eval(call: &impl Call, frozen: Option<&'static FrozenLayout>) -> redis::Cmd {
-        let mut cmd = ScriptCall::with_room(call);
-        cmd.arg("EVAL")
-            .arg(lua_of(call, frozen).text())
-            .arg(call.key_count());
-        call.write(&mut CmdOut(&mut cmd));
-        cmd
-    }
-
-    /// A command with room for a call's parts up front: growing the buffers argument by
-    /// argument costs an allocation each time they double, on every acquisition and release.
-    fn with_room(call: &impl Call) -> redis::Cmd {
-        redis::Cmd::with_capacity(call.key_count() + 12, 64 * call.key_count() + 192)
-    }
-
-    /// `SPUBLISH <channel> <message>`: a wake-up sent by the client, routed to the node that
-    /// serves the channel's slot.
-    #[cfg(feature = "cluster")]
-    fn spublish(channel: &str, message: &str) -> Self {
-        let mut cmd = redis::Cmd::with_capacity(3, channel.len() + message.len() + 16);
-        cmd.arg("SPUBLISH").arg(channel).arg(message);
-        Self { script: None, cmd }
-    }
-
-    fn set_nx(key: &str, value: &str, ms: u64) -> Self {
-        let mut cmd = redis::Cmd::with_capacity(6, key.len() + value.len() + 32);
-        cmd.arg("SET")
-            .arg(key)
-            .arg(value)
-            .arg("NX")
-            .arg("PX")
-            .arg(ms);
-        Self { script: None, cmd }
-    }
-
-    /// The key the call is routed by: a script's first key, or a command's first argument.
-    fn first_key(&self) -> Option<&str> {
-        let mut args = self.cmd.args_iter().filter_map(|arg| match arg {
-            redis::Arg::Simple(bytes) => Some(bytes),
-            _ => None,
-        });
-        // `EVALSHA <sha> <number of keys> <key>..`, or `<command> <key>..`.
-        let skip = if self.script.is_some() { 3 } else { 1 };
-        std::str::from_utf8(args.nth(skip)?).ok()
-    }
-
-    /// Sends the call, and `WAIT` behind it in one pipeline when `ack` asks for it; loads the
-    /// script and sends again when the server did not have it.
-    async fn run<C: ConnectionLike, T: FromRedisValue>(
-        &self,
-        c: &mut C,
-        ack: Option<ReplicaAck>,
-    ) -> RedisResult<(T, Acked)> {
-        match self.once(c, ack).await {
-            Err(err)
-                if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
-                    && let Some(script) = self.script =>
-            {
-                script.prepare_invoke().load_async(c).await?;
-                self.once(c, ack).await
-            }
-            other => other,
-        }
-    }
-
-    async fn once<C: ConnectionLike, T: FromRedisValue>(
-        &self,
-        c: &mut C,
-        ack: Option<ReplicaAck>,
-    ) -> RedisResult<(T, Acked)> {
-        match ack {
-            None => Ok((self.cmd.query_async(c).await?, None)),
-            Some(ack) => {
-                let mut pipe = redis::pipe();
-                pipe.add_command(self.cmd.clone())
-                    .add_command(ack.command());
-                let (reply, answer): (T, Value) = pipe.query_async(c).await?;
-                Ok((reply, Some((ack.count(answer)?, ack))))
-            }
-        }
-    }
-}
-
-/// A command being built, as a call writes its keys and arguments into it.
-struct CmdOut<'c>(&'c mut redis::Cmd);
-
-impl Out for CmdOut<'_> {
-    fn text(&mut self, text: &str) {
-        self.0.arg(text);
-    }
-
-    fn number(&mut self, n: u64) {
-        self.0.arg(n);
     }
 }

@@ -58,12 +58,12 @@ async fn http_as(
     )
 }
 
-/// Lock script calls (`EVALSHA`) each master has served.
+/// Lock script calls each master has served.
 fn script_calls_per_master(cluster: &RedisCluster) -> Vec<(u16, u64)> {
     (cluster.masters().iter())
         .map(|m| {
             let stats = cluster.node(m.port).info_commandstats();
-            (m.port, stats.get("evalsha").copied().unwrap_or(0))
+            (m.port, dlock_tests::script_calls(&stats))
         })
         .collect()
 }

@@ -12,10 +12,13 @@ use super::keyspace::{Channels, Keyspace, Reply, format_score};
 use crate::name::glob_matches;
 
 /// An in-process server: a [`Keyspace`], and a Lua state that runs scripts over it, each
-/// compiled once and kept by its SHA1 (as Redis's script cache keeps them).
+/// compiled once and kept by its SHA1 (as Redis's script cache keeps them), and the functions
+/// of the libraries loaded (`FUNCTION LOAD`, called by `FCALL`).
 pub(crate) struct Server {
     lua: Lua,
     compiled: HashMap<String, Function>,
+    /// Each library's functions, by the library's name.
+    libraries: HashMap<String, HashMap<String, Function>>,
 }
 
 impl std::fmt::Debug for Server {
@@ -63,6 +66,7 @@ impl Server {
         Ok(Self {
             lua,
             compiled: HashMap::new(),
+            libraries: HashMap::new(),
         })
     }
 
@@ -101,7 +105,24 @@ impl Server {
                 }
             };
         }
+        if is("FCALL") {
+            return self.fcall(rest);
+        }
         match rest {
+            [load, text] if is("FUNCTION") && load.eq_ignore_ascii_case("LOAD") => {
+                self.load_library(text, false)
+            }
+            [load, replace, text]
+                if is("FUNCTION")
+                    && load.eq_ignore_ascii_case("LOAD")
+                    && replace.eq_ignore_ascii_case("REPLACE") =>
+            {
+                self.load_library(text, true)
+            }
+            [flush, ..] if is("FUNCTION") && flush.eq_ignore_ascii_case("FLUSH") => {
+                self.libraries.clear();
+                Reply::Status("OK".to_owned())
+            }
             [load, text] if is("SCRIPT") && load.eq_ignore_ascii_case("LOAD") => {
                 let sha = redis::Script::new(text).get_hash().to_owned();
                 match self.compile(&sha, text) {
@@ -150,6 +171,87 @@ impl Server {
             }
             Err(e) => Err(Reply::Error(format!("ERR Error compiling script {e}"))),
         }
+    }
+
+    /// `FCALL <function> <number of keys> <key>.. <arg>..`: the function's reply, or Redis's
+    /// error for a function no library has.
+    fn fcall(&self, rest: &[&str]) -> Reply {
+        let Some((name, rest)) = rest.split_first() else {
+            return Reply::Error("ERR wrong number of arguments for 'fcall' command".to_owned());
+        };
+        let count = rest.first().and_then(|n| n.parse::<usize>().ok());
+        let Some(count) = count.filter(|n| *n < rest.len()) else {
+            return Reply::Error(
+                "ERR Number of keys can't be greater than number of args".to_owned(),
+            );
+        };
+        let (keys, args) = rest[1..].split_at(count);
+        let found = (self.libraries.values()).find_map(|functions| functions.get(*name));
+        let Some(function) = found else {
+            return Reply::Error("ERR Function not found".to_owned());
+        };
+        let run = || {
+            let lua = &self.lua;
+            let keys = lua.create_sequence_from(keys.iter().copied())?;
+            let args = lua.create_sequence_from(args.iter().copied())?;
+            let value: Value = function.call((keys, args))?;
+            from_lua(&value)
+        };
+        run().unwrap_or_else(|e| Reply::Error(script_error(&e)))
+    }
+
+    /// `FUNCTION LOAD [REPLACE] <library>`: runs the library's code once, keeping the functions
+    /// it registers (`redis.register_function(name, callback)` or
+    /// `redis.register_function{function_name = .., callback = .., flags = ..}`; flags are
+    /// not checked here). Without `replace`, a library of the same name is an error, as on Redis.
+    fn load_library(&mut self, text: &str, replace: bool) -> Reply {
+        let Some((shebang, code)) = text.split_once('\n') else {
+            return Reply::Error("ERR Missing library metadata".to_owned());
+        };
+        let Some(name) = (shebang.strip_prefix("#!lua name="))
+            .map(str::trim)
+            .filter(|n| !n.is_empty())
+        else {
+            return Reply::Error("ERR Missing library metadata".to_owned());
+        };
+        if !replace && self.libraries.contains_key(name) {
+            return Reply::Error(format!("ERR Library '{name}' already exists"));
+        }
+        match self.register(code) {
+            Ok(functions) => {
+                self.libraries.insert(name.to_owned(), functions);
+                Reply::Bulk(name.to_owned())
+            }
+            Err(e) => Reply::Error(format!("ERR Error registering functions {e}")),
+        }
+    }
+
+    /// Runs a library's code with `redis.register_function` in place: the functions it
+    /// registered, by name.
+    fn register(&self, code: &str) -> mlua::Result<HashMap<String, Function>> {
+        let lua = &self.lua;
+        let registered = lua.create_table()?;
+        let into = registered.clone();
+        let register =
+            lua.create_function(move |_, (first, callback): (Value, Option<Function>)| {
+                match (first, callback) {
+                    (Value::Table(named), _) => into.set(
+                        named.get::<String>("function_name")?,
+                        named.get::<Function>("callback")?,
+                    ),
+                    (Value::String(name), Some(callback)) => into.set(name, callback),
+                    _ => Err(mlua::Error::RuntimeError(
+                        "ERR wrong arguments to redis.register_function".to_owned(),
+                    )),
+                }
+            })?;
+        let redis: Table = lua.globals().get("redis")?;
+        redis.set("register_function", register)?;
+        // The `#!lua` line left out, its line kept: errors name the library's own lines.
+        let loaded = (lua.load(format!("\n{code}")).set_name("library")).exec();
+        redis.set("register_function", Value::Nil)?;
+        loaded?;
+        registered.pairs::<String, Function>().collect()
     }
 
     /// Runs a compiled script with `keys` and `args`.

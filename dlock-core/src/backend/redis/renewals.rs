@@ -11,6 +11,7 @@ use crate::backend::cluster::Masters;
 use super::RedisBackend;
 #[cfg(feature = "cluster")]
 use super::RedisConn;
+use super::code::{self, Code};
 use crate::backend::{RenewItem, RenewReply};
 use crate::error::BackendError;
 use crate::protocol;
@@ -130,7 +131,7 @@ impl RedisBackend {
         if let Some(ack) = ack {
             pipe.add_command(ack.command_within(within));
         }
-        let mut replies = self.pipeline(&pipe, &[self.renew_script()]).await?;
+        let mut replies = self.pipeline(&pipe, Some(self.renew_code())).await?;
         if let Some(ack) = ack {
             let acknowledged = match replies.pop() {
                 Some(value) => ack
@@ -280,19 +281,17 @@ impl RedisBackend {
                 return Err(BackendError::redis(err));
             }
         };
-        let no_script = |r: &redis::RedisResult<Value>| {
-            r.as_ref().is_err_and(|e| {
-                e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
-            })
-        };
-        if replies.iter().any(no_script) {
+        let missing = |r: &redis::RedisResult<Value>| r.as_ref().is_err_and(code::is_missing);
+        if let Some(Err(err)) =
+            (replies.iter()).find(|r| r.as_ref().is_err_and(code::refuses_functions))
+        {
+            // The next renewal goes by `EVALSHA`.
+            self.functions.refuse();
+            return Err(BackendError::redis(err.clone()));
+        }
+        if replies.iter().any(missing) {
             // Changes carry sequence numbers: sending them again is harmless.
-            (self
-                .renew_script()
-                .prepare_invoke()
-                .load_async(&mut conn)
-                .await)
-                .map_err(BackendError::redis)?;
+            (self.renew_code().load(&mut conn).await).map_err(BackendError::redis)?;
             replies = pipe.query_async(&mut conn).await.map_err(|err| {
                 masters.forget(node);
                 BackendError::redis(err)
@@ -377,15 +376,12 @@ impl RedisBackend {
                     at = Node::parse(err.redirect_node()?.0)?;
                     asking = true;
                 }
-                Err(err)
-                    if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
-                {
-                    (self
-                        .renew_script()
-                        .prepare_invoke()
-                        .load_async(&mut conn)
-                        .await)
-                        .ok()?;
+                Err(err) if code::is_missing(&err) => {
+                    self.renew_code().load(&mut conn).await.ok()?;
+                }
+                Err(err) if code::refuses_functions(&err) => {
+                    self.functions.refuse();
+                    return None;
                 }
                 Err(_) => return None,
             }
@@ -400,9 +396,13 @@ impl RedisBackend {
         self.script_call(&protocol::Renew { items: chunk }).cmd
     }
 
-    /// The renewal script, loaded where the server lacks it.
-    fn renew_script(&self) -> &'static redis::Script {
-        self.lua_of(&protocol::Renew { items: &[] }).script()
+    /// What a renewal runs (the library's function, or the script), loaded where the server
+    /// lacks it.
+    fn renew_code(&self) -> Code {
+        Code::of(
+            self.lua_of(&protocol::Renew { items: &[] }),
+            &self.functions,
+        )
     }
 }
 

@@ -17,6 +17,7 @@
 --
 -- Returns how many of the lock, the writer, the readers and the permits it removed (0: there
 -- was nothing to remove).
+--@flags allow-oom
 --@include clock
 --@include sorted_sets
 local removed = 0

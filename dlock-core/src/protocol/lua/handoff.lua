@@ -25,6 +25,7 @@
 -- ARGV[2] with the next token. The hold's own token, if it has one, is the counter's last (a
 -- token is minted only for the holder of the lock), so the counter is not read again.
 -- (`take_fenced` needs the hold codec, defined after it here: it is not called.)
+--@flags allow-oom
 --@include fence
 local v = redis.call('GET', KEYS[1])
 if not v then

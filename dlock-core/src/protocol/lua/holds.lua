@@ -6,6 +6,7 @@
 -- Returns
 --   {1, token}  held (`token` -1 while none was minted)
 --   {0, pttl}   not held by this owner (`pttl` -2 when nobody holds it)
+--@flags no-writes
 --@include hold
 local v = redis.call('GET', KEYS[1])
 if v and who(v) == ARGV[1] then

@@ -4,6 +4,7 @@
 -- ARGV[1]  the member
 --
 -- Returns {1, 0} in, {0, -2} gone.
+--@flags no-writes
 --@include clock
 --@include sorted_sets
 local expiry = redis.call('ZSCORE', KEYS[1], ARGV[1])

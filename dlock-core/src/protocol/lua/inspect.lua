@@ -29,6 +29,7 @@
 --   readers      the readers whose lease has not run out
 --   permits      the permits taken whose lease has not run out
 --   limit        the permit count set at run time ('': none)
+--@flags no-writes
 --@include hold
 --@include clock
 

@@ -17,6 +17,7 @@
 -- ARGV[5]  optional: the waiter's hand-over token
 --
 -- Returns 1 if it removed anything, else 0.
+--@flags allow-oom
 --@include clock
 --@include hold
 --@include fence

@@ -4,6 +4,7 @@
 -- KEYS[2]  the count set at run time
 --
 -- Returns {held, set}: the unexpired permits, and the count set (-1: none).
+--@flags no-writes
 --@include clock
 --@include sorted_sets
 local held = redis.call('ZCOUNT', KEYS[1], '(' .. now_ms(), '+inf')

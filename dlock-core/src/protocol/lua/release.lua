@@ -33,6 +33,7 @@
 -- woken when the lock is free. Mode 3 is for a cluster whose slot moves while the line's keys
 -- are not all on one side (Redis refuses a script naming them: TRYAGAIN): it leaves the line as
 -- it is (its entries expire by themselves) and wakes whoever listens on ARGV[6].
+--@flags allow-oom
 
 -- The common case first, before any helper is defined: a plain hold with nothing on it
 -- (no token, no lease change, nobody waiting) is deleted, and that is all.

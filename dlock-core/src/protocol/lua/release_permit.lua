@@ -19,6 +19,7 @@
 --   -1      gone: expired (an expired permit stays in the set until an acquisition sweeps it;
 --           it is removed here, and counts as gone), or given back by an earlier try of the
 --           same release
+--@flags allow-oom
 --@include clock
 --@include sorted_sets
 --@include hold

@@ -10,6 +10,7 @@
 --   -1      gone: expired (an expired reader stays in the set until an acquisition sweeps it;
 --           it is removed here, counts as gone, and wakes the writers if it was the last), or
 --           an earlier try of the same release
+--@flags allow-oom
 --@include clock
 --@include sorted_sets
 local expiry = redis.call('ZSCORE', KEYS[1], ARGV[1])

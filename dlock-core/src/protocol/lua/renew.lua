@@ -10,6 +10,7 @@
 -- Returns one integer per key: 1 applied; 2 still held, but a later change was applied already
 -- (this one is stale and was ignored); 0 gone or held by someone else. A key holding something
 -- other than a lock answers 0 without failing the rest.
+--@flags allow-oom
 --@include clock
 --@include sorted_sets
 --@include hold
