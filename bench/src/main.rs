@@ -173,7 +173,9 @@ dlock-bench [--quick] [--only W1,W2,...] [--libs dlock,raw,...] [--duration SECO
                 script), raw-marked-release (raw whose release also records the released
                 owner and publishes, as dlock's does), raw-recorded-release (records, does
                 not publish) and raw-hash-acquire (the lock a hash taken by MULTI HSETNX +
-                PEXPIRE NX, released as raw-marked-release), to see what each step costs
+                PEXPIRE NX, released as raw-marked-release), to see what each step costs;
+                dlock-evalsha (dlock's plain lock as a user that may not use Redis
+                functions, so its scripts go by EVALSHA: what functions save)
   --duration    measured seconds per library and workload (default 10; quick 0.6)
   --rounds      rounds that time is cut into, libraries alternating (default 5; quick 2)
   --json-only   print only the JSON lines

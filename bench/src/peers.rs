@@ -21,6 +21,10 @@ pub(crate) enum Lib {
     /// The raw protocol changed in one place, to see what that place costs (run only when
     /// `--libs` names it).
     Probe(Probe),
+    /// dlock's plain lock with its scripts sent by `EVALSHA`, as to a server or a user without
+    /// Redis functions: what calling them as functions saves (run only when `--libs` names it).
+    /// Its user, which may not use functions, is made on the plain server.
+    DlockEvalsha,
 }
 
 /// A change to the raw protocol, each one a step of dlock's uncontended cycle.
@@ -53,7 +57,7 @@ pub(crate) enum Kind {
 }
 
 impl Lib {
-    pub(crate) const ALL: [Lib; 17] = [
+    pub(crate) const ALL: [Lib; 18] = [
         Lib::Dlock(Kind::Plain),
         Lib::Raw,
         Lib::RslockDefault,
@@ -71,6 +75,7 @@ impl Lib {
         Lib::Probe(Probe::MarkedRelease),
         Lib::Probe(Probe::RecordedRelease),
         Lib::Probe(Probe::HashAcquire),
+        Lib::DlockEvalsha,
     ];
 
     /// The scale-out mode, for the libraries that run on servers of their own.
@@ -100,12 +105,13 @@ impl Lib {
             Lib::Probe(Probe::MarkedRelease) => "raw-marked-release",
             Lib::Probe(Probe::RecordedRelease) => "raw-recorded-release",
             Lib::Probe(Probe::HashAcquire) => "raw-hash-acquire",
+            Lib::DlockEvalsha => "dlock-evalsha",
         }
     }
 
     /// Whether a run includes it without `--libs` naming it.
     pub(crate) fn by_default(self) -> bool {
-        !matches!(self, Lib::Probe(_))
+        !matches!(self, Lib::Probe(_) | Lib::DlockEvalsha)
     }
 }
 
@@ -236,6 +242,15 @@ impl Client {
                     .await
                     .expect("dlock connects");
                 Client::Dlock(locker, kind)
+            }
+            Lib::DlockEvalsha => {
+                let locker = Locker::builder()
+                    .url(without_functions(url).await)
+                    .prefix("dlock-evalsha:")
+                    .build()
+                    .await
+                    .expect("dlock connects");
+                Client::Dlock(locker, Kind::Plain)
             }
             Lib::Scaled(Mode::Majority) => {
                 let mut lockers = Vec::new();
@@ -419,6 +434,39 @@ impl Client {
 }
 
 /// A `Locker` built, or the run ends: a bench can't go on without its peer.
+/// `url` as a user that may do anything but call or load Redis functions (made on that server
+/// first): a `Locker` on it sends its scripts by `EVALSHA`.
+async fn without_functions(url: &str) -> String {
+    const USER: &str = "dlock-bench-evalsha";
+    const PASSWORD: &str = "dlock-bench-evalsha";
+    let mut con = redis::Client::open(url)
+        .expect("url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connects");
+    redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg(USER)
+        .arg("on")
+        .arg(format!(">{PASSWORD}"))
+        .arg("~*")
+        .arg("&*")
+        .arg("+@all")
+        .arg("-fcall")
+        .arg("-function")
+        .query_async::<()>(&mut con)
+        .await
+        .expect("ACL SETUSER");
+    match url.split_once("://") {
+        Some((scheme, rest)) => {
+            // Any user the URL had is replaced.
+            let host = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
+            format!("{scheme}://{USER}:{PASSWORD}@{host}")
+        }
+        None => panic!("a URL without a scheme: {url}"),
+    }
+}
+
 async fn connect(builder: dlock_core::LockerBuilder) -> Locker {
     builder.build().await.expect("dlock connects")
 }
