@@ -296,6 +296,14 @@ impl HoldState {
         false
     }
 
+    /// Resolves once the hold is over: released or lost.
+    pub(crate) async fn ended(&self) {
+        tokio::select! {
+            () = self.released.raised() => {}
+            () = self.lost.raised() => {}
+        }
+    }
+
     /// Records the last release: from now on the hold is over, not lost.
     pub(crate) fn mark_released(&self) {
         self.released.raise();

@@ -89,13 +89,15 @@
 //!
 //! A claim made by the head of a `Locker`'s local line carries that waiter's hand-over token,
 //! a grant window (its command timeout, at most a third of its lease, at least its claim's
-//! time), its fence TTL, the server's clock and the attempt's number. A release that finds such
+//! time, and a quarter of that more: the grace below), its fence TTL, the server's clock and
+//! the attempt's number. A release that finds such
 //! a claim no older than its window grants the lock to the token in the same step, for the
 //! claim's age plus the window (its fencing token minted with the grant), and says so in the
 //! wake-up (`g<attempt>:<ms>:<fencing token>:<token>`): the waiter has the lock without a round
 //! trip of its own, counts that lease from when it sent the attempt (before the grant), and
-//! extends it to its own lease at once (the window gives that extension the time any command
-//! has). A claimant that died delays the lock by twice its window at most; an older claim gets
+//! extends it to its own lease after the grace (the rest of the window gives that extension the
+//! time any command has); a hold given back within the grace, as most are under contention,
+//! never sends that extension. A claimant that died delays the lock by twice its window at most; an older claim gets
 //! the kept key instead. A waiter that leaves lets a grant to its token go, as a release would;
 //! one whose wake-up was lost finds the grant at its next attempt and takes it over (its own
 //! lease and owner token).

@@ -609,3 +609,70 @@ async fn waiters_behind_a_local_line_send_no_attempt_of_their_own() {
         assert!(waiter.await.expect("waiter task").expect("acquired"));
     }
 }
+
+/// A hold that a release granted to a waiter of another process lasts its claim's age plus a
+/// window, and the waiter asks for its own lease only a grace after the grant came: given back
+/// before, it never sends that extension. From the holder's release to the waiter's: the two
+/// releases' scripts, nothing else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_granted_to_another_process_and_given_back_soon_is_not_extended() {
+    let server = RedisServer::start();
+    let holder = Locker::builder()
+        .url(server.url())
+        .build()
+        .await
+        .expect("locker");
+    let waiter = Locker::builder()
+        .url(server.url())
+        .build()
+        .await
+        .expect("locker");
+    for round in 0..2 {
+        let name = unique_name("cost-granted");
+        let key = holder.key_of(name.as_str()).expect("key");
+        let held = holder.lock(name.as_str()).await.expect("lock");
+        let (granted_tx, granted_rx) = tokio::sync::oneshot::channel();
+        let (release_tx, release_rx) = tokio::sync::oneshot::channel::<()>();
+        let waiting = tokio::spawn({
+            let (waiter, name) = (waiter.clone(), name.clone());
+            async move {
+                let guard = (waiter.lock(name.as_str()))
+                    .wait(Duration::from_secs(5))
+                    .await
+                    .expect("waiter");
+                let _ = granted_tx.send(guard.remaining());
+                let _ = release_rx.await;
+                guard.release().await
+            }
+        });
+        // The waiter's head offers its hand-over token with its claim.
+        let mut con = server.connection().await;
+        let until = std::time::Instant::now() + Duration::from_secs(2);
+        while (HoldValue::read(&mut con, &key).await.expect("GET"))
+            .and_then(|h| h.claim_token())
+            .is_none()
+        {
+            assert!(
+                std::time::Instant::now() < until,
+                "no claim offered a token"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let before = server.script_calls();
+        assert!(held.release().await.is_released());
+        let left = granted_rx.await.expect("granted");
+        // Granted for the window (a quarter more than the command timeout), not the lease.
+        assert!(left < Duration::from_secs(5), "{left:?} left");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let _ = release_tx.send(());
+        assert!(waiting.await.expect("waiter task").is_released());
+        let calls = server.script_calls() - before;
+        // The first round loads the scripts; the second is counted.
+        if round == 1 {
+            assert_eq!(
+                calls, 2,
+                "the holder's release and the waiter's, and no extension"
+            );
+        }
+    }
+}

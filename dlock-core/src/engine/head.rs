@@ -75,7 +75,8 @@ impl Engine {
                 leave.disarm();
                 waiter.owner = handoff_owner;
                 let guard = waiter.held_guard(self, Some(g.fence), sent_at);
-                self.settle_grant(&guard.state, sent_at, g.lease);
+                let (_, grace) = self.grant_window(lease.duration());
+                self.settle_grant(&guard.state, sent_at, g.lease, grace);
                 return Ok(Attempted::Held(guard));
             }
             if let Some(until) = ticket.queue().deferred() {
@@ -125,11 +126,7 @@ impl Engine {
             let grant = keys.hands_over().then(|| GrantTo {
                 token: &handoff_owner,
                 attempt: offers.next(),
-                window: grant_window(
-                    next_turn.window,
-                    lease.duration(),
-                    self.inner.backend.command_timeout(),
-                ),
+                window: self.grant_window(lease.duration()).0,
             });
             let sent_at = Instant::now();
             if let Some(grant) = grant {
@@ -191,24 +188,56 @@ impl Engine {
 impl Engine {
     /// A hold granted to a head waiter by another's release lasts `held_for` from the grant, and
     /// the waiter sent the claim at `sent_at`, before it: its belief ends that long after
-    /// `sent_at` until its own lease, asked for at once (in the background: the caller has its
-    /// guard now), applies.
-    fn settle_grant(&self, hold: &Arc<HoldState>, sent_at: Instant, held_for: Duration) {
+    /// `sent_at` until its own lease applies. That lease is asked for in the background (the
+    /// caller has its guard now), `grace` after the grant came: a hold given back sooner never
+    /// asks — most hand-overs under contention are that short — and one kept longer still has
+    /// the time the grant was sized for (see [`grant_window`]) for the extension to answer.
+    fn settle_grant(
+        &self,
+        hold: &Arc<HoldState>,
+        sent_at: Instant,
+        held_for: Duration,
+        grace: Duration,
+    ) {
         hold.believe_until(sent_at, held_for);
         let (locker, hold) = (self.clone(), hold.clone());
+        let due = Instant::now() + grace;
         tokio::spawn(async move {
+            tokio::select! {
+                biased;
+                () = hold.ended() => return,
+                () = tokio::time::sleep_until(due) => {}
+            }
             // Refused (lost, released meanwhile) or failed: the guard's belief ends as it was.
             let _ = locker.extend(&hold, hold.lease()).await;
         });
     }
+
+    /// How old a head waiter's claim may be when a release grants it the lock, and how long
+    /// past that age the grant lasts (see the `protocol` module); and the grace before a granted
+    /// hold asks for its own lease (see [`settle_grant`](Self::settle_grant)).
+    fn grant_window(&self, lease: Duration) -> (Duration, Duration) {
+        grant_window(
+            self.claim(0).window,
+            lease,
+            self.inner.backend.command_timeout(),
+        )
+    }
 }
 
-/// How old a head waiter's claim may be when a release grants it the lock, and how long past
-/// that age the grant lasts (see the `protocol` module): the command timeout, so the extension
-/// to the waiter's own lease has the time any command has to answer (at most a third of the
-/// lease, no less than the time a release keeps the lock for the claimant otherwise).
-fn grant_window(claim_window: Duration, lease: Duration, command_timeout: Duration) -> Duration {
-    command_timeout.min(lease / 3).max(claim_window).min(lease)
+/// [`Engine::grant_window`]: the time the extension to the waiter's own lease needs — the
+/// command timeout, at most a third of the lease, no less than the time a release keeps the
+/// lock for the claimant otherwise — and a quarter of it more as the grace before the extension
+/// is sent (so a waiter that died after its claim delays the lock by that quarter more); never
+/// past the lease.
+fn grant_window(
+    claim_window: Duration,
+    lease: Duration,
+    command_timeout: Duration,
+) -> (Duration, Duration) {
+    let needed = command_timeout.min(lease / 3).max(claim_window).min(lease);
+    let window = (needed + needed / 4).min(lease);
+    (window, window - needed)
 }
 
 /// How many of a head waiter's latest offers it remembers.
