@@ -208,8 +208,18 @@ impl Engine {
                 () = hold.ended() => return,
                 () = tokio::time::sleep_until(due) => {}
             }
+            // A watchdog's hold asks for its lease; a fixed lease still ends where it would
+            // have from the attempt, as it does for a hold taken by the waiter's own attempt.
+            let lease = if hold.watchdog {
+                hold.lease()
+            } else {
+                hold.lease().saturating_sub(sent_at.elapsed())
+            };
+            if lease < crate::engine::lease::MIN_LEASE {
+                return;
+            }
             // Refused (lost, released meanwhile) or failed: the guard's belief ends as it was.
-            let _ = locker.extend(&hold, hold.lease()).await;
+            let _ = locker.extend(&hold, lease).await;
         });
     }
 
