@@ -158,7 +158,7 @@ async fn a_plain_lock_costs_one_round_trip_to_take_and_one_to_give_back() {
     let (guard, taken) = measure(&server, locker.lock(name.as_str()).into_future()).await;
     assert_eq!(taken, cost_of(1, 1));
     let (_, released) = measure(&server, guard.expect("lock").release()).await;
-    // The same: EVALSHA; GET, DEL.
+    // The same: FCALL; GET, DEL.
     assert_eq!(released, cost_of(1, 3));
 }
 
@@ -258,7 +258,7 @@ async fn a_release_past_local_waiters_to_another_process_is_one_round_trip() {
 
     let (outcome, released) = measure(&server, guard.release()).await;
     assert!(outcome.is_released());
-    // One script: EVALSHA; GET, PUBSUB NUMSUB (the claim came first: Lua's `or` stops there,
+    // One script: FCALL; GET, PUBSUB NUMSUB (the claim came first: Lua's `or` stops there,
     // so no), PSETEX (kept for the claimant, written over the hold), PUBLISH.
     assert_eq!(released, cost_of(1, 4));
     let kept = HoldValue::read(&mut con, &key).await.expect("GET");
