@@ -3,7 +3,7 @@
 -- waiter's claim made no longer ago than its grant window is granted: the lock is held for the
 -- claim's hand-over token (with `v`'s ` l` flag and a fencing token minted on the plain lock's
 -- counter, `lock` and `:fence`) for the claim's age plus that window — the waiter counts its
--- hold from when it sent the claim, and extends it at once. Any other claim has the lock kept
+-- hold from when it sent the claim, and extends it after a grace. Any other claim has the lock kept
 -- for its `Locker` (`#r:`) for the time it asked, and its attempt takes it. Returns the wake-up
 -- message: `g<n>:<ms>:<fencing token>:<token>` for a grant (`n` the number of the attempt whose
 -- claim it was, `ms` the grant's lease), `1` otherwise. Needs `now_ms`, `next_fence` and the
@@ -26,14 +26,16 @@ local function let_go(lock, claim, v, sharded)
   end
   if grant then
     local at, window, fence_ttl, n, token = unpack(grant)
-    local age = now_ms() - tonumber(at)
+    -- One reading of the clock for the claim's age and the token.
+    local t = redis.call('TIME')
+    local age = now_ms(t) - tonumber(at)
     local fence = lock .. ':fence'
     local last = redis.pcall('HGET', fence, 'n')
     if type(last) == 'table' then
       last = nil
     end
     if (last or not sharded) and age >= 0 and age <= tonumber(window) then
-      local f = string.format('%d', next_fence(fence, fence_ttl, last))
+      local f = string.format('%d', next_fence(fence, fence_ttl, last, t))
       local held = with_field(token, 'f', f)
       if field(v, 'l') then
         held = with_field(held, 'l')
