@@ -25,6 +25,7 @@
 //! | `GET /api/orders` | session | 200 [`Orders`](crate::model::Orders) `{"vouchers": [`[`Order`](crate::model::Order)`], "carts": [`[`CartOrder`](crate::model::CartOrder)`]}` |
 //! | `GET /api/events` | | `text/event-stream`: `event: catalog` (`{"vouchers", "skus"}`) on connect and whenever the catalog or a stock changes, on any instance; with a session, also `event: cart` ([`Cart`](crate::model::Cart)) and `event: orders` ([`Orders`](crate::model::Orders)) on connect and when they change; a keep-alive comment every 15 s. `?user={id}` may name only the session's own user (401 without a session, 403 another's) |
 //! | `GET /api/stats` | operator | 200 [`Stats`](crate::model::Stats), over every instance |
+//! | `GET /api/stats/series?since_ms=` | operator | 200 [`Series`](crate::series::Series): every instance's samples, one a second, of the last five minutes (only those after `since_ms` when given: 0 to 2⁵³ − 1, else 400), each instance with its newest sample's time and whether it still reports |
 //!
 //! "session": the request carries a signed-in shopper's session cookie, else 401; the user is
 //! the session's, never one named in the path or the body, so no request reaches another
@@ -88,6 +89,7 @@ use serde::Deserialize;
 
 use crate::auth::{self, Operator, Shopper};
 use crate::extract::{AskedAt, CheckoutLocks, Input, Params, PathId};
+use crate::series::Purchase;
 use crate::{
     App, AppError, CartItem, Counter, Fences, NewSku, NewVoucher, health, telemetry, validate,
 };
@@ -245,6 +247,24 @@ async fn stats(State(app): State<App>, _: Operator) -> Result<impl IntoResponse,
     Ok(Json(app.stats().await?))
 }
 
+#[derive(Debug, Deserialize)]
+struct SeriesQuery {
+    since_ms: Option<i64>,
+}
+
+/// The credential is looked at before the query: without it, any request is a 401.
+async fn stats_series(
+    State(app): State<App>,
+    _: Operator,
+    Params(query): Params<SeriesQuery>,
+) -> Result<impl IntoResponse, AppError> {
+    let since = query
+        .since_ms
+        .map(|since| validate::within("since_ms", since, 0, validate::MAX_SAFE_INTEGER))
+        .transpose()?;
+    Ok(Json(app.series(since).await?))
+}
+
 async fn page() -> Html<&'static str> {
     Html(PAGE)
 }
@@ -292,19 +312,21 @@ async fn database_up(
     }
 }
 
-/// Counts purchase requests and their 409s, including the lock layer's own.
+/// Counts purchase requests, their successes and their 409s, including the lock layer's own.
 async fn count(State(app): State<App>, request: axum::extract::Request, next: Next) -> Response {
     app.counters.bump(Counter::Request);
-    let purchase = if request.uri().path().ends_with("/checkout") {
-        "checkout"
+    let (purchase, label) = if request.uri().path().ends_with("/checkout") {
+        (Purchase::Checkout, "checkout")
     } else {
-        "voucher"
+        (Purchase::Voucher, "voucher")
     };
     let response = next.run(request).await;
-    if response.status() == StatusCode::CONFLICT {
+    if response.status().is_success() {
+        app.counters.sold(purchase);
+    } else if response.status() == StatusCode::CONFLICT {
         app.counters.bump(Counter::Conflict);
     }
-    crate::metrics::purchase(purchase, response.status());
+    crate::metrics::purchase(label, response.status());
     response
 }
 
@@ -350,6 +372,7 @@ pub fn router(app: App) -> Router {
         .route("/api/cart/items/{sku}", delete(remove_from_cart))
         .route("/api/events", get(events))
         .route("/api/stats", get(stats))
+        .route("/api/stats/series", get(stats_series))
         .route("/metrics", get(crate::metrics::metrics))
         .merge(purchases)
         .fallback(not_found)

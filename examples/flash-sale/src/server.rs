@@ -211,6 +211,10 @@ pub async fn serve(config: ServerConfig) -> Result<(), String> {
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", config.port))
         .await
         .map_err(|e| format!("cannot listen on port {}: {e}", config.port))?;
+    // The operator's plots name each instance by the address it serves on.
+    if let Ok(address) = listener.local_addr() {
+        app.counters.set_name(address.to_string());
+    }
     tracing::info!(
         url = %format!("http://127.0.0.1:{}/", config.port),
         locks = config.locks,
