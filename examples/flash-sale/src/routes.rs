@@ -4,6 +4,7 @@
 //! | --- | --- | --- |
 //! | `GET /` | | the shop's page |
 //! | `GET /operator` | operator | the operator's page; a browser without the credential is sent to `/operator/login` (303) |
+//! | `GET /operator/plots.js` | operator | the script that draws the operator's plots (`text/javascript`) |
 //! | `GET /operator/login` | | the operator's sign-in page: the token, entered once |
 //! | `POST /api/operator/login` | `{"token"}` | 204 and the operator's cookie; 401 wrong token |
 //! | `POST /api/operator/logout` | | 204, the operator's cookie removed |
@@ -79,7 +80,7 @@
 use std::time::Duration;
 
 use axum::extract::{DefaultBodyLimit, State};
-use axum::http::StatusCode;
+use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{delete, get, post};
@@ -99,6 +100,9 @@ pub const PAGE: &str = include_str!("../static/index.html");
 
 /// The operator's page, served at `/operator` to the operator.
 pub const OPERATOR_PAGE: &str = include_str!("../static/operator.html");
+
+/// The script that draws the operator's plots, served at `/operator/plots.js` to the operator.
+pub const OPERATOR_PLOTS: &str = include_str!("../static/plots.js");
 
 /// The operator's sign-in page, served at `/operator/login`.
 pub const OPERATOR_LOGIN_PAGE: &str = include_str!("../static/operator-login.html");
@@ -269,6 +273,13 @@ async fn page() -> Html<&'static str> {
     Html(PAGE)
 }
 
+async fn operator_plots(_: Operator) -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
+        OPERATOR_PLOTS,
+    )
+}
+
 async fn operator_login_page() -> Html<&'static str> {
     Html(OPERATOR_LOGIN_PAGE)
 }
@@ -356,6 +367,7 @@ pub fn router(app: App) -> Router {
     Router::new()
         .route("/", get(page))
         .route("/operator", get(auth::operator_page))
+        .route("/operator/plots.js", get(operator_plots))
         .route("/operator/login", get(operator_login_page))
         .route("/api/operator/login", post(auth::operator_login))
         .route("/api/operator/logout", post(auth::operator_logout))

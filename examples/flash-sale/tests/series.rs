@@ -1,6 +1,6 @@
 //! `GET /api/stats/series`, the operator's plots' data: each instance's seconds, from the
 //! database every instance writes to, refused without the operator's credential, and bad input
-//! a 400.
+//! a 400; and the script that draws them, the operator's too.
 
 mod common;
 
@@ -213,4 +213,30 @@ async fn the_series_is_the_operators_and_bad_input_is_a_400() {
     }
     let (status, _) = shop.operator("POST", "/api/stats/series", "").await;
     assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
+}
+
+/// The script that draws the plots is served to the operator alone, as JavaScript.
+#[tokio::test]
+async fn the_plots_script_is_the_operators() {
+    let shop = shop().await;
+    let get = |credential: Option<String>| {
+        let mut request = Request::get("/operator/plots.js");
+        if let Some(credential) = credential {
+            request = request.header("authorization", credential);
+        }
+        request.body(Body::empty()).unwrap()
+    };
+    let answer = shop.send(get(None)).await;
+    assert_eq!(answer.status, StatusCode::UNAUTHORIZED, "{answer:?}");
+    let wrong = Some("Bearer not-the-operator-token".to_owned());
+    let answer = shop.send(get(wrong)).await;
+    assert_eq!(answer.status, StatusCode::UNAUTHORIZED, "{answer:?}");
+    let right = Some(format!("Bearer {}", common::OPERATOR_TOKEN));
+    let answer = shop.send(get(right)).await;
+    assert_eq!(answer.status, StatusCode::OK);
+    assert_eq!(
+        answer.headers["content-type"],
+        "text/javascript; charset=utf-8"
+    );
+    assert!(answer.text.contains("/api/stats/series"), "{}", answer.text);
 }
