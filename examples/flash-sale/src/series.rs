@@ -296,7 +296,7 @@ async fn sample(db: AnyPool, counters: Weak<Counters>) {
     let mut before_ms = now_ms();
     let mut recent = RecentWaits::default();
     let mut unwritten = VecDeque::new();
-    let mut failing = false;
+    let (mut failing, mut clashed) = (false, false);
     // The first sample is written at the second whole second from now, not the first: an
     // instance that serves is named by its address just after it is built, and its samples
     // should all go by that name.
@@ -322,11 +322,20 @@ async fn sample(db: AnyPool, counters: Weak<Counters>) {
         let name = counters.name();
         drop(counters);
         match write(&db, &name, &mut unwritten).await {
-            Ok(()) if failing => {
-                tracing::info!("sampler: the database takes samples again");
-                failing = false;
+            Ok(taken) => {
+                if failing {
+                    tracing::info!("sampler: the database takes samples again");
+                    failing = false;
+                }
+                if taken > 0 && !clashed {
+                    tracing::warn!(
+                        name,
+                        "sampler: another instance writes samples by this name; give each \
+                         instance its own (SHOP_INSTANCE_NAME)"
+                    );
+                    clashed = true;
+                }
             }
-            Ok(()) => {}
             Err(err) => {
                 if !failing {
                     tracing::warn!(error = %err, "sampler: samples not written; kept for later");
@@ -357,14 +366,16 @@ fn db_us(ms: Option<f64>) -> Option<i64> {
     ms.map(|ms| (ms * 1000.0).round() as i64)
 }
 
-/// Writes `unwritten`, oldest first, under `name`; what fails stays in `unwritten`.
+/// Writes `unwritten`, oldest first, under `name`; what fails stays in `unwritten`. Returns
+/// how many samples found a row of theirs already there: another instance by the same name.
 async fn write(
     db: &AnyPool,
     name: &str,
     unwritten: &mut VecDeque<Sample>,
-) -> Result<(), sqlx::Error> {
+) -> Result<u64, sqlx::Error> {
+    let mut taken = 0;
     while let Some(sample) = unwritten.front() {
-        sqlx::query(
+        let written = sqlx::query(
             "INSERT INTO samples (instance, at_ms, ms, requests, purchases, checkouts, conflicts,
                                   locked, handovers, stale_refused, wait_p50_us, wait_p99_us)
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
@@ -384,9 +395,12 @@ async fn write(
         .bind(db_us(sample.wait_p99_ms))
         .execute(db)
         .await?;
+        if written.rows_affected() == 0 {
+            taken += 1;
+        }
         unwritten.pop_front();
     }
-    Ok(())
+    Ok(taken)
 }
 
 /// A count as the API answers it: 0 to 2⁵³ − 1.
