@@ -16,10 +16,11 @@
 //! else in `Origin`, and one from another site is refused with 403. A request with neither is
 //! not a browser's (a script, the load generator) and carries no cookie a browser would add.
 //!
-//! **The operator.** Changing the catalogue (`POST /api/vouchers`, `POST /api/skus`), the operator's page
-//! (`/operator`) and the shop's numbers (`/api/stats`) are the operator's. The operator proves
-//! it with a token the instance reads from [`OPERATOR_TOKEN_ENV`] at start (at least
-//! [`MIN_OPERATOR_TOKEN`] characters; every instance of one shop gets the same), presented as
+//! **The operator.** Changing the catalogue (`POST /api/vouchers`, `POST /api/skus`), the
+//! operator's page (`/operator`) and the shop's numbers (`/api/stats`, `/api/stats/series`) are
+//! the operator's. The operator proves it with a token the instance reads from
+//! [`OPERATOR_TOKEN_ENV`] at start (at least [`MIN_OPERATOR_TOKEN`] characters; every instance
+//! of one shop gets the same), presented as
 //!
 //! - `Authorization: Bearer <token>`, for scripts and the load generator, or
 //! - the cookie [`OPERATOR_COOKIE`], for a browser: `/operator/login` asks for the token once

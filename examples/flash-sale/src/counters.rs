@@ -1,11 +1,15 @@
 //! Request counters shared by every instance: each instance counts in memory and adds what it
 //! counted to its own rows of the `counters` table (no row is written by two instances, so
-//! counting costs no contention); `/api/stats` sums the rows.
+//! counting costs no contention); `/api/stats` sums the rows. The same counts, and the lock
+//! waits, also feed the instance's samples for the operator's plots ([`crate::series`]).
 
+use std::sync::RwLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use sqlx::AnyPool;
+
+use crate::series::{Purchase, Tally};
 
 /// A lock acquisition that took longer than this counts as a lock wait (an uncontended
 /// acquisition is one Redis round trip).
@@ -24,6 +28,10 @@ const NAMES: [&str; 5] = [
 #[derive(Debug)]
 pub struct Counters {
     instance: String,
+    /// The name the instance's samples go by ([`Counters::name`]).
+    name: RwLock<String>,
+    /// Running totals for the operator's plots.
+    tally: Tally,
     pending: [AtomicU64; 5],
     flushing: tokio::sync::Mutex<()>,
     /// Buyers in the order path now, and the most there were at once (this instance).
@@ -61,7 +69,9 @@ impl Counters {
     /// Counters of the instance called `instance` (unique per process).
     pub fn new(instance: String) -> Self {
         Self {
+            name: RwLock::new(instance.clone()),
             instance,
+            tally: Tally::default(),
             pending: Default::default(),
             flushing: tokio::sync::Mutex::new(()),
             buying: AtomicU64::new(0),
@@ -86,14 +96,44 @@ impl Counters {
         &self.instance
     }
 
+    /// The name this instance's samples go by in the operator's plots: its address once it
+    /// serves ([`crate::server::serve`] names it so), else its name in the `counters` table.
+    pub fn name(&self) -> String {
+        self.name
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
+    /// Names this instance's samples from now on.
+    pub fn set_name(&self, name: impl Into<String>) {
+        *self
+            .name
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = name.into();
+    }
+
+    /// The running totals the instance's samples are read from.
+    pub(crate) fn tally(&self) -> &Tally {
+        &self.tally
+    }
+
     /// Counts one.
     pub fn bump(&self, counter: Counter) {
         self.pending[counter as usize].fetch_add(1, Ordering::Relaxed);
+        self.tally.bump(counter);
     }
 
-    /// A request ran under its lock(s), after waiting `waited` for them.
+    /// A purchase was answered with success (for the plots; the database counts orders).
+    pub fn sold(&self, purchase: Purchase) {
+        self.tally.sold(purchase);
+    }
+
+    /// A request ran under its lock(s), after waiting `waited` for them. A wait of at least
+    /// [`LOCK_WAIT_THRESHOLD`] counts as a lock wait: the lock was handed over from its holder.
     pub fn ran_locked(&self, waited: Duration) {
         self.bump(Counter::Locked);
+        self.tally.waited(waited);
         if waited >= LOCK_WAIT_THRESHOLD {
             self.bump(Counter::LockWait);
         }

@@ -35,6 +35,9 @@
 //!   dlock's, the lock layer's and the shop's purchase counters. `grafana/flash-sale.json` is a
 //!   Grafana dashboard of them, per instance; a test checks every query of it against what an
 //!   instance exports.
+//! - The operator's page plots the same story without Prometheus: each instance writes what
+//!   it answered, second by second, to the database, and the page draws every instance's
+//!   last five minutes ([`series`]).
 //!
 //! - Shoppers sign in by name (it's a demo) and get a session: an `HttpOnly`, `SameSite=Strict`
 //!   cookie whose digest the database keeps, so every instance knows it. A shopper's routes take
@@ -55,6 +58,7 @@ pub mod loadgen;
 pub mod metrics;
 pub mod model;
 pub mod routes;
+pub mod series;
 pub mod server;
 mod service;
 pub mod telemetry;
@@ -116,12 +120,14 @@ pub fn now_ms() -> i64 {
 }
 
 /// Builds the app over `database_url` (migrated to the current schema) and `locker`, and starts
-/// its background task (counters, change watching) on the current runtime.
+/// its background tasks (counters, change watching, samples for the plots) on the current
+/// runtime.
 pub async fn app(database_url: &str, locker: Locker, locks: bool) -> Result<App, DbError> {
     let db = db::connect(database_url).await?;
     let db_watch = db::Watch::start(database_url);
     let counters = Arc::new(Counters::new(counters::random_id()));
     let events = events::Events::start(db.clone(), counters.clone());
+    series::start(db.clone(), Arc::downgrade(&counters));
     Ok(App {
         db,
         locker,

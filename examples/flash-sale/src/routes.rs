@@ -4,6 +4,7 @@
 //! | --- | --- | --- |
 //! | `GET /` | | the shop's page |
 //! | `GET /operator` | operator | the operator's page; a browser without the credential is sent to `/operator/login` (303) |
+//! | `GET /operator/plots.js` | operator | the script that draws the operator's plots (`text/javascript`) |
 //! | `GET /operator/login` | | the operator's sign-in page: the token, entered once |
 //! | `POST /api/operator/login` | `{"token"}` | 204 and the operator's cookie; 401 wrong token |
 //! | `POST /api/operator/logout` | | 204, the operator's cookie removed |
@@ -25,6 +26,7 @@
 //! | `GET /api/orders` | session | 200 [`Orders`](crate::model::Orders) `{"vouchers": [`[`Order`](crate::model::Order)`], "carts": [`[`CartOrder`](crate::model::CartOrder)`]}` |
 //! | `GET /api/events` | | `text/event-stream`: `event: catalog` (`{"vouchers", "skus"}`) on connect and whenever the catalog or a stock changes, on any instance; with a session, also `event: cart` ([`Cart`](crate::model::Cart)) and `event: orders` ([`Orders`](crate::model::Orders)) on connect and when they change; a keep-alive comment every 15 s. `?user={id}` may name only the session's own user (401 without a session, 403 another's) |
 //! | `GET /api/stats` | operator | 200 [`Stats`](crate::model::Stats), over every instance |
+//! | `GET /api/stats/series?since_ms=` | operator | 200 [`Series`](crate::series::Series): every instance's samples, one a second, of the last five minutes (only those after `since_ms` when given: 0 to 2⁵³ − 1, else 400), each instance with its newest sample's time and whether it still reports |
 //!
 //! "session": the request carries a signed-in shopper's session cookie, else 401; the user is
 //! the session's, never one named in the path or the body, so no request reaches another
@@ -78,7 +80,7 @@
 use std::time::Duration;
 
 use axum::extract::{DefaultBodyLimit, State};
-use axum::http::StatusCode;
+use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{delete, get, post};
@@ -88,6 +90,7 @@ use serde::Deserialize;
 
 use crate::auth::{self, Operator, Shopper};
 use crate::extract::{AskedAt, CheckoutLocks, Input, Params, PathId};
+use crate::series::Purchase;
 use crate::{
     App, AppError, CartItem, Counter, Fences, NewSku, NewVoucher, health, telemetry, validate,
 };
@@ -97,6 +100,9 @@ pub const PAGE: &str = include_str!("../static/index.html");
 
 /// The operator's page, served at `/operator` to the operator.
 pub const OPERATOR_PAGE: &str = include_str!("../static/operator.html");
+
+/// The script that draws the operator's plots, served at `/operator/plots.js` to the operator.
+pub const OPERATOR_PLOTS: &str = include_str!("../static/plots.js");
 
 /// The operator's sign-in page, served at `/operator/login`.
 pub const OPERATOR_LOGIN_PAGE: &str = include_str!("../static/operator-login.html");
@@ -245,8 +251,33 @@ async fn stats(State(app): State<App>, _: Operator) -> Result<impl IntoResponse,
     Ok(Json(app.stats().await?))
 }
 
+#[derive(Debug, Deserialize)]
+struct SeriesQuery {
+    since_ms: Option<i64>,
+}
+
+/// The credential is looked at before the query: without it, any request is a 401.
+async fn stats_series(
+    State(app): State<App>,
+    _: Operator,
+    Params(query): Params<SeriesQuery>,
+) -> Result<impl IntoResponse, AppError> {
+    let since = query
+        .since_ms
+        .map(|since| validate::within("since_ms", since, 0, validate::MAX_SAFE_INTEGER))
+        .transpose()?;
+    Ok(Json(app.series(since).await?))
+}
+
 async fn page() -> Html<&'static str> {
     Html(PAGE)
+}
+
+async fn operator_plots(_: Operator) -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
+        OPERATOR_PLOTS,
+    )
 }
 
 async fn operator_login_page() -> Html<&'static str> {
@@ -292,19 +323,21 @@ async fn database_up(
     }
 }
 
-/// Counts purchase requests and their 409s, including the lock layer's own.
+/// Counts purchase requests, their successes and their 409s, including the lock layer's own.
 async fn count(State(app): State<App>, request: axum::extract::Request, next: Next) -> Response {
     app.counters.bump(Counter::Request);
-    let purchase = if request.uri().path().ends_with("/checkout") {
-        "checkout"
+    let (purchase, label) = if request.uri().path().ends_with("/checkout") {
+        (Purchase::Checkout, "checkout")
     } else {
-        "voucher"
+        (Purchase::Voucher, "voucher")
     };
     let response = next.run(request).await;
-    if response.status() == StatusCode::CONFLICT {
+    if response.status().is_success() {
+        app.counters.sold(purchase);
+    } else if response.status() == StatusCode::CONFLICT {
         app.counters.bump(Counter::Conflict);
     }
-    crate::metrics::purchase(purchase, response.status());
+    crate::metrics::purchase(label, response.status());
     response
 }
 
@@ -334,6 +367,7 @@ pub fn router(app: App) -> Router {
     Router::new()
         .route("/", get(page))
         .route("/operator", get(auth::operator_page))
+        .route("/operator/plots.js", get(operator_plots))
         .route("/operator/login", get(operator_login_page))
         .route("/api/operator/login", post(auth::operator_login))
         .route("/api/operator/logout", post(auth::operator_logout))
@@ -350,6 +384,7 @@ pub fn router(app: App) -> Router {
         .route("/api/cart/items/{sku}", delete(remove_from_cart))
         .route("/api/events", get(events))
         .route("/api/stats", get(stats))
+        .route("/api/stats/series", get(stats_series))
         .route("/metrics", get(crate::metrics::metrics))
         .merge(purchases)
         .fallback(not_found)

@@ -3,9 +3,11 @@
 //! `redis://127.0.0.1:6379/`) or a Redis Cluster at `DLOCK_CLUSTER_URLS` (its seed nodes' URLs,
 //! comma-separated: `redis://127.0.0.1:7000/,redis://127.0.0.1:7001/`; one reachable node is
 //! enough, the client finds the others), `DATABASE_URL` (default: a SQLite file
-//! `flash-sale.db` in the current directory; `postgres://…` for PostgreSQL), and
-//! `SHOP_OPERATOR_TOKEN`, the operator's token ([`crate::auth`]; unset, nobody is the operator). Setting both Redis
-//! variables is an error. The shop's own defaults — a 2 s bound on connecting and on each
+//! `flash-sale.db` in the current directory; `postgres://…` for PostgreSQL),
+//! `SHOP_OPERATOR_TOKEN`, the operator's token ([`crate::auth`]; unset, nobody is the operator),
+//! and `SHOP_INSTANCE_NAME`, the instance's name in the operator's plots (unset: the address it
+//! serves on, `127.0.0.1:8080`; instances on different hosts would all be `127.0.0.1:8080`, so
+//! each sets its own, say its host's name). Setting both Redis variables is an error. The shop's own defaults — a 2 s bound on connecting and on each
 //! command, a 3 s wait, connecting lazily — apply where the variables say nothing.
 //!
 //! The instance starts whether or not Redis (or the cluster) is up: its `Locker` connects on
@@ -103,12 +105,36 @@ pub struct ServerConfig {
     pub buyers_per_voucher: u32,
     /// The operator's token (`SHOP_OPERATOR_TOKEN`); without it, operator requests are refused.
     pub operator: Option<crate::auth::OperatorToken>,
+    /// The instance's name in the operator's plots ([`INSTANCE_NAME_ENV`]); `None`: the address
+    /// it serves on.
+    pub name: Option<String>,
+}
+
+/// The environment variable with the instance's name in the operator's plots.
+pub const INSTANCE_NAME_ENV: &str = "SHOP_INSTANCE_NAME";
+
+/// The longest instance name, in characters.
+pub const MAX_INSTANCE_NAME: usize = 100;
+
+/// The instance's name from the value of [`INSTANCE_NAME_ENV`]: `None` when unset or blank;
+/// an error when longer than [`MAX_INSTANCE_NAME`] or with control or format characters.
+fn instance_name(value: Option<String>) -> Result<Option<String>, String> {
+    let Some(name) = value else {
+        return Ok(None);
+    };
+    if name.trim().is_empty() {
+        return Ok(None);
+    }
+    crate::validate::text(INSTANCE_NAME_ENV, &name, MAX_INSTANCE_NAME)
+        .map(Some)
+        .map_err(|err| err.to_string())
 }
 
 /// The instance's command line.
 pub const USAGE: &str = "[--port N] [--no-locks] [--buyers-per-voucher N]   (env: DLOCK_URL, or DLOCK_CLUSTER_URLS=\
 redis://127.0.0.1:7000/,redis://127.0.0.1:7001/ for a Redis Cluster, and dlock's other DLOCK_* \
-settings; DATABASE_URL, SHOP_OPERATOR_TOKEN (16 characters or more), RUST_LOG, LOG_FORMAT=json)";
+settings; DATABASE_URL, SHOP_OPERATOR_TOKEN (16 characters or more), SHOP_INSTANCE_NAME, RUST_LOG, \
+LOG_FORMAT=json)";
 
 /// The bound on each Redis command and on connecting.
 pub const REDIS_TIMEOUT: Duration = Duration::from_secs(2);
@@ -126,6 +152,7 @@ impl ServerConfig {
                 .unwrap_or_else(|_| "sqlite://flash-sale.db?mode=rwc".to_owned()),
             buyers_per_voucher: crate::BUYERS_PER_VOUCHER,
             operator: crate::auth::OperatorToken::from_env()?,
+            name: instance_name(std::env::var(INSTANCE_NAME_ENV).ok())?,
         };
         let mut args = args.into_iter();
         while let Some(arg) = args.next() {
@@ -211,6 +238,13 @@ pub async fn serve(config: ServerConfig) -> Result<(), String> {
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", config.port))
         .await
         .map_err(|e| format!("cannot listen on port {}: {e}", config.port))?;
+    // The operator's plots name each instance by the address it serves on, unless it is given
+    // a name.
+    match (&config.name, listener.local_addr()) {
+        (Some(name), _) => app.counters.set_name(name.clone()),
+        (None, Ok(address)) => app.counters.set_name(address.to_string()),
+        (None, Err(_)) => {}
+    }
     tracing::info!(
         url = %format!("http://127.0.0.1:{}/", config.port),
         locks = config.locks,
@@ -269,6 +303,18 @@ mod tests {
                 "rediss://b:7001/".to_owned()
             ]))
         );
+    }
+
+    #[test]
+    fn an_instance_name_is_trimmed_text_or_none() {
+        let name = |v: &str| instance_name(Some(v.to_owned()));
+        assert_eq!(instance_name(None), Ok(None));
+        assert_eq!(name("  "), Ok(None));
+        assert_eq!(name(" web-1:8080 "), Ok(Some("web-1:8080".to_owned())));
+        let long = name(&"x".repeat(MAX_INSTANCE_NAME + 1)).unwrap_err();
+        assert!(long.contains(INSTANCE_NAME_ENV), "{long}");
+        assert!(name("web\u{202e}1").is_err());
+        assert!(name("web\n1").is_err());
     }
 
     #[test]

@@ -12,6 +12,8 @@
 //!   "locks off"; once it is back, the pages are live again.
 //! - A user remembered by the browser but unknown to the shop is signed out, not left
 //!   "reconnecting…".
+//! - The operator's plots draw every instance under load, say when one is unreachable, and
+//!   pick its line up again when it is back ([`operator`]).
 //!
 //! The SQLite runs take a screenshot of each step (`01-signed-out.png`, …) into
 //! `target/tmp/flash-sale-screenshots/`; with `UPDATE_SCREENSHOTS=1` they replace the committed
@@ -27,6 +29,9 @@ use http_body_util::{BodyExt as _, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use serde_json::{Value, json};
+
+#[path = "browser/operator.rs"]
+mod operator;
 
 /// The WebDriver key of an element reference.
 const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
@@ -1009,7 +1014,7 @@ async fn shopping(shop: Shop, page: Page) {
     page.wait_text("#t-voucher_orders .value", |t| t == "3")
         .await;
     page.wait_text("#vouchers", |t| t.contains(concert)).await;
-    page.screenshot("09-operator.png").await;
+    // The operator's view is pictured under load, with its plots ([`operator`]).
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1442,6 +1447,8 @@ async fn a_dead_instance_shows_reconnecting_and_unknown_then_recovers() {
             .await;
         page.wait_text("#unavailable", |t| t.starts_with("Stats unavailable"))
             .await;
+        page.wait_text("#plots-state", |t| t.starts_with("Plots paused"))
+            .await;
         page.wait_text("#catalog-state", |t| t.contains("reconnecting"))
             .await;
         let counters = [
@@ -1467,6 +1474,8 @@ async fn a_dead_instance_shows_reconnecting_and_unknown_then_recovers() {
         page.wait_text("#t-locks .value", |t| t == "on").await;
         page.wait_text("#stats-state", |t| t == "live").await;
         page.wait_text("#t-voucher_orders .value", |t| t == "1")
+            .await;
+        page.wait_text("#plots-state", |t| t.contains("a point a second"))
             .await;
         page.wait_text("#catalog-state", |t| t == "(live)").await;
         page.wait_text("#vouchers", |t| t.contains('4')).await;

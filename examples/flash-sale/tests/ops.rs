@@ -290,6 +290,46 @@ async fn three_replicas_start_together_on_a_fresh_sqlite_file() {
     }
 }
 
+/// Instances that serve go by their addresses in the operator's plots, and any instance answers
+/// for every one of them: a purchase on each shows in its own series, whichever is asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_served_instance_is_plotted_under_its_address() {
+    let redis = dlock_tests::RedisServer::start();
+    let shop = demo::start(&server(), 2, &RedisTarget::Server(redis.url()), None, true)
+        .await
+        .expect("two instances start");
+    let (user, _) = setup(&shop.urls[0]).await;
+    for url in &shop.urls {
+        assert_eq!(buy(url, &user).await.0, 201);
+    }
+    let names: Vec<&str> = shop
+        .urls
+        .iter()
+        .map(|url| url.trim_start_matches("http://"))
+        .collect();
+    for (url, name) in shop.urls.iter().zip(&names) {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let (status, _, series) = http("GET", &format!("{url}/api/stats/series"), None).await;
+            assert_eq!(status, 200, "{series}");
+            assert_eq!(series["answered_by"], *name, "{series}");
+            let purchases = |name: &str| -> u64 {
+                let instances = series["instances"].as_array().into_iter().flatten();
+                instances
+                    .filter(|instance| instance["name"] == name)
+                    .flat_map(|instance| instance["samples"].as_array().into_iter().flatten())
+                    .map(|sample| sample["purchases"].as_u64().unwrap_or(0))
+                    .sum()
+            };
+            if names.iter().all(|name| purchases(name) == 1) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{url}: {series}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
 /// `/metrics` exports dlock's metrics, the lock layer's and the shop's in Prometheus's format,
 /// and every query of every panel of the Grafana dashboard (`grafana/flash-sale.json`) names
 /// metrics, and label values, that an instance really exports after a little traffic: a

@@ -154,6 +154,32 @@ async fn the_shop_runs_on_postgres_without_duplicates_or_oversell() {
     assert!(report.clean(), "{report:?}");
     assert_eq!(report.stats.voucher_orders, 100, "{report:?}");
     assert_eq!(report.stats.duplicate_orders, 0, "{report:?}");
+
+    // The operator's plots read every instance's seconds back from PostgreSQL: together they
+    // count every voucher sold, with the lock waits of each second.
+    let url = format!("{}/api/stats/series?since_ms=0", instances.urls[0]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, series) = http("GET", &url, serde_json::Value::Null).await;
+        assert_eq!(status, 200, "{series}");
+        let instances = series["instances"].as_array().cloned().unwrap_or_default();
+        let samples: Vec<&serde_json::Value> = instances
+            .iter()
+            .flat_map(|i| i["samples"].as_array().into_iter().flatten())
+            .collect();
+        let sold: u64 = samples.iter().filter_map(|s| s["purchases"].as_u64()).sum();
+        if instances.len() == 2 && sold == 100 {
+            assert!(
+                samples
+                    .iter()
+                    .any(|s| s["wait_p99_ms"].as_f64() > Some(0.0)),
+                "{series}"
+            );
+            break;
+        }
+        assert!(Instant::now() < deadline, "{sold} of 100 sold: {series}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// The operator's token the instances are started with; every request of [`http`] carries it.

@@ -132,7 +132,8 @@ async fn run() -> Result<ExitCode, String> {
         println!("  {url}/");
     }
     println!(
-        "The operator's view: {shop}/operator/login, with the operator's token {}",
+        "The operator's view (invariants, totals, each instance plotted live): \
+         {shop}/operator/login, with the operator's token {}",
         running.operator.expose()
     );
     println!("Open one in a browser; Ctrl-C to stop.");
