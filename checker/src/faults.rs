@@ -34,6 +34,10 @@ pub enum FaultKind {
     Clobber,
     /// The proxy forwarded nothing for a while (its lockers' commands went unanswered).
     Stall,
+    /// The proxy held back the server's answers for a while, while its lockers' commands still
+    /// reached the server: they ran at once, and their answers came late — a reply that was
+    /// true when the server gave it may be stale when it arrives.
+    ReplyStall,
     /// A coordinated failover (`CLUSTER FAILOVER`): the replica caught up before it took over.
     /// It ends when the replica says it is the master.
     Failover,
@@ -235,6 +239,8 @@ pub(crate) enum FaultSpec {
     Clobber(u8, Duration),
     /// The proxy forwarding nothing (connections stay open) for a while.
     Stall(Duration),
+    /// The proxy holding back the server's answers alone for a while.
+    StallReplies(Duration),
     /// A failover of the master of a name's slot (of the master, with Sentinel).
     Failover(u8),
     /// The master of a name's slot killed, down at least this long, then restarted.
@@ -393,6 +399,8 @@ impl FaultPlan {
             }
             3 => FaultSpec::Cut(between(rng, 20, 400)),
             // Long enough to outlast a lease: the other holds must be renewed meanwhile.
+            // Or the answers alone: what the lockers learn comes late, and may be stale.
+            6 if rng.random_bool(0.4) => FaultSpec::StallReplies(between(rng, 50, 1_000)),
             6 => FaultSpec::Stall(between(rng, 50, 1_000)),
             5 => FaultSpec::Clobber(rng.random_range(0..self.names), between(rng, 200, 1500)),
             7 => FaultSpec::Failover(target),
@@ -539,6 +547,12 @@ impl Targets {
                 tokio::time::sleep(d).await;
                 t.proxy.unstall();
                 (FaultKind::Stall, Reach::ALL, true)
+            }
+            (Self::Redis(t), FaultSpec::StallReplies(d)) => {
+                t.proxy.stall_replies();
+                tokio::time::sleep(d).await;
+                t.proxy.unstall_replies();
+                (FaultKind::ReplyStall, Reach::ALL, true)
             }
             (Self::Redis(t), FaultSpec::Cut(d)) => {
                 t.proxy.cut();

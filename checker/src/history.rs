@@ -321,6 +321,8 @@ pub struct GuardRec {
     pub start: Instant,
     /// `valid_until()` when it was handed out.
     pub granted_until: Instant,
+    /// Whether it was lost already when it was handed out: its hold known to be over.
+    pub handed_out_lost: bool,
     /// When its `lost()` future was seen resolved.
     pub lost_at: OnceLock<Instant>,
     /// Its lease when acquired.

@@ -205,6 +205,24 @@ fn holds(
         });
     }
     for r in guards.iter().filter(|g| g.reentrant) {
+        // A re-entry checks that Redis still has the hold; an answer that comes back after the
+        // hold's lease ran out (a server that answers late, a stalled connection) must not
+        // hand out a guard of a hold this process knows is over.
+        if r.handed_out_lost || r.granted_until + crate::ops::SLACK < r.start {
+            out.push(Violation {
+                invariant: Invariant::Reentry,
+                summary: format!(
+                    "re-entry handed out a guard of a hold already over (lost: {}, valid until \
+                     {:?} before it returned): {}",
+                    r.handed_out_lost,
+                    r.start.saturating_duration_since(r.granted_until),
+                    describe(history, r, finish)
+                ),
+                window: Some((r.name, r.call, last_of(r, finish))),
+                hint: "",
+            });
+            continue;
+        }
         let holds = by_name.entry(r.name).or_default();
         let parent = fresh
             .get(&(r.name, r.token(), r.locker))

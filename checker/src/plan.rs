@@ -494,10 +494,14 @@ fn reenter(rng: &mut StdRng, shape: Shape) -> Session {
         name,
         nested: Nested::Same,
         outer,
-        gap: if rng.random_bool(0.5) {
-            Duration::ZERO
-        } else {
-            between(rng, 0, 20)
+        // Mostly at once; sometimes late in the hold — past renewals, or just before a fixed
+        // lease runs out — where an answer that comes back late (a fault that holds answers
+        // back) says the hold is there when it no longer is.
+        gap: match (rng.random_range(0..10), outer.lease) {
+            (0..5, _) => Duration::ZERO,
+            (5..8, _) => between(rng, 0, 20),
+            (_, LeaseSpec::Fixed(lease)) => lease.saturating_sub(between(rng, 5, 60)),
+            _ => between(rng, 0, 1_500),
         },
         inner,
         hold: between(rng, 0, 20),

@@ -154,6 +154,7 @@ impl Tracked {
             multi,
             start,
             granted_until: guard.valid_until(),
+            handed_out_lost: guard.is_lost(),
             lost_at: Default::default(),
             lease,
             at_least,

@@ -23,6 +23,7 @@ fn rec(id: u32, t: Instant, (call, start, end): (u64, u64, u64), token: u64) -> 
         call: at(call),
         multi: false,
         start: at(start),
+        handed_out_lost: false,
         granted_until: at(end + 500),
         lost_at: OnceLock::new(),
         lease: Duration::from_millis(600),
