@@ -78,16 +78,9 @@ impl Server {
         };
         let is = |command: &str| name.eq_ignore_ascii_case(command);
         if is("EVALSHA") || is("EVAL") {
-            let Some((script, rest)) = rest.split_first() else {
-                return Reply::Error("ERR wrong number of arguments".to_owned());
+            let Some((script, (keys, args))) = split_call(rest) else {
+                return Reply::Error(BAD_CALL.to_owned());
             };
-            let count = rest.first().and_then(|n| n.parse::<usize>().ok());
-            let Some(count) = count.filter(|n| *n < rest.len()) else {
-                return Reply::Error(
-                    "ERR Number of keys can't be greater than number of args".to_owned(),
-                );
-            };
-            let (keys, args) = rest[1..].split_at(count);
             return if is("EVAL") {
                 let sha = redis::Script::new(script).get_hash().to_owned();
                 match self.compile(&sha, script) {
@@ -95,7 +88,7 @@ impl Server {
                     Err(reply) => reply,
                 }
             } else {
-                let known = (self.compiled.get(*script))
+                let known = (self.compiled.get(script))
                     .or_else(|| self.compiled.get(&script.to_ascii_lowercase()));
                 match known {
                     Some(function) => self.call(&function.clone(), keys, args),
@@ -176,17 +169,10 @@ impl Server {
     /// `FCALL <function> <number of keys> <key>.. <arg>..`: the function's reply, or Redis's
     /// error for a function no library has.
     fn fcall(&self, rest: &[&str]) -> Reply {
-        let Some((name, rest)) = rest.split_first() else {
-            return Reply::Error("ERR wrong number of arguments for 'fcall' command".to_owned());
+        let Some((name, (keys, args))) = split_call(rest) else {
+            return Reply::Error(BAD_CALL.to_owned());
         };
-        let count = rest.first().and_then(|n| n.parse::<usize>().ok());
-        let Some(count) = count.filter(|n| *n < rest.len()) else {
-            return Reply::Error(
-                "ERR Number of keys can't be greater than number of args".to_owned(),
-            );
-        };
-        let (keys, args) = rest[1..].split_at(count);
-        let found = (self.libraries.values()).find_map(|functions| functions.get(*name));
+        let found = (self.libraries.values()).find_map(|functions| functions.get(name));
         let Some(function) = found else {
             return Reply::Error("ERR Function not found".to_owned());
         };
@@ -270,6 +256,21 @@ impl Server {
         let value: Value = function.call(())?;
         from_lua(&value)
     }
+}
+
+/// What Redis answers a script call whose key count is missing or too large.
+const BAD_CALL: &str = "ERR Number of keys can't be greater than number of args";
+
+/// A script call's keys and arguments.
+type KeysAndArgs<'w> = (&'w [&'w str], &'w [&'w str]);
+
+/// A script call's words after its command (`EVAL`, `EVALSHA`, `FCALL`): the script or
+/// function, then its keys and its arguments, as its key count splits them.
+fn split_call<'w>(rest: &'w [&'w str]) -> Option<(&'w str, KeysAndArgs<'w>)> {
+    let (script, rest) = rest.split_first()?;
+    let count = rest.first()?.parse::<usize>().ok()?;
+    let words = rest.get(1..)?;
+    (count <= words.len()).then(|| (*script, words.split_at(count)))
 }
 
 /// `redis.call` (`protected`: `redis.pcall`).
