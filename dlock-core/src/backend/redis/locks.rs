@@ -282,11 +282,14 @@ impl RedisBackend {
         keep: Option<Duration>,
     ) -> Result<ReleaseReply, BackendError> {
         let call = self.script_call(&self.release_of(keys, owner, handed_to, keep));
+        // Not resent here when the connection drops: the engine sends it again itself, and so
+        // knows that a hold found gone then may have been let go by the first try (which the
+        // server may have run before it saw the connection close).
         let (mut reply, acknowledged): (i64, _) =
-            match self.invoke(conn, call, true, self.ack).await {
+            match self.invoke(conn, call, false, self.ack).await {
                 Err(err) if moving_line(&err, keys) => {
                     let alone = self.release_alone(keys, owner, handed_to, keep);
-                    self.invoke(conn, self.script_call(&alone), true, self.ack)
+                    self.invoke(conn, self.script_call(&alone), false, self.ack)
                         .await?
                 }
                 other => other?,
