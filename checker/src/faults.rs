@@ -38,6 +38,10 @@ pub enum FaultKind {
     /// reached the server: they ran at once, and their answers came late — a reply that was
     /// true when the server gave it may be stale when it arrives.
     ReplyStall,
+    /// A [`ReplyStall`](Self::ReplyStall) that ended with the proxy closing its connections:
+    /// the answers held back never arrived. A command that ran was not answered, and a client
+    /// that sends it again finds what the first run left.
+    ReplyCut,
     /// A coordinated failover (`CLUSTER FAILOVER`): the replica caught up before it took over.
     /// It ends when the replica says it is the master.
     Failover,
@@ -239,8 +243,13 @@ pub(crate) enum FaultSpec {
     Clobber(u8, Duration),
     /// The proxy forwarding nothing (connections stay open) for a while.
     Stall(Duration),
-    /// The proxy holding back the server's answers alone for a while.
-    StallReplies(Duration),
+    /// The proxy holding back the server's answers alone for a while; with `then_cut`, its
+    /// connections then closed with the answers still held back (new ones accepted at once),
+    /// so a command that ran is never answered on the connection it came by.
+    StallReplies {
+        span: Duration,
+        then_cut: bool,
+    },
     /// A failover of the master of a name's slot (of the master, with Sentinel).
     Failover(u8),
     /// The master of a name's slot killed, down at least this long, then restarted.
@@ -345,7 +354,7 @@ impl FaultPlan {
             // pause, del, restart, cut, jump, clobber, stall
             FaultFamily::PauseAndDel => (between(rng, 30, 300), [45, 40, 0, 0, 0, 15, 0, 0]),
             FaultFamily::Restart => (between(rng, 200, 800), [0, 60, 40, 0, 0, 0, 0, 0]),
-            FaultFamily::ProxyCut => (between(rng, 50, 300), [0, 30, 0, 40, 0, 0, 30, 0]),
+            FaultFamily::ProxyCut => (between(rng, 50, 300), [0, 20, 0, 30, 0, 0, 50, 0]),
             FaultFamily::Mixed => (between(rng, 50, 300), [20, 25, 10, 20, 0, 15, 10, 0]),
             FaultFamily::Memory => (between(rng, 20, 500), [0, 60, 0, 0, 40, 0, 0, 0]),
             FaultFamily::Remote => (between(rng, 100, 500), [0, 30, 0, 30, 0, 15, 25, 0]),
@@ -399,8 +408,18 @@ impl FaultPlan {
             }
             3 => FaultSpec::Cut(between(rng, 20, 400)),
             // Long enough to outlast a lease: the other holds must be renewed meanwhile.
-            // Or the answers alone: what the lockers learn comes late, and may be stale.
-            6 if rng.random_bool(0.4) => FaultSpec::StallReplies(between(rng, 50, 1_000)),
+            // Or the answers alone: what the lockers learn comes late, and may be stale. Half
+            // of those end with their connections closed, the answers never sent: short then,
+            // so the commands held up are still waited for (within a command timeout).
+            6 if rng.random_bool(0.6) => {
+                let then_cut = rng.random_bool(0.7);
+                let span = if then_cut {
+                    between(rng, 10, 150)
+                } else {
+                    between(rng, 50, 1_000)
+                };
+                FaultSpec::StallReplies { span, then_cut }
+            }
             6 => FaultSpec::Stall(between(rng, 50, 1_000)),
             5 => FaultSpec::Clobber(rng.random_range(0..self.names), between(rng, 200, 1500)),
             7 => FaultSpec::Failover(target),
@@ -548,11 +567,22 @@ impl Targets {
                 t.proxy.unstall();
                 (FaultKind::Stall, Reach::ALL, true)
             }
-            (Self::Redis(t), FaultSpec::StallReplies(d)) => {
+            (Self::Redis(t), FaultSpec::StallReplies { span, then_cut }) => {
                 t.proxy.stall_replies();
-                tokio::time::sleep(d).await;
-                t.proxy.unstall_replies();
-                (FaultKind::ReplyStall, Reach::ALL, true)
+                tokio::time::sleep(span).await;
+                if then_cut {
+                    // The answers held back are dropped with their connections (closed before
+                    // the answers are let through); a client that sends its command again soon
+                    // after reaches the server.
+                    t.proxy.cut();
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    t.proxy.restore();
+                    t.proxy.unstall_replies();
+                    (FaultKind::ReplyCut, Reach::ALL, true)
+                } else {
+                    t.proxy.unstall_replies();
+                    (FaultKind::ReplyStall, Reach::ALL, true)
+                }
             }
             (Self::Redis(t), FaultSpec::Cut(d)) => {
                 t.proxy.cut();
