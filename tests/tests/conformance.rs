@@ -181,7 +181,7 @@ const ROWS: &[Row] = &[
         ],
     },
     Row {
-        what: "ACQUIRE: a retry finds the lock held by its owner",
+        what: "ACQUIRE: a retry finds the lock held by its owner, and sets its lease from now",
         before: &[Str("lk", "o1 f9", 5000)],
         op: Script(
             "ACQUIRE",
@@ -189,7 +189,7 @@ const ROWS: &[Row] = &[
             &["o1", "30000", "0", "0", "aa", "0", "0"],
         ),
         reply: "[1, 9]",
-        after: &["lk string \"o1 f9\" {~5000}"],
+        after: &["lk string \"o1 f9\" {~30000}"],
     },
     Row {
         what: "ACQUIRE names the lock alone while its slot moves: no token",

@@ -599,10 +599,11 @@ async fn waiters_behind_a_local_line_send_no_attempt_of_their_own() {
     let after = server.info_commandstats();
     let delta =
         |name: &str| after.get(name).copied().unwrap_or(0) - before.get(name).copied().unwrap_or(0);
-    // The first request's attempt, and the head's after it subscribed; the eighteen others
-    // wait in line without a round trip of their own.
+    // The first request's attempt (its `SET NX PX` alone), and the head's script after it
+    // subscribed; the nineteen others wait in line without a round trip of their own.
     let scripts = dlock_tests::script_calls(&after) - dlock_tests::script_calls(&before);
-    assert_eq!(scripts, 2, "{after:?}");
+    assert_eq!(scripts, 1, "{after:?}");
+    assert_eq!(delta("set"), 1, "{after:?}");
     assert_eq!(delta("subscribe"), 1, "{after:?}");
     assert!(guard.release().await.is_released());
     for waiter in waiters {
@@ -673,6 +674,68 @@ async fn a_hold_granted_to_another_process_and_given_back_soon_is_not_extended()
                 calls, 2,
                 "the holder's release and the waiter's, and no extension"
             );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_passed_to_another_process_costs_one_script_on_each_side() {
+    let server = RedisServer::start();
+    let holder = warm_locker(&server).await;
+    let waiter = warm_locker(&server).await;
+    // The waiting `Locker`'s subscriber connects on its first wait, and its first grant loads
+    // nothing new: both done here, unmeasured.
+    for round in 0..2 {
+        let name = unique_name("cost-turn-across");
+        let held = holder.lock(name.as_str()).await.expect("lock");
+        // A hold with a token, as one taken in turn has (the name's counter made).
+        held.fencing_token().await.expect("a token");
+        let (granted_tx, granted_rx) = tokio::sync::oneshot::channel();
+        let (release_tx, release_rx) = tokio::sync::oneshot::channel::<()>();
+        let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
+        let wait = tokio::spawn({
+            let (waiter, name) = (waiter.clone(), name.clone());
+            async move {
+                let _ = go_rx.await;
+                let guard = (waiter.lock(name.as_str()))
+                    .wait(Duration::from_secs(5))
+                    .await
+                    .expect("waiter");
+                let _ = granted_tx.send(());
+                let _ = release_rx.await;
+                guard.release().await
+            }
+        });
+        let ((), waited) = measure(&server, async {
+            let calls = server.script_calls();
+            let _ = go_tx.send(());
+            tried(&server, calls).await;
+        })
+        .await;
+        let (outcome, released) = measure(&server, async {
+            let outcome = held.release().await;
+            granted_rx.await.expect("granted");
+            let until = std::time::Instant::now() + Duration::from_secs(5);
+            while waiter.stats().watched_names > 0 {
+                assert!(std::time::Instant::now() < until, "still subscribed");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            outcome
+        })
+        .await;
+        assert!(outcome.is_released());
+        let _ = release_tx.send(());
+        assert!(wait.await.expect("waiter task").is_released());
+        if round == 1 {
+            // The waiter: `SET NX PX`, found taken; `SUBSCRIBE`; then one script as the head of
+            // its line, which claims the next turn and offers its hand-over token: GET, TIME
+            // (the claim's time), PTTL, PSETEX.
+            assert_eq!(waited, cost_of(3, 3 + 4));
+            // The holder's release grants the lock in the same script: GET, TIME, HSET (the
+            // new token: the hold's own was the counter's last, so the counter is not read),
+            // PSETEX, PUBLISH; and the waiter, granted, unsubscribes.
+            assert_eq!(released, cost_of(2, 2 + 5));
         }
     }
 }

@@ -30,9 +30,17 @@ local function let_go(lock, claim, v, sharded)
     local t = redis.call('TIME')
     local age = now_ms(t) - tonumber(at)
     local fence = lock .. ':fence'
-    local last = redis.pcall('HGET', fence, 'n')
-    if type(last) == 'table' then
-      last = nil
+    -- The hold's own token, if it has one, is the counter's last (a token is minted only for
+    -- the holder of the lock), so the counter is not read again — but on a cluster, where the
+    -- read also says whether the counter is here.
+    local last
+    if sharded then
+      last = redis.pcall('HGET', fence, 'n')
+      if type(last) == 'table' then
+        last = nil
+      end
+    else
+      last = field(v, 'f')
     end
     if (last or not sharded) and age >= 0 and age <= tonumber(window) then
       local f = string.format('%d', next_fence(fence, fence_ttl, last, t))
