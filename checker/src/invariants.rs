@@ -207,8 +207,15 @@ fn holds(
     for r in guards.iter().filter(|g| g.reentrant) {
         // A re-entry checks that Redis still has the hold; an answer that comes back after the
         // hold's lease ran out (a server that answers late, a stalled connection) must not
-        // hand out a guard of a hold this process knows is over.
-        if r.handed_out_lost || r.granted_until + crate::ops::SLACK < r.start {
+        // hand out a guard of a hold this process knows is over. The library looks at the
+        // hold's lease once more just before it hands the guard out: a lease that ran out
+        // after that, as the call returned (within the timer tolerance and the scheduler's
+        // lateness meanwhile), was not known to be over.
+        let race = RUN_TIMER_TOLERANCE + history.lags.max_within(r.call, r.start);
+        let ran_out_as_it_returned =
+            r.granted_until <= r.start && r.granted_until + race >= r.start;
+        let handed_out_lost = r.handed_out_lost && !ran_out_as_it_returned;
+        if handed_out_lost || r.granted_until + crate::ops::SLACK < r.start {
             out.push(Violation {
                 invariant: Invariant::Reentry,
                 summary: format!(

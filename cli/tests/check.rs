@@ -111,7 +111,7 @@ async fn faults_touch_only_the_checks_own_keys_and_connections() {
     assert!(!faults.is_empty(), "{report}");
     for kind in faults.keys() {
         assert!(
-            ["Cut", "Stall", "Del", "Clobber"].contains(&kind.as_str()),
+            ["Cut", "Stall", "StallReplies", "Del", "Clobber"].contains(&kind.as_str()),
             "{kind}: only faults on its own keys and connections"
         );
     }

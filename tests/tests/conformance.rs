@@ -192,6 +192,17 @@ const ROWS: &[Row] = &[
         after: &["lk string \"o1 f9\" {~30000}"],
     },
     Row {
+        what: "ACQUIRE: a late copy finds the lock held by its owner longer: left as it is",
+        before: &[Str("lk", "o1 f9", 60000)],
+        op: Script(
+            "ACQUIRE",
+            &["lk", "lk:fence"],
+            &["o1", "30000", "0", "0", "aa", "0", "0"],
+        ),
+        reply: "[1, 9]",
+        after: &["lk string \"o1 f9\" {~60000}"],
+    },
+    Row {
         what: "ACQUIRE names the lock alone while its slot moves: no token",
         before: &[],
         op: Script(

@@ -25,7 +25,8 @@
 --
 -- Returns
 --   {1, token}  acquired: also when ARGV[1] holds it already (it was handed the lock, or this is
---               a retry of this script or of the `SET`: its lease is then set again, from now),
+--               a retry of this script or of the `SET`: its lease then lasts at least the lease
+--               asked for, from now),
 --               when the lock was kept for ARGV[5]
 --               (another `Locker`'s claim made since stays on the new hold), and when it was
 --               granted to ARGV[8]; `token` is -1 when none was minted
@@ -46,8 +47,11 @@ if v then
   local holder = who(v)
   if holder == owner then
     -- Its own already: an earlier send of this attempt, or of its `SET NX PX`, ran and its
-    -- answer was lost. The lease counts from this attempt, as the caller counts it.
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    -- answer was lost. The lease counts from this attempt, as the caller counts it; never
+    -- shortened (a late copy of an attempt must not undo a longer lease set since).
+    if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then
+      redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    end
     return {1, token_of(v)}
   end
   if token ~= '' and holder == token then
