@@ -1,4 +1,5 @@
--- ACQUIRE: an attempt at a plain lock, when a first `SET NX PX` of the owner found it taken,
+-- ACQUIRE: an attempt at a plain lock, when a first `SET NX PX` of the owner found it taken and
+-- the request does not wait (a request that waits leaves its attempt to the head of its line),
 -- or when the attempt comes from the head of its `Locker`'s local line (which mints its fencing
 -- token with the grant).
 --
