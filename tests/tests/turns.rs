@@ -141,8 +141,11 @@ async fn a_marked_waiter_that_died_delays_the_lock_by_its_turn_only() {
     // and offers its token: read before, the first claim would name none, and the release
     // would grant the lock to a token this test never saw.
     let offered = Some(offered_token(&mut con, &key).await);
-    // Its process dies (cut off, then gone): the mark stays.
+    // Its process dies (cut off, then gone): the mark stays. Cut off first, for good: the
+    // request, dropped, takes its claim back in the background, which must not reach Redis
+    // through a connection the proxy has not closed yet.
     line.cut();
+    tokio::time::sleep(Duration::from_millis(50)).await;
     waiting.abort();
     let _ = waiting.await;
     drop(gone);

@@ -192,7 +192,10 @@ async fn the_release_keeps_it_for_the_claimant_and_a_waiter_that_leaves_gives_it
     let claim = claimed(&mut con, kind, &key)
         .await
         .unwrap_or_else(|| panic!("{kind:?}: the waiter never claimed the next turn"));
+    // Cut off for good before the request is dropped: its claim, taken back in the
+    // background, must not reach Redis through a connection the proxy has not closed yet.
     line.cut();
+    tokio::time::sleep(Duration::from_millis(50)).await;
     waiting.abort();
     let _ = waiting.await;
     drop(gone);

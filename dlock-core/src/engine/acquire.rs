@@ -29,9 +29,7 @@ impl Engine {
     /// `head`: the attempt comes from the waiter at the head of the local queue (which may take
     /// a lock kept for this `Locker`); `claim`: a plain lock found taken is claimed as next in
     /// turn for this `Locker` (see the `protocol` module), and, with `grant`, offered to be granted
-    /// to the head waiter's hand-over token by the release. `waits`: a first attempt without a
-    /// claim that goes on to wait if the lock is taken; a plain lock's is then its `SET NX PX`
-    /// alone (see `Turn::set_only`).
+    /// to the head waiter's hand-over token by the release.
     pub(crate) async fn attempt(
         &self,
         keys: &Arc<LockKeys>,
@@ -39,7 +37,6 @@ impl Engine {
         lease: Duration,
         head: bool,
         (claim, grant): (Option<Claim>, Option<GrantTo<'_>>),
-        waits: bool,
     ) -> Result<AcquireReply, LockError> {
         let session = self.session().await?;
         let mut in_flight = InFlight::new(self, keys, owner);
@@ -53,7 +50,6 @@ impl Engine {
                 Turn {
                     locker: &self.inner.turn_id,
                     head,
-                    set_only: !head && claim.is_none() && grant.is_none() && waits,
                     claim,
                     grant,
                 },
@@ -208,13 +204,9 @@ impl Engine {
                     });
             if !holding_back {
                 // A request that will wait asks to be next in turn at once: the holder's process
-                // may hand the lock between tasks of its own while this one subscribes. A plain
-                // lock's first attempt is its `SET NX PX` alone: found taken, its head waiter
-                // claims the turn once subscribed, and its subscription alone already stops the
-                // holder's process from handing the lock between its own tasks (see `HANDOFF`).
-                let plain = matches!(waiter.keys.kind, crate::name::KeyKind::Lock);
-                let claim = (!wait.is_zero() && waiter.keys.claims_turns() && !plain)
-                    .then(|| self.claim(since));
+                // may hand the lock between tasks of its own while this one subscribes.
+                let claim =
+                    (!wait.is_zero() && waiter.keys.claims_turns()).then(|| self.claim(since));
                 if claim.is_some() {
                     turn.get_or_insert_with(|| LeaveTurn::new(&self, &waiter.keys, since));
                 }
@@ -225,7 +217,6 @@ impl Engine {
                     lease.duration(),
                     false,
                     (claim, None),
-                    !wait.is_zero(),
                 );
                 let reply = Box::pin(attempt).await;
                 let back = Instant::now();

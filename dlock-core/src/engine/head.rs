@@ -134,8 +134,7 @@ impl Engine {
             }
             let offer = (claim, grant);
             let reply =
-                Box::pin(self.attempt(&keys, &waiter.owner, lease.duration(), true, offer, true))
-                    .await;
+                Box::pin(self.attempt(&keys, &waiter.owner, lease.duration(), true, offer)).await;
             let back = Instant::now();
             if reply.is_ok() {
                 self.note_round_trip(sent_at, back);

@@ -59,11 +59,6 @@ fn flag(on: bool) -> &'static str {
 pub(crate) struct Turn<'a> {
     pub(crate) locker: &'a str,
     pub(crate) head: bool,
-    /// A plain lock's first attempt that waits if it finds the lock taken: its `SET NX PX`
-    /// alone, whose busy answer knows no lease. The script's attempt (the owner, the lease
-    /// left, a claim to the next turn) is left to the head of the local line, which makes it
-    /// once subscribed to the release's wake-up.
-    pub(crate) set_only: bool,
     pub(crate) claim: Option<Claim>,
     /// A head waiter's hand-over token, which a release may grant the lock to (with a claim)
     /// and which the attempt takes a grant over from.

@@ -55,12 +55,6 @@ impl RedisBackend {
                 self.acknowledged(acknowledged)?;
                 return Ok(AcquireReply::Acquired { fence: None });
             }
-            if turn.set_only {
-                return Ok(AcquireReply::Busy {
-                    pttl: None,
-                    foreign: false,
-                });
-            }
         }
         let claim = turn.claim.filter(|_| keys.hands_over());
         // A grant inside another's release is not waited for by a replica: with replicas to
