@@ -408,7 +408,7 @@ impl FaultPlan {
             }
             3 => FaultSpec::Cut(between(rng, 20, 400)),
             // Long enough to outlast a lease: the other holds must be renewed meanwhile.
-            // Or the answers alone: what the lockers learn comes late, and may be stale. Half
+            // Or the answers alone: what the lockers learn comes late, and may be stale. Most
             // of those end with their connections closed, the answers never sent: short then,
             // so the commands held up are still waited for (within a command timeout).
             6 if rng.random_bool(0.6) => {

@@ -95,16 +95,17 @@ async fn drop_held_answers(proxy: &Proxy) {
 /// The other way the same thing happens: the server runs the release at once, but its answer is
 /// held back on the way (the proxy stalls the replies), and then the connection closes with the
 /// answer never sent. The resent release finds the hold gone — let go by its first try.
-async fn answer_held_then_cut<F>(proxy: &Proxy, release: F) -> ReleaseOutcome
+async fn answer_held_then_cut<F, T>(proxy: &Proxy, call: F) -> T
 where
-    F: std::future::Future<Output = ReleaseOutcome> + Send + 'static,
+    F: std::future::Future<Output = T> + Send + 'static,
+    T: Send + 'static,
 {
     proxy.stall_replies();
-    let release = tokio::spawn(release);
-    // The release reaches the server and runs; its answer waits in the proxy.
+    let call = tokio::spawn(call);
+    // The command reaches the server and runs; its answer waits in the proxy.
     tokio::time::sleep(Duration::from_millis(200)).await;
     drop_held_answers(proxy).await;
-    release.await.expect("release task")
+    call.await.expect("the call's task")
 }
 
 #[tokio::test]
@@ -144,19 +145,17 @@ async fn an_acquisition_whose_answer_was_lost_counts_its_lease_no_later_than_red
     let name = unique_name("resend-acquire");
     let key = locker.key_of(name.as_str()).expect("key");
     let lease = Duration::from_secs(3);
-    proxy.stall_replies();
-    let acquiring = tokio::spawn({
+    let acquiring = {
         let (locker, name) = (locker.clone(), name.clone());
         async move {
             (locker.lock(name.as_str()).lease(lease))
                 .wait(Duration::from_secs(10))
                 .await
         }
-    });
-    // The `SET` runs; its answer waits in the proxy, and then the connection closes.
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    drop_held_answers(&proxy).await;
-    let guard = acquiring.await.expect("acquire task").expect("acquired");
+    };
+    let guard = answer_held_then_cut(&proxy, acquiring)
+        .await
+        .expect("acquired");
     let pttl: i64 = redis::AsyncCommands::pttl(&mut con, &key)
         .await
         .expect("PTTL");
