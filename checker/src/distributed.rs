@@ -364,6 +364,17 @@ async fn run(
     let figures = figures(&ctx.history, Instant::now());
     let report = finish(config, wall, &ctx, faults, found);
     if !report.violations.is_empty() {
+        // The violations in a line each first: the server logs after them are long, and an
+        // output cut short keeps its beginning and its end (where the panic's backtrace is).
+        eprintln!(
+            "{} violations (in full, with their histories, after the server logs):",
+            report.violations.len()
+        );
+        for v in &report.violations {
+            let lines: Vec<&str> = v.summary.lines().take(3).map(str::trim).collect();
+            let short: String = lines.join(" / ").chars().take(600).collect();
+            eprintln!("  {}: {short}", v.invariant);
+        }
         print_logs(&targets.deployment, ctx.history.origin).await;
     }
     eprintln!("{}", report.summary());

@@ -13,7 +13,7 @@ use super::actors::Actor;
 use super::history::{
     AcquireKind, CallRec, ErrKind, EventKind, History, LeaseSpec, Outcome, PermitsSetRec, Share,
 };
-use super::plan::{Acquire, Nested, Session, Step, lease_of};
+use super::plan::{Acquire, End, Nested, Session, Step, lease_of};
 use super::tracked::{Held, Tracked};
 
 /// How much longer than its bound a call may take on a noisy machine before it counts as
@@ -40,6 +40,9 @@ pub struct Stats {
     /// Releases that granted the lock to a waiter of another locker in their wake-up (Redis
     /// runs; seen on a subscriber of the checker's own).
     pub grants: AtomicU64,
+    /// Locks a release handed to a waiter of its own locker (every locker's
+    /// `LockerStats::handed_over`, summed at the end).
+    pub handed_over: AtomicU64,
 }
 
 /// Adds one to a counter.
@@ -542,6 +545,33 @@ pub(crate) async fn run_session(ctx: Arc<Ctx>, worker: u16, session: Session) {
                 outer.end(ends[0], true).await;
             })
             .await;
+        }
+        Session::Line {
+            locker,
+            name,
+            tasks,
+            rounds,
+        } => {
+            let kind = AcquireKind::Lock;
+            let task = |(acquire, start, hold, end): (Acquire, Duration, Duration, End)| {
+                let ctx = &ctx;
+                async move {
+                    tokio::time::sleep(start).await;
+                    for _ in 0..rounds {
+                        let taken = dlock_core::LockScope::nested().run(async {
+                            let guard =
+                                acquire_one(ctx, worker, locker, name, &acquire, kind).await?;
+                            tokio::time::sleep(hold).await;
+                            guard.end(end, true).await;
+                            Some(())
+                        });
+                        if taken.await.is_none() {
+                            return;
+                        }
+                    }
+                }
+            };
+            futures_util::future::join_all(tasks.into_iter().map(task)).await;
         }
         Session::Multi {
             locker,

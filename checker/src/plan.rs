@@ -126,6 +126,19 @@ pub(crate) enum Session {
         /// How the outer guard and each of the two end.
         ends: [End; 3],
     },
+    /// Several tasks of one locker take one plain name side by side (`join_all`, each in a scope
+    /// of its own): a local line, whose releases hand the lock on inside the locker.
+    Line {
+        /// The locker.
+        locker: u8,
+        /// The name (never the fair one).
+        name: u8,
+        /// Each task's acquisition, when it starts after the session began, how long it holds,
+        /// and how it ends.
+        tasks: Vec<(Acquire, Duration, Duration, End)>,
+        /// How many times each task takes the name, one after the other.
+        rounds: u8,
+    },
     /// `lock_all` of a few names.
     Multi {
         /// The locker.
@@ -471,6 +484,35 @@ fn beside(rng: &mut StdRng, shape: Shape) -> Session {
     }
 }
 
+fn line(rng: &mut StdRng, shape: Shape) -> Session {
+    let plain: Vec<u8> = (0..shape.names)
+        .filter(|&n| shape.fair != Some(n))
+        .collect();
+    let name = plain[rng.random_range(0..plain.len())];
+    let tasks = (0..rng.random_range(3..=5))
+        .map(|_| {
+            let mut a = acquire(rng, false);
+            // Long enough to queue behind the others, renewed by the watchdog mostly, now and
+            // then given up half-way.
+            a.wait = between(rng, 100, 1_000);
+            a.at_least = None;
+            if rng.random_bool(0.8) {
+                a.lease = LeaseSpec::Watchdog(between(rng, 300, 1_000));
+            }
+            if rng.random_bool(0.1) {
+                a.cancel_after = Some(between(rng, 0, 20));
+            }
+            (a, between(rng, 0, 10), between(rng, 0, 5), end(rng))
+        })
+        .collect();
+    Session::Line {
+        locker: rng.random_range(0..shape.lockers),
+        name,
+        tasks,
+        rounds: rng.random_range(1..=2),
+    }
+}
+
 fn reenter(rng: &mut StdRng, shape: Shape) -> Session {
     let mut inner = acquire(rng, false);
     inner.wait = between(rng, 0, 50);
@@ -551,7 +593,8 @@ pub(crate) fn sessions(
             |_| match (rng.random_range(0..100), shape.semaphore, shape.rw) {
                 (76..88, Some(_), _) => permit(&mut rng, shape, default_lease),
                 (88.., _, Some(rw)) => read_write(&mut rng, shape, rw, default_lease),
-                (0..52, ..) | (76.., ..) => single(&mut rng, shape, default_lease),
+                (0..50, ..) | (76.., ..) => single(&mut rng, shape, default_lease),
+                (50..52, ..) => line(&mut rng, shape),
                 (52..56, ..) if shape.names > 1 => beside(&mut rng, shape),
                 (52..56, ..) => single(&mut rng, shape, default_lease),
                 (56..67, ..) => reenter(&mut rng, shape),

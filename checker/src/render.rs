@@ -11,6 +11,9 @@ use super::faults::FaultRec;
 use super::history::{ErrKind, Event, EventKind, History, ms};
 use super::invariants::{Invariant, Violation};
 
+/// How long before a violation's window the faults that hit its name are still shown.
+const FAULTS_BEFORE: Duration = Duration::from_millis(200);
+
 impl History {
     /// `+12.345ms` since the run's start.
     pub fn rel(&self, at: Instant) -> String {
@@ -33,9 +36,10 @@ impl History {
         )
     }
 
-    /// The events of `name` in `[from, to]` and the faults hitting it in that window, one per
-    /// line, in time order: the minimal history of a violation. `compact` leaves out the
-    /// acquisitions that found the lock busy (they change nothing), and says how many.
+    /// The events of `name` in `[from, to]` and the faults hitting it in that window or shortly
+    /// before it (up to 200 ms), one per line, in time order: the minimal history of a
+    /// violation. `compact` leaves out the acquisitions that found the lock busy (they change
+    /// nothing), and says how many.
     #[allow(clippy::too_many_arguments)]
     pub fn render_window(
         &self,
@@ -93,8 +97,11 @@ impl History {
                 ),
             ));
         }
+        // A fault just before the window may be what the window's events follow from (a key
+        // deleted under a hold that goes on being believed).
+        let faults_from = from.checked_sub(FAULTS_BEFORE).unwrap_or(from);
         for f in faults {
-            if f.hits(name) && f.to >= from && f.from <= to {
+            if f.hits(name) && f.to >= faults_from && f.from <= to {
                 lines.push((f.from, self.fault_line(f)));
             }
         }

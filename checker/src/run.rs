@@ -180,7 +180,8 @@ fn summarize(
     }
     let mut out = format!(
         "checker {:?} seed {}: {} sessions, {} calls, {} guards, {} busy, {} backend errors, \
-         {} dropped futures, {} runs cancelled, {} grants in releases; faults {:?}; {:.1} s \
+         {} dropped futures, {} runs cancelled, {} grants in releases, {} hand-overs inside a \
+         locker; faults {:?}; {:.1} s \
          wall, {:.0} sessions/s, {:.0} calls/s; {fair}; {shares}; lockers: {}",
         config.family,
         config.seed,
@@ -192,6 +193,7 @@ fn summarize(
         get(&s.dropped_futures),
         get(&s.runs_cancelled),
         get(&s.grants),
+        get(&s.handed_over),
         faults,
         secs,
         get(&s.sessions) as f64 / secs,
@@ -447,6 +449,10 @@ pub(super) fn finish(
     // fair line later than their calls say: neither is a reference for the fair order or the
     // watchdog check.
     for (i, actor) in ctx.actors.iter().enumerate() {
+        for l in actor.generations() {
+            let handed = l.stats().handed_over;
+            ctx.stats.handed_over.fetch_add(handed, Ordering::Relaxed);
+        }
         if actor.ran_frozen_layout() {
             ctx.history
                 .ran_frozen_layout(u8::try_from(i).expect("a few lockers"));
@@ -472,6 +478,7 @@ pub(super) fn finish(
         (&stats.dropped_futures, &ctx.stats.dropped_futures),
         (&stats.runs_cancelled, &ctx.stats.runs_cancelled),
         (&stats.grants, &ctx.stats.grants),
+        (&stats.handed_over, &ctx.stats.handed_over),
     ] {
         to.store(from.load(Ordering::Relaxed), Ordering::Relaxed);
     }

@@ -112,32 +112,68 @@ fn at_each_grant(spans: &[Span], mut each: impl FnMut(&[&Span])) {
 /// `from`); every set that may have run within the span (called by `to`). A call that failed
 /// may have run or not, and at any time after it was called: a command held up in a stalled
 /// connection runs when the connection moves again, after calls made since, so a failed call is
-/// never superseded. A reset stands for `default`.
+/// never superseded. A reset stands for `default`. A set that `undone` says a fault may have
+/// undone since it was called (a failover that lost the write, the count's key deleted) is
+/// never certain either: what was in force before it may be again.
 pub(crate) fn counts_between(
     sets: &[PermitsSetRec],
     default: u32,
-    from: Instant,
-    to: Instant,
+    (from, to): (Instant, Instant),
+    undone: impl Fn(&PermitsSetRec) -> bool,
 ) -> u32 {
-    // Certainly ran before `from`: returned Ok before it (at the same instant, on a paused
-    // clock, it may have run after).
-    let certainly_before = |s: &PermitsSetRec| s.ok && s.ret < from;
-    let mut max = if sets.iter().any(certainly_before) {
-        0
-    } else {
-        default
-    };
+    // Certainly ran before `from`, and stays: returned Ok before it (at the same instant, on a
+    // paused clock, it may have run after), with no fault since that could have undone it.
+    let certainly_before = |s: &PermitsSetRec| s.ok && s.ret < from && !undone(s);
+    // A set is superseded by a later one that certainly ran before `from`: one called after it
+    // returned. Such a later one exists when the latest call among the certain ones is after
+    // it returned, so one pass finds that call, and the check of each set is a comparison
+    // (a run has thousands of sets and asks this at every grant).
+    let latest_certain = (sets.iter().filter(|s| certainly_before(s)))
+        .map(|s| s.call)
+        .max();
+    let mut max = if latest_certain.is_some() { 0 } else { default };
     for s in sets.iter().filter(|s| s.call <= to) {
-        let superseded = s.ok
-            && s.call <= from
-            && sets
-                .iter()
-                .any(|later| certainly_before(later) && later.call > s.ret);
+        let superseded = s.ok && s.call <= from && latest_certain.is_some_and(|call| call > s.ret);
         if !superseded {
             max = max.max(s.to.unwrap_or(default));
         }
     }
     max
+}
+
+/// The faults that destroy keys and hit one name, for asking many times over whether one hit
+/// it in a span: sorted by their end, with the earliest start among those that end later.
+struct LostAfter {
+    /// Each fault's end, in order.
+    ends: Vec<Instant>,
+    /// The earliest start among the faults from this one on.
+    earliest_from: Vec<Instant>,
+}
+
+impl LostAfter {
+    fn new(faults: &[FaultRec], name: u8) -> Self {
+        let mut hits: Vec<(Instant, Instant)> = (faults.iter())
+            .filter(|f| f.kind.destructive() && f.hits(name))
+            .map(|f| (f.to, f.from))
+            .collect();
+        hits.sort();
+        let mut earliest_from: Vec<Instant> = hits.iter().map(|h| h.1).collect();
+        for i in (0..earliest_from.len().saturating_sub(1)).rev() {
+            earliest_from[i] = earliest_from[i].min(earliest_from[i + 1]);
+        }
+        Self {
+            ends: hits.into_iter().map(|h| h.0).collect(),
+            earliest_from,
+        }
+    }
+
+    /// Whether one of the faults overlaps `[from, to]` (as [`destroyed`] says).
+    fn between(&self, from: Instant, to: Instant) -> bool {
+        let first = self.ends.partition_point(|end| *end < from);
+        self.earliest_from
+            .get(first)
+            .is_some_and(|start| *start <= to)
+    }
 }
 
 fn destroyed(faults: &[FaultRec], name: u8, from: Instant, to: Instant) -> bool {
@@ -185,6 +221,7 @@ fn permits(
     let spans = spans(guards, name, Share::Permit, finish);
     figures.permits = spans.iter().map(|s| s.guard.permits as usize).sum();
     figures.permits_at_once = spans.iter().filter(|s| s.guard.permits > 1).count();
+    let lost = LostAfter::new(faults, name);
     at_each_grant(&spans, |active| {
         // Permits taken at once count as many.
         let held_now: usize = active.iter().map(|s| s.guard.permits as usize).sum();
@@ -196,7 +233,8 @@ fn permits(
         if held_now <= default as usize {
             return;
         }
-        let allowed = counts_between(&sets, default, from, at);
+        let undone = |s: &PermitsSetRec| lost.between(s.call, at);
+        let allowed = counts_between(&sets, default, (from, at), undone);
         if held_now <= allowed as usize || destroyed(faults, name, from, at) {
             return;
         }
@@ -329,34 +367,131 @@ mod tests {
         }
     }
 
+    /// `counts_between` as first written, a set superseded when any later certain set was
+    /// called after it returned: the reference the faster one is held to.
+    fn counts_between_by_pairs(
+        sets: &[PermitsSetRec],
+        default: u32,
+        (from, to): (Instant, Instant),
+        undone: impl Fn(&PermitsSetRec) -> bool,
+    ) -> u32 {
+        let certainly_before = |s: &PermitsSetRec| s.ok && s.ret < from && !undone(s);
+        let mut max = if sets.iter().any(certainly_before) {
+            0
+        } else {
+            default
+        };
+        for s in sets.iter().filter(|s| s.call <= to) {
+            let superseded = s.ok
+                && s.call <= from
+                && (sets.iter()).any(|later| certainly_before(later) && later.call > s.ret);
+            if !superseded {
+                max = max.max(s.to.unwrap_or(default));
+            }
+        }
+        max
+    }
+
+    #[test]
+    fn counts_between_says_what_the_pairwise_reading_says() {
+        let o = Instant::now();
+        // A small linear congruential generator: the same sets on every run.
+        let mut state: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut next = |n: u64| {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1);
+            (state >> 33) % n
+        };
+        for _ in 0..300 {
+            let sets: Vec<PermitsSetRec> = (0..next(12))
+                .map(|_| {
+                    let call = next(100);
+                    let to = (next(4) > 0).then(|| u32::try_from(next(6)).unwrap_or(0));
+                    set(o, call, call + next(30), to, next(5) > 0)
+                })
+                .collect();
+            let lost_from = next(150);
+            let undone = |s: &PermitsSetRec| s.call >= o + Duration::from_millis(lost_from);
+            let from = next(120);
+            let span = (
+                o + Duration::from_millis(from),
+                o + Duration::from_millis(from + next(40)),
+            );
+            assert_eq!(
+                counts_between(&sets, 2, span, undone),
+                counts_between_by_pairs(&sets, 2, span, undone),
+            );
+        }
+    }
+
+    #[test]
+    fn lost_after_says_what_destroyed_says() {
+        use crate::faults::{FaultKind, Reach};
+        let o = Instant::now();
+        let at = |ms| o + Duration::from_millis(ms);
+        let fault = |kind, name, from, to| FaultRec {
+            kind,
+            reach: Reach::name(name),
+            from: at(from),
+            to: at(to),
+        };
+        let faults = [
+            fault(FaultKind::Del, 1, 10, 20),
+            fault(FaultKind::Del, 2, 30, 40),
+            fault(FaultKind::Pause, 1, 45, 60),
+            fault(FaultKind::Restart, 1, 70, 90),
+            fault(FaultKind::Del, 1, 75, 80),
+        ];
+        let lost = LostAfter::new(&faults, 1);
+        for from in (0..100).step_by(5) {
+            for to in (from..105).step_by(5) {
+                assert_eq!(
+                    lost.between(at(from), at(to)),
+                    destroyed(&faults, 1, at(from), at(to)),
+                    "[{from}, {to}]"
+                );
+            }
+        }
+    }
+
     #[test]
     fn counts_in_force_are_read_conservatively() {
         let o = Instant::now();
         let at = |ms| o + Duration::from_millis(ms);
+        let kept = |_: &PermitsSetRec| false;
         // Nothing set: the handles' own count.
-        assert_eq!(counts_between(&[], 2, at(0), at(100)), 2);
+        assert_eq!(counts_between(&[], 2, (at(0), at(100)), kept), 2);
         // A set to 1 that returned before the span: only 1.
         let lowered = [set(o, 10, 20, Some(1), true)];
-        assert_eq!(counts_between(&lowered, 2, at(30), at(100)), 1);
+        assert_eq!(counts_between(&lowered, 2, (at(30), at(100)), kept), 1);
         // ... while it is in flight, either.
-        assert_eq!(counts_between(&lowered, 2, at(15), at(100)), 2);
+        assert_eq!(counts_between(&lowered, 2, (at(15), at(100)), kept), 2);
         // A failed set may have run: its count counts too, and the old one.
         let failed = [set(o, 10, 20, Some(4), false)];
-        assert_eq!(counts_between(&failed, 2, at(30), at(100)), 4);
+        assert_eq!(counts_between(&failed, 2, (at(30), at(100)), kept), 4);
         // A raise to 4 superseded by a reset before the span: the default again.
         let reset = [set(o, 10, 20, Some(4), true), set(o, 30, 40, None, true)];
-        assert_eq!(counts_between(&reset, 2, at(50), at(100)), 2);
+        assert_eq!(counts_between(&reset, 2, (at(50), at(100)), kept), 2);
         // A raise called within the span counts.
         let raise = [set(o, 60, 70, Some(3), true)];
-        assert_eq!(counts_between(&raise, 2, at(50), at(100)), 3);
+        assert_eq!(counts_between(&raise, 2, (at(50), at(100)), kept), 3);
         // ... but not one called after it.
-        assert_eq!(counts_between(&raise, 2, at(0), at(50)), 2);
+        assert_eq!(counts_between(&raise, 2, (at(0), at(50)), kept), 2);
         // A raise that failed (held up in a stalled connection) may run after a later set to 1
         // that succeeded: the raise still counts.
         let stalled = [
             set(o, 10, 20, Some(4), false),
             set(o, 30, 40, Some(1), true),
         ];
-        assert_eq!(counts_between(&stalled, 2, at(50), at(100)), 4);
+        assert_eq!(counts_between(&stalled, 2, (at(50), at(100)), kept), 4);
+        // A lowering that a failover may have lost after it returned: the count before it may
+        // be in force again, and with no set left certain, the handles' own.
+        let lowered = [set(o, 10, 20, Some(4), true), set(o, 30, 40, Some(3), true)];
+        let lost = |s: &PermitsSetRec| s.call >= at(30);
+        assert_eq!(counts_between(&lowered, 2, (at(50), at(100)), lost), 4);
+        let lost_all = |_: &PermitsSetRec| true;
+        let lowered = [set(o, 10, 20, Some(1), true)];
+        assert_eq!(counts_between(&lowered, 2, (at(50), at(100)), lost_all), 2);
     }
 }

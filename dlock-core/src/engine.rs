@@ -72,6 +72,8 @@ pub(crate) struct Shared {
     pub(crate) round_trip_us: AtomicU64,
     /// How long this `Locker`'s holds lasted lately: a busy answer's `retry_after`.
     pub(crate) hold_times: HoldTimes,
+    /// Locks its releases handed to one of its own waiters (`HANDOFF`).
+    pub(crate) handed_over: AtomicU64,
     /// A random id, named in the turns this `Locker`'s waiters claim: its hand-overs may serve
     /// its own waiters, never pass over another `Locker`'s.
     turn_id: Arc<str>,
@@ -107,6 +109,7 @@ impl Engine {
                 queues: Mutex::new(HashMap::new()),
                 round_trip_us: AtomicU64::new(0),
                 hold_times: HoldTimes::default(),
+                handed_over: AtomicU64::new(0),
                 turn_id,
                 display,
             }),

@@ -20,6 +20,7 @@
 //! | `dlock_waiting` | gauge | | `kind` | acquisitions waiting in the process now |
 //! | `dlock_subscribers_connected` | gauge | | | subscriber connections (one per `Locker` that waits for wake-ups) up now |
 //! | `dlock_watchdog_lag_seconds` | gauge | seconds | | how late the last watchdog round started after it was due (a busy runtime shows here first) |
+//! | `dlock_handovers_total` | counter | | | locks a release handed to a waiter of the same `Locker` in the same step (a release that lets the lock go and wakes the waiter is not one) |
 //! | `dlock_foreign_layout_total` | counter | | `kind` | acquisitions that found their name held in a key layout this version does not speak (a newer version's; once per acquisition): they wait by polling and never write that hold |
 //!
 //! `key` is the template a name was made from (`order:<user_id>`), on the metrics of names
@@ -89,9 +90,11 @@ pub const WATCHDOG_LAG_SECONDS: &str = "dlock_watchdog_lag_seconds";
 
 /// `dlock_foreign_layout_total`.
 pub const FOREIGN_LAYOUT: &str = "dlock_foreign_layout_total";
+/// `dlock_handovers_total`.
+pub const HANDOVERS: &str = "dlock_handovers_total";
 
 /// Every metric dlock records, by name.
-pub const ALL: [&str; 16] = [
+pub const ALL: [&str; 17] = [
     ACQUIRED,
     BUSY,
     TIMEOUT,
@@ -108,6 +111,7 @@ pub const ALL: [&str; 16] = [
     SUBSCRIBERS_CONNECTED,
     WATCHDOG_LAG_SECONDS,
     FOREIGN_LAYOUT,
+    HANDOVERS,
 ];
 
 /// Describes every metric (type, unit, help text) to the installed recorder. Call it once after
@@ -152,6 +156,10 @@ pub fn describe() {
     describe_counter!(
         FOREIGN_LAYOUT,
         "Acquisitions that found their name held in a key layout this version does not speak."
+    );
+    describe_counter!(
+        HANDOVERS,
+        "Locks a release handed to a waiter of the same Locker in the same step."
     );
 }
 
@@ -260,6 +268,11 @@ pub(crate) fn foreign_layout(kind: &'static str) {
 /// Counts one failed command of `operation`.
 pub(crate) fn backend_error(operation: &'static str) {
     counter!(BACKEND_ERRORS, "operation" => operation).increment(1);
+}
+
+/// Counts one lock handed to a waiter of the same `Locker`.
+pub(crate) fn handed_over() {
+    counter!(HANDOVERS).increment(1);
 }
 
 /// Sets the watchdog's lag.

@@ -80,8 +80,11 @@
 //! for its `Locker` (` w` on the hold), unless a claim from a waiter that has waited as long or
 //! longer is there (by wall clock: hosts whose clocks are apart favour one by that much). So a
 //! process farther from Redis, which loses every race to a nearer one, still gets its turn. A
-//! `Locker` hands the lock from task to task only while no other `Locker`
-//! listens for its release and no other `Locker` claimed the turn; otherwise it releases. A
+//! `Locker` hands the lock from task to task only while no waiter of another `Locker` found the
+//! hold taken (every attempt that does flags the hold: ` l<locker id>`, a bare ` l` once waiters
+//! of two `Locker`s did) and no other `Locker` claimed the turn; otherwise it releases, and the
+//! wake-up sends the other waiters to claim the turn on the next hold. Who subscribes does not
+//! count: a subscription may linger after its last waiter. A
 //! release with a claim on the hold keeps the key for the claimant's `Locker` (`#r:`) for the time
 //! it asked for (a few of its round trips), and wakes the waiters as usual: a waiter of that
 //! `Locker` takes it, the others find it taken and claim the next turn. A claimant that never

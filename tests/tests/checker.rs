@@ -46,7 +46,17 @@ async fn redis(family: FaultFamily) {
             .grants
             .load(std::sync::atomic::Ordering::Relaxed);
         assert!(grants > 0, "{}", report.summary());
+        // And handed it to waiters of their own locker.
+        assert!(handed_over(&report) > 0, "{}", report.summary());
     }
+}
+
+/// Locks the run's releases handed to a waiter of their own locker.
+fn handed_over(report: &dlock_tests::checker::Report) -> u64 {
+    report
+        .stats
+        .handed_over
+        .load(std::sync::atomic::Ordering::Relaxed)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -91,6 +101,7 @@ async fn checker_memory_paused_clock() {
             .grants
             .load(std::sync::atomic::Ordering::Relaxed);
         assert!(grants > 0, "{}", report.summary());
+        assert!(handed_over(&report) > 0, "{}", report.summary());
     }
 }
 

@@ -111,8 +111,30 @@ const ROWS: &[Row] = &[
             &["lk", "lk:fence"],
             &["o1", "30000", "300", "1000", "aa", "0", "0"],
         ),
-        reply: "[0, {~10000}]",
-        after: &["lk string \"o0 l w1000:300:aa\" {~10000}"],
+        reply: "[0, {~10000}, -1]",
+        after: &["lk string \"o0 laa w1000:300:aa\" {~10000}"],
+    },
+    Row {
+        what: "ACQUIRE flagged by another Locker's waiter says several wait",
+        before: &[Str("lk", "o0 lbb w500:300:bb", 10000)],
+        op: Script(
+            "ACQUIRE",
+            &["lk", "lk:fence"],
+            &["o1", "30000", "300", "1000", "aa", "0", "0"],
+        ),
+        reply: "[0, {~10000}, -1]",
+        after: &["lk string \"o0 w500:300:bb l\" {~10000}"],
+    },
+    Row {
+        what: "ACQUIRE finds a hold with a fencing token: busy, and says the token",
+        before: &[Str("lk", "o0 f42", 10000)],
+        op: Script(
+            "ACQUIRE",
+            &["lk", "lk:fence"],
+            &["o1", "30000", "300", "1000", "aa", "0", "0"],
+        ),
+        reply: "[0, {~10000}, 42]",
+        after: &["lk string \"o0 f42 laa w1000:300:aa\" {~10000}"],
     },
     Row {
         what: "ACQUIRE leaves an older claim of another Locker",
@@ -122,7 +144,7 @@ const ROWS: &[Row] = &[
             &["lk", "lk:fence"],
             &["o1", "30000", "300", "1000", "aa", "0", "0"],
         ),
-        reply: "[0, {~10000}]",
+        reply: "[0, {~10000}, -1]",
         after: &["lk string \"o0 l w500:300:bb\" {~10000}"],
     },
     Row {
@@ -163,8 +185,8 @@ const ROWS: &[Row] = &[
                 "o1", "30000", "300", "1000", "aa", "1", "0", "tk", "7", "40",
             ],
         ),
-        reply: "[0, {~10000}]",
-        after: &["lk string \"o0 l w1000:300:aa:{n}:40:0:7:tk\" {~10000}"],
+        reply: "[0, {~10000}, -1]",
+        after: &["lk string \"o0 laa w1000:300:aa:{n}:40:0:7:tk\" {~10000}"],
     },
     Row {
         what: "ACQUIRE: a waiter granted the lock takes the hold over with a token of its own",
@@ -442,6 +464,31 @@ const ROWS: &[Row] = &[
         ),
         reply: "[2, 0]",
         after: &["lk string \"#r:bb\" {~300}"],
+    },
+    Row {
+        what: "HANDOFF releases instead when a waiter of another Locker found the hold taken",
+        before: &[Str("lk", "o1 f3 lbb", 30000)],
+        op: Script(
+            "HANDOFF",
+            &["lk", "lk:fence", "lk:wake"],
+            &["o1", "o2", "30000", "0", "NUMSUB", "aa", "PUBLISH"],
+        ),
+        reply: "[2, 0]",
+        after: &[],
+    },
+    Row {
+        what: "HANDOFF hands over when only its own Locker's waiters found the hold taken",
+        before: &[Str("lk", "o1 f3 laa w1000:300:aa", 30000)],
+        op: Script(
+            "HANDOFF",
+            &["lk", "lk:fence", "lk:wake"],
+            &["o1", "o2", "30000", "0", "NUMSUB", "aa", "PUBLISH"],
+        ),
+        reply: "[1, {n}]",
+        after: &[
+            "lk string \"o2 f{n}\" {~30000}",
+            "lk:fence hash {n={n}} none",
+        ],
     },
     Row {
         what: "HANDOFF: held by another owner",
@@ -837,8 +884,8 @@ const ROWS: &[Row] = &[
             &["lk", "lk:fence"],
             &["v2/o1", "30000", "300", "1000", "v2/aa", "0", "0"],
         ),
-        reply: "[0, {~10000}]",
-        after: &["lk string \"o0 l w1000:300:v2/aa\" {~10000}"],
+        reply: "[0, {~10000}, -1]",
+        after: &["lk string \"o0 lv2/aa w1000:300:v2/aa\" {~10000}"],
     },
     Row {
         what: "ACQUIRE replaces a claim of a layout it does not speak on a hold it speaks",
@@ -848,7 +895,7 @@ const ROWS: &[Row] = &[
             &["lk", "lk:fence"],
             &["v2/o1", "30000", "300", "1000", "v2/aa", "0", "0"],
         ),
-        reply: "[0, {~10000}]",
+        reply: "[0, {~10000}, -1]",
         after: &["lk string \"o0 l w1000:300:v2/aa\" {~10000}"],
     },
     Row {

@@ -280,15 +280,16 @@ async fn a_hand_over_inside_a_process_is_one_script_and_the_next_head_sends_noth
     // The first round loads the hand-over script; the second is counted.
     hand_over_twice(&server, &locker, "cost-hand-over-warm").await;
     let [first, idle, second] = hand_over_twice(&server, &locker, "cost-hand-over-line").await;
-    // FCALL; GET, PUBSUB NUMSUB (nobody else listens), TIME, HGET (the hold had no token
-    // yet: the counter's last one), HSET, PTTL + PEXPIRE (a new counter's TTL), PSETEX.
-    assert_eq!(first, cost_of(1, 9));
+    // FCALL; GET (only this `Locker`'s waiters flagged the hold, nobody else claims it),
+    // TIME, HGET (the hold had no token yet: the counter's last one), HSET, PTTL + PEXPIRE (a
+    // new counter's TTL), PSETEX.
+    assert_eq!(first, cost_of(1, 8));
     // The other waiter is the head meanwhile, and sends nothing while a hold of its own
     // `Locker` that will hand the lock on has it.
     assert_eq!(idle, cost_of(0, 0));
     // The next hand-over starts from the hold's own token: the counter is not read.
-    // FCALL; GET, PUBSUB NUMSUB, TIME, HSET, PSETEX.
-    assert_eq!(second, cost_of(1, 6));
+    // FCALL; GET, TIME, HSET, PSETEX.
+    assert_eq!(second, cost_of(1, 5));
 }
 
 /// A lock held with three local waiters behind it, handed over twice (a waiter is left in line
@@ -649,17 +650,7 @@ async fn a_hold_granted_to_another_process_and_given_back_soon_is_not_extended()
         });
         // The waiter's head offers its hand-over token with its claim.
         let mut con = server.connection().await;
-        let until = std::time::Instant::now() + Duration::from_secs(2);
-        while (HoldValue::read(&mut con, &key).await.expect("GET"))
-            .and_then(|h| h.claim_token())
-            .is_none()
-        {
-            assert!(
-                std::time::Instant::now() < until,
-                "no claim offered a token"
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        wait_for_offer(&mut con, &key).await;
         let before = server.script_calls();
         assert!(held.release().await.is_released());
         let left = granted_rx.await.expect("granted");
@@ -718,10 +709,11 @@ async fn a_turn_passed_to_another_process_is_granted_without_reading_the_counter
             granted_rx.await.expect("granted");
             let until = std::time::Instant::now() + Duration::from_secs(5);
             while waiter.stats().watched_names > 0 {
-                assert!(std::time::Instant::now() < until, "still subscribed");
+                assert!(std::time::Instant::now() < until, "still waiting");
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            // The subscription lingers a while after its last waiter, then goes.
+            tokio::time::sleep(LINGER_PAST).await;
             outcome
         })
         .await;
@@ -735,8 +727,143 @@ async fn a_turn_passed_to_another_process_is_granted_without_reading_the_counter
             assert_eq!(waited, cost_of(4, 4 + 3 + 4));
             // The holder's release grants the lock in the same script: GET, TIME, HSET (the
             // new token: the hold's own was the counter's last, so the counter is not read),
-            // PSETEX, PUBLISH; and the waiter, granted, unsubscribes.
+            // PSETEX, PUBLISH; and the waiter, granted, unsubscribes once its subscription
+            // has lingered.
             assert_eq!(released, cost_of(2, 2 + 5));
         }
+    }
+}
+
+/// Longer than a subscription lingers after its last waiter left (100 ms), with a margin.
+const LINGER_PAST: Duration = Duration::from_millis(250);
+
+/// Two processes taking turns with one name, as W3 does: a side asks again soon after its last
+/// wait ended, while its subscription lingers. Its request then sends neither a `SET NX PX` nor
+/// a claim of its own before the head's attempt, nor a `SUBSCRIBE`: each turn costs the
+/// waiter's one script (which claims the turn and offers its hand-over token) and the holder's
+/// release, which grants it the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_taking_turns_send_one_script_each_per_turn() {
+    let server = RedisServer::start();
+    let a = warm_locker(&server).await;
+    let b = warm_locker(&server).await;
+    let name = unique_name("cost-turns");
+    let con = server.connection().await;
+    let held = a.lock(name.as_str()).await.expect("lock");
+    // The first two turns subscribe each side.
+    let held = take_turn(&con, held, &b, &name).await;
+    let mut held = take_turn(&con, held, &a, &name).await;
+    for (waiter, side) in [(&b, "b"), (&a, "a"), (&b, "b")] {
+        let before = server.info_commandstats();
+        let calls = server.script_calls();
+        held = take_turn(&con, held, waiter, &name).await;
+        let after = server.info_commandstats();
+        let delta = |name: &str| {
+            after.get(name).copied().unwrap_or(0) - before.get(name).copied().unwrap_or(0)
+        };
+        assert_eq!(
+            server.script_calls() - calls,
+            2,
+            "{side}'s turn: its attempt and the holder's release, nothing else ({after:?})"
+        );
+        assert_eq!(delta("set"), 0, "{side}'s turn sent a SET: {after:?}");
+        assert_eq!(
+            delta("subscribe"),
+            0,
+            "{side}'s turn subscribed again: {after:?}"
+        );
+    }
+    assert!(held.release().await.is_released());
+}
+
+/// `waiter` asks for `name` while `held` has it; once its head offers its hand-over token on the
+/// hold, `held` is released, and the waiter's guard is returned.
+async fn take_turn(
+    con: &redis::aio::MultiplexedConnection,
+    held: dlock_core::LockGuard,
+    waiter: &Locker,
+    name: &str,
+) -> dlock_core::LockGuard {
+    let key = waiter.key_of(name).expect("key");
+    let waiting = tokio::spawn({
+        let (waiter, name) = (waiter.clone(), name.to_owned());
+        async move {
+            waiter
+                .lock(name.as_str())
+                .wait(Duration::from_secs(5))
+                .await
+        }
+    });
+    let mut con = con.clone();
+    wait_for_offer(&mut con, &key).await;
+    assert!(held.release().await.is_released());
+    (waiting.await.expect("waiter task")).expect("the waiter's turn")
+}
+
+/// A side that gives the lock to the other and asks for it again at once, as W3's sides do:
+/// its release grants the lock to the other's claim, and its new request's attempt claims the
+/// turn after that on the granted hold. The release's wake-up reaches its own lingering
+/// subscription too, often after that attempt went out; it announces only the grant the attempt
+/// already found, so the request does not attempt again: one script for the release and one for
+/// the request, every time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_followed_at_once_by_a_wait_costs_two_scripts() {
+    let server = RedisServer::start();
+    let a = warm_locker(&server).await;
+    let b = warm_locker(&server).await;
+    let name = unique_name("cost-release-then-wait");
+    let key = a.key_of(name.as_str()).expect("key");
+    let mut con = server.connection().await;
+    let held = a.lock(name.as_str()).await.expect("lock");
+    // Both sides have waited once, so both subscriptions linger from now on.
+    let held = take_turn(&con, held, &b, &name).await;
+    let mut held = take_turn(&con, held, &a, &name).await;
+    let (holder, other) = (&a, &b);
+    let mut calls = Vec::new();
+    for _ in 0..10 {
+        // The other side claims the next turn and offers its hand-over token.
+        let waiting = tokio::spawn({
+            let (other, name) = (other.clone(), name.clone());
+            async move { other.lock(name.as_str()).wait(Duration::from_secs(5)).await }
+        });
+        wait_for_offer(&mut con, &key).await;
+        let before = server.script_calls();
+        assert!(held.release().await.is_released());
+        // The holder asks again at once; once it has claimed the turn after, it sits still.
+        let again = tokio::spawn({
+            let (holder, name) = (holder.clone(), name.clone());
+            async move {
+                holder
+                    .lock(name.as_str())
+                    .wait(Duration::from_secs(5))
+                    .await
+            }
+        });
+        let granted = (waiting.await.expect("waiter task")).expect("the other side's turn");
+        wait_for_offer(&mut con, &key).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        calls.push(server.script_calls() - before);
+        assert!(granted.release().await.is_released());
+        held = (again.await.expect("waiter task")).expect("the holder's next turn");
+    }
+    assert!(held.release().await.is_released());
+    assert_eq!(
+        calls, [2; 10],
+        "scripts per turn: the release and the new request's attempt, nothing else"
+    );
+}
+
+/// Until `key`'s hold carries a head waiter's claim that offers its hand-over token.
+async fn wait_for_offer(con: &mut redis::aio::MultiplexedConnection, key: &str) {
+    let until = std::time::Instant::now() + Duration::from_secs(2);
+    while (HoldValue::read(con, key).await.expect("GET"))
+        .and_then(|h| h.claim_token())
+        .is_none()
+    {
+        assert!(
+            std::time::Instant::now() < until,
+            "no claim offered a token"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
     }
 }

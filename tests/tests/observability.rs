@@ -155,6 +155,26 @@ async fn every_metric_is_described_typed_recorded_and_documented() {
     tokio::time::sleep(Duration::from_millis(250)).await;
     assert!(guard.release().await.is_released());
 
+    // Handed to a waiter of the same `Locker`, which hands it on to the next.
+    let line = unique_name("line");
+    let first = locker.lock(line.as_str()).await.expect("free");
+    let mut waiters = Vec::new();
+    for _ in 0..2 {
+        let (locker, line) = (locker.clone(), line.clone());
+        waiters.push(tokio::spawn(async move {
+            let guard = locker
+                .lock(line.as_str())
+                .wait(Duration::from_secs(5))
+                .await;
+            guard.expect("handed over").release().await.is_released()
+        }));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(first.release().await.is_released());
+    for waiter in waiters {
+        assert!(waiter.await.expect("task"));
+    }
+
     // Lost because the key was deleted; the late release then finds it gone.
     let doomed = unique_name("doomed");
     let guard = locker.lock(doomed.as_str()).await.expect("free");
@@ -212,12 +232,13 @@ async fn every_metric_is_described_typed_recorded_and_documented() {
     server.kill();
     seen.extend(snapshot(&snapshotter));
 
-    assert_eq!(counter(&seen, dm::ACQUIRED, &[]), 4);
+    assert_eq!(counter(&seen, dm::ACQUIRED, &[]), 7);
+    assert_eq!(counter(&seen, dm::HANDOVERS, &[]), 2);
     // The rival's try_lock and wait, and the wait on the newer version's hold.
     assert_eq!(counter(&seen, dm::BUSY, &[]), 3);
     assert_eq!(counter(&seen, dm::TIMEOUT, &[]), 2);
     assert_eq!(counter(&seen, dm::FOREIGN_LAYOUT, &[("kind", "lock")]), 1);
-    assert_eq!(counter(&seen, dm::RELEASED, &[]), 1);
+    assert_eq!(counter(&seen, dm::RELEASED, &[]), 4);
     assert!(counter(&seen, dm::RENEWED, &[]) >= 1);
     assert_eq!(counter(&seen, dm::LOST, &[("reason", "gone")]), 1);
     // The deleted lock's release finds it gone (`expired`); the stranded one's can't reach Redis

@@ -461,3 +461,188 @@ async fn a_waiter_that_leaves_lets_a_grant_to_it_go() {
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
 }
+
+/// A head waiter's claim can reach Redis just after a hand-over inside its own `Locker` gave it
+/// the lock: the attempt that carried it went out while the hand-over's answer was on its way.
+/// The claim then sits on the hold the waiter now has. Left there, the waiter's own release
+/// would grant the lock to its old hand-over token, which nobody waits on any more, and the name
+/// would stay taken for the grant's window. The waiter takes such a claim back before it
+/// returns, so its release leaves the name free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_that_lands_after_a_hand_over_is_taken_back() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.addr()).await;
+    let mut con = server.connection().await;
+    let near = locker(proxy.url()).build().await.expect("connect");
+    let other = locker(server.url()).build().await.expect("connect");
+    let name = unique_name("turn-late-claim");
+    let key = near.key_of(name.as_str()).expect("key");
+
+    // The waiter's fallback timer goes off when the first hold's 600 ms run out: its attempt
+    // then is the one that lands late.
+    let first = (near.lock(name.as_str()))
+        .lease(Duration::from_millis(600))
+        .await
+        .expect("lock");
+    let began = Instant::now();
+    let waiting = tokio::spawn({
+        let (near, name) = (near.clone(), name.clone());
+        async move {
+            let guard = near.lock(name.as_str()).wait(Duration::from_secs(10)).await;
+            guard.expect("the waiter gets the lock")
+        }
+    });
+    assert!(marked(&mut con, &key).await, "the waiter never claimed");
+    let before = HoldValue::read(&mut con, &key).await.expect("GET");
+    let before = before.and_then(|h| h.owner).expect("held");
+    tokio::time::sleep(Duration::from_millis(300).saturating_sub(began.elapsed())).await;
+
+    // The hand-over runs in Redis; its answer is held back on the way.
+    proxy.stall_replies();
+    let release = tokio::spawn(first.release());
+    let until = Instant::now() + Duration::from_secs(2);
+    loop {
+        let hold = HoldValue::read(&mut con, &key).await.expect("GET");
+        let hold = hold.expect("the lock stays held");
+        // Handed over, and then claimed by the waiter's late attempt.
+        if hold.owner.as_deref() != Some(before.as_str()) && hold.claim.is_some() {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "the late claim never landed on the handed-over hold: {hold:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    proxy.unstall_replies();
+    let _ = release.await.expect("the release task");
+    let guard = waiting.await.expect("the waiting task");
+
+    let hold = HoldValue::read(&mut con, &key).await.expect("GET");
+    assert_eq!(
+        hold.and_then(|h| h.claim),
+        None,
+        "the waiter's late claim is still on the hold it was handed"
+    );
+    assert!(guard.release().await.is_released());
+    let exists: bool = con.exists(&key).await.expect("EXISTS");
+    assert!(
+        !exists,
+        "the release granted the name to a token nobody waits on"
+    );
+    let taken = other.lock(name.as_str()).wait(Duration::ZERO).await;
+    assert!(
+        taken.is_ok(),
+        "another process could not take the free name"
+    );
+}
+
+/// Until `key`'s hold says that waiters of more than one `Locker` found it taken (its bare ` l`
+/// flag), or two seconds passed.
+async fn flagged_by_several(con: &mut redis::aio::MultiplexedConnection, key: &str) {
+    let until = Instant::now() + Duration::from_secs(2);
+    loop {
+        let hold = HoldValue::read(con, key).await.expect("GET");
+        if hold
+            .as_ref()
+            .is_some_and(|h| h.waited_for && h.waited_by.is_none())
+        {
+            return;
+        }
+        assert!(
+            Instant::now() < until,
+            "the hold never said two Lockers wait: {hold:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// A waiter of another process whose claim lost to an older one of the holder's process still
+/// found the hold taken, and said so on it: the holder's release then goes through Redis (the
+/// older claim is granted, and the wake-up tells the other waiter to claim the turn after), so
+/// the holder's process does not hand the lock from task to task past it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_claim_lost_to_an_older_one_is_not_passed_by_hand_overs() {
+    let server = RedisServer::start();
+    let mut con = server.connection().await;
+    let near = locker(server.url()).build().await.expect("connect");
+    let far = locker(server.url()).build().await.expect("connect");
+    let name = unique_name("turn-flag");
+    let key = near.key_of(name.as_str()).expect("key");
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let wait_for = |locker: &Locker, who: &'static str| {
+        let (locker, name, order) = (locker.clone(), name.clone(), order.clone());
+        tokio::spawn(async move {
+            let guard = (locker.lock(name.as_str()))
+                .wait(Duration::from_secs(5))
+                .await
+                .expect(who);
+            order.lock().unwrap().push(who);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            assert!(guard.release().await.is_released());
+        })
+    };
+
+    let held = near.lock(name.as_str()).await.expect("lock");
+    // The holder's process waits first: its claim is the older one.
+    let first = wait_for(&near, "near, first");
+    assert!(
+        marked(&mut con, &key).await,
+        "the near waiter never claimed"
+    );
+    offered_token(&mut con, &key).await;
+    let other = wait_for(&far, "far");
+    flagged_by_several(&mut con, &key).await;
+    // Behind the first one in its process's local line.
+    let second = wait_for(&near, "near, second");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(held.release().await.is_released());
+    for task in [first, other, second] {
+        task.await.expect("waiter task");
+    }
+    assert_eq!(
+        *order.lock().unwrap(),
+        ["near, first", "far", "near, second"]
+    );
+}
+
+/// A subscriber to a name's wake-ups that does not wait (a `Locker` whose subscription lingers
+/// after its wait, an operator's `SUBSCRIBE`) does not stop a hand-over inside the holder's
+/// process: only a waiter that found the hold taken, or a claim, does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listener_that_does_not_wait_leaves_hand_overs_inside_a_process_alone() {
+    let server = RedisServer::start();
+    let mut con = server.connection().await;
+    let near = locker(server.url()).build().await.expect("connect");
+    let name = unique_name("turn-listener");
+    let key = near.key_of(name.as_str()).expect("key");
+    let client = redis::Client::open(server.url()).expect("client");
+    let mut listener = client.get_async_pubsub().await.expect("pub/sub");
+    listener
+        .subscribe(format!("{key}:wake"))
+        .await
+        .expect("SUBSCRIBE");
+
+    let held = near.lock(name.as_str()).await.expect("lock");
+    let waiting = tokio::spawn({
+        let (near, name) = (near.clone(), name.clone());
+        async move {
+            let guard = (near.lock(name.as_str()))
+                .wait(Duration::from_secs(5))
+                .await
+                .expect("the local waiter");
+            assert!(guard.release().await.is_released());
+        }
+    });
+    offered_token(&mut con, &key).await;
+    let (_, listeners): (String, u64) = redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg(format!("{key}:wake"))
+        .query_async(&mut con)
+        .await
+        .expect("PUBSUB NUMSUB");
+    assert_eq!(listeners, 2, "the waiting Locker and the listener");
+    assert!(held.release().await.is_released());
+    waiting.await.expect("waiter task");
+    assert_eq!(near.stats().handed_over, 1, "{:?}", near.stats());
+}

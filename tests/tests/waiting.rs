@@ -1,6 +1,8 @@
 //! Waiting against real Redis: deadlines kept whatever the subscriber does, waiting "forever",
 //! transient failures inside the wait, hand-overs whose answer is lost, and clean-ups over a pool.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use dlock_core::redis::{self, AsyncCommands as _};
@@ -484,4 +486,45 @@ async fn a_release_resent_after_a_lost_hand_over_frees_nothing_granted_since() {
             .expect("each waiter gets the lock in turn");
         assert!(released.is_released(), "{released:?}");
     }
+}
+
+/// Sixteen tasks of one `Locker` take one name in turn for two seconds, asking for their fencing
+/// token each time, as the benchmark's W2 does: every wait ends soon (a stall would show a lock
+/// left to a token nobody waits on, or a wake-up lost), and the tokens rise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixteen_tasks_of_one_locker_take_turns_without_a_stall() {
+    let server = RedisServer::start();
+    let locker = Locker::connect(&server.url()).await.expect("connect");
+    let name = unique_name("sixteen");
+    let end = tokio::time::Instant::now() + Duration::from_secs(2);
+    let longest = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..16 {
+        let (locker, name, longest) = (locker.clone(), name.clone(), longest.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut last = 0;
+            while tokio::time::Instant::now() < end {
+                let asked = tokio::time::Instant::now();
+                let guard = (locker.lock(name.as_str()))
+                    .wait(Duration::from_secs(10))
+                    .await
+                    .expect("a turn");
+                let waited = u64::try_from(asked.elapsed().as_micros()).unwrap_or(u64::MAX);
+                longest.fetch_max(waited, Ordering::Relaxed);
+                let token = guard.fencing_token().await.expect("token").get();
+                assert!(token > last, "{token} after {last}");
+                last = token;
+                tokio::task::yield_now().await;
+                assert!(guard.release().await.is_released());
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.expect("task");
+    }
+    let stats = locker.stats();
+    let longest = longest.load(Ordering::Relaxed);
+    eprintln!("{stats:?}, the longest wait {longest} µs");
+    assert!(stats.handed_over > 0, "{stats:?}");
+    assert!(longest < 500_000, "a wait took {longest} µs");
 }

@@ -551,6 +551,13 @@ impl RedisBackend {
         }
     }
 
+    /// Whether wake-ups on `channel` are heard now without a new subscription: a wait on its
+    /// name is under way or ended moments ago (see `wait::LINGER`). Never in process, where an
+    /// attempt costs nothing.
+    pub(crate) fn hears(&self, channel: &str) -> bool {
+        !self.is_memory() && self.client.is_some() && self.sub_slots.hears(channel)
+    }
+
     /// The number of channels the subscriber watches now (for diagnostics and tests).
     pub(crate) fn watched_channels(&self) -> usize {
         self.sub_slots.len()

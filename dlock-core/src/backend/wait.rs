@@ -2,231 +2,25 @@
 //! that feeds it.
 //!
 //! Every waited lock name has one slot (a [`Notify`]) however many local waiters it has; the
-//! Redis subscriber subscribes to a channel when its first watcher arrives and unsubscribes when
-//! the last one leaves. All subscription changes go through one task, in order, so an
-//! unsubscribe can never overtake a later subscribe.
+//! Redis subscriber subscribes to a channel when its first watcher arrives and unsubscribes a
+//! short while ([`LINGER`]) after the last one leaves, unless a new watcher came meanwhile: a
+//! name waited on again soon, as two processes taking turns do, is not subscribed again. All
+//! subscription changes go through one task, in order, so an unsubscribe can never overtake a
+//! later subscribe.
 
-use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use tokio::sync::{Notify, mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot};
 
 #[cfg(feature = "cluster")]
 mod sharded;
 
-/// The watched channels of one backend.
-#[derive(Debug, Default)]
-pub(crate) struct Slots {
-    map: Mutex<HashMap<String, SlotEntry>>,
-}
+mod slots;
 
-#[derive(Debug)]
-struct SlotEntry {
-    slot: Arc<Slot>,
-    refs: usize,
-}
-
-#[derive(Debug, Default)]
-pub(crate) struct Slot {
-    notify: Notify,
-    confirmed: AtomicBool,
-    /// The last grant a wake-up announced on the channel (see [`Granted`]).
-    granted: Mutex<Option<Granted>>,
-}
-
-/// A wake-up that says a release granted the lock to a head waiter's hand-over token (message
-/// `g<attempt>:<ms>:<fencing token>:<token>`): the number of the attempt whose claim was
-/// granted, the grant's lease, its fencing token, and the hand-over token.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Granted {
-    pub(crate) attempt: u64,
-    pub(crate) lease: Duration,
-    pub(crate) fence: u64,
-    pub(crate) token: Box<str>,
-}
-
-impl Granted {
-    /// The grant a wake-up message announces, if it announces one.
-    fn parse(message: &[u8]) -> Option<Self> {
-        let message = std::str::from_utf8(message.strip_prefix(b"g")?).ok()?;
-        let mut parts = message.splitn(4, ':');
-        let attempt = parts.next()?.parse().ok()?;
-        let ms = parts.next()?.parse().ok()?;
-        let fence = parts.next()?.parse().ok()?;
-        let token = parts.next().filter(|t| !t.is_empty())?;
-        Some(Self {
-            attempt,
-            lease: Duration::from_millis(ms),
-            fence,
-            token: token.into(),
-        })
-    }
-}
-
-impl Slots {
-    fn lock(&self) -> MutexGuard<'_, HashMap<String, SlotEntry>> {
-        self.map.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Adds one watcher; returns the slot and whether it is the first.
-    fn register(&self, channel: &str) -> (Arc<Slot>, bool) {
-        let mut map = self.lock();
-        match map.get_mut(channel) {
-            Some(entry) => {
-                entry.refs += 1;
-                (entry.slot.clone(), false)
-            }
-            None => {
-                let slot = Arc::new(Slot::default());
-                map.insert(
-                    channel.to_owned(),
-                    SlotEntry {
-                        slot: slot.clone(),
-                        refs: 1,
-                    },
-                );
-                (slot, true)
-            }
-        }
-    }
-
-    /// Removes one watcher; returns whether it was the last.
-    fn unregister(&self, channel: &str) -> bool {
-        let mut map = self.lock();
-        if let Some(entry) = map.get_mut(channel) {
-            entry.refs -= 1;
-            if entry.refs == 0 {
-                map.remove(channel);
-                return true;
-            }
-        }
-        false
-    }
-
-    fn contains(&self, channel: &str) -> bool {
-        self.lock().contains_key(channel)
-    }
-
-    /// Wakes every watcher of `channel` with the wake-up `message` (a grant it announces is kept
-    /// for the head waiter to take); returns how many watchers there were.
-    pub(crate) fn wake_with(&self, channel: &str, message: Option<&[u8]>) -> usize {
-        match self.lock().get(channel) {
-            Some(entry) => {
-                if let Some(granted) = message.and_then(Granted::parse) {
-                    *entry.slot.granted.lock().unwrap_or_else(|e| e.into_inner()) = Some(granted);
-                }
-                entry.slot.notify.notify_waiters();
-                entry.refs
-            }
-            None => 0,
-        }
-    }
-
-    fn wake_all(&self) {
-        for entry in self.lock().values() {
-            entry.slot.notify.notify_waiters();
-        }
-    }
-
-    fn channels(&self) -> Vec<String> {
-        self.lock().keys().cloned().collect()
-    }
-
-    fn set_all_confirmed(&self, confirmed: bool) {
-        for entry in self.lock().values() {
-            entry.slot.confirmed.store(confirmed, Ordering::Release);
-        }
-    }
-
-    fn confirm(&self, channel: &str) {
-        if let Some(entry) = self.lock().get(channel) {
-            entry.slot.confirmed.store(true, Ordering::Release);
-        }
-    }
-
-    /// Says wake-ups on `channel` are not delivered until it is confirmed again: its waiters
-    /// poll meanwhile.
-    #[cfg(feature = "cluster")]
-    fn unconfirm(&self, channel: &str) {
-        if let Some(entry) = self.lock().get(channel) {
-            entry.slot.confirmed.store(false, Ordering::Release);
-        }
-    }
-
-    pub(crate) fn len(&self) -> usize {
-        self.lock().len()
-    }
-
-    /// How many watchers `channel` has.
-    pub(crate) fn watchers(&self, channel: &str) -> usize {
-        self.lock().get(channel).map_or(0, |e| e.refs)
-    }
-}
-
-/// One watcher's registration; unregisters on drop.
-#[derive(Debug)]
-pub(crate) struct Watch {
-    slots: Arc<Slots>,
-    channel: String,
-    slot: Arc<Slot>,
-    /// Where to send the unsubscribe when this is the last watcher (Redis only).
-    unsubscribe: Option<mpsc::UnboundedSender<SubCmd>>,
-}
-
-impl Watch {
-    pub(crate) fn new(
-        slots: Arc<Slots>,
-        channel: &str,
-        unsubscribe: Option<mpsc::UnboundedSender<SubCmd>>,
-    ) -> (Self, bool) {
-        let (slot, first) = slots.register(channel);
-        (
-            Self {
-                slots,
-                channel: channel.to_owned(),
-                slot,
-                unsubscribe,
-            },
-            first,
-        )
-    }
-
-    /// A future that completes at the next wake-up; call `enable()` on it (pinned) before the
-    /// attempt that it follows so a wake-up in between is not missed.
-    pub(crate) fn notified(&self) -> tokio::sync::futures::Notified<'_> {
-        self.slot.notify.notified()
-    }
-
-    /// Whether wake-ups are delivered (the subscription is confirmed). When not, the waiter
-    /// polls on a short timer instead.
-    pub(crate) fn is_reliable(&self) -> bool {
-        self.slot.confirmed.load(Ordering::Acquire)
-    }
-
-    /// Takes the last grant announced on the channel if it went to `token`.
-    pub(crate) fn take_grant(&self, token: &str) -> Option<Granted> {
-        let mut granted = self.slot.granted.lock().unwrap_or_else(|e| e.into_inner());
-        match granted.as_ref() {
-            Some(g) if *g.token == *token => granted.take(),
-            _ => None,
-        }
-    }
-
-    pub(crate) fn mark_confirmed(&self) {
-        self.slot.confirmed.store(true, Ordering::Release);
-    }
-}
-
-impl Drop for Watch {
-    fn drop(&mut self) {
-        if let (true, Some(tx)) = (self.slots.unregister(&self.channel), &self.unsubscribe) {
-            let _ = tx.send(SubCmd::Unsubscribe(std::mem::take(&mut self.channel)));
-        }
-    }
-}
+pub(crate) use slots::{Granted, Slots, Watch};
 
 #[derive(Debug)]
 pub(crate) enum SubCmd {
@@ -241,6 +35,10 @@ pub(crate) struct Subscriber {
     tx: mpsc::UnboundedSender<SubCmd>,
     healthy: Arc<Health>,
     timeout: Duration,
+    /// Whether its channels linger after their last watcher. Not on a Cluster: there each
+    /// subscription is one more shard subscription to prove with an echo, and to subscribe
+    /// again, one at a time, after every node's disconnection.
+    linger: bool,
 }
 
 /// Whether a subscriber connection is up, counted in `dlock_subscribers_connected` while it is.
@@ -279,7 +77,8 @@ impl Subscriber {
         let healthy = Arc::new(Health::default());
         // A new task knows of no subscription: every watcher polls until it resubscribes.
         slots.set_all_confirmed(false);
-        match source {
+        // Not on a Cluster (see `linger`).
+        let linger = match source {
             #[cfg(feature = "cluster")]
             SubscriberSource::Cluster(seeds, commands) => {
                 tokio::spawn(sharded::run(
@@ -289,16 +88,19 @@ impl Subscriber {
                     healthy.clone(),
                     timeout,
                 ));
+                false
             }
             source => {
                 tokio::spawn(run(source, slots.clone(), rx, healthy.clone(), timeout));
+                true
             }
-        }
+        };
         Self {
             slots,
             tx,
             healthy,
             timeout,
+            linger,
         }
     }
 
@@ -310,7 +112,8 @@ impl Subscriber {
     /// Registers a watcher and makes sure the channel is subscribed before returning — or gives
     /// up at `deadline` (or after the command timeout), leaving a watcher that polls.
     pub(crate) async fn watch(&self, channel: &str, deadline: tokio::time::Instant) -> Watch {
-        let (watch, _first) = Watch::new(self.slots.clone(), channel, Some(self.tx.clone()));
+        let (mut watch, _first) = Watch::new(self.slots.clone(), channel, Some(self.tx.clone()));
+        watch.linger = self.linger;
         if !watch.is_reliable() {
             let (ack_tx, ack_rx) = oneshot::channel();
             let sent = self
@@ -522,36 +325,6 @@ async fn run(
                 }
                 Some(SubCmd::Unsubscribe(_)) => {}
             }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_grant_is_read_from_its_wake_up_and_nothing_else_is() {
-        assert_eq!(
-            Granted::parse(b"g12:2005:1764130000123456:ab12@api:v2"),
-            Some(Granted {
-                attempt: 12,
-                lease: Duration::from_millis(2005),
-                fence: 1_764_130_000_123_456,
-                // A holder label may hold colons: the token is the rest.
-                token: "ab12@api:v2".into(),
-            })
-        );
-        for other in [
-            &b"1"[..],
-            b"",
-            b"g",
-            b"g1:2:3:",
-            b"g1:2:x:t",
-            b"gx:2:3:t",
-            b"h1:2:3:t",
-        ] {
-            assert_eq!(Granted::parse(other), None, "{other:?}");
         }
     }
 }

@@ -153,6 +153,7 @@ impl Engine {
         wait: Duration,
         lease: Lease,
     ) -> Result<Attempted, LockError> {
+        self.inner.backend.offers(&keys.kind)?;
         // Set once a claim to the next turn has gone out. A request that gave up with Redis
         // answering takes its claim back before it returns, still within its wait plus one
         // command timeout; one that failed leaves that to the background (the claim's `Drop`).
@@ -194,8 +195,12 @@ impl Engine {
                 .then(|| self.queue_counted(&waiter.keys));
             let behind_others = early.as_ref().is_some_and(|(_, before)| *before > 0);
             // A first attempt, ahead of the local queue — unless it waits behind others, or local
-            // waiters are holding back for other processes right now.
+            // waiters are holding back for other processes right now, or the name's wake-ups are
+            // heard already (a wait for it ended moments ago, as when two processes take turns):
+            // then the head's attempt, which claims the turn and offers the hand-over token, is
+            // the first, with no `SET` and no claim before it.
             let holding_back = behind_others
+                || (early.is_some() && self.inner.backend.hears(waiter.keys.channel()))
                 || (!wait.is_zero()
                     && match &early {
                         Some((ticket, _)) => ticket.made().is_some_and(|q| q.deferred().is_some()),

@@ -50,6 +50,7 @@ impl Engine {
         let started = Instant::now();
         let deadline = clock::after(started, wait);
         let keys = Arc::new(LockKeys::fair(&self.inner.config.prefix, &name));
+        self.inner.backend.offers(&keys.kind)?;
         if let Some(hold) = scope::find(self.inner.id, &keys.lock)
             && let Some(guard) = self.reenter(hold).await?
         {

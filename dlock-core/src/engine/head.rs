@@ -9,10 +9,11 @@ use tokio::time::Instant;
 
 use super::acquire::Attempted;
 use super::leave::{Leave, LeaveTurn};
-use super::queue::QueueTicket;
+use super::queue::{Handed, QueueTicket};
 use super::waiter::{Step, Waiter};
 use super::*;
 use crate::backend::GrantTo;
+use crate::clock;
 use crate::error::LockError;
 use crate::hold::HoldState;
 
@@ -56,11 +57,16 @@ impl Engine {
         let handoff_owner = head.handoff_owner.clone();
         // The attempts that offered the hand-over token to a release, by number.
         let mut offers = Offers::default();
+        // When the answer to the last attempt that claimed the next turn came back.
+        let mut last_claim: Option<Instant> = None;
         loop {
             let (watch, rx) = head.parts();
             let notified = watch.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
+            // The channel's wake-ups so far: one that comes during the attempt only to say
+            // what the attempt saw is slept through (see below).
+            let mut wakes_seen = watch.wakes();
             // A release granted the lock to the hand-over token: held since before the claim's
             // attempt went out. A grant to an attempt no longer known, or heard of when half of
             // it is gone as counted from that send (the attempt waited long in Redis or on its
@@ -96,9 +102,8 @@ impl Engine {
                 tokio::select! {
                     biased;
                     Some(handed) = handed(rx) => {
-                        leave.disarm();
-                        waiter.owner = handed.owner;
-                        return Ok(waiter.held(self, Some(handed.fence), handed.sent_at));
+                        let held = self.take_handed(waiter, &mut leave, handed, turn, last_claim);
+                        return Ok(held.await);
                     }
                     () = let_go => {}
                     // A release in Redis: only a holder releases, so the lock is not (or no
@@ -139,6 +144,13 @@ impl Engine {
             if reply.is_ok() {
                 self.note_round_trip(sent_at, back);
             }
+            if claim.is_some() {
+                last_claim = Some(back);
+            }
+            let found_fence = match &reply {
+                Ok(crate::backend::AcquireReply::Busy { fence, .. }) => *fence,
+                _ => None,
+            };
             match waiter.step(self, reply, back, true) {
                 Step::Acquired(fence) => {
                     leave.disarm();
@@ -176,16 +188,80 @@ impl Engine {
             if let Some(counts) = wait_counts {
                 fallback = fallback.min(counts / 3);
             }
-            if let Some(handed) = waiter.sleep(notified.as_mut(), fallback, handed(rx)).await {
-                leave.disarm();
-                waiter.owner = handed.owner;
-                return Ok(waiter.held(self, Some(handed.fence), handed.sent_at));
+            let slept_from = Instant::now();
+            loop {
+                let left = fallback.saturating_sub(slept_from.elapsed());
+                if let Some(handed) = waiter.sleep(notified.as_mut(), left, handed(rx)).await {
+                    let held = self.take_handed(waiter, &mut leave, handed, turn, last_claim);
+                    return Ok(held.await);
+                }
+                // Woken only by a grant to another waiter, made before this attempt found the
+                // hold taken (the hold it found has that grant's fencing token, or a later
+                // one), as when this `Locker`'s own release granted the lock to another
+                // process just before this request's attempt: the attempt claimed the turn
+                // after that grant already, and another would find the same. Sleep on.
+                if !watch.only_granted_elsewhere(wakes_seen, &handoff_owner, found_fence) {
+                    break;
+                }
+                wakes_seen += 1;
+                notified.set(watch.notified());
+                notified.as_mut().enable();
+                // Another came before the new wait was armed: attempt.
+                if watch.wakes() != wakes_seen {
+                    break;
+                }
             }
         }
     }
 }
 
 impl Engine {
+    /// The head waiter `waiter` was handed the lock by a release of its own `Locker`: its
+    /// guard, made before anything else is awaited (see
+    /// [`take_back_late_claim`](Self::take_back_late_claim)).
+    async fn take_handed(
+        &self,
+        mut waiter: Waiter,
+        leave: &mut Leave,
+        handed: Handed,
+        turn: &mut Option<LeaveTurn>,
+        last_claim: Option<Instant>,
+    ) -> Attempted {
+        leave.disarm();
+        let sent_at = handed.sent_at;
+        waiter.owner = handed.owner;
+        let held = waiter.held(self, Some(handed.fence), sent_at);
+        self.take_back_late_claim(turn, last_claim, sent_at).await;
+        held
+    }
+
+    /// A head waiter was handed the lock by a hand-over inside its `Locker` sent at
+    /// `handed_at`. An attempt of its own that claimed the next turn and answered after that
+    /// may have reached Redis after the hand-over too: its claim then sits on the hold the
+    /// waiter now has, and the waiter's own release would grant the lock to its old hand-over
+    /// token, which nobody waits on, keeping the name taken for the grant's window. The claim is
+    /// taken back before the waiter returns (one round trip, on this rare path only); the
+    /// caller's later commands go after it. The caller has made the guard first: dropped during
+    /// this wait, the request releases the lock it was handed (no `.await` may come between
+    /// taking a hand-over and making its guard). A claim that answered before the hand-over
+    /// went out reached Redis before it, and the hand-over took it away.
+    async fn take_back_late_claim(
+        &self,
+        turn: &mut Option<LeaveTurn>,
+        last_claim: Option<Instant>,
+        handed_at: Instant,
+    ) {
+        // In process, commands run at once and a grant's window is a few milliseconds: a claim
+        // left there delays the name that long at most, and is not worth a command.
+        if !self.inner.backend.is_remote() || last_claim.is_none_or(|back| back < handed_at) {
+            return;
+        }
+        if let Some(turn) = turn.take() {
+            let bound = clock::after(Instant::now(), self.inner.backend.command_timeout());
+            let _ = tokio::time::timeout_at(bound, Box::pin(turn.leave())).await;
+        }
+    }
+
     /// A hold granted to a head waiter by another's release lasts `held_for` from the grant, and
     /// the waiter sent the claim at `sent_at`, before it: its belief ends that long after
     /// `sent_at` until its own lease applies. That lease is asked for in the background (the

@@ -266,6 +266,8 @@ impl Engine {
         match reply {
             Ok(HandoffReply::HandedOver { fence }) => {
                 queue.streak.fetch_add(1, Ordering::Relaxed);
+                self.inner.handed_over.fetch_add(1, Ordering::Relaxed);
+                crate::metrics::handed_over();
                 queue.held_here.store(true, Ordering::Release);
                 let handed = Handed {
                     owner: slot.owner.clone(),

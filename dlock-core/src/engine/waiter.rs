@@ -123,7 +123,7 @@ impl Waiter {
         self.came_back = Some(back);
         match reply {
             Ok(AcquireReply::Acquired { fence }) => Step::Acquired(fence),
-            Ok(AcquireReply::Busy { pttl, foreign }) => {
+            Ok(AcquireReply::Busy { pttl, foreign, .. }) => {
                 self.pttl = pttl;
                 self.failed = None;
                 self.foreign = foreign;

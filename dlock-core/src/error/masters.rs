@@ -138,8 +138,8 @@ mod tests {
         assert_eq!(
             down.to_string(),
             "lock `a` needs 2 of 3 masters: granted by [0], busy on [], failed on [1, 2]; \
-             master 1: lock backend unavailable: no answer from redis within 5ms; \
-             master 2: lock backend unavailable: no answer from redis within 5ms"
+             master 1: lock backend unavailable: no answer from the backend within 5ms; \
+             master 2: lock backend unavailable: no answer from the backend within 5ms"
         );
         let err = LockError::Masters(Box::new(down));
         assert!(err.is_backend() && !err.is_busy());

@@ -442,6 +442,8 @@ impl Call for Handoff<'_> {
         out.text(self.to);
         out.number(millis(self.lease));
         out.number(fence_ttl_ms(self.fence_ttl));
+        // Read by layout 1's script only (it counts the channel's subscribers); this layout's
+        // reads whether another `Locker` waits from the hold.
         out.text(self.publish.numsub());
         out.text(self.locker);
         out.text(self.publish.command());

@@ -7,7 +7,8 @@
 //! after that owner's release, `at_least`), or `#r:<locker id>` (kept for the `Locker` next in
 //! turn). Then fields, each one word after a space: ` f<token>` the fencing token (once minted),
 //! ` s<n>` the sequence number of the last lease change, ` w<claim>` a claim to the next turn
-//! (see [`ClaimValue`]), ` l` a waiter found the hold taken.
+//! (see [`ClaimValue`]), ` l` a waiter found the hold taken (` l<locker id>` while only that
+//! `Locker`'s waiters did).
 
 use std::fmt;
 
@@ -36,6 +37,9 @@ pub struct HoldValue {
     pub kept_for: Option<String>,
     /// A waiter found the hold taken: its release wakes the waiters.
     pub waited_for: bool,
+    /// The one `Locker` whose waiters alone found the hold taken (`None` when several did, or
+    /// it is not waited for).
+    pub waited_by: Option<String>,
 }
 
 /// A claim to the next turn: `<since>:<ms>:<locker id>`, and for a head waiter's claim
@@ -92,6 +96,10 @@ impl HoldValue {
                 Some(("s", seq)) => hold.seq = Some(seq.parse().map_err(|_| bad(word))?),
                 Some(("w", claim)) => hold.claim = Some(claim.to_owned()),
                 Some(("l", "")) => hold.waited_for = true,
+                Some(("l", locker)) if is_token(locker) => {
+                    hold.waited_for = true;
+                    hold.waited_by = Some(locker.to_owned());
+                }
                 _ => return Err(bad(word)),
             }
         }
@@ -154,7 +162,7 @@ impl fmt::Display for HoldValue {
             write!(f, " s{seq}")?;
         }
         if self.waited_for {
-            f.write_str(" l")?;
+            write!(f, " l{}", self.waited_by.as_deref().unwrap_or_default())?;
         }
         Ok(())
     }
@@ -219,6 +227,7 @@ mod tests {
             "0123456789abcdef0123456789abcdef@worker-1 f1764000000000001 s3 l",
             "ab12 w1764000000000:300:00ff f17 l",
             "ab12 w1764000000000:300:00ff:1764000000100:40:60000:7:cd34 l",
+            "ab12 f17 lv2/00ff",
             "#k:ab12",
             "#r:00ff w1764000000001:300:11ee",
         ] {

@@ -506,14 +506,17 @@ fn acquire_all_reply(reply: &[i64], n: usize) -> Result<AcquireAllReply, Backend
     }
 }
 
-fn acquire_reply((code, value): (i64, i64)) -> Result<AcquireReply, BackendError> {
-    match code {
-        1 => Ok(AcquireReply::Acquired {
+/// `ACQUIRE`'s (or `HOLDS`') answer: `{1, token}`, or busy as `{0 | 2, pttl}` with the fencing
+/// token of the hold found after them (this layout's `ACQUIRE`; layout 1's answered without it).
+fn acquire_reply(reply: Vec<i64>) -> Result<AcquireReply, BackendError> {
+    match reply[..] {
+        [1, value] => Ok(AcquireReply::Acquired {
             fence: super::sorted_sets::minted(value)?,
         }),
-        0 | 2 => Ok(AcquireReply::busy(code, value)),
-        other => Err(BackendError::protocol(format!(
-            "acquire script answered {other}"
+        [code @ (0 | 2), pttl] => Ok(AcquireReply::busy(code, pttl, None)),
+        [code @ (0 | 2), pttl, fence] => Ok(AcquireReply::busy(code, pttl, Some(fence))),
+        _ => Err(BackendError::protocol(format!(
+            "acquire script answered {reply:?}"
         ))),
     }
 }

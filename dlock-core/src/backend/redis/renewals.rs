@@ -11,7 +11,9 @@ use crate::backend::cluster::Masters;
 use super::RedisBackend;
 #[cfg(feature = "cluster")]
 use super::RedisConn;
-use super::code::{self, Code};
+#[cfg(feature = "cluster")]
+use super::code;
+use super::code::Code;
 use crate::backend::{RenewItem, RenewReply};
 use crate::error::BackendError;
 use crate::protocol;

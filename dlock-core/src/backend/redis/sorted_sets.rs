@@ -52,7 +52,7 @@ impl RedisBackend {
             self.acknowledged(acknowledged)?;
             return Ok(AcquireReply::Acquired { fence: Some(0) });
         }
-        Ok(AcquireReply::busy(code, ms))
+        Ok(AcquireReply::busy(code, ms, None))
     }
 
     /// A read-write lock's writer's attempt (its wait recorded, if `rw` says so); the next turn
@@ -85,7 +85,7 @@ impl RedisBackend {
                 fence: minted(value)?,
             });
         }
-        Ok(AcquireReply::busy(code, value))
+        Ok(AcquireReply::busy(code, value, None))
     }
 
     /// A read-write lock's reader's attempt.
@@ -110,7 +110,7 @@ impl RedisBackend {
             self.acknowledged(acknowledged)?;
             return Ok(AcquireReply::Acquired { fence: Some(0) });
         }
-        Ok(AcquireReply::busy(code, value))
+        Ok(AcquireReply::busy(code, value, None))
     }
 
     pub(crate) async fn set_permits(
@@ -182,7 +182,7 @@ impl RedisBackend {
                 place: None,
             },
             [code @ (0 | 2), pttl, place] => FairReply {
-                reply: AcquireReply::busy(*code, *pttl),
+                reply: AcquireReply::busy(*code, *pttl, None),
                 place: u64::try_from(*place).ok(),
             },
             _ => return Err(BackendError::protocol("fair acquire script answered badly")),

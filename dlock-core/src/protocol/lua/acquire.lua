@@ -1,5 +1,4 @@
--- ACQUIRE: an attempt at a plain lock, when a first `SET NX PX` of the owner found it taken and
--- the request does not wait (a request that waits leaves its attempt to the head of its line),
+-- ACQUIRE: an attempt at a plain lock, when a first `SET NX PX` of the owner found it taken,
 -- or when the attempt comes from the head of its `Locker`'s local line (which mints its fencing
 -- token with the grant).
 --
@@ -31,7 +30,12 @@
 --               when the lock was kept for ARGV[5]
 --               (another `Locker`'s claim made since stays on the new hold), and when it was
 --               granted to ARGV[8]; `token` is -1 when none was minted
---   {0, pttl}   busy: the hold is then flagged as waited for, so its release wakes the waiters
+--   {0, pttl, token}
+--               busy: the hold is then flagged as waited for (by ARGV[5]), so its release wakes
+--               the waiters, and a hand-over inside the holder's `Locker` knows whether another
+--               `Locker` waits; `token` is the hold's fencing token (-1 when none was minted): a
+--               wake-up that announces a grant with that token or an earlier one came from a
+--               release before this attempt
 --   {2, pttl}   busy, held in a layout this one does not speak: nothing is written (no flag,
 --               no claim), so nothing wakes the waiter at its release
 --
@@ -63,7 +67,7 @@ if v then
     if foreign(v) then
       return {2, redis.call('PTTL', KEYS[1])}
     end
-    local changed = flagged(v)
+    local changed = flagged(v, locker)
     if ARGV[3] ~= '0' then
       local since, _, claimant = claim_of(field(v, 'w'))
       if not since or claimant == locker or tonumber(since) > tonumber(ARGV[4]) then
@@ -78,7 +82,7 @@ if v then
     if changed ~= v and pttl > 0 then
       redis.call('PSETEX', KEYS[1], pttl, changed)
     end
-    return {0, pttl}
+    return {0, pttl, token_of(v)}
   else
     -- Kept for this Locker: its waiter takes the lock, and another Locker that claimed a turn
     -- since stays next (and is woken at the release).
@@ -87,8 +91,9 @@ if v then
     if claim and claimant ~= locker then
       value = with_field(value, 'w', claim)
     end
-    if field(v, 'l') then
-      value = with_field(value, 'l')
+    local by = field(v, 'l')
+    if by then
+      value = with_field(value, 'l', by)
     end
   end
 end

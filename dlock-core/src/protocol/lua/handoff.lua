@@ -10,18 +10,24 @@
 -- ARGV[3]  lease, ms
 -- ARGV[4]  fence TTL, ms (`0`: none)
 -- ARGV[5]  the PUBSUB subcommand that counts a channel's subscribers (NUMSUB; SHARDNUMSUB on
---          a cluster)
+--          a cluster): unused here (whether another `Locker` waits is read from the hold),
+--          kept for layout 1's script, which the same call drives
 -- ARGV[6]  the id of the `Locker` handing over
 -- ARGV[7]  the command that wakes waiters (PUBLISH; SPUBLISH on a cluster)
 --
 -- Returns
 --   {1, token}  handed over
 --   {0, code}   not handed over: -1 expired, -2 held by another owner (as RELEASE answers)
---   {2, woken}  waiters elsewhere want it (another `Locker` listens for its release, or a
---               waiter of another `Locker` is next in turn), so it was released instead, as
---               RELEASE does; `woken` subscribers got the wake-up
+--   {2, woken}  waiters elsewhere want it (a waiter of another `Locker` found the hold taken,
+--               or is next in turn), so it was released instead, as RELEASE does; `woken`
+--               subscribers got the wake-up
+-- Whether another `Locker` waits is read from the hold, not from the channel's subscribers (a
+-- subscription may linger after its last waiter): every attempt that finds the hold taken
+-- flags it with its `Locker` (` l<locker id>`, a bare ` l` once several did), and a hold is
+-- handed over only while no other `Locker`'s waiter flagged it or claims the next turn. A
+-- waiter of another `Locker` woken by an earlier release flags the hold its attempt finds.
 -- The common case first, before any helper but the fencing counter's is defined: the hold is
--- ARGV[1]'s, nobody of another `Locker` claims the next turn or listens, so it passes to
+-- ARGV[1]'s, nobody of another `Locker` flagged it or claims the next turn, so it passes to
 -- ARGV[2] with the next token. The hold's own token, if it has one, is the counter's last (a
 -- token is minted only for the holder of the lock), so the counter is not read again.
 -- (`take_fenced` needs the hold codec, defined after it here: it is not called.)
@@ -40,22 +46,19 @@ if holder ~= ARGV[1] then
   return {0, -2}
 end
 local claim = space and string.match(v, ' w([^ ]*)', space)
-local listeners
-if not claim or string.match(claim, '^%d+:%d+:([^:]+)') == ARGV[6] then
-  listeners = redis.call('PUBSUB', ARGV[5], KEYS[3])[2]
-  if listeners <= 1 then
-    local known = space and string.match(v, ' f(%d+)', space)
-    local f = next_fence(KEYS[2], ARGV[4], known)
-    redis.call('PSETEX', KEYS[1], ARGV[3], ARGV[2] .. ' f' .. string.format('%d', f))
-    return {1, f}
-  end
+local waited = space and string.match(v, ' l([^ ]*)', space)
+if (not claim or string.match(claim, '^%d+:%d+:([^:]+)') == ARGV[6])
+  and (not waited or waited == ARGV[6]) then
+  local known = space and string.match(v, ' f(%d+)', space)
+  local f = next_fence(KEYS[2], ARGV[4], known)
+  redis.call('PSETEX', KEYS[1], ARGV[3], ARGV[2] .. ' f' .. string.format('%d', f))
+  return {1, f}
 end
 --@include clock
 --@include hold
 --@include let_go
 local _, _, next_in = claim_of(claim)
-if (next_in and next_in ~= ARGV[6])
-  or (listeners or redis.call('PUBSUB', ARGV[5], KEYS[3])[2]) > 1 then
+if (next_in and next_in ~= ARGV[6]) or waited_by_others(v, ARGV[6]) then
   return {2, redis.call(ARGV[7], KEYS[3], let_go(KEYS[1], claim, v, ARGV[7] == 'SPUBLISH'))}
 end
 local f = next_fence(KEYS[2], ARGV[4])

@@ -6,7 +6,12 @@
 -- token_of(v)         the hold's fencing token as a number, -1 while none was minted: what a
 --                     script answers its holder (`{1, token_of(v)}`)
 -- without(v, tag)     `v` without the field `tag`
--- flagged(v)          `v` with the ` l` flag (a waiter found it taken)
+-- flagged(v, locker)  `v` flagged as waited for (` l`, a waiter found it taken) by `locker`:
+--                     ` l<locker>` while that `Locker`'s waiters alone found it taken, a bare
+--                     ` l` once another's did too (or when `locker` is not given)
+-- waited_by_others(v, locker)
+--                     whether a waiter of a `Locker` other than `locker` may have found the
+--                     hold taken (its ` l` flag names another, or none)
 -- with_field(v, tag, value)
 --                     `v` with the field `tag` added at its end (`value` nil for a flag):
 --                     for a field `v` does not have
@@ -53,11 +58,19 @@ end
 local function set_field(v, tag, value)
   return with_field(without(v, tag), tag, value)
 end
-local function flagged(v)
-  if field(v, 'l') then
+local function flagged(v, locker)
+  local by = field(v, 'l')
+  if not by then
+    return with_field(v, 'l', locker)
+  end
+  if by == '' or by == locker then
     return v
   end
-  return with_field(v, 'l')
+  return set_field(v, 'l', '')
+end
+local function waited_by_others(v, locker)
+  local by = field(v, 'l')
+  return by ~= nil and by ~= locker
 end
 local function new_hold(owner, f)
   return with_field(owner, 'f', string.format('%d', f))

@@ -45,8 +45,9 @@ local function let_go(lock, claim, v, sharded)
     if (last or not sharded) and age >= 0 and age <= tonumber(window) then
       local f = string.format('%d', next_fence(fence, fence_ttl, last, t))
       local held = with_field(token, 'f', f)
-      if field(v, 'l') then
-        held = with_field(held, 'l')
+      local by = field(v, 'l')
+      if by then
+        held = with_field(held, 'l', by)
       end
       local px = string.format('%d', age + tonumber(window))
       redis.call('PSETEX', lock, px, held)
