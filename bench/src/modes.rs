@@ -1,11 +1,12 @@
 //! The scale-out modes' deployments, started by the harness beside the plain server: a cluster
 //! of three masters with a replica each, a master and its replica watched by three sentinels, a
-//! master whose grants wait for its replica's acknowledgement, and three independent masters
-//! locked by majority. Each runs the plain lock, so each row shows what the mode itself costs.
+//! master whose grants wait for its replica's acknowledgement, three independent masters
+//! locked by majority, and a PostgreSQL server (the other backend). Each runs the plain lock,
+//! so each row shows what the mode itself costs.
 
 use std::time::{Duration, Instant};
 
-use dlock_tests::{RedisCluster, RedisSentinel, RedisServer};
+use dlock_tests::{PostgresServer, RedisCluster, RedisSentinel, RedisServer};
 
 /// A scale-out mode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,6 +26,9 @@ pub(crate) enum Mode {
     Ack,
     /// `MasterSet::majority` over three independent masters (Redlock).
     Majority,
+    /// `LockerBuilder::postgres_url`: session advisory locks on a PostgreSQL server of its own,
+    /// woken by `NOTIFY`. No Redis: its Redis columns are empty.
+    Postgres,
 }
 
 /// A cluster node that answers nothing for this long is failed over. Far longer than the
@@ -45,6 +49,7 @@ pub(crate) struct Endpoints {
     /// The master whose replica acknowledges.
     pub(crate) ack_master: String,
     pub(crate) masters: Vec<String>,
+    pub(crate) postgres: String,
 }
 
 impl Endpoints {
@@ -65,6 +70,7 @@ pub(crate) struct Deployments {
     /// The acknowledging pair: master, replica.
     ack: Option<(RedisServer, RedisServer)>,
     masters: Vec<RedisServer>,
+    postgres: Option<PostgresServer>,
 }
 
 impl Deployments {
@@ -92,6 +98,7 @@ impl Deployments {
                 Mode::Majority => {
                     deployments.masters = (0..3).map(|_| RedisServer::start()).collect()
                 }
+                Mode::Postgres => deployments.postgres = Some(PostgresServer::start()),
             }
             if !quiet {
                 eprintln!(
@@ -117,6 +124,9 @@ impl Deployments {
             endpoints.ack_master = master.url();
         }
         endpoints.masters = self.masters.iter().map(RedisServer::url).collect();
+        if let Some(postgres) = &self.postgres {
+            endpoints.postgres = postgres.url();
+        }
         endpoints
     }
 
@@ -131,6 +141,7 @@ impl Deployments {
                 .collect(),
             Mode::Ack => self.ack.iter().flat_map(|(m, r)| [m, r]).collect(),
             Mode::Majority => self.masters.iter().collect(),
+            Mode::Postgres => Vec::new(),
         };
         nodes.into_iter().map(|n| n.info(section)).collect()
     }

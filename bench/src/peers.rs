@@ -57,7 +57,7 @@ pub(crate) enum Kind {
 }
 
 impl Lib {
-    pub(crate) const ALL: [Lib; 18] = [
+    pub(crate) const ALL: [Lib; 19] = [
         Lib::Dlock(Kind::Plain),
         Lib::Raw,
         Lib::RslockDefault,
@@ -71,6 +71,7 @@ impl Lib {
         Lib::Scaled(Mode::SentinelUnacked),
         Lib::Scaled(Mode::Ack),
         Lib::Scaled(Mode::Majority),
+        Lib::Scaled(Mode::Postgres),
         Lib::Probe(Probe::ScriptedAcquire),
         Lib::Probe(Probe::MarkedRelease),
         Lib::Probe(Probe::RecordedRelease),
@@ -98,6 +99,7 @@ impl Lib {
             Lib::Scaled(Mode::SentinelUnacked) => "dlock-sentinel-unacked",
             Lib::Scaled(Mode::Ack) => "dlock-ack",
             Lib::Scaled(Mode::Majority) => "dlock-majority",
+            Lib::Scaled(Mode::Postgres) => "dlock-postgres",
             Lib::Raw => "raw",
             Lib::RslockDefault => "rslock",
             Lib::Rslock2ms => "rslock-2ms",
@@ -273,6 +275,7 @@ impl Client {
                     Mode::Ack => Locker::builder()
                         .url(&at.ack_master)
                         .replica_ack(ReplicaAck::new(1, Duration::from_secs(1))),
+                    Mode::Postgres => Locker::builder().postgres_url(&at.postgres),
                     Mode::Majority => unreachable!("built above"),
                 };
                 Client::Dlock(connect(builder).await, Kind::Plain)

@@ -58,11 +58,13 @@ mod admin;
 pub mod cluster;
 pub mod hold;
 pub mod layouts;
+mod postgres;
 mod proxy;
 pub mod sentinel;
 mod server;
 
 pub use cluster::RedisCluster;
+pub use postgres::PostgresServer;
 pub use proxy::Proxy;
 pub use sentinel::RedisSentinel;
 pub use server::{

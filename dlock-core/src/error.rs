@@ -189,6 +189,15 @@ enum BackendErrorKind {
     #[cfg_attr(not(any(feature = "bb8", feature = "deadpool")), allow(dead_code))]
     Pool(String),
     Protocol(String),
+    /// PostgreSQL refused, failed or could not be reached (what sqlx said of it).
+    #[cfg(feature = "postgres")]
+    Postgres(String),
+    /// The backend does not offer this kind of lock (a fair lock on PostgreSQL).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    Unsupported {
+        kind: &'static str,
+        backend: &'static str,
+    },
     /// Fewer replicas than required acknowledged a write in time (see [`crate::ReplicaAck`]).
     NotReplicated {
         acknowledged: u32,
@@ -224,6 +233,32 @@ impl BackendError {
         Self {
             kind: BackendErrorKind::Protocol(msg.to_string()),
             permanent: false,
+        }
+    }
+
+    /// What sqlx said of a PostgreSQL failure. Its messages name what failed (a refused
+    /// connection, a server error and its code), never the connection's password.
+    #[cfg(feature = "postgres")]
+    pub(crate) fn postgres(err: &sqlx::Error) -> Self {
+        let message = match err {
+            sqlx::Error::Database(db) => match db.code() {
+                Some(code) => format!("{} (SQLSTATE {code})", db.message()),
+                None => db.message().to_owned(),
+            },
+            other => other.to_string(),
+        };
+        Self {
+            kind: BackendErrorKind::Postgres(message),
+            permanent: false,
+        }
+    }
+
+    /// `backend` does not offer locks of `kind` (its label): retrying can't help.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn unsupported(kind: &'static str, backend: &'static str) -> Self {
+        Self {
+            kind: BackendErrorKind::Unsupported { kind, backend },
+            permanent: true,
         }
     }
 
@@ -300,10 +335,15 @@ impl BackendError {
 impl fmt::Display for BackendError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.kind {
-            BackendErrorKind::Timeout(d) => write!(f, "no answer from redis within {d:?}"),
+            BackendErrorKind::Timeout(d) => write!(f, "no answer from the backend within {d:?}"),
+            #[cfg(feature = "postgres")]
+            BackendErrorKind::Postgres(m) => write!(f, "postgres: {m}"),
             BackendErrorKind::Redis(e) => write!(f, "{e}"),
             BackendErrorKind::Pool(m) => write!(f, "connection pool: {m}"),
             BackendErrorKind::Protocol(m) => write!(f, "unexpected reply: {m}"),
+            BackendErrorKind::Unsupported { kind, backend } => {
+                write!(f, "a {backend} `Locker` does not offer `{kind}` locks")
+            }
             BackendErrorKind::NotReplicated {
                 acknowledged,
                 required,

@@ -105,6 +105,10 @@
 //!   pub/sub.
 //! - `sentinel`: `LockerBuilder::sentinel`, a `Locker` on the master Redis Sentinel reports,
 //!   following its failovers.
+//! - `postgres`: `LockerBuilder::postgres` and `postgres_url` (and `postgres://` URLs given to
+//!   `Locker::connect`): locks as PostgreSQL session advisory locks, over an application's sqlx
+//!   pool or a URL; plain locks and multi-locks of them (see the README's "Redis or
+//!   PostgreSQL?").
 //! - `tls-rustls`: `rediss://` URLs and TLS clients. rustls needs a process-wide crypto provider,
 //!   which is the application's choice: install one when the application starts (for example
 //!   `rustls::crypto::aws_lc_rs::default_provider().install_default()`). dlock never installs

@@ -26,6 +26,8 @@ mod config;
 mod connect;
 mod default;
 mod inspect;
+#[cfg(feature = "postgres")]
+mod postgres;
 #[cfg(feature = "sentinel")]
 mod sentinel;
 mod stats;
@@ -65,7 +67,8 @@ impl fmt::Debug for Locker {
 
 impl Locker {
     /// Connects to the Redis server at `url` (`redis://[user[:password]@]host[:port][/db]`, or
-    /// `rediss://` with the `tls-rustls` feature) with the default settings.
+    /// `rediss://` with the `tls-rustls` feature) with the default settings — or, with the
+    /// `postgres` feature, to the PostgreSQL database at a `postgres://` URL.
     pub async fn connect(url: &str) -> Result<Self, LockError> {
         Self::builder().url(url).build().await
     }
@@ -202,6 +205,8 @@ impl Locker {
     pub async fn ping(&self) -> Result<(), LockError> {
         match &self.engine.inner.backend {
             Backend::Redis(r) => r.ping().await.map_err(LockError::Backend),
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(p) => p.ping().await.map_err(LockError::Backend),
         }
     }
 }

@@ -155,6 +155,7 @@ impl Semaphore {
 
     async fn store_permits(&self, permits: Option<u32>) -> Result<(), LockError> {
         let (_, keys) = self.keys()?;
+        self.engine.inner.backend.offers(&keys.kind)?;
         let session = self.engine.session().await?;
         (session.set_permits(&keys, permits).await).map_err(LockError::Backend)
     }
@@ -162,6 +163,7 @@ impl Semaphore {
     /// How many permits are held now and the count in force, read from Redis in one script.
     pub async fn status(&self) -> Result<SemaphoreStatus, LockError> {
         let (_, keys) = self.keys()?;
+        self.engine.inner.backend.offers(&keys.kind)?;
         let session = self.engine.session().await?;
         let (held, set) = (session.permits(&keys).await).map_err(LockError::Backend)?;
         Ok(SemaphoreStatus {

@@ -31,8 +31,8 @@ pub mod tls;
 pub use dlock_checker as checker;
 use dlock_checker::redis_server_binary;
 pub use dlock_checker::{
-    Proxy, REDIS_SERVER_ENV, RedisCluster, RedisSentinel, RedisServer, cluster, free_port, hold,
-    layouts, require_redis_server, script_calls, sentinel, unique_name,
+    PostgresServer, Proxy, REDIS_SERVER_ENV, RedisCluster, RedisSentinel, RedisServer, cluster,
+    free_port, hold, layouts, require_redis_server, script_calls, sentinel, unique_name,
 };
 
 /// The Redis to use for a demo: `DLOCK_URL` if set, otherwise a `redis-server` started here

@@ -1,6 +1,6 @@
 //! Where locks live: Redis (single server, over a connection manager, a multiplexed connection or
-//! a bb8 pool, or an in-process memory store that runs the same scripts); and how a waiter hears
-//! that a lock was let go (`wait`).
+//! a bb8 pool, or an in-process memory store that runs the same scripts), or PostgreSQL's
+//! advisory locks (feature `postgres`); and how a waiter hears that a lock was let go (`wait`).
 
 use std::time::Duration;
 
@@ -12,6 +12,8 @@ use wait::Watch;
 #[cfg(feature = "cluster")]
 pub(crate) mod cluster;
 pub(crate) mod memory;
+#[cfg(feature = "postgres")]
+pub(crate) mod postgres;
 pub(crate) mod redis;
 #[cfg(feature = "sentinel")]
 pub(crate) mod sentinel;
@@ -27,20 +29,24 @@ pub(crate) enum AcquireReply {
     Acquired { fence: Option<u64> },
     /// Not held by this owner; the holder, if any, has this much lease left (`None`: unknown,
     /// no expiry, or nobody holds it); `foreign`: the hold is in a key layout this version
-    /// does not speak (see `protocol::layout`), and was left as it was.
+    /// does not speak (see `protocol::layout`), and was left as it was; `fence`: the fencing
+    /// token of the plain hold found, when it has one and the script says.
     Busy {
         pttl: Option<Duration>,
         foreign: bool,
+        fence: Option<u64>,
     },
 }
 
 impl AcquireReply {
     /// A script's busy answer: `code` 0, or 2 when the hold is in a layout this version does
-    /// not speak; `ms` the holder's PTTL (negative: none).
-    pub(crate) fn busy(code: i64, ms: i64) -> Self {
+    /// not speak; `ms` the holder's PTTL (negative: none); `fence` the hold's fencing token,
+    /// if the script said (negative: none minted).
+    pub(crate) fn busy(code: i64, ms: i64, fence: Option<i64>) -> Self {
         Self::Busy {
             pttl: u64::try_from(ms).ok().map(Duration::from_millis),
             foreign: code == 2,
+            fence: fence.and_then(|f| u64::try_from(f).ok()),
         }
     }
 }
@@ -137,9 +143,8 @@ pub(crate) enum HandoffReply {
         fence: u64,
     },
     NotHandedOver(ReleaseReply),
-    /// Waiters elsewhere want it (another `Locker` listens for its release, or a waiter of
-    /// another `Locker` is next in turn): released instead, as a release does (`woke`
-    /// subscribers got the wake-up).
+    /// Waiters elsewhere want it (a waiter of another `Locker` found the hold taken, or is next
+    /// in turn): released instead, as a release does (`woke` subscribers got the wake-up).
     ReleasedInstead {
         woke: u32,
     },
@@ -164,6 +169,8 @@ pub(crate) enum RenewReply {
 #[derive(Debug, Clone)]
 pub(crate) enum Backend {
     Redis(std::sync::Arc<redis::RedisBackend>),
+    #[cfg(feature = "postgres")]
+    Postgres(std::sync::Arc<postgres::PgBackend>),
 }
 
 /// One connection for the commands of one operation, in order: a clean-up sent on it after a
@@ -171,12 +178,17 @@ pub(crate) enum Backend {
 #[derive(Debug, Clone)]
 pub(crate) enum Session {
     Redis(std::sync::Arc<redis::RedisBackend>, redis::OpConn),
+    /// Each name's commands go to its own connection, in order (see `postgres`).
+    #[cfg(feature = "postgres")]
+    Postgres(std::sync::Arc<postgres::PgBackend>),
 }
 
 /// A [`Backend`] that does not keep its connections alive: for what may outlive its `Locker`.
 #[derive(Debug, Clone)]
 pub(crate) enum WeakBackend {
     Redis(std::sync::Weak<redis::RedisBackend>),
+    #[cfg(feature = "postgres")]
+    Postgres(std::sync::Weak<postgres::PgBackend>),
 }
 
 impl WeakBackend {
@@ -184,6 +196,8 @@ impl WeakBackend {
     pub(crate) fn upgrade(&self) -> Option<Backend> {
         match self {
             Self::Redis(r) => r.upgrade().map(Backend::Redis),
+            #[cfg(feature = "postgres")]
+            Self::Postgres(p) => p.upgrade().map(Backend::Postgres),
         }
     }
 }
@@ -193,6 +207,8 @@ impl Backend {
     pub(crate) fn downgrade(&self) -> WeakBackend {
         match self {
             Self::Redis(r) => WeakBackend::Redis(std::sync::Arc::downgrade(r)),
+            #[cfg(feature = "postgres")]
+            Self::Postgres(p) => WeakBackend::Postgres(std::sync::Arc::downgrade(p)),
         }
     }
 
@@ -200,6 +216,8 @@ impl Backend {
     pub(crate) async fn session(&self) -> Result<Session, BackendError> {
         match self {
             Self::Redis(r) => Ok(Session::Redis(r.clone(), r.op_conn().await?)),
+            #[cfg(feature = "postgres")]
+            Self::Postgres(p) => Ok(Session::Postgres(p.clone())),
         }
     }
 
@@ -217,6 +235,8 @@ impl Backend {
         }
         match self {
             Self::Redis(r) => r.renew(items, within).await,
+            #[cfg(feature = "postgres")]
+            Self::Postgres(p) => p.renew(items).await,
         }
     }
 
@@ -226,6 +246,17 @@ impl Backend {
     pub(crate) async fn watch(&self, channel: &str, deadline: tokio::time::Instant) -> Watch {
         match self {
             Self::Redis(r) => r.watch(channel, deadline).await,
+            #[cfg(feature = "postgres")]
+            Self::Postgres(p) => p.watch(channel),
+        }
+    }
+
+    /// Whether wake-ups on `channel` are heard now, with no subscription to make first.
+    pub(crate) fn hears(&self, channel: &str) -> bool {
+        match self {
+            Self::Redis(r) => r.hears(channel),
+            #[cfg(feature = "postgres")]
+            Self::Postgres(_) => false,
         }
     }
 
@@ -234,6 +265,9 @@ impl Backend {
     pub(crate) fn slot(&self, key: &str) -> Option<u16> {
         match self {
             Self::Redis(r) => r.slot(key),
+            // All on one server: a multi-lock is taken in one call (name by name inside it).
+            #[cfg(feature = "postgres")]
+            Self::Postgres(_) => None,
         }
     }
 
@@ -242,6 +276,8 @@ impl Backend {
     pub(crate) fn is_remote(&self) -> bool {
         match self {
             Self::Redis(r) => !r.is_memory(),
+            #[cfg(feature = "postgres")]
+            Self::Postgres(_) => true,
         }
     }
 
@@ -250,6 +286,8 @@ impl Backend {
     pub(crate) fn runs_frozen_layout(&self) -> bool {
         match self {
             Self::Redis(r) => r.runs_frozen_layout(),
+            #[cfg(feature = "postgres")]
+            Self::Postgres(_) => false,
         }
     }
 
@@ -258,6 +296,8 @@ impl Backend {
     pub(crate) fn wall_ms(&self) -> u64 {
         match self {
             Self::Redis(r) => r.wall_ms(),
+            #[cfg(feature = "postgres")]
+            Self::Postgres(_) => postgres::wall_ms(),
         }
     }
 
@@ -265,12 +305,33 @@ impl Backend {
     pub(crate) fn command_timeout(&self) -> Duration {
         match self {
             Self::Redis(r) => r.command_timeout(),
+            #[cfg(feature = "postgres")]
+            Self::Postgres(p) => p.command_timeout(),
+        }
+    }
+
+    /// Whether locks of `kind` can be taken here: a [`LockError::Config`] naming what is not.
+    #[cfg_attr(not(feature = "postgres"), allow(unused_variables))]
+    pub(crate) fn offers(&self, kind: &crate::name::KeyKind) -> Result<(), crate::LockError> {
+        match self {
+            Self::Redis(_) => Ok(()),
+            #[cfg(feature = "postgres")]
+            Self::Postgres(_) => match kind {
+                crate::name::KeyKind::Lock => Ok(()),
+                other => Err(crate::LockError::Config(format!(
+                    "a postgres `Locker` offers plain locks only (and multi-locks of them), \
+                     not `{}` locks: fair locks, semaphores and read-write locks need Redis",
+                    other.label()
+                ))),
+            },
         }
     }
 
     pub(crate) fn kind(&self) -> &'static str {
         match self {
             Self::Redis(r) => r.kind(),
+            #[cfg(feature = "postgres")]
+            Self::Postgres(_) => "postgres",
         }
     }
 }
@@ -286,6 +347,8 @@ impl Session {
     ) -> Result<AcquireReply, BackendError> {
         match self {
             Self::Redis(r, c) => r.acquire(c, keys, owner, lease, fence_ttl, turn).await,
+            #[cfg(feature = "postgres")]
+            Self::Postgres(p) => p.acquire(keys, owner, lease).await,
         }
     }
 
@@ -297,6 +360,8 @@ impl Session {
     ) -> Result<(), BackendError> {
         match self {
             Self::Redis(r, c) => r.set_permits(c, keys, permits).await,
+            #[cfg(feature = "postgres")]
+            Self::Postgres(_) => Err(unsupported("permit")),
         }
     }
 
@@ -307,6 +372,8 @@ impl Session {
     ) -> Result<(u32, Option<u32>), BackendError> {
         match self {
             Self::Redis(r, c) => r.permits(c, keys).await,
+            #[cfg(feature = "postgres")]
+            Self::Postgres(_) => Err(unsupported("permit")),
         }
     }
 
@@ -326,6 +393,8 @@ impl Session {
                 r.acquire_fair(c, keys, (owner, place), lease, fence_ttl, alive)
                     .await
             }
+            #[cfg(feature = "postgres")]
+            Self::Postgres(_) => Err(unsupported("fair")),
         }
     }
 
@@ -338,6 +407,8 @@ impl Session {
     ) -> Result<AcquireAllReply, BackendError> {
         match self {
             Self::Redis(r, c) => r.acquire_all(c, locks, lease, fence_ttl).await,
+            #[cfg(feature = "postgres")]
+            Self::Postgres(p) => p.acquire_all(locks, lease).await,
         }
     }
 
@@ -345,6 +416,8 @@ impl Session {
     pub(crate) async fn inspect(&self, keys: &NameKeys) -> Result<RawInfo, BackendError> {
         match self {
             Self::Redis(r, c) => r.inspect(c, keys).await,
+            #[cfg(feature = "postgres")]
+            Self::Postgres(p) => p.inspect(keys).await,
         }
     }
 
@@ -353,6 +426,8 @@ impl Session {
     pub(crate) async fn force_release(&self, keys: &NameKeys) -> Result<u64, BackendError> {
         match self {
             Self::Redis(r, c) => r.force_release(c, keys).await,
+            #[cfg(feature = "postgres")]
+            Self::Postgres(p) => p.force_release(keys).await,
         }
     }
 
@@ -366,6 +441,8 @@ impl Session {
     ) -> Result<Option<u64>, BackendError> {
         match self {
             Self::Redis(r, c) => r.fence(c, keys, owner, fence_ttl).await,
+            #[cfg(feature = "postgres")]
+            Self::Postgres(p) => Ok(p.fence(keys, owner).await),
         }
     }
 
@@ -377,6 +454,8 @@ impl Session {
     ) -> Result<AcquireReply, BackendError> {
         match self {
             Self::Redis(r, c) => r.holds(c, keys, owner).await,
+            #[cfg(feature = "postgres")]
+            Self::Postgres(p) => p.holds_lock(keys, owner).await,
         }
     }
 
@@ -391,6 +470,8 @@ impl Session {
     ) -> Result<ReleaseReply, BackendError> {
         match self {
             Self::Redis(r, c) => r.release(c, keys, owner, handed_to, keep).await,
+            #[cfg(feature = "postgres")]
+            Self::Postgres(p) => p.release(keys, owner, handed_to, keep).await,
         }
     }
 
@@ -404,6 +485,8 @@ impl Session {
     ) -> Result<ReleaseReply, BackendError> {
         match self {
             Self::Redis(r, c) => r.clean_up(c, keys, owner, keep).await,
+            #[cfg(feature = "postgres")]
+            Self::Postgres(p) => p.release(keys, owner, None, keep).await,
         }
     }
 
@@ -421,6 +504,8 @@ impl Session {
     ) -> Result<(), BackendError> {
         match self {
             Self::Redis(r, c) => r.leave_turn(c, keys, locker, since, last, granted_to).await,
+            #[cfg(feature = "postgres")]
+            Self::Postgres(_) => Ok(()),
         }
     }
 
@@ -434,6 +519,14 @@ impl Session {
     ) -> Result<HandoffReply, BackendError> {
         match self {
             Self::Redis(r, c) => r.handoff(c, keys, from, to, lease, fence_ttl).await,
+            #[cfg(feature = "postgres")]
+            Self::Postgres(_) => Err(unsupported("hand-over")),
         }
     }
+}
+
+/// What a PostgreSQL `Locker` answers a call for a kind it does not offer.
+#[cfg(feature = "postgres")]
+fn unsupported(kind: &'static str) -> BackendError {
+    BackendError::unsupported(kind, "postgres")
 }

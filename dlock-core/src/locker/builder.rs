@@ -64,6 +64,8 @@ enum Source {
     SentinelUrls(Vec<String>, String),
     #[cfg(feature = "sentinel")]
     Sentinel(Box<redis::sentinel::SentinelClient>, String),
+    #[cfg(feature = "postgres")]
+    Postgres(super::postgres::PgSource),
 }
 
 impl fmt::Debug for LockerBuilder {
@@ -87,6 +89,8 @@ impl fmt::Debug for LockerBuilder {
             Source::SentinelUrls(_, name) | Source::Sentinel(_, name) => {
                 format!("sentinel master `{name}`")
             }
+            #[cfg(feature = "postgres")]
+            Source::Postgres(source) => source.display(),
         };
         f.debug_struct("LockerBuilder")
             .field("source", &source)
@@ -99,9 +103,15 @@ impl fmt::Debug for LockerBuilder {
 
 impl LockerBuilder {
     /// Connect to this Redis URL (a connection manager that reconnects by itself, plus one
-    /// subscriber connection for wake-ups).
+    /// subscriber connection for wake-ups). A `postgres://` or `postgresql://` URL is
+    /// [`postgres_url`](Self::postgres_url)'s (with the `postgres` feature).
     pub fn url(mut self, url: impl Into<String>) -> Self {
-        self.source = Source::Url(url.into());
+        let url = url.into();
+        #[cfg(feature = "postgres")]
+        if is_postgres_url(&url) {
+            return self.postgres_url(url);
+        }
+        self.source = Source::Url(url);
         self
     }
 
@@ -212,6 +222,29 @@ impl LockerBuilder {
         master_name: impl Into<String>,
     ) -> Self {
         self.source = Source::Sentinel(Box::new(client), master_name.into());
+        self
+    }
+
+    /// Lock on PostgreSQL, reached by this URL (`postgres://user:password@host/database`):
+    /// each lock is a session advisory lock held on a connection the `Locker` opens and
+    /// watches, woken by `LISTEN`/`NOTIFY`, fenced by a sequence (see the README's "Redis or
+    /// PostgreSQL?" for what a lease means there and which kinds are offered). `build`
+    /// connects once (with [`connect_lazily`](Self::connect_lazily), the first lock does).
+    #[cfg(feature = "postgres")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+    pub fn postgres_url(mut self, url: impl Into<String>) -> Self {
+        self.source = Source::Postgres(super::postgres::PgSource::Url(url.into()));
+        self
+    }
+
+    /// Lock on the PostgreSQL database of an application's sqlx pool, as
+    /// [`postgres_url`](Self::postgres_url) does. The `Locker` connects as the pool does, on
+    /// connections of its own: a lock held on a pooled connection would pass with it to its next
+    /// user.
+    #[cfg(feature = "postgres")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+    pub fn postgres(mut self, pool: sqlx::PgPool) -> Self {
+        self.source = Source::Postgres(super::postgres::PgSource::Pool(pool));
         self
     }
 
@@ -414,8 +447,7 @@ impl LockerBuilder {
         let fsync = matches!(self.replica_ack, AckChoice::On(a) if a.fsyncs()) && !self.lazy;
         let frozen = self.frozen_layout;
         let locker = self.build_locker().await?;
-        if let Some(layout) = frozen {
-            let Backend::Redis(backend) = &locker.engine.inner.backend;
+        if let (Some(layout), Backend::Redis(backend)) = (frozen, &locker.engine.inner.backend) {
             backend.run_frozen_layout(layout);
         }
         if fsync {
@@ -446,6 +478,17 @@ impl LockerBuilder {
         let sentinel = matches!(self.source, Source::SentinelUrls(..) | Source::Sentinel(..));
         #[cfg(not(feature = "sentinel"))]
         let sentinel = false;
+        #[cfg(feature = "postgres")]
+        let postgres = matches!(self.source, Source::Postgres(_));
+        #[cfg(not(feature = "postgres"))]
+        let postgres = false;
+        if postgres && matches!(self.replica_ack, AckChoice::On(_)) {
+            return Err(LockError::Config(
+                "replica acknowledgement waits for Redis replicas; a postgres `Locker` has none \
+                 to wait for (PostgreSQL's own replication settings apply)"
+                    .into(),
+            ));
+        }
         let ack = self
             .replica_ack
             .resolve(command_timeout, cluster || sentinel);
@@ -488,7 +531,8 @@ impl LockerBuilder {
             fence_ttl: self.fence_ttl.unwrap_or(Some(DEFAULT_FENCE_TTL)),
             poll_interval: self.poll_interval.unwrap_or(DEFAULT_POLL_INTERVAL),
             // A hand-over is a grant nobody could roll back when it is not acknowledged.
-            handoff: self.handoff.unwrap_or(true) && ack.is_none(),
+            // And on PostgreSQL a release only unlocks: the next waiter's attempt takes it.
+            handoff: self.handoff.unwrap_or(true) && ack.is_none() && !postgres,
             metrics_name_label: self.metrics_name_label,
             hide_names: self.hide_names,
             holder_label: check_holder_label(self.holder_label)?,
@@ -572,6 +616,10 @@ impl LockerBuilder {
                     (command_timeout, connect_timeout),
                 ));
             }
+            #[cfg(feature = "postgres")]
+            Source::Postgres(source) => {
+                return super::postgres::locker(source, self.lazy, config, command_timeout).await;
+            }
             #[cfg(feature = "sentinel")]
             source @ (Source::SentinelUrls(..) | Source::Sentinel(..)) => {
                 let (client, sentinels, name) = match source {
@@ -597,6 +645,11 @@ impl LockerBuilder {
             }
             Source::Url(url) => {
                 let display = redact_url(&url);
+                if is_postgres_url(&url) {
+                    return Err(LockError::Config(format!(
+                        "`{display}` is a PostgreSQL URL: enable dlock-core's `postgres` feature"
+                    )));
+                }
                 let client = redis::Client::open(url.as_str()).map_err(|e| {
                     LockError::Config(format!("bad redis url `{display}`: {}", url_error(&e)))
                 })?;
@@ -642,4 +695,10 @@ impl LockerBuilder {
             display,
         ))
     }
+}
+
+/// Whether `url` names a PostgreSQL server (`postgres://` or `postgresql://`).
+fn is_postgres_url(url: &str) -> bool {
+    let scheme = url.split_once("://").map_or("", |(scheme, _)| scheme);
+    scheme.eq_ignore_ascii_case("postgres") || scheme.eq_ignore_ascii_case("postgresql")
 }

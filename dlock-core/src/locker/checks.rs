@@ -34,7 +34,11 @@ pub(super) fn tls_ready(at: &str) -> Result<(), LockError> {
 /// `WAITAOF` is there (Redis / Valkey 7.2 or newer), asked with `COMMAND INFO`; a server that
 /// can't be asked now is left to answer the first write.
 pub(super) async fn waitaof_supported(locker: &Locker) -> Result<(), LockError> {
-    let Backend::Redis(backend) = &locker.engine.inner.backend;
+    let backend = match &locker.engine.inner.backend {
+        Backend::Redis(backend) => backend,
+        #[cfg(feature = "postgres")]
+        Backend::Postgres(_) => return Ok(()),
+    };
     match backend.knows_command("WAITAOF").await {
         Ok(false) => Err(LockError::Config(
             "replica acknowledgement with fsync needs WAITAOF (Redis or Valkey 7.2 or newer); \

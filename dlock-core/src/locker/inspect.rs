@@ -46,7 +46,8 @@ pub struct LockInfo {
     pub last_fencing_token: Option<FencingToken>,
     /// How many `Locker`s are waiting for a release (subscribers of the name's wake-up
     /// channel: one per `Locker`, however many of its tasks wait; `Locker`s that poll are not
-    /// counted).
+    /// counted). A `Locker` stays subscribed for 100 ms after its last wait for the name ended
+    /// (not on a Cluster), and is counted meanwhile.
     pub waiting_lockers: u64,
     /// How many waiters stand in the name's fair line ([`Locker::fair_lock`]; 0 for a plain
     /// lock), dead ones whose time is not yet up included.
@@ -96,6 +97,16 @@ impl Locker {
                 // `{name}` and the kinds' keys after it: `{name}:write`, `{name}:permits`, ...
                 let glob = format!("{}{{{pattern}}}*", escape_glob(prefix));
                 (r.scan(&glob).await).map_err(operator_error)?
+            }
+            // An advisory lock is a number in `pg_locks`: the name it was made from is not
+            // kept anywhere to be listed.
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(_) => {
+                return Err(LockError::Config(
+                    "a postgres `Locker` cannot list names: PostgreSQL keeps each lock as a \
+                     number made from its name; inspect a name you know instead"
+                        .into(),
+                ));
             }
         };
         let mut names: Vec<String> = (keys.iter())

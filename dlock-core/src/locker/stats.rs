@@ -19,6 +19,9 @@ pub struct LockerStats {
     /// Whether the subscriber connection is up (false before the first wait; always true on a
     /// [`MemoryStore`](crate::MemoryStore)).
     pub subscriber_connected: bool,
+    /// Locks a release of this `Locker` handed to one of its own waiters in the same step
+    /// (one script call), since it was built.
+    pub handed_over: u64,
 }
 
 impl Locker {
@@ -34,13 +37,18 @@ impl Locker {
     /// # }
     /// ```
     pub fn stats(&self) -> LockerStats {
-        let Backend::Redis(backend) = &self.engine.inner.backend;
+        let (watched_names, subscriber_connected) = match &self.engine.inner.backend {
+            Backend::Redis(backend) => (backend.watched_channels(), backend.subscriber_healthy()),
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(backend) => (backend.watched_channels(), backend.listening()),
+        };
         LockerStats {
             renewed_holds: self.engine.inner.watchdog.len(),
             renewal_round_trips: self.engine.inner.watchdog.round_trips(),
-            watched_names: backend.watched_channels(),
+            watched_names,
             queued_names: self.engine.queue_count(),
-            subscriber_connected: backend.subscriber_healthy(),
+            subscriber_connected,
+            handed_over: (self.engine.inner.handed_over).load(std::sync::atomic::Ordering::Relaxed),
         }
     }
 }

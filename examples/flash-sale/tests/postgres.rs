@@ -1,135 +1,13 @@
 //! The shop on PostgreSQL (`DATABASE_URL=postgres://…`): the same flow as on SQLite, against a
 //! real server started for the test.
 
-use std::path::PathBuf;
-use std::process::Command;
 use std::time::{Duration, Instant};
+
+use dlock_tests::PostgresServer as Postgres;
 
 use flash_sale::demo;
 use flash_sale::loadgen::LoadConfig;
 use flash_sale::server::RedisTarget;
-
-/// A throwaway PostgreSQL cluster on a free loopback port, stopped on drop.
-struct Postgres {
-    bin: PathBuf,
-    dir: tempfile::TempDir,
-    port: u16,
-}
-
-fn postgres_bin() -> PathBuf {
-    let versions = std::fs::read_dir("/usr/lib/postgresql")
-        .ok()
-        .into_iter()
-        .flatten();
-    let mut found: Vec<PathBuf> = versions
-        .filter_map(Result::ok)
-        .map(|e| e.path().join("bin"))
-        .filter(|p| p.join("initdb").exists())
-        .collect();
-    found.sort();
-    found.pop().unwrap_or_else(|| {
-        panic!("PostgreSQL is needed for this test: install it with `apt-get install postgresql`")
-    })
-}
-
-/// Runs `program` as the `postgres` user when we are root (initdb refuses to run as root).
-fn as_postgres(program: &PathBuf, args: &[&str]) -> Command {
-    let root = Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
-    if root {
-        let mut command = Command::new("runuser");
-        command
-            .arg("-u")
-            .arg("postgres")
-            .arg("--")
-            .arg(program)
-            .args(args);
-        command
-    } else {
-        let mut command = Command::new(program);
-        command.args(args);
-        command
-    }
-}
-
-impl Postgres {
-    fn start() -> Self {
-        let bin = postgres_bin();
-        let dir = tempfile::tempdir().unwrap();
-        let _ = Command::new("chown")
-            .arg("postgres:postgres")
-            .arg(dir.path())
-            .status();
-        let data = dir.path().join("data");
-        let data = data.to_str().unwrap();
-        let out = as_postgres(
-            &bin.join("initdb"),
-            &["-D", data, "--auth=trust", "-U", "postgres"],
-        )
-        .output()
-        .expect("initdb");
-        assert!(
-            out.status.success(),
-            "initdb: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let options = format!(
-            "-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off",
-            dir.path().display()
-        );
-        let log = dir.path().join("pg.log");
-        let out = as_postgres(
-            &bin.join("pg_ctl"),
-            &[
-                "-D",
-                data,
-                "-o",
-                &options,
-                "-l",
-                log.to_str().unwrap(),
-                "-w",
-                "start",
-            ],
-        )
-        .output()
-        .expect("pg_ctl start");
-        assert!(
-            out.status.success(),
-            "pg_ctl: {}\n{}",
-            String::from_utf8_lossy(&out.stderr),
-            std::fs::read_to_string(&log).unwrap_or_default()
-        );
-        Self { bin, dir, port }
-    }
-
-    fn url(&self) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
-    }
-}
-
-impl Drop for Postgres {
-    fn drop(&mut self) {
-        let data = self.dir.path().join("data");
-        let _ = as_postgres(
-            &self.bin.join("pg_ctl"),
-            &[
-                "-D",
-                data.to_str().unwrap_or_default(),
-                "-m",
-                "immediate",
-                "stop",
-            ],
-        )
-        .output();
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_shop_runs_on_postgres_without_duplicates_or_oversell() {
