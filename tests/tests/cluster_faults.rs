@@ -449,6 +449,51 @@ async fn a_fair_lock_or_writer_released_during_a_slot_migration_answers() {
     assert!(read.release().await.is_released());
 }
 
+/// The same over an application's cluster connection with redis-rs's default retries, which
+/// go on retrying `TRYAGAIN` for seconds, past the command timeout: the line's keys are named
+/// only for part of it, and the lock's key alone in the rest. With the lock's key moved already
+/// and the line's keys still on the old master, a script naming them all can't run until the
+/// move ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_lock_or_writer_released_during_a_slot_migration_answers_over_an_applications_connection()
+ {
+    let cluster = block_in_place(RedisCluster::start);
+    let client = redis::cluster::ClusterClient::new(cluster.seed_urls()).expect("a cluster client");
+    let conn = (client.get_async_connection().await).expect("a cluster connection");
+    let locker = (Locker::builder()
+        .cluster_connection(conn)
+        .wake_by_polling()
+        .command_timeout(Duration::from_millis(800))
+        .build())
+    .await
+    .expect("a locker over an application's cluster connection");
+    let rival = cluster.locker(Duration::from_secs(30)).await;
+    let name = unique_name("cluster-migrating-lines-app");
+    let lock_key = locker.key_of(name.as_str()).unwrap();
+    let slot = key_slot(lock_key.as_bytes());
+    let (_, to) = move_from_to(&cluster, slot);
+    let fair = locker
+        .fair_lock(name.as_str())
+        .await
+        .expect("the fair lock");
+    let write = locker
+        .read_write_lock(name.as_str())
+        .write()
+        .await
+        .expect("the write lock");
+    let tried = rival
+        .fair_lock(name.as_str())
+        .wait(Duration::from_millis(50))
+        .await;
+    assert!(tried.is_err(), "the fair lock is held");
+    let migration = block_in_place(|| cluster.begin_migration(slot, to.port));
+    let write_key = format!("{lock_key}:write");
+    block_in_place(|| cluster.migrate_keys(&migration, &[&lock_key, &write_key]));
+    released_at_once("the fair lock, its key moved", fair.release()).await;
+    released_at_once("the writer, its key moved", write.release()).await;
+    block_in_place(|| cluster.finish_migration(migration));
+}
+
 /// Holds in a slot that stays migrating for longer than their lease — some keys moved, some not
 /// (a large slot being resharded) — are renewed wherever their keys are.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

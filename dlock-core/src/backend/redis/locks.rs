@@ -11,7 +11,7 @@ use crate::backend::{
 };
 use crate::error::BackendError;
 use crate::name::{KeyKind, LockKeys, NameKeys};
-use crate::protocol::{self, Released, millis};
+use crate::protocol::{self, Publish, Released, millis};
 
 /// A release script's answer when it released and published a wake-up that nobody heard on a
 /// cluster node (see [`RedisBackend::wake_again`]).
@@ -282,14 +282,22 @@ impl RedisBackend {
         keep: Option<Duration>,
     ) -> Result<ReleaseReply, BackendError> {
         let call = self.script_call(&self.release_of(keys, owner, handed_to, keep));
+        // A release naming its line's keys on a cluster gets half the command timeout: while its
+        // slot moves, Redis refuses it (`TRYAGAIN`) until the move ends, and an application's
+        // cluster connection may go on retrying that for seconds (redis-rs's defaults) instead
+        // of saying so. The lock's key alone, in the other half, goes where that key is.
+        let started = tokio::time::Instant::now();
+        let line = matches!(self.publish(), Publish::Sharded) && names_line(keys);
+        let first_until = started + if line { self.timeout / 2 } else { self.timeout };
         // Not resent here when the connection drops: the engine sends it again itself, and so
         // knows that a hold found gone then may have been let go by the first try (which the
         // server may have run before it saw the connection close).
         let (mut reply, acknowledged): (i64, _) =
-            match self.invoke(conn, call, false, self.ack).await {
-                Err(err) if moving_line(&err, keys) => {
+            match (self.invoke_until(conn, call, false, self.ack, first_until)).await {
+                Err(err) if moving_line(&err, keys) || (line && err.is_timeout()) => {
                     let alone = self.release_alone(keys, owner, handed_to, keep);
-                    self.invoke(conn, self.script_call(&alone), false, self.ack)
+                    let until = started + self.timeout;
+                    (self.invoke_until(conn, self.script_call(&alone), false, self.ack, until))
                         .await?
                 }
                 other => other?,
@@ -476,11 +484,16 @@ impl RedisBackend {
 /// released by its key alone (see the release script's mode 3; a permit given back then is
 /// kept for no claimant).
 fn moving_line(err: &BackendError, keys: &LockKeys) -> bool {
-    err.is_migrating()
-        && matches!(
-            keys.kind,
-            KeyKind::Fair(_) | KeyKind::Write(_) | KeyKind::Semaphore(_)
-        )
+    err.is_migrating() && names_line(keys)
+}
+
+/// Whether `keys`' release names keys besides the hold's own: a fair lock's or a writer's
+/// line, a semaphore's claim.
+fn names_line(keys: &LockKeys) -> bool {
+    matches!(
+        keys.kind,
+        KeyKind::Fair(_) | KeyKind::Write(_) | KeyKind::Semaphore(_)
+    )
 }
 
 fn acquire_all_reply(reply: &[i64], n: usize) -> Result<AcquireAllReply, BackendError> {
