@@ -88,6 +88,11 @@ pub enum FaultKind {
     /// node answers or times out. So it may delay any name's commands — not the watchdog's
     /// renewals, which go to each master on a connection of their own. It loses nothing.
     SlotMapStall,
+    /// PostgreSQL sessions ended under their holds: killed (`pg_terminate_backend`), or dropped
+    /// by their locker when a query went unanswered (the server paused, the connection cut or
+    /// stalled), the server ending them when it sees that. Their locks are free at once, while
+    /// their guards believe them until the next renewal.
+    SessionEnded,
 }
 
 impl FaultKind {
@@ -95,7 +100,12 @@ impl FaultKind {
     pub fn destructive(self) -> bool {
         matches!(
             self,
-            Self::Del | Self::Restart | Self::Clobber | Self::Switch | Self::MasterKilled
+            Self::Del
+                | Self::Restart
+                | Self::Clobber
+                | Self::Switch
+                | Self::MasterKilled
+                | Self::SessionEnded
         )
     }
 }
@@ -218,6 +228,9 @@ pub enum FaultFamily {
     Remote,
     /// No faults at all (`dlock check` without `--faults`).
     Quiet,
+    /// PostgreSQL: sessions killed (`pg_terminate_backend`), the server paused (`SIGSTOP`) and
+    /// restarted, one client's connections cut or stalled (see `run_postgres`).
+    Postgres,
     /// Independent masters under a `MasterSet`: a master hung or killed (restarted empty once
     /// its leases ran out), one client stalled or cut from one master. The run deals these
     /// itself (see `run_masters`).
@@ -358,6 +371,8 @@ impl FaultPlan {
             FaultFamily::Mixed => (between(rng, 50, 300), [20, 25, 10, 20, 0, 15, 10, 0]),
             FaultFamily::Memory => (between(rng, 20, 500), [0, 60, 0, 0, 40, 0, 0, 0]),
             FaultFamily::Remote => (between(rng, 100, 500), [0, 30, 0, 30, 0, 15, 25, 0]),
+            // pause, terminate, restart, cut, -, -, stall
+            FaultFamily::Postgres => (between(rng, 100, 600), [20, 35, 10, 20, 0, 0, 15, 0]),
             FaultFamily::Cluster | FaultFamily::Sentinel => {
                 unreachable!("distributed faults are dealt from a deck")
             }
@@ -479,6 +494,8 @@ pub(crate) enum Targets {
     Memory(MemoryTargets),
     /// A cluster or a sentinel set-up (see `distributed`).
     Distributed(super::distributed::DistributedTargets),
+    /// A PostgreSQL server (see `on_postgres`).
+    Postgres(super::on_postgres::PgTargets),
 }
 
 /// How long an admin command may take.
@@ -503,6 +520,19 @@ impl Targets {
                 history.fault(rec);
             }
             return !recs.is_empty();
+        }
+        if let Self::Postgres(t) = self {
+            let applied = t.apply(fault).await;
+            let to = Instant::now();
+            for &(kind, reach) in &applied {
+                history.fault(FaultRec {
+                    kind,
+                    reach,
+                    from,
+                    to,
+                });
+            }
+            return !applied.is_empty();
         }
         let (kind, reach, applied) = match (self, fault) {
             (Self::Redis(t), FaultSpec::FlushThenPause(d)) => {
@@ -618,6 +648,9 @@ impl Targets {
     pub(crate) async fn settle(&self) {
         if let Self::Distributed(t) = self {
             t.heal();
+        }
+        if let Self::Postgres(t) = self {
+            t.settle();
         }
         if let Self::Redis(t) = self {
             t.proxy.restore();

@@ -252,9 +252,14 @@ fn holds(
         };
         let p = &holds[parent];
         // Once a fault destroyed the hold, nothing may re-enter it: the key is gone for good.
-        let destroyed_before = faults
-            .iter()
-            .any(|f| f.kind.destructive() && f.hits(r.name) && f.from > p.start && f.to < r.call);
+        // (A fault that reached one locker alone, as a PostgreSQL client's cut connections do,
+        // destroyed no other locker's hold.)
+        let destroyed_before = faults.iter().any(|f| {
+            f.kind.destructive()
+                && f.reach.hits_hold(r.name, r.locker)
+                && f.from > p.start
+                && f.to < r.call
+        });
         if destroyed_before {
             out.push(Violation {
                 invariant: Invariant::Reentry,

@@ -4,7 +4,8 @@
 //! `dlock check` (the `dlock` command line, crate `dlock-cli`) runs it against a server of the
 //! user's own with [`run_remote`]; dlock's own tests run it on the memory backend
 //! ([`run_memory`]), on one server ([`run_redis`]), on a Redis Cluster ([`run_cluster`]), on a
-//! Sentinel set-up ([`run_sentinel`]) and on independent masters ([`run_masters`]), with faults.
+//! Sentinel set-up ([`run_sentinel`]), on independent masters ([`run_masters`]) and on
+//! PostgreSQL ([`run_postgres`]), with faults.
 //!
 //! A run starts several lockers on one backend, has many worker tasks run randomly generated
 //! sessions over a few hot names (acquire with random waits and leases, `try_lock`, re-entry in a
@@ -84,6 +85,7 @@ mod lag;
 pub mod latency;
 mod leftovers;
 mod masters;
+mod on_postgres;
 mod ops;
 mod plan;
 mod remote;
@@ -103,6 +105,7 @@ pub use history::{History, HistoryDigest};
 pub use invariants::{Invariant, Violation};
 pub use latency::{Latencies, Spread};
 pub use masters::{MastersFigures, MastersReport, run_masters};
+pub use on_postgres::run_postgres;
 pub use ops::SLACK;
 pub use remote::{Remote, RemoteError, run_remote};
 pub use run::{Report, run_memory, run_redis};

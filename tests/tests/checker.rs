@@ -1,6 +1,7 @@
 //! The history checker in CI: at least 20,000 operations with faults against Redis, split over
 //! one test per fault family (nextest runs them in parallel processes), and 200,000 against the
-//! memory backend on a paused clock, where a seed replays the same history.
+//! memory backend on a paused clock, where a seed replays the same history; and 3,000 against
+//! PostgreSQL, with the faults that end its sessions.
 //!
 //! What it found on its own in the core it was first run against, each now fixed with a
 //! regression test of its own: `extend()` to a shorter lease leaving `valid_until` where it was
@@ -19,7 +20,7 @@
 //! Each test prints its seed; `DLOCK_CHECKER_SEED=<n>` replays one (see `dlock_tests::checker`
 //! for what replays and what does not), `DLOCK_CHECKER_OPS=<n>` sets the number of operations.
 
-use dlock_tests::checker::{Config, FaultFamily, run_memory, run_redis};
+use dlock_tests::checker::{Config, FaultFamily, run_memory, run_postgres, run_redis};
 
 /// Operations per Redis test (four tests).
 const REDIS_OPS: usize = 5_000;
@@ -77,6 +78,31 @@ async fn checker_redis_proxy_cut() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checker_redis_mixed() {
     redis(FaultFamily::Mixed).await;
+}
+
+/// Operations of the PostgreSQL test.
+const POSTGRES_OPS: usize = 3_000;
+
+/// On PostgreSQL (its plain locks: the only kind it offers), with sessions killed, the server
+/// paused and restarted, one client's connections cut and stalled. Every one of those frees the
+/// sessions' locks at once: an overlap it reaches is excused and counted, as a Redis `DEL`'s is;
+/// anything else that costs a hold, a lock left in `pg_locks` at the end or a call past its
+/// bound is a violation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checker_postgres_sessions_ended() {
+    let config = Config::from_env(FaultFamily::Postgres, POSTGRES_OPS);
+    let report = run_postgres(config).await;
+    report.assert_clean();
+    if config.ops >= POSTGRES_OPS {
+        assert!(report.guards > 0, "{}", report.summary());
+        for fault in ["Del", "Pause", "Restart", "Cut"] {
+            let injected = report
+                .faults
+                .iter()
+                .any(|(k, n)| k.contains(fault) && *n > 0);
+            assert!(injected, "no {fault} fault: {}", report.summary());
+        }
+    }
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]

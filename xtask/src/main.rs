@@ -118,13 +118,14 @@ fn test() -> Result<(), String> {
     // compiled again). Compile-fail tests and the in-memory checker never start a server: once
     // is enough. The checker's cluster and sentinel runs and the harness's own cluster and
     // sentinel checks (two minutes of the CI's two cores) run on Redis only; the cluster and
-    // sentinel tests of the lock run on both.
+    // sentinel tests of the lock run on both. What talks to PostgreSQL alone runs once.
     let filter = [
         "--workspace",
         "-E",
         "(package(dlock-checker) | package(dlock-tests) | package(dlock-macros) \
          | package(dlock-tower)) & not (binary(ui) | test(=checker_memory_paused_clock) \
-         | binary(checker_distributed) | binary(cluster_harness))",
+         | binary(checker_distributed) | binary(cluster_harness) | binary(postgres) \
+         | test(=checker_postgres_sessions_ended))",
     ];
     cargo(
         &nextest,
