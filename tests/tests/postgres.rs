@@ -182,6 +182,34 @@ async fn a_killed_session_is_noticed_and_its_guarded_work_cancelled() {
     assert!(again.release().await.is_released());
 }
 
+/// A lock an `at_least` release keeps, on a session an operator then ends: the server unlocked
+/// it with the session, and once the kept time is over the `Locker` takes it again. The first
+/// query on a killed session is answered with the server's FATAL error, not a broken
+/// connection; taken for an error of the query alone, it left the kept lock in the `Locker`'s
+/// books, and every later request of the `Locker` found the name taken by nobody, forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_lock_whose_session_was_killed_is_free_again_after_the_kept_time() {
+    let pg = PostgresServer::start();
+    let a = locker(&pg.url()).await;
+    let name = unique_name("pg-kept-killed");
+    let guard = (a.lock(name.as_str()).at_least(Duration::from_millis(500)))
+        .await
+        .expect("lock");
+    assert!(guard.release().await.is_released());
+    let ended = sql(
+        &pg.url(),
+        "SELECT count(pg_terminate_backend(pid))::bigint FROM pg_locks \
+         WHERE locktype = 'advisory' AND objsubid = 1 AND granted",
+    )
+    .await;
+    assert_eq!(ended, [1], "the kept lock's session");
+    let again = (a.lock(name.as_str()).wait(Duration::from_secs(5)))
+        .await
+        .expect("free again once the kept time is over");
+    assert!(again.release().await.is_released());
+    assert!(holders(&pg.url()).await.is_empty());
+}
+
 /// A client cut off from the server (its connections stalled, as by a partition or a paused
 /// process) says nothing: the server ends its session after the lease and unlocks, and the
 /// client's guard stopped believing it held the lock before anyone else could take it.

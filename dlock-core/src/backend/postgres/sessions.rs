@@ -105,8 +105,9 @@ impl PgBackend {
             Ok(Err(err)) => {
                 let failed = BackendError::postgres(&err);
                 // An error the server sent over a working session (a missing sequence, a
-                // refused right) leaves the session as it was.
-                if !matches!(err, sqlx::Error::Database(_)) {
+                // refused right) leaves the session as it was; one it sent as it ended the
+                // session (FATAL: `pg_terminate_backend`, a shutdown) does not.
+                if !session_goes_on(&err) {
                     self.broke(st, i);
                 }
                 Err(failed)
@@ -131,6 +132,18 @@ impl PgBackend {
                 .retain(|key, h| !(self.conn_of(*key) == i && h.generation == ended));
         }
     }
+}
+
+/// Whether the session is still there after `err`: an error the server answered a query with,
+/// not one it ended the session with (severity FATAL or PANIC, as for `pg_terminate_backend`)
+/// nor a broken connection.
+fn session_goes_on(err: &sqlx::Error) -> bool {
+    use sqlx::postgres::{PgDatabaseError, PgSeverity};
+    let sqlx::Error::Database(db) = err else {
+        return false;
+    };
+    !(db.try_downcast_ref::<PgDatabaseError>())
+        .is_some_and(|pg| matches!(pg.severity(), PgSeverity::Fatal | PgSeverity::Panic))
 }
 
 pub(super) fn gone() -> BackendError {
