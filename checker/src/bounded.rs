@@ -50,10 +50,12 @@ pub(super) fn check(history: &History, faults: &[FaultRec], out: &mut Vec<Violat
         out.push(Violation {
             invariant: Invariant::Bounded,
             summary: format!(
-                "worker w{} never finished its session (given up after {}): {}",
+                "worker w{} never finished its session (given up after {}): {}\n      \
+                 the lockers then: {}",
                 h.worker,
                 ms(h.to - h.from),
-                h.session
+                h.session,
+                h.lockers
             ),
             // Where it got stuck: the first seconds of the session.
             window: h

@@ -314,10 +314,12 @@ pub(crate) struct FaultPlan {
     steady: std::ops::Range<u8>,
 }
 
-/// The kinds (by their pick number in [`FaultPlan::next_fault`]) of a deck: a cluster's, and a
-/// sentinel set-up's.
+/// The kinds (by their pick number in [`FaultPlan::next_fault`]) of a deck: a cluster's, a
+/// sentinel set-up's, and a PostgreSQL server's.
 const CLUSTER_DECK: [usize; 9] = [1, 7, 8, 9, 10, 11, 13, 11, 14];
 const SENTINEL_DECK: [usize; 6] = [1, 7, 8, 9, 10, 12];
+/// PostgreSQL's: a pause, two session kills, a restart, a cut, a stall.
+const POSTGRES_DECK: [usize; 6] = [0, 1, 1, 2, 3, 6];
 
 fn between(rng: &mut StdRng, lo_ms: u64, hi_ms: u64) -> Duration {
     Duration::from_micros(rng.random_range(lo_ms * 1_000..=hi_ms * 1_000))
@@ -371,10 +373,8 @@ impl FaultPlan {
             FaultFamily::Mixed => (between(rng, 50, 300), [20, 25, 10, 20, 0, 15, 10, 0]),
             FaultFamily::Memory => (between(rng, 20, 500), [0, 60, 0, 0, 40, 0, 0, 0]),
             FaultFamily::Remote => (between(rng, 100, 500), [0, 30, 0, 30, 0, 15, 25, 0]),
-            // pause, terminate, restart, cut, -, -, stall
-            FaultFamily::Postgres => (between(rng, 100, 600), [20, 35, 10, 20, 0, 0, 15, 0]),
-            FaultFamily::Cluster | FaultFamily::Sentinel => {
-                unreachable!("distributed faults are dealt from a deck")
+            FaultFamily::Cluster | FaultFamily::Sentinel | FaultFamily::Postgres => {
+                unreachable!("distributed and PostgreSQL faults are dealt from a deck")
             }
             FaultFamily::Quiet => unreachable!("a quiet run plans no fault"),
             FaultFamily::Masters => unreachable!("a master-set run deals its own faults"),
@@ -400,6 +400,8 @@ impl FaultPlan {
             // every kind in turn, in a shuffled order.
             FaultFamily::Cluster => (between(&mut self.rng, 200, 800), self.deal(&CLUSTER_DECK)),
             FaultFamily::Sentinel => (between(&mut self.rng, 200, 800), self.deal(&SENTINEL_DECK)),
+            // Every kind in turn too, so a short run sees each (a restart among them).
+            FaultFamily::Postgres => (between(&mut self.rng, 100, 600), self.deal(&POSTGRES_DECK)),
             _ => self.draw(),
         };
         let (gap, pick) = pick;

@@ -427,6 +427,8 @@ pub(crate) struct HungRec {
     pub(crate) to: Instant,
     /// The session, as planned.
     pub(crate) session: String,
+    /// What each locker said of itself then ([`dlock_core::LockerStats`]).
+    pub(crate) lockers: String,
 }
 
 /// A guarded `run(work)` (for the check that it was cancelled when the hold ended).

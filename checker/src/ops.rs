@@ -645,12 +645,31 @@ pub(crate) async fn run_worker(ctx: Arc<Ctx>, worker: u16, sessions: Vec<Session
                 .rev()
                 .find(|e| e.worker == worker && e.at >= from)
                 .map(|e| e.name);
+            let mut lockers = Vec::new();
+            for a in ctx.actors.iter() {
+                let l = a.locker();
+                // What the locker says of the name too: who holds it, as the backend sees it.
+                let info = match name {
+                    Some(n) => {
+                        let inspect = l.inspect(ctx.name(n));
+                        match tokio::time::timeout(Duration::from_secs(2), inspect).await {
+                            Ok(Ok(info)) => format!(", the name: {info:?}"),
+                            Ok(Err(err)) => format!(", the name: {err}"),
+                            Err(_) => ", the name: no answer".to_owned(),
+                        }
+                    }
+                    None => String::new(),
+                };
+                lockers.push(format!("{}: {:?}{info}", a.label, l.stats()));
+            }
+            let lockers = lockers.join("; ");
             ctx.history.hung(super::history::HungRec {
                 worker,
                 name,
                 from,
                 to,
                 session: described,
+                lockers,
             });
             continue;
         };

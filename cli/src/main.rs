@@ -369,7 +369,7 @@ impl Target {
     /// Where the user told us to look, for a message (no URL: it may carry a password).
     fn describe(&self) -> &'static str {
         match self {
-            Self::Url(_) => "Redis (--url, DLOCK_URL)",
+            Self::Url(_) => "the server (--url, DLOCK_URL)",
             Self::Cluster(_) => "the cluster (--cluster, DLOCK_CLUSTER_URLS)",
             Self::Sentinel { .. } => "the sentinels (--sentinel, DLOCK_SENTINEL_URLS)",
         }
@@ -497,6 +497,13 @@ async fn run(cli: Cli, matches: &clap::ArgMatches) -> Result<(), Failure> {
                  sentinels, point it at one master's URL",
             ));
         };
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            return Err(Failure::new(
+                2,
+                "dlock check runs against Redis; dlock's own tests run the checker on \
+                 PostgreSQL",
+            ));
+        }
         let options = check::Options {
             url,
             prefix: cli.prefix.clone(),

@@ -283,7 +283,7 @@ fn bench_errors_are_clear() {
     let out = dlock(&nobody, &["bench", "--duration", "1s"]);
     assert_eq!(out.status.code(), Some(1), "{}", errors(&out));
     assert!(
-        errors(&out).starts_with("dlock: cannot reach Redis (--url, DLOCK_URL): "),
+        errors(&out).starts_with("dlock: cannot reach the server (--url, DLOCK_URL): "),
         "{}",
         errors(&out)
     );

@@ -45,7 +45,8 @@ mod env;
 #[non_exhaustive]
 pub struct LockerConfig {
     /// One Redis server, or a master its replicas follow (`DLOCK_URL`;
-    /// [`LockerBuilder::url`]).
+    /// [`LockerBuilder::url`]); with the `postgres` feature, a PostgreSQL database
+    /// (`postgres://`) instead.
     pub url: Option<String>,
     /// A certificate authority to trust for a `rediss://` [`url`](Self::url), beside the
     /// well-known roots: the path of a PEM file (`DLOCK_TLS_CA`; feature `tls-rustls`).

@@ -127,7 +127,12 @@ impl LockerConfig {
         let flag = |name: &str| text(name).map(|v| flag(name, &v)).transpose();
         let url = text("DLOCK_URL");
         if let Some(url) = &url {
-            check_url("DLOCK_URL", url, None)?;
+            // With the `postgres` feature, one server may be a PostgreSQL database too.
+            let postgres = cfg!(feature = "postgres")
+                && (url.starts_with("postgres://") || url.starts_with("postgresql://"));
+            if !postgres {
+                check_url("DLOCK_URL", url, None)?;
+            }
         }
         Ok(Self {
             url,
