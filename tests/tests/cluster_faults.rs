@@ -417,18 +417,7 @@ async fn a_fair_lock_or_writer_released_during_a_slot_migration_answers() {
     let name = unique_name("cluster-migrating-lines");
     let slot = key_slot(locker.key_of(name.as_str()).unwrap().as_bytes());
     let (_, to) = move_from_to(&cluster, slot);
-    let rw = locker.read_write_lock(name.as_str());
-    let fair = locker
-        .fair_lock(name.as_str())
-        .await
-        .expect("the fair lock");
-    let write = rw.write().await.expect("the write lock");
-    // Someone stood in the fair line and gave up: the line's keys exist.
-    let tried = rival
-        .fair_lock(name.as_str())
-        .wait(Duration::from_millis(50))
-        .await;
-    assert!(tried.is_err(), "the fair lock is held");
+    let (fair, write) = lines_held(&locker, &rival, &name).await;
     let migration = block_in_place(|| cluster.begin_migration(slot, to.port));
     released_at_once("the fair lock", fair.release()).await;
     released_at_once("the writer", write.release()).await;
@@ -472,26 +461,27 @@ async fn a_fair_lock_or_writer_released_during_a_slot_migration_answers_over_an_
     let lock_key = locker.key_of(name.as_str()).unwrap();
     let slot = key_slot(lock_key.as_bytes());
     let (_, to) = move_from_to(&cluster, slot);
-    let fair = locker
-        .fair_lock(name.as_str())
-        .await
-        .expect("the fair lock");
-    let write = locker
-        .read_write_lock(name.as_str())
-        .write()
-        .await
-        .expect("the write lock");
-    let tried = rival
-        .fair_lock(name.as_str())
-        .wait(Duration::from_millis(50))
-        .await;
-    assert!(tried.is_err(), "the fair lock is held");
+    let (fair, write) = lines_held(&locker, &rival, &name).await;
     let migration = block_in_place(|| cluster.begin_migration(slot, to.port));
     let write_key = format!("{lock_key}:write");
     block_in_place(|| cluster.migrate_keys(&migration, &[&lock_key, &write_key]));
     released_at_once("the fair lock, its key moved", fair.release()).await;
     released_at_once("the writer, its key moved", write.release()).await;
     block_in_place(|| cluster.finish_migration(migration));
+}
+
+/// `name`'s fair lock and write lock, held by `locker`, with a line behind the fair lock:
+/// someone of `rival` stood in it and gave up, so the line's keys exist.
+async fn lines_held(
+    locker: &Locker,
+    rival: &Locker,
+    name: &str,
+) -> (LockGuard, dlock_core::WriteGuard) {
+    let fair = locker.fair_lock(name).await.expect("the fair lock");
+    let write = (locker.read_write_lock(name).write().await).expect("the write lock");
+    let tried = rival.fair_lock(name).wait(Duration::from_millis(50)).await;
+    assert!(tried.is_err(), "the fair lock is held");
+    (fair, write)
 }
 
 /// Holds in a slot that stays migrating for longer than their lease — some keys moved, some not
