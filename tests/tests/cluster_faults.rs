@@ -470,6 +470,37 @@ async fn a_fair_lock_or_writer_released_during_a_slot_migration_answers_over_an_
     block_in_place(|| cluster.finish_migration(migration));
 }
 
+/// With writes that wait for a replica and the replica paused, a fair lock's or a writer's
+/// release runs on the master, and only its wait for the replica is late: the release by the
+/// lock's key alone that follows then finds the hold gone. That is no loss — the first let it go
+/// — and the release never says it was taken over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_line_release_whose_replica_is_paused_never_says_taken_over() {
+    let mut cluster = block_in_place(RedisCluster::start);
+    // The wait for the replica is longer than half the command timeout (which counts it).
+    let ack = ReplicaAck::new(1, Duration::from_millis(700));
+    let locker = (Locker::builder().cluster(cluster.seed_urls()))
+        .replica_ack(ack)
+        .command_timeout(Duration::from_millis(800))
+        .build()
+        .await
+        .expect("a locker on the cluster");
+    let rival = cluster.locker(Duration::from_secs(30)).await;
+    let name = unique_name("cluster-line-release-acked");
+    let slot = key_slot(locker.key_of(name.as_str()).unwrap().as_bytes());
+    let replica = cluster.replica_of(&cluster.master_for_slot(slot)).port;
+    let (fair, write) = lines_held(&locker, &rival, &name).await;
+    block_in_place(|| cluster.pause(replica));
+    let (fair, write) = (fair.release().await, write.release().await);
+    block_in_place(|| cluster.resume(replica));
+    for (what, outcome) in [("the fair lock", fair), ("the writer", write)] {
+        assert!(
+            !matches!(outcome, dlock_core::ReleaseOutcome::TakenOver),
+            "{what}: {outcome:?}"
+        );
+    }
+}
+
 /// `name`'s fair lock and write lock, held by `locker`, with a line behind the fair lock:
 /// someone of `rival` stood in it and gave up, so the line's keys exist.
 async fn lines_held(

@@ -292,13 +292,31 @@ impl RedisBackend {
         // Not resent here when the connection drops: the engine sends it again itself, and so
         // knows that a hold found gone then may have been let go by the first try (which the
         // server may have run before it saw the connection close).
+        let alone = |until| {
+            let alone = self.release_alone(keys, owner, handed_to, keep);
+            async move {
+                let call = self.script_call(&alone);
+                self.invoke_until::<i64>(conn, call, false, self.ack, until)
+                    .await
+            }
+        };
         let (mut reply, acknowledged): (i64, _) =
             match (self.invoke_until(conn, call, false, self.ack, first_until)).await {
-                Err(err) if moving_line(&err, keys) || (line && err.is_timeout()) => {
-                    let alone = self.release_alone(keys, owner, handed_to, keep);
-                    let until = started + self.timeout;
-                    (self.invoke_until(conn, self.script_call(&alone), false, self.ack, until))
-                        .await?
+                // Refused: the first did not run.
+                Err(err) if moving_line(&err, keys) => alone(started + self.timeout).await?,
+                // Unanswered: the first may have run (and only its answer, or its wait for a
+                // replica, is late). A hold the second finds gone then says nothing, and the
+                // timeout goes back to the engine, which judges a hold gone after a try whose
+                // answer was lost (see `Engine::release_in_redis`).
+                Err(err) if line && err.is_timeout() => {
+                    let (reply, acknowledged) = alone(started + self.timeout).await?;
+                    if matches!(
+                        ReleaseReply::from_reply(reply),
+                        ReleaseReply::Expired | ReleaseReply::TakenOver
+                    ) {
+                        return Err(err);
+                    }
+                    (reply, acknowledged)
                 }
                 other => other?,
             };
