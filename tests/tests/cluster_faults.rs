@@ -489,6 +489,13 @@ async fn a_line_release_whose_replica_is_paused_never_says_taken_over() {
     let name = unique_name("cluster-line-release-acked");
     let slot = key_slot(locker.key_of(name.as_str()).unwrap().as_bytes());
     let replica = cluster.replica_of(&cluster.master_for_slot(slot)).port;
+    // A fresh replica may acknowledge the first writes late, and a write no replica
+    // acknowledged in time fails the acquisition: a first lock waits until it does.
+    let first = (locker.lock(name.as_str()))
+        .wait(Duration::from_secs(10))
+        .await
+        .expect("a first lock, acknowledged");
+    assert!(first.release().await.is_released());
     let (fair, write) = lines_held(&locker, &rival, &name).await;
     block_in_place(|| cluster.pause(replica));
     let (fair, write) = (fair.release().await, write.release().await);
