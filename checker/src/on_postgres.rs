@@ -1,13 +1,15 @@
 //! One run against a real PostgreSQL (a private cluster made with `initdb`): lockers whose locks
 //! are session advisory locks, and the faults that end sessions under them.
 //!
-//! The run's names are plain locks (PostgreSQL offers no fair lock, semaphore or read-write lock),
-//! taken every way the plan takes one: waiting, `try_lock`, re-entry, side by side, in a local
-//! line, in a `lock_all`, extended, run, dropped half-way. Two lockers reach the server directly,
-//! one through a proxy. The faults:
+//! The run's names are plain locks (PostgreSQL offers no fair lock: the fair name is a plain
+//! one here), a semaphore (its count its handles', never set at run time) and a read-write
+//! lock, taken every way the plan takes them: waiting, `try_lock`, re-entry, side by side, in
+//! a local line, in a `lock_all`, several permits at once, extended, run, dropped half-way. Two
+//! lockers reach the server directly, one through a proxy. The faults:
 //!
-//! - a session killed (`pg_terminate_backend`): the one that holds a given name, or every session
-//!   of the lockers at once (the listeners' too);
+//! - a session killed (`pg_terminate_backend`): the one that holds a given name (a lock, a
+//!   permit slot, a read or a write), or every session of the lockers at once (the listeners'
+//!   too);
 //! - the server paused (`SIGSTOP` to every process of it), or the proxied locker's connections
 //!   stalled, for up to a third of the command timeout: nothing is lost unless a query was slow
 //!   already and goes unanswered past its timeout (its locker then drops the connection, and
@@ -50,9 +52,8 @@ pub(crate) struct PgTargets {
     server: Arc<Mutex<PostgresServer>>,
     proxy: Arc<Proxy>,
     url: String,
-    /// Every name's advisory key, as dlock-core computes it (the first 8 bytes of the SHA-256
-    /// of the lock key): what maps `pg_locks` back to the run's names.
-    keys: Vec<i64>,
+    /// What maps `pg_locks` back to the run's names.
+    keys: NameKeys,
     /// The longest a pause or a stall lasts: a third of the command timeout, so that a query
     /// goes unanswered past its timeout (and its session ends) only if it was slow already.
     short: Duration,
@@ -65,11 +66,12 @@ const HELD: &str = "SELECT pid::bigint, (classid::bigint << 32) | objid::bigint 
 /// The lockers' sessions (the listeners' among them).
 const SESSIONS: &str = "SELECT pid::bigint FROM pg_stat_activity WHERE application_name = 'dlock'";
 
-/// Ends the session that holds advisory key `$1`, if one does, and lists the keys it held, in
-/// one statement: it can take no other lock in between.
+/// Ends a session that holds an advisory key `k` with `k & $2 = $1` (`$2`: all bits, or a
+/// permit slot block's), if one does, and lists the keys it held, in one statement: it can take
+/// no other lock in between.
 const TERMINATE_HOLDER: &str = "WITH victim AS (\
         SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 AND granted \
-        AND classid = (($1 >> 32) & 4294967295)::oid AND objid = ($1 & 4294967295)::oid LIMIT 1), \
+        AND ((classid::bigint << 32) | objid::bigint) & $2 = $1 LIMIT 1), \
     held AS (\
         SELECT (l.classid::bigint << 32) | l.objid::bigint AS key FROM pg_locks l, victim v \
         WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted AND l.pid = v.pid), \
@@ -89,6 +91,60 @@ fn advisory_key(lock_key: &str) -> i64 {
     i64::from_be_bytes(first)
 }
 
+/// The bits a semaphore's permit slots share (see dlock-core's `backend/postgres/shared.rs`).
+const SLOT_BLOCK: i64 = !0xFFFF;
+
+/// The advisory keys of the run's names, as dlock-core computes them.
+#[derive(Debug)]
+struct NameKeys {
+    /// Each name's key its holders hold: `(key, mask)` — a lock's or a read-write lock's
+    /// writer's key (every bit counts), or the first of a semaphore's slots (its block counts).
+    victims: Vec<(i64, i64)>,
+    /// Every key of a name but its permit slots: a lock's, a writer's, a waiting writer's gate.
+    exact: std::collections::HashMap<i64, u8>,
+    /// The semaphore's slots' block.
+    slots: (i64, u8),
+}
+
+impl NameKeys {
+    /// The keys of the names whose first keys are `lock_keys` (a lock's, the semaphore's
+    /// permits', the read-write lock's writer's); `semaphore` and `rw` are the indices of the
+    /// semaphore's and the read-write lock's.
+    fn new(lock_keys: &[String], semaphore: u8, rw: u8) -> Self {
+        let mut victims = Vec::new();
+        let mut exact = std::collections::HashMap::new();
+        let mut slots = (0, semaphore);
+        for (i, key) in lock_keys.iter().enumerate() {
+            let i = u8::try_from(i).expect("a few names");
+            if i == semaphore {
+                let first = advisory_key(key) & SLOT_BLOCK;
+                slots = (first, i);
+                victims.push((first, SLOT_BLOCK));
+            } else if i == rw {
+                let write = advisory_key(key);
+                exact.insert(write, i);
+                exact.insert(advisory_key(&format!("{key}:waiting")), i);
+                victims.push((write, -1));
+            } else {
+                let lock = advisory_key(key);
+                exact.insert(lock, i);
+                victims.push((lock, -1));
+            }
+        }
+        Self {
+            victims,
+            exact,
+            slots,
+        }
+    }
+
+    /// The name advisory key `key` belongs to, if any.
+    fn name_of(&self, key: i64) -> Option<u8> {
+        (self.exact.get(&key).copied())
+            .or_else(|| (key & SLOT_BLOCK == self.slots.0).then_some(self.slots.1))
+    }
+}
+
 impl PgTargets {
     /// An admin session of its own for each query: the server may have restarted since.
     async fn admin(&self) -> Option<sqlx::PgConnection> {
@@ -100,16 +156,15 @@ impl PgTargets {
             .ok()
     }
 
-    /// Runs `query` (with `key` bound, if one) on an admin session: its rows, `None` if it
-    /// failed.
-    async fn rows<T>(&self, query: &'static str, key: Option<i64>) -> Option<Vec<T>>
+    /// Runs `query` (with `args` bound) on an admin session: its rows, `None` if it failed.
+    async fn rows<T>(&self, query: &'static str, args: &[i64]) -> Option<Vec<T>>
     where
         T: for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow> + Send + Unpin,
     {
         let mut admin = self.admin().await?;
         let mut q = sqlx::query_as::<_, T>(query);
-        if let Some(key) = key {
-            q = q.bind(key);
+        for arg in args {
+            q = q.bind(*arg);
         }
         tokio::time::timeout(ADMIN_TIMEOUT, q.fetch_all(&mut admin))
             .await
@@ -119,22 +174,21 @@ impl PgTargets {
 
     /// The run's names among advisory `keys`.
     fn names_of(&self, keys: impl IntoIterator<Item = i64>) -> Reach {
-        let keys: std::collections::HashSet<i64> = keys.into_iter().collect();
-        Reach::names(
-            (self.keys.iter().enumerate())
-                .filter(|(_, k)| keys.contains(k))
-                .filter_map(|(i, _)| u8::try_from(i).ok()),
-        )
+        let names: std::collections::BTreeSet<u8> = keys
+            .into_iter()
+            .filter_map(|k| self.keys.name_of(k))
+            .collect();
+        Reach::names(names)
     }
 
     /// Runs `fault` (a pause or a stall meant to end no session), then sees whether it ended
     /// sessions all the same: those of the lockers' that were there before and are gone after.
     /// Their holds before it are what it may have destroyed.
     async fn measured(&self, fault: impl std::future::Future<Output = ()>) -> Option<Reach> {
-        let held: Vec<(i64, i64)> = self.rows(HELD, None).await.unwrap_or_default();
-        let before: Vec<(i64,)> = self.rows(SESSIONS, None).await.unwrap_or_default();
+        let held: Vec<(i64, i64)> = self.rows(HELD, &[]).await.unwrap_or_default();
+        let before: Vec<(i64,)> = self.rows(SESSIONS, &[]).await.unwrap_or_default();
         fault.await;
-        let after: Vec<(i64,)> = self.rows(SESSIONS, None).await?;
+        let after: Vec<(i64,)> = self.rows(SESSIONS, &[]).await?;
         let ended: Vec<i64> = (before.into_iter())
             .filter(|b| !after.contains(b))
             .map(|(pid,)| pid)
@@ -155,16 +209,17 @@ impl PgTargets {
     pub(crate) async fn apply(&self, fault: FaultSpec) -> Vec<(FaultKind, Reach)> {
         match fault {
             FaultSpec::Del(n) if n % 5 == 0 => {
-                let ended = self.rows::<(i64,)>(TERMINATE_ALL, None).await;
+                let ended = self.rows::<(i64,)>(TERMINATE_ALL, &[]).await;
                 (ended.is_some_and(|e| e.first().is_some_and(|(n,)| *n > 0)))
                     .then_some((FaultKind::SessionEnded, Reach::ALL))
                     .into_iter()
                     .collect()
             }
             FaultSpec::Del(n) => {
-                let key = self.keys[usize::from(n) % self.keys.len()];
+                let victims = &self.keys.victims;
+                let (key, mask) = victims[usize::from(n) % victims.len()];
                 let held =
-                    (self.rows::<(i64,)>(TERMINATE_HOLDER, Some(key)).await).unwrap_or_default();
+                    (self.rows::<(i64,)>(TERMINATE_HOLDER, &[key, mask]).await).unwrap_or_default();
                 if held.is_empty() {
                     return Vec::new();
                 }
@@ -274,7 +329,7 @@ pub async fn run_postgres(config: Config) -> Report {
         server: Arc::new(Mutex::new(server)),
         proxy,
         url,
-        keys: ctx.keys.iter().map(|k| advisory_key(k)).collect(),
+        keys: NameKeys::new(&ctx.keys, p.semaphore_name(), p.rw_name()),
         short: p.command_timeout / 3,
     });
     let faults = drive(&ctx, &targets, config, p).await;

@@ -209,6 +209,8 @@ pub(crate) struct Shape {
     pub(crate) semaphore: Option<u8>,
     /// The read-write lock's name (not one of the `names`).
     pub(crate) rw: Option<u8>,
+    /// Whether the semaphore's count may be set at run time (`set_permits`).
+    pub(crate) set_permits: bool,
 }
 
 /// The longest lease (or extension) the generator ever asks for, `Duration::MAX` aside.
@@ -380,7 +382,7 @@ fn shared_steps(rng: &mut StdRng, acquire: &mut Acquire, default_lease: Duration
 
 fn permit(rng: &mut StdRng, shape: Shape, default_lease: Duration) -> Session {
     let locker = rng.random_range(0..shape.lockers);
-    if rng.random_bool(0.05) {
+    if rng.random_bool(0.05) && shape.set_permits {
         return Session::SetPermits {
             locker,
             to: rng.random_bool(0.7).then(|| rng.random_range(1..=4)),
@@ -616,6 +618,7 @@ mod tests {
             fair: Some(2),
             semaphore: Some(3),
             rw: Some(4),
+            set_permits: true,
         };
         let a = sessions(7, 2, 200, shape, Duration::from_millis(500));
         let b = sessions(7, 2, 200, shape, Duration::from_millis(500));
@@ -632,6 +635,7 @@ mod tests {
             fair: Some(2),
             semaphore: Some(3),
             rw: Some(4),
+            set_permits: true,
         };
         let mut multis = 0;
         for worker in 0..8 {

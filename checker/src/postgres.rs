@@ -162,6 +162,28 @@ impl PostgresServer {
         format!("postgres://postgres@127.0.0.1:{port}/postgres")
     }
 
+    /// The `bigint` column of `query`'s rows, on a connection of its own (not a `Locker`'s).
+    /// Panics if the query fails: it is a test's.
+    pub async fn query_i64(&self, query: &str) -> Vec<i64> {
+        use sqlx::Connection as _;
+        let mut conn = (sqlx::PgConnection::connect(&self.url()).await)
+            .unwrap_or_else(|err| panic!("connecting to PostgreSQL: {err}"));
+        (sqlx::query_scalar::<_, i64>(query)
+            .fetch_all(&mut conn)
+            .await)
+            .unwrap_or_else(|err| panic!("{query}: {err}"))
+    }
+
+    /// The sessions that hold an advisory lock of dlock's (of the one-number form) now: one
+    /// row for each lock held.
+    pub async fn advisory_holders(&self) -> Vec<i64> {
+        self.query_i64(
+            "SELECT pid::bigint FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 \
+             AND granted",
+        )
+        .await
+    }
+
     /// The server's log so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.log_path()).unwrap_or_default()

@@ -215,14 +215,15 @@ pub(super) async fn drive(
     config: Config,
     p: Params,
 ) -> BTreeMap<String, u64> {
-    // PostgreSQL offers plain locks alone.
-    let all_kinds = !matches!(targets, Targets::Postgres(_));
+    // PostgreSQL offers no fair lock, and a semaphore's count there is its handle's.
+    let redis = !matches!(targets, Targets::Postgres(_));
     let shape = Shape {
         lockers: u8::try_from(ctx.actors.len()).expect("a few lockers"),
         names: p.names,
-        fair: all_kinds.then(|| p.fair_name()),
-        semaphore: all_kinds.then(|| p.semaphore_name()),
-        rw: all_kinds.then(|| p.rw_name()),
+        fair: redis.then(|| p.fair_name()),
+        semaphore: Some(p.semaphore_name()),
+        rw: Some(p.rw_name()),
+        set_permits: redis,
     };
     let (stop_tx, stop_rx) = watch::channel(false);
     // Faults may target the steady names too: their holds live through the faults.

@@ -143,6 +143,9 @@ impl Semaphore {
     /// A call that returns an error may still take effect, and later than calls made after it:
     /// a command held up in a stalled connection runs when the connection moves again. Read the
     /// count in force with [`status`](Self::status).
+    ///
+    /// On a PostgreSQL `Locker` a semaphore's count is its handle's: this is a
+    /// [`LockError::Config`].
     pub async fn set_permits(&self, permits: u32) -> Result<(), LockError> {
         self.store_permits(Some(permits)).await
     }
@@ -156,6 +159,7 @@ impl Semaphore {
     async fn store_permits(&self, permits: Option<u32>) -> Result<(), LockError> {
         let (_, keys) = self.keys()?;
         self.engine.inner.backend.offers(&keys.kind)?;
+        self.engine.inner.backend.sets_permits()?;
         let session = self.engine.session().await?;
         (session.set_permits(&keys, permits).await).map_err(LockError::Backend)
     }

@@ -102,6 +102,11 @@ async fn checker_postgres_sessions_ended() {
                 .any(|(k, n)| k.contains(fault) && *n > 0);
             assert!(injected, "no {fault} fault: {}", report.summary());
         }
+        // The share checks had permits and reads to look at.
+        let shares = &report.shares;
+        assert!(shares.most_permits_at_once >= 2, "{}", report.summary());
+        assert!(shares.most_reads_at_once >= 2, "{}", report.summary());
+        assert!(shares.writes > 0, "{}", report.summary());
     }
 }
 

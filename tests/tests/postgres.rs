@@ -2,7 +2,8 @@
 //! port): session advisory locks that exclude across `Locker`s and tasks, waiters woken by
 //! `NOTIFY`, fencing tokens from a sequence that survive a restart, a killed session and a
 //! silent client noticed and their guarded work cancelled, the lease mapped on the session's
-//! idle timeout, and the kinds it does not offer refused by name.
+//! idle timeout, and the kinds it does not offer refused by name. Semaphores and read-write
+//! locks: `postgres_kinds.rs`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,26 +19,6 @@ async fn locker(url: &str) -> Locker {
     Locker::connect(url).await.expect("a postgres Locker")
 }
 
-/// A query on its own connection (not a `Locker`'s).
-async fn sql(url: &str, query: &str) -> Vec<i64> {
-    use sqlx::Connection as _;
-    let mut conn = sqlx::PgConnection::connect(url).await.expect("connect");
-    sqlx::query_scalar::<_, i64>(query)
-        .fetch_all(&mut conn)
-        .await
-        .expect("query")
-}
-
-/// The sessions that hold an advisory lock of dlock's now.
-async fn holders(url: &str) -> Vec<i64> {
-    sql(
-        url,
-        "SELECT pid::bigint FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 \
-         AND granted",
-    )
-    .await
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lock_excludes_other_lockers_and_other_tasks_and_goes_back_on_release() {
     let pg = PostgresServer::start();
@@ -51,11 +32,11 @@ async fn a_lock_excludes_other_lockers_and_other_tasks_and_goes_back_on_release(
     assert!(matches!(other, Err(LockError::Busy { .. })), "{other:?}");
     let same = a.lock(name.as_str()).await;
     assert!(matches!(same, Err(LockError::Busy { .. })), "{same:?}");
-    assert_eq!(holders(&pg.url()).await.len(), 1);
+    assert_eq!(pg.advisory_holders().await.len(), 1);
 
     assert!(held.release().await.is_released());
     assert!(
-        holders(&pg.url()).await.is_empty(),
+        pg.advisory_holders().await.is_empty(),
         "unlocked in PostgreSQL"
     );
     let next = b.lock(name.as_str()).await.expect("free again");
@@ -151,12 +132,12 @@ async fn a_killed_session_is_noticed_and_its_guarded_work_cancelled() {
         (guard, task)
     };
     // An operator ends the session that holds it: PostgreSQL unlocks at once.
-    let ended = sql(
-        &pg.url(),
-        "SELECT count(pg_terminate_backend(pid))::bigint FROM pg_locks \
+    let ended = pg
+        .query_i64(
+            "SELECT count(pg_terminate_backend(pid))::bigint FROM pg_locks \
          WHERE locktype = 'advisory' AND objsubid = 1 AND granted",
-    )
-    .await;
+        )
+        .await;
     assert_eq!(ended, [1]);
     let killed = Instant::now();
     let (guard, task) = work;
@@ -196,18 +177,18 @@ async fn a_kept_lock_whose_session_was_killed_is_free_again_after_the_kept_time(
         .await
         .expect("lock");
     assert!(guard.release().await.is_released());
-    let ended = sql(
-        &pg.url(),
-        "SELECT count(pg_terminate_backend(pid))::bigint FROM pg_locks \
+    let ended = pg
+        .query_i64(
+            "SELECT count(pg_terminate_backend(pid))::bigint FROM pg_locks \
          WHERE locktype = 'advisory' AND objsubid = 1 AND granted",
-    )
-    .await;
+        )
+        .await;
     assert_eq!(ended, [1], "the kept lock's session");
     let again = (a.lock(name.as_str()).wait(Duration::from_secs(5)))
         .await
         .expect("free again once the kept time is over");
     assert!(again.release().await.is_released());
-    assert!(holders(&pg.url()).await.is_empty());
+    assert!(pg.advisory_holders().await.is_empty());
 }
 
 /// A client cut off from the server (its connections stalled, as by a partition or a paused
@@ -300,12 +281,15 @@ async fn kinds_it_does_not_offer_are_refused_by_name() {
         matches!(&fair, Err(LockError::Config(m)) if m.contains("`fair`")),
         "{fair:?}"
     );
-    let permit = locker.semaphore(name.as_str(), 2).acquire().await;
-    assert!(matches!(permit, Err(LockError::Config(_))), "{permit:?}");
-    let write = locker.read_write_lock(name.as_str()).write().await;
-    assert!(matches!(write, Err(LockError::Config(_))), "{write:?}");
-    let read = locker.read_write_lock(name.as_str()).read().await;
-    assert!(matches!(read, Err(LockError::Config(_))), "{read:?}");
+    // A semaphore's permits are slots of one block of advisory keys, and its count is its
+    // handle's.
+    let huge = locker.semaphore(name.as_str(), 70_000).acquire().await;
+    assert!(
+        matches!(&huge, Err(LockError::Config(m)) if m.contains("65536")),
+        "{huge:?}"
+    );
+    let set = locker.semaphore(name.as_str(), 2).set_permits(3).await;
+    assert!(matches!(set, Err(LockError::Config(_))), "{set:?}");
     // Replica acknowledgement is Redis's.
     let acked = Locker::builder()
         .postgres_url(pg.url())
@@ -435,11 +419,11 @@ async fn a_scope_re_enters_a_name_it_holds_on_postgres() {
         );
         assert!(inner.release().await.is_released());
         // Still held by the outer guard.
-        assert_eq!(holders(&pg.url()).await.len(), 1);
+        assert_eq!(pg.advisory_holders().await.len(), 1);
         assert!(outer.release().await.is_released());
     })
     .await;
-    assert!(holders(&pg.url()).await.is_empty());
+    assert!(pg.advisory_holders().await.is_empty());
 }
 
 /// An operator's view: `inspect` names the session that holds a name, and `force_release`
@@ -457,7 +441,7 @@ async fn inspect_and_force_release_reach_the_holding_session() {
     let name = unique_name("pg-operator");
     let guard = holder.lock(name.as_str()).await.expect("lock");
     let info = operator.inspect(name.as_str()).await.expect("inspect");
-    let pid = holders(&pg.url()).await;
+    let pid = pg.advisory_holders().await;
     assert_eq!(
         info.holders
             .iter()

@@ -124,7 +124,7 @@ fn test() -> Result<(), String> {
         "-E",
         "(package(dlock-checker) | package(dlock-tests) | package(dlock-macros) \
          | package(dlock-tower)) & not (binary(ui) | test(=checker_memory_paused_clock) \
-         | binary(checker_distributed) | binary(cluster_harness) | binary(postgres) \
+         | binary(checker_distributed) | binary(cluster_harness) | binary(~postgres) \
          | test(=checker_postgres_sessions_ended))",
     ];
     cargo(

@@ -317,13 +317,36 @@ impl Backend {
             Self::Redis(_) => Ok(()),
             #[cfg(feature = "postgres")]
             Self::Postgres(_) => match kind {
-                crate::name::KeyKind::Lock => Ok(()),
-                other => Err(crate::LockError::Config(format!(
-                    "a postgres `Locker` offers plain locks only (and multi-locks of them), \
-                     not `{}` locks: fair locks, semaphores and read-write locks need Redis",
-                    other.label()
-                ))),
+                crate::name::KeyKind::Fair(_) => Err(crate::LockError::Config(
+                    "a postgres `Locker` does not offer `fair` locks: PostgreSQL's advisory locks \
+                     keep no line of waiters to take turns by (see `Locker::lock`)"
+                        .to_owned(),
+                )),
+                crate::name::KeyKind::Semaphore(sem)
+                    if sem.permits > postgres::shared::MAX_PERMITS =>
+                {
+                    Err(crate::LockError::Config(format!(
+                        "a postgres semaphore has at most {} permits, not {}",
+                        postgres::shared::MAX_PERMITS,
+                        sem.permits
+                    )))
+                }
+                _ => Ok(()),
             },
+        }
+    }
+
+    /// Whether a semaphore's count can be set at run time here (see `Semaphore::set_permits`):
+    /// a [`LockError::Config`](crate::LockError::Config) where it can't.
+    pub(crate) fn sets_permits(&self) -> Result<(), crate::LockError> {
+        match self {
+            Self::Redis(_) => Ok(()),
+            #[cfg(feature = "postgres")]
+            Self::Postgres(_) => Err(crate::LockError::Config(
+                "a postgres semaphore's count is the one its handle gives: \
+                 it can't be set at run time"
+                    .to_owned(),
+            )),
         }
     }
 
@@ -361,7 +384,7 @@ impl Session {
         match self {
             Self::Redis(r, c) => r.set_permits(c, keys, permits).await,
             #[cfg(feature = "postgres")]
-            Self::Postgres(_) => Err(unsupported("permit")),
+            Self::Postgres(_) => Err(unsupported("run-time permit count")),
         }
     }
 
@@ -373,7 +396,7 @@ impl Session {
         match self {
             Self::Redis(r, c) => r.permits(c, keys).await,
             #[cfg(feature = "postgres")]
-            Self::Postgres(_) => Err(unsupported("permit")),
+            Self::Postgres(p) => Ok((p.permits_held(keys).await?, None)),
         }
     }
 
@@ -505,7 +528,7 @@ impl Session {
         match self {
             Self::Redis(r, c) => r.leave_turn(c, keys, locker, since, last, granted_to).await,
             #[cfg(feature = "postgres")]
-            Self::Postgres(_) => Ok(()),
+            Self::Postgres(p) => p.leave_gate(keys, last).await,
         }
     }
 

@@ -27,27 +27,32 @@
 //!   (a sequence never goes back, even after a crash).
 //! - **Waking** is by `NOTIFY` (see [`listen`]): a release unlocks and notifies in one query.
 //! - **What is offered:** plain locks (waiting, try-lock, re-entry in a scope, multi-locks taken
-//!   name by name, in order, all or none, `at_least`). Fair locks, semaphores and read-write
-//!   locks are refused with [`LockError::Config`](crate::LockError::Config) when a request for
-//!   one is made; so are hand-overs inside the process (each release unlocks, and the next
-//!   waiter's attempt takes the lock).
+//!   name by name, in order, all or none, `at_least`), semaphores (permit slots, several at
+//!   once all or none) and read-write locks (shared and exclusive locks on one key, with a gate
+//!   for waiting writers): see [`shared`]. Fair locks are refused with
+//!   [`LockError::Config`](crate::LockError::Config) when a request for one is made, and so is
+//!   a semaphore count set at run time; hand-overs inside the process are not made (each
+//!   release unlocks, and the next waiter's attempt takes the lock).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use sqlx::postgres::PgConnectOptions;
 use tokio::time::Instant;
 
+mod holds;
 pub(crate) mod keys;
 mod listen;
 mod operator;
 mod sessions;
+pub(crate) mod shared;
 
 use super::wait::{Slots, Watch};
 use super::{AcquireAllReply, AcquireReply, ReleaseReply, RenewItem, RenewReply};
 use crate::error::BackendError;
 use crate::name::{KeyKind, LockKeys};
+use holds::{Held, Holds, Locks};
 use keys::advisory_key;
 use listen::Listening;
 use sessions::{ConnState, LockConn, gone};
@@ -66,6 +71,14 @@ const ACQUIRE: &str =
 /// notification goes out as the statement ends, after the unlock).
 const RELEASE: &str = "SELECT pg_advisory_unlock($1) FROM pg_notify('dlock_released', $2)";
 
+/// [`RELEASE`] of a shared lock.
+const RELEASE_SHARED: &str =
+    "SELECT pg_advisory_unlock_shared($1) FROM pg_notify('dlock_released', $2)";
+
+/// [`RELEASE`] of several exclusive locks: whether the session had every one.
+const RELEASE_ALL: &str = "SELECT (SELECT bool_and(pg_advisory_unlock(k)) FROM unnest($1::bigint[]) k) \
+                           FROM pg_notify('dlock_released', $2)";
+
 /// The advisory keys (of the one-number form) this session holds.
 const HELD: &str = "SELECT (classid::bigint << 32) | objid::bigint FROM pg_locks \
                     WHERE locktype = 'advisory' AND objsubid = 1 AND granted \
@@ -75,9 +88,9 @@ const HELD: &str = "SELECT (classid::bigint << 32) | objid::bigint FROM pg_locks
 pub(crate) struct PgBackend {
     options: PgConnectOptions,
     conns: Vec<LockConn>,
-    /// What this backend's sessions hold, by advisory key. Changed only under the key's
-    /// connection's lock, so it and the session agree.
-    holds: Mutex<HashMap<i64, Held>>,
+    /// What this backend's sessions hold. Changed only under the hold's connection's lock, so
+    /// it and the session agree.
+    holds: Mutex<Holds>,
     slots: Arc<Slots>,
     listening: Arc<Listening>,
     timeout: Duration,
@@ -92,16 +105,16 @@ impl std::fmt::Debug for PgBackend {
     }
 }
 
-/// One hold of this backend's sessions.
-#[derive(Debug, Clone)]
-struct Held {
-    /// Its owner token, or `#k:<owner>` while an `at_least` release keeps it.
-    owner: Arc<str>,
-    generation: u64,
-    fence: u64,
-    /// When the backend unlocks it unless a renewal moves this on: its lease, counted from
-    /// the answer that took or renewed it (no earlier than the holder counts it).
-    expires: Instant,
+/// Where the holds of some keys live.
+#[derive(Debug, Clone, Copy)]
+struct Place {
+    /// The advisory key the holds are kept under (see [`Holds`]): the lock key's.
+    hold: i64,
+    /// The advisory key the session locks: the lock's own (a plain lock, a writer), the
+    /// writer's (a reader, shared), or the first of a semaphore's permit slots.
+    lock: i64,
+    /// The connection whose session takes them.
+    conn: usize,
 }
 
 impl PgBackend {
@@ -110,20 +123,36 @@ impl PgBackend {
         Self {
             options,
             conns: (0..CONNECTIONS).map(|_| LockConn::default()).collect(),
-            holds: Mutex::new(HashMap::new()),
+            holds: Mutex::new(Holds::default()),
             slots: Arc::new(Slots::default()),
             listening: Arc::new(Listening::default()),
             timeout,
         }
     }
 
-    fn holds(&self) -> MutexGuard<'_, HashMap<i64, Held>> {
+    fn holds(&self) -> MutexGuard<'_, Holds> {
         self.holds.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The connection the holds of advisory key `key` live on.
+    /// The connection the locks of advisory key `key` are taken on.
     fn conn_of(&self, key: i64) -> usize {
         usize::try_from(key.unsigned_abs() % CONNECTIONS as u64).unwrap_or(0)
+    }
+
+    /// Where the holds of `keys` live: a read-write lock's readers and writer on one session,
+    /// and a semaphore's permits on one.
+    fn place(&self, keys: &LockKeys) -> Place {
+        let hold = advisory_key(&keys.lock);
+        let lock = match &keys.kind {
+            KeyKind::Lock | KeyKind::Fair(_) | KeyKind::Write(_) => hold,
+            KeyKind::Read(rw) => advisory_key(&rw.write),
+            KeyKind::Semaphore(_) => shared::first_slot(hold),
+        };
+        Place {
+            hold,
+            lock,
+            conn: self.conn_of(lock),
+        }
     }
 
     pub(crate) fn command_timeout(&self) -> Duration {
@@ -137,77 +166,120 @@ impl PgBackend {
         lease: Duration,
     ) -> Result<AcquireReply, BackendError> {
         offered(keys)?;
-        let key = advisory_key(&keys.lock);
-        let i = self.conn_of(key);
-        let mut st = self.conns[i].state.lock().await;
-        if let Some(held) = self
-            .holds()
-            .get(&key)
-            .filter(|h| h.generation == st.generation)
-        {
-            // Its own already (an earlier try whose answer was lost), or another owner's of
-            // this `Locker`: its session would take the lock a second time.
-            if *held.owner == *owner {
-                return Ok(AcquireReply::Acquired {
-                    fence: Some(held.fence),
-                });
+        let at = self.place(keys);
+        let mut st = self.conns[at.conn].state.lock().await;
+        if let Some(held) = self.holds().find(at.hold, owner, st.generation) {
+            // Its own already: an earlier try whose answer was lost.
+            return Ok(AcquireReply::Acquired {
+                fence: Some(held.fence),
+            });
+        }
+        let st = &mut st;
+        match &keys.kind {
+            KeyKind::Semaphore(sem) => {
+                return self.acquire_permit(st, at, (keys, sem), owner, lease).await;
             }
+            KeyKind::Read(rw) => return self.acquire_read(st, at, (keys, rw), owner, lease).await,
+            KeyKind::Write(rw) => {
+                return self.acquire_write(st, at, (keys, rw), owner, lease).await;
+            }
+            KeyKind::Lock | KeyKind::Fair(_) => {}
+        }
+        if self.holds().any(at.hold, st.generation) {
+            // Another owner's of this `Locker`: its session would take the lock a second time.
             return Ok(busy());
         }
-        self.connected(&mut st).await?;
-        self.outlives(&mut st, i, millis(lease)).await?;
-        let conn = st.conn.as_mut().ok_or_else(gone)?;
-        let query = sqlx::query_scalar::<_, Option<i64>>(ACQUIRE).bind(key);
-        let answer = tokio::time::timeout(self.timeout, query.fetch_one(conn)).await;
-        match self.answered(&mut st, i, answer)? {
-            Some(token) => {
-                let fence = u64::try_from(token)
-                    .map_err(|_| BackendError::protocol("negative fencing token"))?;
-                let held = Held {
-                    owner: owner.into(),
-                    generation: st.generation,
-                    fence,
-                    expires: Instant::now() + lease,
-                };
-                // In the map first: the watch ends when it finds the hold gone.
-                self.holds().insert(key, held.clone());
-                self.expire_later(key, &held, keys.channel());
+        match self.take_exclusive(st, at, lease).await? {
+            Some(fence) => {
+                self.taken(
+                    at,
+                    keys,
+                    st,
+                    (owner, fence),
+                    lease,
+                    Locks::Exclusive(at.lock),
+                );
                 Ok(AcquireReply::Acquired { fence: Some(fence) })
             }
             None => Ok(busy()),
         }
     }
 
-    /// Unlocks `held` (advisory key `key`) when its lease runs out, as Redis lets a key expire:
+    /// Takes `at`'s lock exclusively with a fencing token, if no other session holds it.
+    async fn take_exclusive(
+        &self,
+        st: &mut ConnState,
+        at: Place,
+        lease: Duration,
+    ) -> Result<Option<u64>, BackendError> {
+        self.connected(st).await?;
+        self.outlives(st, at.conn, millis(lease)).await?;
+        let conn = st.conn.as_mut().ok_or_else(gone)?;
+        let query = sqlx::query_scalar::<_, Option<i64>>(ACQUIRE).bind(at.lock);
+        let answer = tokio::time::timeout(self.timeout, query.fetch_one(conn)).await;
+        match self.answered(st, at.conn, answer)? {
+            Some(token) => u64::try_from(token)
+                .map(Some)
+                .map_err(|_| BackendError::protocol("negative fencing token")),
+            None => Ok(None),
+        }
+    }
+
+    /// Records a hold its session just took, and unlocks it when its lease runs out.
+    fn taken(
+        self: &Arc<Self>,
+        at: Place,
+        keys: &LockKeys,
+        st: &ConnState,
+        (owner, fence): (&str, u64),
+        lease: Duration,
+        locks: Locks,
+    ) {
+        let held = Held {
+            owner: owner.into(),
+            conn: at.conn,
+            generation: st.generation,
+            fence,
+            expires: Instant::now() + lease,
+            locks,
+        };
+        // In the map first: the watch ends when it finds the hold gone.
+        self.holds().insert(at.hold, held.clone());
+        self.expire_later(at.hold, &held, keys.channel());
+    }
+
+    /// Unlocks `held` (kept under `key`) when its lease runs out, as Redis lets a key expire:
     /// a fixed lease, or a watchdog's whose renewals stopped. A renewal moves the time on; a
     /// release, a loss or an `at_least` keep ends the watch.
     fn expire_later(self: &Arc<Self>, key: i64, held: &Held, channel: &str) {
         let backend = Arc::downgrade(self);
-        let (owner, generation, channel) =
-            (held.owner.clone(), held.generation, channel.to_owned());
-        let same = move |h: &Held| h.owner == owner && h.generation == generation;
+        let (owner, generation, i, channel) = (
+            held.owner.clone(),
+            held.generation,
+            held.conn,
+            channel.to_owned(),
+        );
         tokio::spawn(async move {
             loop {
                 let at = {
                     let Some(b) = backend.upgrade() else { return };
                     let holds = b.holds();
-                    let Some(at) = holds.get(&key).filter(|h| same(h)).map(|h| h.expires) else {
+                    let Some(at) = holds.find(key, &owner, generation).map(|h| h.expires) else {
                         return;
                     };
                     at
                 };
                 tokio::time::sleep_until(at).await;
                 let Some(b) = backend.upgrade() else { return };
-                let i = b.conn_of(key);
                 let mut st = b.conns[i].state.lock().await;
-                let due = (b.holds().get(&key))
-                    .filter(|h| same(h) && st.generation == generation)
+                let due = (b.holds().find(key, &owner, generation))
+                    .filter(|_| st.generation == generation)
                     .map(|h| h.expires <= Instant::now());
                 match due {
                     None => return,
                     Some(false) => {}
                     Some(true) => {
-                        let _ = b.unlock(&mut st, i, key, &channel).await;
+                        let _ = b.unlock(&mut st, i, (key, &owner), &channel).await;
                         return;
                     }
                 }
@@ -243,11 +315,10 @@ impl PgBackend {
 
     /// The fencing token of `owner`'s hold; `None` when it does not hold the lock.
     pub(crate) async fn fence(&self, keys: &LockKeys, owner: &str) -> Option<u64> {
-        let key = advisory_key(&keys.lock);
-        let st = self.conns[self.conn_of(key)].state.lock().await;
+        let at = self.place(keys);
+        let st = self.conns[at.conn].state.lock().await;
         let holds = self.holds();
-        let held = holds.get(&key).filter(|h| h.generation == st.generation)?;
-        (*held.owner == *owner).then_some(held.fence)
+        holds.find(at.hold, owner, st.generation).map(|h| h.fence)
     }
 
     /// Whether `owner` still holds the lock: this backend says so, and so does the session's
@@ -257,22 +328,22 @@ impl PgBackend {
         keys: &LockKeys,
         owner: &str,
     ) -> Result<AcquireReply, BackendError> {
-        let key = advisory_key(&keys.lock);
-        let i = self.conn_of(key);
-        let mut st = self.conns[i].state.lock().await;
-        let fence = {
-            let holds = self.holds();
-            let held = holds.get(&key).filter(|h| h.generation == st.generation);
-            match held {
-                Some(h) if *h.owner == *owner => h.fence,
-                _ => return Ok(busy()),
-            }
+        let at = self.place(keys);
+        let mut st = self.conns[at.conn].state.lock().await;
+        let Some(ours) = self.holds().find(at.hold, owner, st.generation).cloned() else {
+            return Ok(busy());
         };
         let conn = st.conn.as_mut().ok_or_else(gone)?;
         let held = sqlx::query_scalar::<_, i64>(HELD).fetch_all(conn);
         let answer = tokio::time::timeout(self.timeout, held).await;
-        if self.answered(&mut st, i, answer)?.contains(&key) {
-            Ok(AcquireReply::Acquired { fence: Some(fence) })
+        let held: HashSet<i64> = self
+            .answered(&mut st, at.conn, answer)?
+            .into_iter()
+            .collect();
+        if ours.locks.keys().iter().all(|k| held.contains(k)) {
+            Ok(AcquireReply::Acquired {
+                fence: Some(ours.fence),
+            })
         } else {
             Ok(busy())
         }
@@ -288,22 +359,29 @@ impl PgBackend {
         handed_to: Option<&str>,
         keep: Option<Duration>,
     ) -> Result<ReleaseReply, BackendError> {
-        let key = advisory_key(&keys.lock);
-        let i = self.conn_of(key);
+        let at = self.place(keys);
+        let i = at.conn;
         let mut st = self.conns[i].state.lock().await;
         let generation = st.generation;
-        let ours = |h: &Held| {
-            h.generation == generation
-                && (*h.owner == *owner || handed_to.is_some_and(|t| *h.owner == *t))
+        let whose = {
+            let holds = self.holds();
+            let whose = [Some(owner), handed_to]
+                .into_iter()
+                .flatten()
+                .find(|o| holds.find(at.hold, o, generation).is_some());
+            match whose {
+                Some(whose) => whose,
+                // A lock or a writer held by another owner of this `Locker`; a permit or a
+                // reader is its own hold, and someone else's is no news of this one.
+                None if !keys.is_member() && holds.any(at.hold, generation) => {
+                    return Ok(ReleaseReply::TakenOver);
+                }
+                None => return Ok(ReleaseReply::Expired),
+            }
         };
-        match self.holds().get(&key) {
-            Some(h) if ours(h) => {}
-            Some(h) if h.generation == generation => return Ok(ReleaseReply::TakenOver),
-            _ => return Ok(ReleaseReply::Expired),
-        }
         if let Some(keep) = keep.filter(|k| !k.is_zero()) {
             let kept: Arc<str> = format!("#k:{owner}").into();
-            if let Some(h) = self.holds().get_mut(&key) {
+            if let Some(h) = self.holds().find_mut(at.hold, whose, generation) {
                 h.owner = kept.clone();
             }
             let (backend, channel) = (Arc::downgrade(self), keys.channel().to_owned());
@@ -311,16 +389,17 @@ impl PgBackend {
                 tokio::time::sleep(keep).await;
                 if let Some(backend) = backend.upgrade() {
                     let mut st = backend.conns[i].state.lock().await;
-                    let still = (backend.holds().get(&key))
-                        .is_some_and(|h| h.generation == st.generation && h.owner == kept);
-                    if still {
-                        let _ = backend.unlock(&mut st, i, key, &channel).await;
+                    if st.generation == generation {
+                        let _ = backend.unlock(&mut st, i, (at.hold, &kept), &channel).await;
                     }
                 }
             });
             return Ok(ReleaseReply::Released { woke: 0 });
         }
-        if self.unlock(&mut st, i, key, keys.channel()).await? {
+        if self
+            .unlock(&mut st, i, (at.hold, whose), keys.channel())
+            .await?
+        {
             Ok(ReleaseReply::Released { woke: 0 })
         } else {
             // The session no longer had it: it can only have ended meanwhile.
@@ -328,23 +407,30 @@ impl PgBackend {
         }
     }
 
-    /// Unlocks `key` on connection `i` (whose state is `st`), wakes the waiters of `channel`,
-    /// and forgets the hold; whether the session had it.
+    /// Unlocks the hold of `owner` kept under `key` on connection `i` (whose state is `st`),
+    /// wakes the waiters of `channel`, and forgets the hold; whether the session had it (and
+    /// `false` when there was no such hold).
     async fn unlock(
         &self,
         st: &mut ConnState,
         i: usize,
-        key: i64,
+        (key, owner): (i64, &str),
         channel: &str,
     ) -> Result<bool, BackendError> {
+        let Some(locks) = (self.holds().find(key, owner, st.generation)).map(|h| h.locks.clone())
+        else {
+            return Ok(false);
+        };
         let conn = st.conn.as_mut().ok_or_else(gone)?;
-        let query = sqlx::query_scalar::<_, bool>(RELEASE)
-            .bind(key)
-            .bind(channel);
-        let answer = tokio::time::timeout(self.timeout, query.fetch_one(conn)).await;
+        let query = match &locks {
+            Locks::Exclusive(k) => sqlx::query_scalar::<_, Option<bool>>(RELEASE).bind(*k),
+            Locks::Shared(k) => sqlx::query_scalar(RELEASE_SHARED).bind(*k),
+            Locks::Slots(slots) => sqlx::query_scalar(RELEASE_ALL).bind(slots.to_vec()),
+        };
+        let answer = tokio::time::timeout(self.timeout, query.bind(channel).fetch_one(conn)).await;
         let unlocked = self.answered(st, i, answer)?;
-        self.holds().remove(&key);
-        Ok(unlocked)
+        self.holds().remove(key, owner, st.generation);
+        Ok(unlocked.unwrap_or(true))
     }
 
     /// Confirms each hold of `items` (a watchdog tick, or an `extend`): applied while its
@@ -352,12 +438,15 @@ impl PgBackend {
     /// query; every session is made to outlive the longest lease asked for.
     pub(crate) async fn renew(&self, items: &[RenewItem]) -> Result<Vec<RenewReply>, BackendError> {
         let mut replies = vec![RenewReply::Gone; items.len()];
+        let homes: Vec<Option<usize>> = {
+            let holds = self.holds();
+            let home = |item: &RenewItem| holds.conn_of(advisory_key(&item.key), &item.owner);
+            items.iter().map(home).collect()
+        };
         let mut answered = false;
         let mut last_error = None;
         for i in 0..self.conns.len() {
-            let mine: Vec<usize> = (0..items.len())
-                .filter(|n| self.conn_of(advisory_key(&items[*n].key)) == i)
-                .collect();
+            let mine: Vec<usize> = (0..items.len()).filter(|n| homes[*n] == Some(i)).collect();
             if mine.is_empty() {
                 continue;
             }
@@ -386,11 +475,11 @@ impl PgBackend {
             answered = true;
             let mut holds = self.holds();
             for n in mine {
-                let key = advisory_key(&items[n].key);
-                let ours = (holds.get_mut(&key))
-                    .filter(|h| h.generation == st.generation && *h.owner == *items[n].owner);
-                if let Some(h) = ours.filter(|_| held.contains(&key)) {
-                    h.expires = Instant::now() + Duration::from_millis(items[n].lease_ms);
+                let (key, item) = (advisory_key(&items[n].key), &items[n]);
+                let ours = (holds.find_mut(key, &item.owner, st.generation))
+                    .filter(|h| h.locks.keys().iter().all(|k| held.contains(k)));
+                if let Some(h) = ours {
+                    h.expires = Instant::now() + Duration::from_millis(item.lease_ms);
                     replies[n] = RenewReply::Applied;
                 }
             }
@@ -423,11 +512,11 @@ impl PgBackend {
     }
 }
 
-/// Whether the kind of `keys` is one this backend offers.
+/// Whether the kind of `keys` is one this backend offers: all but the fair lock.
 pub(crate) fn offered(keys: &LockKeys) -> Result<(), BackendError> {
     match keys.kind {
-        KeyKind::Lock => Ok(()),
-        _ => Err(BackendError::unsupported(keys.kind.label(), "postgres")),
+        KeyKind::Fair(_) => Err(BackendError::unsupported(keys.kind.label(), "postgres")),
+        _ => Ok(()),
     }
 }
 

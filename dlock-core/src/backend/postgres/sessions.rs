@@ -128,8 +128,7 @@ impl PgBackend {
         let ended = st.generation;
         st.generation += 1;
         if i < self.conns.len() {
-            self.holds()
-                .retain(|key, h| !(self.conn_of(*key) == i && h.generation == ended));
+            self.holds().ended(i, ended);
         }
     }
 }
