@@ -215,9 +215,11 @@ impl PostgresServer {
     }
 
     fn signal(&self, signal: &str, pids: &[u32]) {
+        // A session's process may have ended since it was listed: `kill` would say so.
         for pid in pids {
             let _ = Command::new("kill")
                 .args([signal, &pid.to_string()])
+                .stderr(std::process::Stdio::null())
                 .status();
         }
     }

@@ -179,9 +179,14 @@ impl PgBackend {
             lease,
             Locks::Exclusive(at.lock),
         );
-        // Readers are kept out by the lock itself now.
-        self.unlock(st, at.conn, (gate, GATE), keys.channel())
-            .await?;
+        // Readers are kept out by the lock itself now. A gate that can't be let go now goes
+        // when its time is up — unless the session ended, and the lock with it.
+        let generation = st.generation;
+        if let Err(err) = self.unlock(st, at.conn, (gate, GATE), keys.channel()).await
+            && st.generation != generation
+        {
+            return Err(err);
+        }
         Ok(AcquireReply::Acquired { fence: Some(fence) })
     }
 
