@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! cargo xtask demo [ARGS]   the flash-sale demo (ARGS go to it: --exit, --users N, --instances N,
-//!                           --cluster)
+//!                           --cluster, --locks postgres)
 //! cargo xtask test          the whole test suite, exactly as CI runs it
 //! ```
 //!
@@ -21,7 +21,7 @@ mod msrv;
 mod needs;
 mod valkey;
 
-use needs::{REDIS, TEST_NEEDS, ensure};
+use needs::{POSTGRES, REDIS, TEST_NEEDS, ensure};
 
 const USAGE: &str = "\
 usage: cargo xtask <command>
@@ -30,7 +30,8 @@ usage: cargo xtask <command>
                 redis-server, 2,000 buyers, without locks then with them (ARGS: --exit to stop
                 after the table, --users N, --instances N; DLOCK_URL to use your own Redis;
                 --cluster to lock on a private Redis Cluster of three masters and three
-                replicas instead, or on yours: DLOCK_CLUSTER_URLS)
+                replicas instead, or on yours: DLOCK_CLUSTER_URLS; --locks postgres to keep
+                the locks beside the orders in a private PostgreSQL, with no Redis)
   test          install what the test suite needs, then run it: the MSRV check of the
                 dependencies, doc tests, every test with cargo-nextest (the CI profile), then
                 the tests that talk to a server once more on Valkey
@@ -65,13 +66,19 @@ fn main() -> ExitCode {
 
 fn demo(args: Vec<String>) -> Result<(), String> {
     // The demo starts its own server (or cluster: redis-server and redis-cli, both brought by
-    // the package) unless the environment names one.
+    // the package) unless the environment names one; with `--locks postgres`, a PostgreSQL
+    // server and no Redis.
+    let postgres = args
+        .windows(2)
+        .any(|w| w[0] == "--locks" && w[1] == "postgres");
     let own = if args.iter().any(|a| a == "--cluster") {
         "DLOCK_CLUSTER_URLS"
     } else {
         "DLOCK_URL"
     };
-    if std::env::var_os(own).is_none() {
+    if postgres {
+        ensure(&[POSTGRES])?;
+    } else if std::env::var_os(own).is_none() {
         ensure(&[REDIS])?;
     }
     cargo(

@@ -59,13 +59,16 @@ pub(crate) const TEST_NEEDS: [Need; 4] = [
         package: "chromium-driver",
         present: chromedriver,
     },
-    Need {
-        what: "PostgreSQL",
-        why: "the flash-sale test on PostgreSQL starts a throwaway cluster with initdb",
-        package: "postgresql",
-        present: postgresql,
-    },
+    POSTGRES,
 ];
+
+pub(crate) const POSTGRES: Need = Need {
+    what: "PostgreSQL",
+    why: "the tests on PostgreSQL and `demo --locks postgres` start a throwaway cluster with \
+          initdb",
+    package: "postgresql",
+    present: postgresql,
+};
 
 /// Installs whatever of `needs` is missing, or says how to.
 pub(crate) fn ensure(needs: &[Need]) -> Result<(), String> {

@@ -1,5 +1,6 @@
-//! The demo: app instances as real processes sharing one Redis (or one Redis Cluster) and one
-//! database, the load generator against all of them, without locks and with them.
+//! The demo: app instances as real processes sharing one Redis (or one Redis Cluster, or their
+//! PostgreSQL database alone) and one database, the load generator against all of them, without
+//! locks and with them.
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -9,7 +10,7 @@ use tokio::process::{Child, Command};
 
 use crate::auth::{OPERATOR_TOKEN_ENV, OperatorToken};
 use crate::loadgen::{self, LoadConfig, Report};
-use crate::server::{REDIS_CLUSTER_URLS_ENV, REDIS_URL_ENV, RedisTarget};
+use crate::server::{LockTarget, REDIS_CLUSTER_URLS_ENV, REDIS_URL_ENV};
 
 /// Running app instances and their database; the processes are killed and the database removed
 /// on drop.
@@ -92,7 +93,7 @@ impl ServerCommand {
 pub async fn start(
     server: &ServerCommand,
     count: usize,
-    redis: &RedisTarget,
+    redis: &LockTarget,
     database_url: Option<&str>,
     locks: bool,
 ) -> Result<Instances, String> {
@@ -130,10 +131,10 @@ pub async fn start(
         // The instance reads one of the two (both set is an error): the other is cleared, so a
         // variable of the demo's own environment can't point it elsewhere.
         match redis {
-            RedisTarget::Server(url) => command
+            LockTarget::Server(url) | LockTarget::Postgres(url) => command
                 .env(REDIS_URL_ENV, url)
                 .env_remove(REDIS_CLUSTER_URLS_ENV),
-            RedisTarget::Cluster(urls) => command
+            LockTarget::Cluster(urls) => command
                 .env(REDIS_CLUSTER_URLS_ENV, urls.join(","))
                 .env_remove(REDIS_URL_ENV),
         };
@@ -173,15 +174,23 @@ pub async fn wait_ready(child: &mut Child, url: &str) -> Result<(), String> {
 }
 
 /// One round: fresh instances over a fresh database, the load, the audit. The instances are
-/// returned still running.
+/// returned still running. On [`Store::Postgres`] the database is a new one of that server,
+/// and the locks live in it too; otherwise it is a new SQLite file.
 pub async fn round(
     server: &ServerCommand,
     instances: usize,
-    redis: &RedisTarget,
+    store: &Store,
     locks: bool,
     load: &LoadConfig,
 ) -> Result<(Report, Instances), String> {
-    let running = start(server, instances, redis, None, locks).await?;
+    let running = match store {
+        Store::Redis(redis, _) => start(server, instances, redis, None, locks).await?,
+        Store::Postgres(pg) => {
+            let database = fresh_database(pg).await?;
+            let target = LockTarget::Postgres(database.clone());
+            start(server, instances, &target, Some(&database), locks).await?
+        }
+    };
     let config = LoadConfig {
         targets: running.urls.clone(),
         operator: Some(running.operator.clone()),
@@ -189,6 +198,73 @@ pub async fn round(
     };
     let report = loadgen::run(&config).await?;
     Ok((report, running))
+}
+
+/// Where the demo keeps its locks and orders.
+#[derive(Debug)]
+pub enum Store {
+    /// Locks in Redis (one server or a cluster, perhaps the demo's own), orders in SQLite.
+    Redis(LockTarget, OwnRedis),
+    /// Locks and orders in one PostgreSQL server the demo started: each round a database of
+    /// its own, no Redis at all.
+    Postgres(dlock_tests::PostgresServer),
+}
+
+impl Store {
+    /// The demo's store: PostgreSQL alone with `postgres`, else its Redis (see [`redis`]).
+    pub async fn new(postgres: bool, cluster: bool) -> Result<Self, String> {
+        if !postgres {
+            let (target, own) = redis(cluster).await?;
+            return Ok(Self::Redis(target, own));
+        }
+        // `initdb` and the first start take a second or two: off the runtime's threads.
+        let started = tokio::task::spawn_blocking(dlock_tests::PostgresServer::start)
+            .await
+            .map_err(|e| {
+                format!(
+                    "PostgreSQL did not start ({}); on Debian or Ubuntu: apt-get install \
+                     postgresql",
+                    panic_text(e)
+                )
+            })?;
+        println!("started a PostgreSQL server on port {}", started.port());
+        Ok(Self::Postgres(started))
+    }
+
+    /// Where the locks are, for people.
+    pub fn describe(&self) -> &'static str {
+        match self {
+            Self::Redis(target, _) => target.describe(),
+            Self::Postgres(_) => "locks in PostgreSQL beside the orders (no Redis)",
+        }
+    }
+
+    /// The orders' database, for people.
+    pub fn database(&self) -> &'static str {
+        match self {
+            Self::Redis(..) => "one SQLite database",
+            Self::Postgres(_) => "one PostgreSQL database",
+        }
+    }
+}
+
+/// A new, empty database on `pg`, for one round: its URL.
+async fn fresh_database(pg: &dlock_tests::PostgresServer) -> Result<String, String> {
+    use sqlx::Connection as _;
+    static ROUNDS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = ROUNDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+    let name = format!("shop_round_{n}");
+    let mut admin = sqlx::PgConnection::connect(&pg.url())
+        .await
+        .map_err(|e| format!("PostgreSQL: {e}"))?;
+    sqlx::query(&format!("CREATE DATABASE {name}"))
+        .execute(&mut admin)
+        .await
+        .map_err(|e| format!("PostgreSQL: creating {name}: {e}"))?;
+    Ok(format!(
+        "postgres://postgres@127.0.0.1:{}/{name}",
+        pg.port()
+    ))
 }
 
 /// The Redis processes the demo started itself; they are killed on drop.
@@ -207,15 +283,15 @@ pub enum OwnRedis {
 /// masters and three replicas on free ports. What it starts is announced on stdout and killed
 /// when the returned [`OwnRedis`] is dropped; a missing binary is an error naming the install
 /// command.
-pub async fn redis(cluster: bool) -> Result<(RedisTarget, OwnRedis), String> {
+pub async fn redis(cluster: bool) -> Result<(LockTarget, OwnRedis), String> {
     if !cluster {
         let (url, server) = dlock_tests::redis_from_env_or_start()?;
         let own = server.map_or(OwnRedis::None, OwnRedis::Server);
-        return Ok((RedisTarget::Server(url), own));
+        return Ok((LockTarget::Server(url), own));
     }
     let from_env = std::env::var(REDIS_CLUSTER_URLS_ENV).ok();
     if let Some(list) = from_env.filter(|l| !l.trim().is_empty()) {
-        return Ok((RedisTarget::from_vars(None, Some(list))?, OwnRedis::None));
+        return Ok((LockTarget::from_vars(None, Some(list))?, OwnRedis::None));
     }
     // Forming a cluster blocks for seconds: off the runtime's threads. Should the demo be
     // interrupted meanwhile, the cluster is dropped (its nodes killed) as soon as it is up.
@@ -228,7 +304,7 @@ pub async fn redis(cluster: bool) -> Result<(RedisTarget, OwnRedis), String> {
         ports.join(", ")
     );
     Ok((
-        RedisTarget::Cluster(started.seed_urls()),
+        LockTarget::Cluster(started.seed_urls()),
         OwnRedis::Cluster(started),
     ))
 }

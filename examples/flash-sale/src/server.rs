@@ -2,7 +2,9 @@
 //! dlock's `DLOCK_*` variables (`LockerConfig::from_env`): Redis at `DLOCK_URL` (default
 //! `redis://127.0.0.1:6379/`) or a Redis Cluster at `DLOCK_CLUSTER_URLS` (its seed nodes' URLs,
 //! comma-separated: `redis://127.0.0.1:7000/,redis://127.0.0.1:7001/`; one reachable node is
-//! enough, the client finds the others), `DATABASE_URL` (default: a SQLite file
+//! enough, the client finds the others) — or PostgreSQL, with a `postgres://` URL in
+//! `DLOCK_URL` (the locks as advisory locks, in the orders' database if it is the same URL),
+//! `DATABASE_URL` (default: a SQLite file
 //! `flash-sale.db` in the current directory; `postgres://…` for PostgreSQL),
 //! `SHOP_OPERATOR_TOKEN`, the operator's token ([`crate::auth`]; unset, nobody is the operator),
 //! and `SHOP_INSTANCE_NAME`, the instance's name in the operator's plots (unset: the address it
@@ -33,14 +35,16 @@ pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379/";
 
 /// Where an instance's locks live.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RedisTarget {
+pub enum LockTarget {
     /// One Redis server, by URL (`DLOCK_URL`).
     Server(String),
     /// A Redis Cluster, by its seed nodes' URLs (`DLOCK_CLUSTER_URLS`).
     Cluster(Vec<String>),
+    /// A PostgreSQL database, by URL (`DLOCK_URL=postgres://…`).
+    Postgres(String),
 }
 
-impl RedisTarget {
+impl LockTarget {
     /// From the environment: `DLOCK_CLUSTER_URLS` or `DLOCK_URL` (not both), else
     /// [`DEFAULT_REDIS_URL`].
     pub fn from_env() -> Result<Self, String> {
@@ -73,17 +77,19 @@ impl RedisTarget {
                 "both {REDIS_URL_ENV} and {REDIS_CLUSTER_URLS_ENV} are set: set one \
                  ({REDIS_URL_ENV} for one server, {REDIS_CLUSTER_URLS_ENV} for a cluster)"
             )),
+            (Some(url), true) if url.starts_with("postgres") => Ok(Self::Postgres(url.clone())),
             (Some(url), true) => Ok(Self::Server(url.clone())),
             (None, false) => Ok(Self::Cluster(config.cluster.clone())),
             (None, true) => Ok(Self::Server(DEFAULT_REDIS_URL.to_owned())),
         }
     }
 
-    /// What it is, for people: "one Redis" or "one Redis Cluster".
+    /// What it is, for people: "one Redis", "one Redis Cluster" or "PostgreSQL".
     pub fn describe(&self) -> &'static str {
         match self {
             Self::Server(_) => "one Redis",
             Self::Cluster(_) => "one Redis Cluster",
+            Self::Postgres(_) => "PostgreSQL",
         }
     }
 }
@@ -95,8 +101,8 @@ pub struct ServerConfig {
     pub port: u16,
     /// Whether the locks are on.
     pub locks: bool,
-    /// Redis: one server or a cluster.
-    pub redis: RedisTarget,
+    /// Where the locks live: one Redis, a Redis Cluster or PostgreSQL.
+    pub redis: LockTarget,
     /// The `Locker`'s other settings, from dlock's `DLOCK_*` variables (its source is `redis`).
     pub dlock: LockerConfig,
     /// The database.
@@ -146,7 +152,7 @@ impl ServerConfig {
         let mut config = ServerConfig {
             port: 8080,
             locks: true,
-            redis: RedisTarget::from_config(&dlock)?,
+            redis: LockTarget::from_config(&dlock)?,
             dlock,
             database_url: std::env::var("DATABASE_URL")
                 .unwrap_or_else(|_| "sqlite://flash-sale.db?mode=rwc".to_owned()),
@@ -186,13 +192,13 @@ impl ServerConfig {
 /// Redis is down and its locked routes answer 503 until Redis is back. On a cluster it follows
 /// `MOVED`/`ASK` through resharding and failovers, and waiters are woken through sharded
 /// pub/sub.
-pub async fn locker_with(redis: &RedisTarget, settings: &LockerConfig) -> Result<Locker, String> {
+pub async fn locker_with(redis: &LockTarget, settings: &LockerConfig) -> Result<Locker, String> {
     let mut config = settings.clone();
     config.url = None;
     config.cluster.clear();
     match redis {
-        RedisTarget::Server(url) => config.url = Some(url.clone()),
-        RedisTarget::Cluster(urls) => config.cluster = urls.clone(),
+        LockTarget::Server(url) | LockTarget::Postgres(url) => config.url = Some(url.clone()),
+        LockTarget::Cluster(urls) => config.cluster = urls.clone(),
     }
     config.connect_lazily = true;
     config.connect_timeout.get_or_insert(REDIS_TIMEOUT);
@@ -205,18 +211,18 @@ pub async fn locker_with(redis: &RedisTarget, settings: &LockerConfig) -> Result
 }
 
 /// The `Locker` for `redis` with the shop's defaults alone ([`locker_with`]).
-pub async fn locker_for(redis: &RedisTarget) -> Result<Locker, String> {
+pub async fn locker_for(redis: &LockTarget) -> Result<Locker, String> {
     locker_with(redis, &LockerConfig::default()).await
 }
 
 /// A `Locker` for one Redis server at `redis_url` ([`locker_for`]).
 pub async fn locker(redis_url: &str) -> Result<Locker, String> {
-    locker_for(&RedisTarget::Server(redis_url.to_owned())).await
+    locker_for(&LockTarget::Server(redis_url.to_owned())).await
 }
 
 /// A `Locker` on the Redis Cluster reached through `seed_urls` ([`locker_for`]).
 pub async fn cluster_locker(seed_urls: &[String]) -> Result<Locker, String> {
-    locker_for(&RedisTarget::Cluster(seed_urls.to_vec())).await
+    locker_for(&LockTarget::Cluster(seed_urls.to_vec())).await
 }
 
 /// Builds the instance (schema brought up to date), then serves until the process gets Ctrl-C
@@ -283,22 +289,28 @@ async fn shutdown() {
 mod tests {
     use super::*;
 
-    fn vars(url: Option<&str>, cluster: Option<&str>) -> Result<RedisTarget, String> {
-        RedisTarget::from_vars(url.map(str::to_owned), cluster.map(str::to_owned))
+    fn vars(url: Option<&str>, cluster: Option<&str>) -> Result<LockTarget, String> {
+        LockTarget::from_vars(url.map(str::to_owned), cluster.map(str::to_owned))
     }
 
     #[test]
     fn redis_is_one_server_unless_cluster_urls_are_given() {
-        let default = RedisTarget::Server(DEFAULT_REDIS_URL.to_owned());
+        let default = LockTarget::Server(DEFAULT_REDIS_URL.to_owned());
         assert_eq!(vars(None, None), Ok(default.clone()));
+        assert_eq!(
+            vars(Some("postgres://shop@h:5432/shop"), None),
+            Ok(LockTarget::Postgres(
+                "postgres://shop@h:5432/shop".to_owned()
+            ))
+        );
         assert_eq!(vars(Some(""), Some("  ")), Ok(default));
         assert_eq!(
             vars(Some("redis://h:1/"), None),
-            Ok(RedisTarget::Server("redis://h:1/".to_owned()))
+            Ok(LockTarget::Server("redis://h:1/".to_owned()))
         );
         assert_eq!(
             vars(None, Some(" redis://a:7000/ ,, rediss://b:7001/,")),
-            Ok(RedisTarget::Cluster(vec![
+            Ok(LockTarget::Cluster(vec![
                 "redis://a:7000/".to_owned(),
                 "rediss://b:7001/".to_owned()
             ]))

@@ -11,7 +11,7 @@ use bytes::Bytes;
 use dlock_tests::RedisCluster;
 use flash_sale::demo::{self, ServerCommand};
 use flash_sale::loadgen::LoadConfig;
-use flash_sale::server::{REDIS_CLUSTER_URLS_ENV, REDIS_URL_ENV, RedisTarget};
+use flash_sale::server::{LockTarget, REDIS_CLUSTER_URLS_ENV, REDIS_URL_ENV};
 use http_body_util::{BodyExt as _, Full};
 use hyper_util::client::legacy::Client;
 use serde_json::{Value, json};
@@ -73,7 +73,10 @@ async fn three_instances_on_a_redis_cluster_never_duplicate_or_oversell() {
     let cluster = tokio::task::spawn_blocking(RedisCluster::start)
         .await
         .unwrap();
-    let redis = RedisTarget::Cluster(cluster.seed_urls());
+    let store = demo::Store::Redis(
+        LockTarget::Cluster(cluster.seed_urls()),
+        demo::OwnRedis::None,
+    );
     let load = LoadConfig {
         users: 200,
         requests_per_user: 3,
@@ -81,7 +84,7 @@ async fn three_instances_on_a_redis_cluster_never_duplicate_or_oversell() {
         ..LoadConfig::default()
     };
     let server = server();
-    let round = demo::round(&server, 3, &redis, true, &load);
+    let round = demo::round(&server, 3, &store, true, &load);
     let (report, instances) = tokio::time::timeout(Duration::from_secs(120), round)
         .await
         .expect("the round ends within 120 s")
@@ -159,15 +162,9 @@ async fn user_and_voucher(url: &str, name: &str) -> (String, Value) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_instance_starts_while_its_cluster_is_down() {
     let nobody = format!("redis://127.0.0.1:{}/", dlock_tests::free_port());
-    let shop = demo::start(
-        &server(),
-        1,
-        &RedisTarget::Cluster(vec![nobody]),
-        None,
-        true,
-    )
-    .await
-    .expect("the instance starts without its cluster");
+    let shop = demo::start(&server(), 1, &LockTarget::Cluster(vec![nobody]), None, true)
+        .await
+        .expect("the instance starts without its cluster");
     let url = &shop.urls[0];
     let (status, health) = http("GET", &format!("{url}/healthz"), None).await;
     assert_eq!((status, health), (200, json!({"status": "ok"})));

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use flash_sale::demo;
 use flash_sale::loadgen::LoadConfig;
-use flash_sale::server::RedisTarget;
+use flash_sale::server::LockTarget;
 
 fn small_load() -> LoadConfig {
     LoadConfig {
@@ -21,8 +21,9 @@ fn small_load() -> LoadConfig {
 async fn two_instances_with_locks_never_duplicate_or_oversell() {
     let redis = dlock_tests::RedisServer::start();
     let server = demo::ServerCommand::binary(env!("CARGO_BIN_EXE_flash-sale"));
-    let (url, load) = (RedisTarget::Server(redis.url()), small_load());
-    let round = demo::round(&server, 2, &url, true, &load);
+    let store = demo::Store::Redis(LockTarget::Server(redis.url()), demo::OwnRedis::None);
+    let load = small_load();
+    let round = demo::round(&server, 2, &store, true, &load);
     let (report, _instances) = tokio::time::timeout(Duration::from_secs(180), round)
         .await
         .expect("the round ends within 180 s")

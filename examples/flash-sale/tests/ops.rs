@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use flash_sale::demo::{self, ServerCommand};
-use flash_sale::server::RedisTarget;
+use flash_sale::server::LockTarget;
 use http_body_util::{BodyExt as _, Full};
 use hyper_util::client::legacy::Client;
 use serde_json::{Value, json};
@@ -122,7 +122,7 @@ async fn checkout(url: &str, user: &str) -> (u16, String) {
 
 /// One instance on `redis`, a user and a SKU of 100 units.
 async fn shop_with_a_sku(redis: &dlock_tests::RedisServer) -> (demo::Instances, String, i64) {
-    let shop = demo::start(&server(), 1, &RedisTarget::Server(redis.url()), None, true)
+    let shop = demo::start(&server(), 1, &LockTarget::Server(redis.url()), None, true)
         .await
         .expect("the instance starts");
     let url = &shop.urls[0];
@@ -157,7 +157,7 @@ fn assert_no_internals(text: &str) {
 async fn an_instance_starts_without_redis_and_locks_once_it_is_back() {
     let mut redis = dlock_tests::RedisServer::start();
     redis.kill();
-    let shop = demo::start(&server(), 1, &RedisTarget::Server(redis.url()), None, true)
+    let shop = demo::start(&server(), 1, &LockTarget::Server(redis.url()), None, true)
         .await
         .expect("the instance starts without Redis");
     let url = &shop.urls[0];
@@ -248,7 +248,7 @@ async fn the_first_locked_request_after_redis_restarts_succeeds() {
 async fn an_instance_without_locks_runs_without_redis() {
     let mut redis = dlock_tests::RedisServer::start();
     redis.kill();
-    let shop = demo::start(&server(), 1, &RedisTarget::Server(redis.url()), None, false)
+    let shop = demo::start(&server(), 1, &LockTarget::Server(redis.url()), None, false)
         .await
         .expect("the instance starts without Redis");
     let url = &shop.urls[0];
@@ -267,7 +267,7 @@ async fn an_instance_without_locks_runs_without_redis() {
 async fn three_replicas_start_together_on_a_fresh_sqlite_file() {
     let redis = dlock_tests::RedisServer::start();
     for _ in 0..3 {
-        let shop = demo::start(&server(), 3, &RedisTarget::Server(redis.url()), None, true)
+        let shop = demo::start(&server(), 3, &LockTarget::Server(redis.url()), None, true)
             .await
             .expect("three instances start together");
         let (user, _) = setup(&shop.urls[0]).await;
@@ -295,7 +295,7 @@ async fn three_replicas_start_together_on_a_fresh_sqlite_file() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_served_instance_is_plotted_under_its_address() {
     let redis = dlock_tests::RedisServer::start();
-    let shop = demo::start(&server(), 2, &RedisTarget::Server(redis.url()), None, true)
+    let shop = demo::start(&server(), 2, &LockTarget::Server(redis.url()), None, true)
         .await
         .expect("two instances start");
     let (user, _) = setup(&shop.urls[0]).await;

@@ -1,5 +1,5 @@
 //! The shop on PostgreSQL (`DATABASE_URL=postgres://…`): the same flow as on SQLite, against a
-//! real server started for the test.
+//! real server started for the test; and the demo with its locks in PostgreSQL too, no Redis.
 
 use std::time::{Duration, Instant};
 
@@ -7,7 +7,7 @@ use dlock_tests::PostgresServer as Postgres;
 
 use flash_sale::demo;
 use flash_sale::loadgen::LoadConfig;
-use flash_sale::server::RedisTarget;
+use flash_sale::server::LockTarget;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_shop_runs_on_postgres_without_duplicates_or_oversell() {
@@ -71,7 +71,7 @@ async fn on_postgres(
 ) -> Result<demo::Instances, String> {
     let server = demo::ServerCommand::binary(env!("CARGO_BIN_EXE_flash-sale"))
         .with_operator(flash_sale::auth::OperatorToken::new(OPERATOR).unwrap());
-    let redis = RedisTarget::Server(redis.url());
+    let redis = LockTarget::Server(redis.url());
     demo::start(&server, count, &redis, Some(&pg.url()), true).await
 }
 
@@ -213,4 +213,73 @@ async fn postgres_down_is_a_503_within_two_seconds() {
             assert!(!text.contains(leak), "{path}: {problem}");
         }
     }
+}
+
+/// `demo --locks postgres`, at small scale: one PostgreSQL server for the orders and the locks
+/// (no Redis started or named), both rounds, the table with every invariant holding with the
+/// locks on, and exit status 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_with_its_locks_in_postgres_prints_the_table_without_redis() {
+    let demo = tokio::process::Command::new(env!("CARGO_BIN_EXE_demo"))
+        .args([
+            "--exit",
+            "--locks",
+            "postgres",
+            "--users",
+            "300",
+            "--instances",
+            "2",
+        ])
+        .env_remove(flash_sale::server::REDIS_URL_ENV)
+        .env_remove(flash_sale::server::REDIS_CLUSTER_URLS_ENV)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(180), demo)
+        .await
+        .expect("the demo ends within 180 s")
+        .expect("the demo starts");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{}\n{stdout}\n{stderr}", out.status);
+    assert!(
+        stdout.starts_with("started a PostgreSQL server on port "),
+        "{stdout}"
+    );
+    assert!(
+        !stdout.contains("redis-server"),
+        "a Redis started: {stdout}"
+    );
+    assert!(
+        stdout
+            .contains("locks in PostgreSQL beside the orders (no Redis), one PostgreSQL database"),
+        "{stdout}"
+    );
+    let row = |label: &str| -> Vec<String> {
+        let line = (stdout.lines().find(|l| l.starts_with(label)))
+            .unwrap_or_else(|| panic!("no `{label}` row in:\n{stdout}"));
+        line[label.len()..]
+            .split("  ")
+            .map(str::trim)
+            .filter(|c| !c.is_empty())
+            .map(str::to_owned)
+            .collect()
+    };
+    assert_eq!(row("other errors")[1], "0", "{stdout}\n{stderr}");
+    assert_eq!(row("users with duplicate orders")[1], "0", "{stdout}");
+    assert_eq!(row("SKU units oversold")[1], "0", "{stdout}");
+    assert_eq!(row("units lost (stock − orders)")[1], "0", "{stdout}");
+    assert_eq!(row("units sold twice (lost updates)")[1], "0", "{stdout}");
+    assert_eq!(row("voucher orders / stock")[1], "100 / 100", "{stdout}");
+    assert_eq!(row("invariants hold")[1], "yes", "{stdout}");
+    // A wrong pairing is refused with the reason.
+    let both = tokio::process::Command::new(env!("CARGO_BIN_EXE_demo"))
+        .args(["--exit", "--locks", "postgres", "--cluster"])
+        .output()
+        .await
+        .expect("the demo starts");
+    assert_eq!(both.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&both.stderr).contains("not with --locks postgres"));
 }

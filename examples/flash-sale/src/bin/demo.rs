@@ -1,19 +1,21 @@
-//! The demo: three shop instances sharing one Redis and one database, 2,000 buyers, first
-//! without locks and then with them, side by side. Then the shop (with locks) stays up for a
+//! The demo: three shop instances sharing one Redis (or PostgreSQL alone) and one database,
+//! 2,000 buyers, first without locks and then with them, side by side. Then the shop (with locks) stays up for a
 //! person to open in a browser.
 //!
-//! `demo [--exit] [--users N] [--instances N] [--cluster]`. `--exit` ends after the table (for
-//! tests and CI). Redis: `DLOCK_URL`, or a `redis-server` started on a free port. With
-//! `--cluster`, the instances lock on a Redis Cluster instead: `DLOCK_CLUSTER_URLS` (seed URLs,
-//! comma-separated), or a cluster of three masters and three replicas started on free ports
-//! (it needs `redis-cli` too, to create it).
+//! `demo [--exit] [--users N] [--instances N] [--cluster | --locks postgres]`. `--exit` ends
+//! after the table (for tests and CI). Redis: `DLOCK_URL`, or a `redis-server` started on a
+//! free port. With `--cluster`, the instances lock on a Redis Cluster instead:
+//! `DLOCK_CLUSTER_URLS` (seed URLs, comma-separated), or a cluster of three masters and three
+//! replicas started on free ports (it needs `redis-cli` too, to create it). With `--locks
+//! postgres`, there is no Redis: a PostgreSQL server started on a free port keeps both the
+//! orders and the locks, each round in a database of its own.
 
 use std::process::ExitCode;
 
 use flash_sale::loadgen::{self, LoadConfig};
 use flash_sale::{NewVoucher, demo, now_ms, server};
 
-const USAGE: &str = "demo [--exit] [--users N] [--instances N] [--cluster]   \
+const USAGE: &str = "demo [--exit] [--users N] [--instances N] [--cluster | --locks redis|postgres]   \
 (env: DLOCK_URL; with --cluster, DLOCK_CLUSTER_URLS)";
 
 fn number<T: std::str::FromStr>(flag: &str, value: Option<String>) -> Result<T, String> {
@@ -52,12 +54,22 @@ async fn run() -> Result<ExitCode, String> {
     }
     let mut exit = false;
     let mut cluster = false;
+    let mut postgres = false;
     let mut instances = 3usize;
     let mut load = LoadConfig::default();
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--exit" | "--ci" => exit = true,
             "--cluster" => cluster = true,
+            "--locks" => match args.next().as_deref() {
+                Some("postgres") => postgres = true,
+                Some("redis") => postgres = false,
+                _ => {
+                    return Err(format!(
+                        "--locks takes `redis` or `postgres`\nusage: {USAGE}"
+                    ));
+                }
+            },
             "--users" => load.users = number("--users", args.next())?,
             "--instances" => instances = number::<usize>("--instances", args.next())?.max(1),
             "--help" | "-h" => {
@@ -67,24 +79,30 @@ async fn run() -> Result<ExitCode, String> {
             other => return Err(format!("unknown argument `{other}`\nusage: {USAGE}")),
         }
     }
+    if postgres && cluster {
+        return Err(format!(
+            "--cluster is a Redis Cluster: not with --locks postgres\nusage: {USAGE}"
+        ));
+    }
     // Declared before the instances, so dropped after them, on every path out of `run`.
-    let (redis, _own_redis) = demo::redis(cluster).await?;
+    let store = demo::Store::new(postgres, cluster).await?;
     let server = demo::ServerCommand::this_program()?;
     println!(
         "{} buyers × {} simultaneous orders for one voucher (stock {}), then a checkout each \
-         ({} SKUs × {} in stock); {instances} instances, {}, one SQLite database",
+         ({} SKUs × {} in stock); {instances} instances, {}, {}",
         load.users,
         load.requests_per_user,
         load.stock,
         load.skus,
         load.sku_stock,
-        redis.describe()
+        store.describe(),
+        store.database(),
     );
     println!("round 1: without locks (--no-locks) …");
-    let (unlocked, first) = demo::round(&server, instances, &redis, false, &load).await?;
+    let (unlocked, first) = demo::round(&server, instances, &store, false, &load).await?;
     drop(first);
     println!("round 2: with locks …");
-    let (locked, running) = demo::round(&server, instances, &redis, true, &load).await?;
+    let (locked, running) = demo::round(&server, instances, &store, true, &load).await?;
     println!();
     print!(
         "{}",
