@@ -1,6 +1,6 @@
 //! W7: fairness across processes. Three processes contend for one name, two tasks each, holding
-//! it [`HOLD`] at a time; one process reaches Redis through a proxy that holds what it sends
-//! for [`DELAY`]. Fair means every process gets at least half its share of the acquisitions,
+//! it [`HOLD`] at a time; one process reaches Redis (or PostgreSQL, for dlock on it) through a
+//! proxy that holds what it sends for [`DELAY`]. Fair means every process gets at least half its share of the acquisitions,
 //! the 99th percentile wait stays within ten holds (a task waits five others' holds in strict
 //! turns), and no wait runs into [`BOUND`].
 //!
@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use dlock_tests::Proxy;
 
 use super::*;
+use crate::modes::Mode;
 use crate::peers::Client;
 use crate::{Row, Server, Settings};
 
@@ -46,12 +47,31 @@ pub(crate) async fn w7(settings: &Settings, server: &Server) -> Vec<Row> {
     let direct = server_addr(&settings.url);
     let proxy = Arc::new(Proxy::start_delayed(direct, DELAY).await);
     let added_rtt_us = ping_us(&proxy.url()).await - ping_us(&settings.url).await;
+    // PostgreSQL's slower process goes through a proxy of its own, with the same delay.
+    let postgres = &server.endpoints.postgres;
+    let pg_proxy = match postgres_addr(postgres) {
+        Some(addr)
+            if w7_libs(settings)
+                .iter()
+                .any(|l| l.mode() == Some(Mode::Postgres)) =>
+        {
+            Some(Proxy::start_delayed(addr, DELAY).await)
+        }
+        _ => None,
+    };
     let mut acc: BTreeMap<&'static str, Acc> = BTreeMap::new();
     for round in rounds(settings) {
         for lib in w7_libs(settings) {
             let length = round_length(settings, round);
             let name = format!("w7:{}:{}", lib.label(), round.map_or(-1, |r| r as i64));
-            let urls = [settings.url.clone(), settings.url.clone(), proxy.url()];
+            let urls = match (&pg_proxy, lib.mode()) {
+                (Some(pg_proxy), Some(Mode::Postgres)) => [
+                    postgres.clone(),
+                    postgres.clone(),
+                    dlock_tests::PostgresServer::url_at(pg_proxy.port()),
+                ],
+                _ => [settings.url.clone(), settings.url.clone(), proxy.url()],
+            };
             let label = lib.label();
             let meter = Meter::start(server, lib);
             let outcomes =
@@ -109,10 +129,25 @@ pub(crate) async fn w7(settings: &Settings, server: &Server) -> Vec<Row> {
     rows("W7", &w7_libs(settings), acc)
 }
 
-/// The libraries W7 runs: those on the one server (the proxy stands in front of it).
+/// The libraries W7 runs: those on the one server (the proxy stands in front of it), and
+/// dlock on PostgreSQL (a proxy in front of that server).
 fn w7_libs(settings: &Settings) -> Vec<crate::peers::Lib> {
     let libs = libs(settings).into_iter();
-    libs.filter(|lib| lib.mode().is_none()).collect()
+    libs.filter(|lib| matches!(lib.mode(), None | Some(Mode::Postgres)))
+        .collect()
+}
+
+/// The address in a `postgres://user@host:port/db` URL (`None`: no PostgreSQL in this run).
+fn postgres_addr(url: &str) -> Option<std::net::SocketAddr> {
+    let rest = url.strip_prefix("postgres://")?;
+    let host_port = rest.split('/').next()?.rsplit('@').next()?;
+    let (host, port) = host_port.rsplit_once(':')?;
+    let host = if host == "localhost" {
+        "127.0.0.1"
+    } else {
+        host
+    };
+    format!("{host}:{port}").parse().ok()
 }
 
 /// The address in a `redis://host:port/` URL.
@@ -234,7 +269,10 @@ pub(crate) fn contender(args: &[String]) -> ! {
         .build()
         .expect("runtime");
     let outcome = runtime.block_on(async {
-        let client = Client::new(lib, &crate::modes::Endpoints::single(url)).await;
+        // One URL: the plain server's, or the PostgreSQL server's for dlock on it.
+        let mut at = crate::modes::Endpoints::single(url);
+        at.postgres = url.clone();
+        let client = Client::new(lib, &at).await;
         println!("ready");
         let mut go = String::new();
         let _ = std::io::stdin().read_line(&mut go);
