@@ -1,7 +1,8 @@
 //! `dlock`: look at and free dlock's locks in Redis.
 //!
 //! ```text
-//! dlock list [PATTERN]         names with a lock in Redis (SCAN, never KEYS)
+//! dlock list [PATTERN]         names with a lock in Redis (SCAN, never KEYS); on PostgreSQL,
+//!                              every advisory lock held, with its session
 //! dlock show NAME              holder, TTL, fencing tokens, waiting lockers
 //! dlock release NAME --force   free a name whoever holds it
 //! dlock watch NAME             print the name's state each time it changes
@@ -112,7 +113,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// List the names that have a lock in Redis now (SCAN, never KEYS).
+    /// List the names that have a lock in Redis now (SCAN, never KEYS); on PostgreSQL, every
+    /// advisory lock held, with its session.
     List {
         /// Only names matching this glob (`*`, `?`, `[...]`).
         #[arg(default_value = "*")]
@@ -237,6 +239,16 @@ impl Failure {
         }
         ExitCode::from(code)
     }
+}
+
+/// Whether `url` is a PostgreSQL database's.
+fn is_postgres_url(url: &str) -> bool {
+    url.starts_with("postgres://") || url.starts_with("postgresql://")
+}
+
+/// Whether the locks are in a PostgreSQL database.
+fn is_postgres(target: &Target) -> bool {
+    matches!(target, Target::Url(Server { url, .. }) if is_postgres_url(url))
 }
 
 impl From<LockError> for Failure {
@@ -497,7 +509,7 @@ async fn run(cli: Cli, matches: &clap::ArgMatches) -> Result<(), Failure> {
                  sentinels, point it at one master's URL",
             ));
         };
-        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        if is_postgres_url(&url) {
             return Err(Failure::new(
                 2,
                 "dlock check runs against Redis; dlock's own tests run the checker on \
@@ -525,6 +537,19 @@ async fn run(cli: Cli, matches: &clap::ArgMatches) -> Result<(), Failure> {
     let locker = (builder(&target, &cli.prefix)?.build().await)
         .map_err(|err| connect_failure(&target, err))?;
     match cli.command {
+        Command::List { pattern } if is_postgres(&target) => {
+            // PostgreSQL keeps each lock as a number made from its name: no name to match.
+            if pattern != "*" {
+                return Err(Failure::new(
+                    2,
+                    "on PostgreSQL, `list` takes no pattern: it lists every advisory lock \
+                     held (a lock is kept as a number made from its name); `show NAME` reads \
+                     one name",
+                ));
+            }
+            let locks = locker.advisory_locks().await?;
+            println!("{}", render::advisory_locks(&locks, cli.json));
+        }
         Command::List { pattern } => {
             let names = locker.list(&pattern).await?;
             let infos: Vec<_> = futures_util::stream::iter(&names)

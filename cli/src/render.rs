@@ -108,6 +108,44 @@ pub(crate) fn list(infos: &[LockInfo], json: bool) -> String {
     lines.collect::<Vec<_>>().join("\n")
 }
 
+/// `dlock list` on PostgreSQL: each advisory lock held, with its session.
+pub(crate) fn advisory_locks(locks: &[dlock_core::AdvisoryLock], json: bool) -> String {
+    let age = |l: &dlock_core::AdvisoryLock| l.session_age.map(|d| d.as_secs_f64());
+    if json {
+        let rows = locks.iter().map(|l| {
+            serde_json::json!({
+                "key": l.key,
+                "mode": if l.shared { "shared" } else { "exclusive" },
+                "pid": l.pid,
+                "application": l.application,
+                "client": l.client,
+                "session_age_s": age(l),
+            })
+        });
+        return Value::Array(rows.collect()).to_string();
+    }
+    if locks.is_empty() {
+        return "no advisory locks".to_owned();
+    }
+    let mut lines = vec![format!(
+        "{:>20}  {:9}  {:>7}  {:12}  {:15}  session age",
+        "advisory key", "mode", "pid", "application", "client"
+    )];
+    lines.extend(locks.iter().map(|l| {
+        format!(
+            "{:>20}  {:9}  {:>7}  {:12}  {:15}  {}",
+            l.key,
+            if l.shared { "shared" } else { "exclusive" },
+            l.pid,
+            l.application,
+            l.client.as_deref().unwrap_or("-"),
+            l.session_age
+                .map_or("-".to_owned(), |d| format!("{:.1}s", d.as_secs_f64())),
+        )
+    }));
+    lines.join("\n")
+}
+
 /// `dlock show`.
 pub(crate) fn show(info: &LockInfo, json: bool) -> String {
     if json {

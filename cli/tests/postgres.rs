@@ -1,5 +1,6 @@
 //! The `dlock` binary against PostgreSQL (`--url postgres://...`): `show` reads the sessions that
-//! hold a name from `pg_locks`, `release --force` ends them, and `list` says why it can't list.
+//! hold a name from `pg_locks`, `release --force` ends them, and `list` shows every advisory lock
+//! held, with its session.
 
 use std::time::Duration;
 
@@ -41,14 +42,35 @@ async fn show_and_release_a_lock_held_on_postgres() {
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
     assert_eq!(json["state"], "free", "{json}");
 
-    // PostgreSQL keeps a number for each lock, not its name.
+    // PostgreSQL keeps a number for each lock, not its name: `list` shows every advisory lock
+    // held, with its session, and takes no pattern.
+    let held = locker.lock(name.as_str()).await.expect("lock again");
+    let key = locker.advisory_key(name.as_str()).expect("a postgres key");
     let out = run(&url, &["list"]).await;
+    assert!(out.status.success(), "{}", errors(&out));
+    let listed = text(&out);
+    let row = (listed.lines())
+        .find(|l| l.contains(&key.to_string()))
+        .unwrap_or_else(|| panic!("no row for {key}: {listed}"));
+    assert!(row.contains("exclusive") && row.contains("dlock"), "{row}");
+    let out = run(&url, &["list", "--json"]).await;
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let rows = json.as_array().expect("an array");
+    assert!(
+        rows.iter()
+            .any(|r| r["key"] == key && r["mode"] == "exclusive"),
+        "{json}"
+    );
+    let out = run(&url, &["list", "order:*"]).await;
     assert_eq!(out.status.code(), Some(2), "{}", errors(&out));
     assert!(
-        errors(&out).contains("cannot list names"),
+        errors(&out).contains("takes no pattern"),
         "{}",
         errors(&out)
     );
+    assert!(held.release().await.is_released());
+    let out = run(&url, &["list"]).await;
+    assert_eq!(text(&out).trim(), "no advisory locks");
     let out = run(&url, &["check", "--duration", "1s"]).await;
     assert_eq!(out.status.code(), Some(2), "{}", errors(&out));
     assert!(

@@ -184,7 +184,7 @@ pub use error::{
 pub use fencing::FencingToken;
 pub use hold::{Fenced, HeldLock, Hold, Lost};
 pub use locker::{
-    ConfigError, Holder, LockInfo, Locker, LockerBuilder, LockerConfig, LockerStats,
+    AdvisoryLock, ConfigError, Holder, LockInfo, Locker, LockerBuilder, LockerConfig, LockerStats,
     default_locker, set_default_locker,
 };
 pub use masters::{MasterGuard, MasterRequest, MasterSet};

@@ -18,6 +18,7 @@ use crate::request::{LockRequest, RequestKind};
 use crate::rw::ReadWriteLock;
 use crate::semaphore::Semaphore;
 
+mod advisory;
 mod builder;
 mod checks;
 #[cfg(feature = "cluster")]
@@ -33,6 +34,7 @@ mod sentinel;
 mod stats;
 mod url;
 
+pub use advisory::AdvisoryLock;
 pub use builder::LockerBuilder;
 pub use config::{ConfigError, LockerConfig};
 pub use default::{default_locker, set_default_locker};

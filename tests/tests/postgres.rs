@@ -463,4 +463,13 @@ async fn inspect_and_force_release_reach_the_holding_session() {
     );
     let listed = operator.list("*").await;
     assert!(matches!(listed, Err(LockError::Config(_))), "{listed:?}");
+    // What stands in for it: every advisory lock held, by key.
+    let again = holder.lock(name.as_str()).await.expect("lock");
+    let key = operator.advisory_key(name.as_str()).expect("a key");
+    let locks = operator.advisory_locks().await.expect("advisory locks");
+    assert!(
+        locks.iter().any(|l| l.key == key && !l.shared && l.application == "dlock"),
+        "{locks:?}"
+    );
+    assert!(again.release().await.is_released());
 }

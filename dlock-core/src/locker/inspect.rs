@@ -104,7 +104,8 @@ impl Locker {
             Backend::Postgres(_) => {
                 return Err(LockError::Config(
                     "a postgres `Locker` cannot list names: PostgreSQL keeps each lock as a \
-                     number made from its name; inspect a name you know instead"
+                     number made from its name; inspect a name you know, or see every \
+                     advisory lock held with `advisory_locks`"
                         .into(),
                 ));
             }

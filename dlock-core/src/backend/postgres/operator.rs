@@ -93,4 +93,17 @@ impl PgBackend {
         let answer = tokio::time::timeout(self.timeout, query).await;
         self.answered(&mut st, 0, answer)
     }
+
+    /// Runs a query of no argument on the first connection: its rows.
+    pub(crate) async fn rows_of<T>(&self, sql: &'static str) -> Result<Vec<T>, BackendError>
+    where
+        T: for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow> + Send + Unpin,
+    {
+        let mut st = self.conns[0].state.lock().await;
+        self.connected(&mut st).await?;
+        let conn = st.conn.as_mut().ok_or_else(gone)?;
+        let query = sqlx::query_as::<_, T>(sql).fetch_all(conn);
+        let answer = tokio::time::timeout(self.timeout, query).await;
+        self.answered(&mut st, 0, answer)
+    }
 }
