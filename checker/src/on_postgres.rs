@@ -22,8 +22,10 @@
 //! [`FaultKind::SessionEnded`] (or [`FaultKind::Restart`]) over the names those sessions held,
 //! read from `pg_locks` (in the statement that kills the session; before a pause or a stall,
 //! for the sessions gone after it). That excuses an overlap on those names and counts it, as a
-//! Redis `DEL` does. Nothing else may cost a hold. At the end, once every guard is gone and
-//! every lease ran out, no advisory lock may be left in `pg_locks`.
+//! Redis `DEL` does. Nothing else may cost a hold. A release wakes its waiters in time (the
+//! wake-up bound of `wakeups.rs`: a claim to the next turn left behind would break it). At the
+//! end, once every guard is gone and every lease ran out, no advisory lock may be left in
+//! `pg_locks`.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -338,6 +340,11 @@ pub async fn run_postgres(config: Config) -> Report {
     };
     let mut leftovers = advisory_leftovers(t, settle(p)).await;
     locker_leftovers(&ctx.actors, &mut leftovers);
+    // (e) Every locker here waits by `LISTEN`: a release wakes a waiter in time, and no claim
+    // to the next turn keeps the name from everyone.
+    let faults_seen = ctx.history.faults();
+    let waits = (&[][..], Duration::ZERO);
+    super::wakeups::check(&ctx.history, &faults_seen, waits, &mut leftovers);
     watchdog_probe(&ctx.actors, None, &mut leftovers).await;
     let report = finish(config, wall, &ctx, faults, leftovers);
     eprintln!("{}", report.summary());

@@ -211,6 +211,9 @@ pub(crate) struct Shape {
     pub(crate) rw: Option<u8>,
     /// Whether the semaphore's count may be set at run time (`set_permits`).
     pub(crate) set_permits: bool,
+    /// A plain name whose waits are now and then long, as the fair name's are: where a claim
+    /// to the next turn left behind would keep waiters out past the wake-up bound.
+    pub(crate) long_waits: Option<u8>,
 }
 
 /// The longest lease (or extension) the generator ever asks for, `Duration::MAX` aside.
@@ -286,10 +289,12 @@ fn extension(rng: &mut StdRng, lease: Duration) -> Duration {
     }
 }
 
-/// A wait on the fair name: now and then long enough for later waiters to line up behind it
-/// (the fair-order check compares waiters that came more than `SLACK` apart).
+/// A wait on the fair name (or the name of `Shape::long_waits`): now and then long enough for
+/// later waiters to line up behind it (the fair-order check compares waiters that came more
+/// than `SLACK` apart).
 fn fair_wait(rng: &mut StdRng, shape: Shape, name: u8, acquire: &mut Acquire) {
-    if shape.fair == Some(name) && !acquire.try_lock && rng.random_bool(0.3) {
+    let long = shape.fair == Some(name) || shape.long_waits == Some(name);
+    if long && !acquire.try_lock && rng.random_bool(0.3) {
         acquire.wait = between(rng, 300, 1_000);
     }
 }
@@ -619,6 +624,7 @@ mod tests {
             semaphore: Some(3),
             rw: Some(4),
             set_permits: true,
+            long_waits: None,
         };
         let a = sessions(7, 2, 200, shape, Duration::from_millis(500));
         let b = sessions(7, 2, 200, shape, Duration::from_millis(500));
@@ -636,6 +642,7 @@ mod tests {
             semaphore: Some(3),
             rw: Some(4),
             set_permits: true,
+            long_waits: None,
         };
         let mut multis = 0;
         for worker in 0..8 {

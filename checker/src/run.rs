@@ -224,6 +224,7 @@ pub(super) async fn drive(
         semaphore: Some(p.semaphore_name()),
         rw: Some(p.rw_name()),
         set_permits: redis,
+        long_waits: (!redis).then(|| p.fair_name()),
     };
     let (stop_tx, stop_rx) = watch::channel(false);
     // Faults may target the steady names too: their holds live through the faults.

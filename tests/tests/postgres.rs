@@ -468,7 +468,9 @@ async fn inspect_and_force_release_reach_the_holding_session() {
     let key = operator.advisory_key(name.as_str()).expect("a key");
     let locks = operator.advisory_locks().await.expect("advisory locks");
     assert!(
-        locks.iter().any(|l| l.key == key && !l.shared && l.application == "dlock"),
+        locks
+            .iter()
+            .any(|l| l.key == key && !l.shared && l.application == "dlock"),
         "{locks:?}"
     );
     assert!(again.release().await.is_released());

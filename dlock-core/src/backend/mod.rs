@@ -371,7 +371,15 @@ impl Session {
         match self {
             Self::Redis(r, c) => r.acquire(c, keys, owner, lease, fence_ttl, turn).await,
             #[cfg(feature = "postgres")]
-            Self::Postgres(p) => p.acquire(keys, owner, lease).await,
+            Self::Postgres(p) => {
+                let plain = matches!(keys.kind, crate::name::KeyKind::Lock);
+                let claim = if plain { turn.claim } else { None };
+                let turn = postgres::InTurn {
+                    locker: turn.locker,
+                    claim,
+                };
+                p.acquire(keys, owner, lease, turn).await
+            }
         }
     }
 
@@ -528,7 +536,7 @@ impl Session {
         match self {
             Self::Redis(r, c) => r.leave_turn(c, keys, locker, since, last, granted_to).await,
             #[cfg(feature = "postgres")]
-            Self::Postgres(p) => p.leave_gate(keys, last).await,
+            Self::Postgres(p) => p.leave_turn(keys, locker, last).await,
         }
     }
 

@@ -26,6 +26,8 @@
 //!   increasing for every name (they increase across names), and across server restarts
 //!   (a sequence never goes back, even after a crash).
 //! - **Waking** is by `NOTIFY` (see [`listen`]): a release unlocks and notifies in one query.
+//! - **Turns across processes** are taken by claims to the next turn, kept in a table (see
+//!   [`turns`]): a far process is not beaten to a plain lock after every release.
 //! - **What is offered:** plain locks (waiting, try-lock, re-entry in a scope, multi-locks taken
 //!   name by name, in order, all or none, `at_least`), semaphores (permit slots, several at
 //!   once all or none) and read-write locks (shared and exclusive locks on one key, with a gate
@@ -47,6 +49,7 @@ mod listen;
 mod operator;
 mod sessions;
 pub(crate) mod shared;
+mod turns;
 
 use super::wait::{Slots, Watch};
 use super::{AcquireAllReply, AcquireReply, ReleaseReply, RenewItem, RenewReply};
@@ -56,6 +59,8 @@ use holds::{Held, Holds, Locks};
 use keys::advisory_key;
 use listen::Listening;
 use sessions::{ConnState, LockConn, gone};
+use turns::Attempt;
+pub(crate) use turns::InTurn;
 
 /// How many connections a `Locker` keeps its holds on (each name always on the same one).
 const CONNECTIONS: usize = 4;
@@ -91,6 +96,9 @@ pub(crate) struct PgBackend {
     /// What this backend's sessions hold. Changed only under the hold's connection's lock, so
     /// it and the session agree.
     holds: Mutex<Holds>,
+    /// The plain locks (by advisory key) whose next turn a waiter of this `Locker` claimed
+    /// (see [`turns`]).
+    claims: Mutex<HashSet<i64>>,
     slots: Arc<Slots>,
     listening: Arc<Listening>,
     timeout: Duration,
@@ -124,6 +132,7 @@ impl PgBackend {
             options,
             conns: (0..CONNECTIONS).map(|_| LockConn::default()).collect(),
             holds: Mutex::new(Holds::default()),
+            claims: Mutex::new(HashSet::new()),
             slots: Arc::new(Slots::default()),
             listening: Arc::new(Listening::default()),
             timeout,
@@ -164,6 +173,7 @@ impl PgBackend {
         keys: &LockKeys,
         owner: &str,
         lease: Duration,
+        turn: InTurn<'_>,
     ) -> Result<AcquireReply, BackendError> {
         offered(keys)?;
         let at = self.place(keys);
@@ -189,19 +199,19 @@ impl PgBackend {
             // Another owner's of this `Locker`: its session would take the lock a second time.
             return Ok(busy());
         }
-        match self.take_exclusive(st, at, lease).await? {
-            Some(fence) => {
-                self.taken(
-                    at,
-                    keys,
-                    st,
-                    (owner, fence),
-                    lease,
-                    Locks::Exclusive(at.lock),
-                );
+        match self.take_in_turn(st, at, lease, turn).await? {
+            Attempt::Took(fence) => {
+                let locks = Locks::Exclusive(at.lock);
+                self.taken(at, keys, st, (owner, fence), lease, locks);
                 Ok(AcquireReply::Acquired { fence: Some(fence) })
             }
-            None => Ok(busy()),
+            // Another's turn: its waiter wakes when that claim would lapse, if no release
+            // wakes it first.
+            Attempt::Busy { claim_left } => Ok(AcquireReply::Busy {
+                pttl: claim_left,
+                foreign: false,
+                fence: None,
+            }),
         }
     }
 
@@ -296,7 +306,12 @@ impl PgBackend {
     ) -> Result<AcquireAllReply, BackendError> {
         let mut fences = Vec::with_capacity(locks.len());
         for (index, (keys, owner)) in locks.iter().enumerate() {
-            let reply = self.acquire(keys, owner, lease).await;
+            // Taken name by name, whoever claimed their next turns: it waits for them.
+            let turn = InTurn {
+                locker: "",
+                claim: None,
+            };
+            let reply = self.acquire(keys, owner, lease, turn).await;
             match reply {
                 Ok(AcquireReply::Acquired { fence }) => fences.push(fence.unwrap_or(0)),
                 other => {
@@ -528,8 +543,8 @@ fn busy() -> AcquireReply {
     }
 }
 
-/// Milliseconds since 1970 on this host's clock: what orders claims to the next turn, which
-/// this backend does not make.
+/// Milliseconds since 1970 on this host's clock: what orders claims to the next turn (see
+/// [`turns`]; each waiter's `since` comes from its own host).
 pub(crate) fn wall_ms() -> u64 {
     let since_1970 = (std::time::SystemTime::now())
         .duration_since(std::time::UNIX_EPOCH)

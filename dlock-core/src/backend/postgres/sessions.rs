@@ -21,7 +21,7 @@ pub(super) struct ConnState {
     pub(super) generation: u64,
     /// The session's `idle_session_timeout`, ms (0: not set yet).
     pub(super) idle_ms: u64,
-    /// Whether the fencing sequence is known to exist.
+    /// Whether the fencing sequence and the claims' table are known to exist.
     sequence: bool,
 }
 
@@ -48,17 +48,16 @@ impl PgBackend {
             st.idle_ms = 0;
         }
         if !st.sequence {
-            let create = format!("CREATE SEQUENCE IF NOT EXISTS {SEQUENCE}");
+            // The fencing sequence and the claims' table (see `turns`).
+            let sequence = format!("CREATE SEQUENCE IF NOT EXISTS {SEQUENCE}");
             let conn = st.conn.as_mut().ok_or_else(gone)?;
-            let made = tokio::time::timeout(self.timeout, sqlx::query(&create).execute(conn)).await;
+            let made = async {
+                made_unless_there(sqlx::query(&sequence).execute(&mut *conn).await)?;
+                made_unless_there(sqlx::query(super::turns::CREATE).execute(&mut *conn).await)
+            };
+            let made = tokio::time::timeout(self.timeout, made).await;
             match made {
-                Ok(Ok(_)) => st.sequence = true,
-                // Made meanwhile by another session (two `IF NOT EXISTS` at once may collide).
-                Ok(Err(sqlx::Error::Database(db)))
-                    if matches!(db.code().as_deref(), Some("23505" | "42P07")) =>
-                {
-                    st.sequence = true;
-                }
+                Ok(Ok(())) => st.sequence = true,
                 Ok(Err(err)) => {
                     let err = BackendError::postgres(&err);
                     self.broke(st, usize::MAX);
@@ -143,6 +142,22 @@ fn session_goes_on(err: &sqlx::Error) -> bool {
     };
     !(db.try_downcast_ref::<PgDatabaseError>())
         .is_some_and(|pg| matches!(pg.severity(), PgSeverity::Fatal | PgSeverity::Panic))
+}
+
+/// What a `CREATE … IF NOT EXISTS` gave: made, there already, or made meanwhile by another
+/// session (two at once may collide on the catalog's unique keys).
+fn made_unless_there(
+    made: Result<sqlx::postgres::PgQueryResult, sqlx::Error>,
+) -> Result<(), sqlx::Error> {
+    match made {
+        Ok(_) => Ok(()),
+        Err(sqlx::Error::Database(db))
+            if matches!(db.code().as_deref(), Some("23505" | "42P07")) =>
+        {
+            Ok(())
+        }
+        Err(err) => Err(err),
+    }
 }
 
 pub(super) fn gone() -> BackendError {
