@@ -26,8 +26,9 @@
 //!   increasing for every name (they increase across names), and across server restarts
 //!   (a sequence never goes back, even after a crash).
 //! - **Waking** is by `NOTIFY` (see [`listen`]): a release unlocks and notifies in one query.
-//! - **Turns across processes** are taken by claims to the next turn, kept in a table (see
-//!   [`turns`]): a far process is not beaten to a plain lock after every release.
+//! - **Turns across processes** are taken by claims to the next turn, kept in a table made
+//!   beside the sequence, with the same right (see [`turns`]): a far process is not beaten to a
+//!   plain lock after every release.
 //! - **What is offered:** plain locks (waiting, try-lock, re-entry in a scope, multi-locks taken
 //!   name by name, in order, all or none, `at_least`), semaphores (permit slots, several at
 //!   once all or none) and read-write locks (shared and exclusive locks on one key, with a gate

@@ -89,7 +89,8 @@ impl ServerCommand {
 /// fresh SQLite file in a temporary directory), all at once — as replicas start, racing to migrate the
 /// schema — and waits until each answers. They share one operator's token
 /// ([`Instances::operator`]): the command's, or a new one. Their logs go to stderr at `warn` unless `RUST_LOG`
-/// says otherwise.
+/// says otherwise. An instance that exits at start-up (its port taken meanwhile, say) is started
+/// again on another port, twice at most.
 pub async fn start(
     server: &ServerCommand,
     count: usize,
@@ -115,14 +116,14 @@ pub async fn start(
         _dir: dir,
     };
     let log_level = std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".to_owned());
-    for _ in 0..count {
-        let port = free_port()?;
+    let operator = instances.operator.clone();
+    let spawn = |port: u16| -> Result<Child, String> {
         let mut command = server.command();
         command
             .arg("--port")
             .arg(port.to_string())
             .env("DATABASE_URL", &database_url)
-            .env(OPERATOR_TOKEN_ENV, instances.operator.expose())
+            .env(OPERATOR_TOKEN_ENV, operator.expose())
             .env("RUST_LOG", &log_level)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -141,16 +142,39 @@ pub async fn start(
         if !locks {
             command.arg("--no-locks");
         }
-        let child = command
+        command
             .spawn()
-            .map_err(|e| format!("starting {}: {e}", server.program.display()))?;
-        instances.children.push(child);
+            .map_err(|e| format!("starting {}: {e}", server.program.display()))
+    };
+    for _ in 0..count {
+        let port = free_port()?;
+        instances.children.push(spawn(port)?);
         instances.urls.push(format!("http://127.0.0.1:{port}"));
     }
-    for (child, url) in instances.children.iter_mut().zip(&instances.urls) {
-        wait_ready(child, url).await?;
+    for i in 0..count {
+        // A port found free may be taken before the instance binds it (by another program's
+        // connection, say): an instance that exits at start-up gets another port, twice.
+        let mut tries = 0;
+        loop {
+            let (child, url) = (&mut instances.children[i], &instances.urls[i]);
+            match wait_ready(child, url).await {
+                Ok(()) => break,
+                Err(err) if tries >= 2 || !exited(child) => return Err(err),
+                Err(_) => {
+                    tries += 1;
+                    let port = free_port()?;
+                    instances.children[i] = spawn(port)?;
+                    instances.urls[i] = format!("http://127.0.0.1:{port}");
+                }
+            }
+        }
     }
     Ok(instances)
+}
+
+/// Whether `child` has exited.
+fn exited(child: &mut Child) -> bool {
+    matches!(child.try_wait(), Ok(Some(_)))
 }
 
 /// Polls `url` until the instance answers `/healthz` (it listens once its schema is up to
@@ -318,5 +342,36 @@ fn panic_text(err: tokio::task::JoinError) -> String {
             .or_else(|| payload.downcast_ref::<&str>().map(|s| (*s).to_owned()))
             .unwrap_or_else(|| "it panicked".to_owned()),
         Err(err) => err.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An instance that can't start is started again twice on other ports, then the error is
+    /// the caller's — at once, not after the 30 s wait for an answer.
+    #[tokio::test]
+    async fn an_instance_that_exits_at_start_up_is_tried_three_times_then_reported() {
+        let marker = tempfile::tempdir().expect("a directory");
+        let tries = marker.path().join("tries");
+        let script = format!("echo x >> {}; exit 2", tries.display());
+        let server = ServerCommand {
+            program: "sh".into(),
+            args: vec!["-c".to_owned(), script, "sh".to_owned()],
+            operator: None,
+        };
+        let redis = LockTarget::Server("redis://127.0.0.1:1/".to_owned());
+        let started = Instant::now();
+        let err = start(&server, 1, &redis, None, true)
+            .await
+            .expect_err("it never starts");
+        assert!(err.contains("exited at start-up"), "{err}");
+        assert!(started.elapsed() < Duration::from_secs(10));
+        let count = std::fs::read_to_string(&tries)
+            .expect("tries")
+            .lines()
+            .count();
+        assert_eq!(count, 3);
     }
 }
