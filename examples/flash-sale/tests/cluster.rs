@@ -16,6 +16,8 @@ use http_body_util::{BodyExt as _, Full};
 use hyper_util::client::legacy::Client;
 use serde_json::{Value, json};
 
+mod common;
+
 /// The operator's token the instances are started with; every request below carries it.
 const OPERATOR: &str = "test-operator-token-0123456789";
 
@@ -258,25 +260,7 @@ async fn the_demo_on_a_cluster_prints_the_table_and_leaves_no_node_running() {
     assert_eq!(ports.len(), 6, "{stdout}");
     assert!(stdout.contains("one Redis Cluster"), "{stdout}");
 
-    let row = |label: &str| -> Vec<String> {
-        let line = stdout
-            .lines()
-            .find(|l| l.starts_with(label))
-            .unwrap_or_else(|| panic!("no `{label}` row in:\n{stdout}"));
-        line[label.len()..]
-            .split("  ")
-            .map(str::trim)
-            .filter(|c| !c.is_empty())
-            .map(str::to_owned)
-            .collect()
-    };
-    assert_eq!(row("other errors")[1], "0", "{stdout}\n{stderr}");
-    assert_eq!(row("users with duplicate orders")[1], "0", "{stdout}");
-    assert_eq!(row("SKU units oversold")[1], "0", "{stdout}");
-    assert_eq!(row("units lost (stock − orders)")[1], "0", "{stdout}");
-    assert_eq!(row("units sold twice (lost updates)")[1], "0", "{stdout}");
-    assert_eq!(row("voucher orders / stock")[1], "100 / 100", "{stdout}");
-    assert_eq!(row("invariants hold")[1], "yes", "{stdout}");
+    common::table::assert_locked_round_holds(&stdout, &stderr);
 
     // The demo killed its nodes on the way out: nothing answers on their ports.
     for port in ports {

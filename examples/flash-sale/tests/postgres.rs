@@ -9,6 +9,8 @@ use flash_sale::demo;
 use flash_sale::loadgen::LoadConfig;
 use flash_sale::server::LockTarget;
 
+mod common;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_shop_runs_on_postgres_without_duplicates_or_oversell() {
     let pg = Postgres::start();
@@ -257,23 +259,7 @@ async fn the_demo_with_its_locks_in_postgres_prints_the_table_without_redis() {
             .contains("locks in PostgreSQL beside the orders (no Redis), one PostgreSQL database"),
         "{stdout}"
     );
-    let row = |label: &str| -> Vec<String> {
-        let line = (stdout.lines().find(|l| l.starts_with(label)))
-            .unwrap_or_else(|| panic!("no `{label}` row in:\n{stdout}"));
-        line[label.len()..]
-            .split("  ")
-            .map(str::trim)
-            .filter(|c| !c.is_empty())
-            .map(str::to_owned)
-            .collect()
-    };
-    assert_eq!(row("other errors")[1], "0", "{stdout}\n{stderr}");
-    assert_eq!(row("users with duplicate orders")[1], "0", "{stdout}");
-    assert_eq!(row("SKU units oversold")[1], "0", "{stdout}");
-    assert_eq!(row("units lost (stock − orders)")[1], "0", "{stdout}");
-    assert_eq!(row("units sold twice (lost updates)")[1], "0", "{stdout}");
-    assert_eq!(row("voucher orders / stock")[1], "100 / 100", "{stdout}");
-    assert_eq!(row("invariants hold")[1], "yes", "{stdout}");
+    common::table::assert_locked_round_holds(&stdout, &stderr);
     // A wrong pairing is refused with the reason.
     let both = tokio::process::Command::new(env!("CARGO_BIN_EXE_demo"))
         .args(["--exit", "--locks", "postgres", "--cluster"])

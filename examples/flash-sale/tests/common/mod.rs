@@ -3,6 +3,8 @@
 
 #![allow(dead_code, unreachable_pub)]
 
+pub mod table;
+
 use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
