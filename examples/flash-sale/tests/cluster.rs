@@ -234,22 +234,11 @@ async fn bad_cluster_settings_stop_an_instance_with_a_reason() {
 /// invariant holding with the locks on, exit status 0, and no cluster node left running.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_demo_on_a_cluster_prints_the_table_and_leaves_no_node_running() {
-    let demo = tokio::process::Command::new(env!("CARGO_BIN_EXE_demo"))
-        .args(["--exit", "--cluster", "--users", "300", "--instances", "2"])
-        .env_remove(REDIS_URL_ENV)
-        .env_remove(REDIS_CLUSTER_URLS_ENV)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .output();
-    let out = tokio::time::timeout(Duration::from_secs(180), demo)
-        .await
-        .expect("the demo ends within 180 s")
-        .expect("the demo starts");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{}\n{stdout}\n{stderr}", out.status);
+    let (stdout, stderr) = common::table::run_demo(
+        &["--exit", "--cluster", "--users", "300", "--instances", "2"],
+        Duration::from_secs(180),
+    )
+    .await;
     let first = stdout.lines().next().unwrap_or_default();
     let ports: Vec<u16> = first
         .strip_prefix("started a Redis Cluster (3 masters, 3 replicas) on ports ")

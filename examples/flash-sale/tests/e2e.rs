@@ -1,7 +1,6 @@
 //! The demo's flow at small scale: instances as real processes, one Redis, one SQLite database,
 //! a few hundred buyers. With locks every invariant holds; without them the race shows.
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use flash_sale::demo;
@@ -59,21 +58,11 @@ async fn two_instances_with_locks_never_duplicate_or_oversell() {
 /// status 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_demo_command_prints_both_rounds_side_by_side() {
-    let demo = tokio::process::Command::new(env!("CARGO_BIN_EXE_demo"))
-        .args(["--exit", "--users", "300", "--instances", "2"])
-        .env_remove("DLOCK_URL")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .output();
-    let out = tokio::time::timeout(Duration::from_secs(240), demo)
-        .await
-        .expect("the demo ends within 240 s")
-        .expect("the demo starts");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{}\n{stdout}\n{stderr}", out.status);
+    let (stdout, stderr) = common::table::run_demo(
+        &["--exit", "--users", "300", "--instances", "2"],
+        Duration::from_secs(240),
+    )
+    .await;
     assert!(
         stdout.starts_with("started redis-server on port"),
         "{stdout}"

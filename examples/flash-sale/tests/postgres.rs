@@ -222,8 +222,8 @@ async fn postgres_down_is_a_503_within_two_seconds() {
 /// locks on, and exit status 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_demo_with_its_locks_in_postgres_prints_the_table_without_redis() {
-    let demo = tokio::process::Command::new(env!("CARGO_BIN_EXE_demo"))
-        .args([
+    let (stdout, stderr) = common::table::run_demo(
+        &[
             "--exit",
             "--locks",
             "postgres",
@@ -231,21 +231,10 @@ async fn the_demo_with_its_locks_in_postgres_prints_the_table_without_redis() {
             "300",
             "--instances",
             "2",
-        ])
-        .env_remove(flash_sale::server::REDIS_URL_ENV)
-        .env_remove(flash_sale::server::REDIS_CLUSTER_URLS_ENV)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .output();
-    let out = tokio::time::timeout(Duration::from_secs(180), demo)
-        .await
-        .expect("the demo ends within 180 s")
-        .expect("the demo starts");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{}\n{stdout}\n{stderr}", out.status);
+        ],
+        Duration::from_secs(180),
+    )
+    .await;
     assert!(
         stdout.starts_with("started a PostgreSQL server on port "),
         "{stdout}"

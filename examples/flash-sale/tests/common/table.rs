@@ -1,4 +1,29 @@
-//! The demo's printed table, as its tests read it.
+//! The demo as its tests run it, and its printed table as they read it.
+
+use std::time::Duration;
+
+/// Runs the `demo` binary with `args` (and neither of dlock's Redis variables, so it starts
+/// its own servers) to its end, within `within`: its standard output and error. Panics, showing
+/// both, unless it exits with success.
+pub async fn run_demo(args: &[&str], within: Duration) -> (String, String) {
+    let demo = tokio::process::Command::new(env!("CARGO_BIN_EXE_demo"))
+        .args(args)
+        .env_remove(flash_sale::server::REDIS_URL_ENV)
+        .env_remove(flash_sale::server::REDIS_CLUSTER_URLS_ENV)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(within, demo)
+        .await
+        .unwrap_or_else(|_| panic!("the demo ends within {within:?}"))
+        .expect("the demo starts");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{}\n{stdout}\n{stderr}", out.status);
+    (stdout, stderr)
+}
 
 /// The cells of the row `label` of the demo's table in `stdout`, after the label: one per
 /// column, trimmed. Panics, showing the output, when there is no such row.
