@@ -77,6 +77,8 @@ pub(crate) struct Shared {
     /// A random id, named in the turns this `Locker`'s waiters claim: its hand-overs may serve
     /// its own waiters, never pass over another `Locker`'s.
     turn_id: Arc<str>,
+    /// Where its owner tokens come from.
+    owners: owner::Owners,
     /// Where the locker points, with any password removed.
     pub(crate) display: String,
 }
@@ -99,7 +101,8 @@ impl Engine {
     /// The machinery over `backend` with `config`; `display` says where it points, without a
     /// password.
     pub(crate) fn new(backend: Backend, config: Config, display: String) -> Self {
-        let turn_id = owner::new_owner(config.token_tag, None);
+        let owners = owner::Owners::draw();
+        let turn_id = owners.next(config.token_tag, None);
         Self {
             inner: Arc::new(Shared {
                 id: next_id(),
@@ -111,6 +114,7 @@ impl Engine {
                 hold_times: HoldTimes::default(),
                 handed_over: AtomicU64::new(0),
                 turn_id,
+                owners,
                 display,
             }),
         }
@@ -119,7 +123,7 @@ impl Engine {
     /// A fresh owner token for one acquisition, with this `Locker`'s holder label.
     pub(crate) fn new_owner(&self) -> Arc<str> {
         let config = &self.inner.config;
-        owner::new_owner(config.token_tag, config.holder_label.as_deref())
+        (self.inner.owners).next(config.token_tag, config.holder_label.as_deref())
     }
 
     /// This `Locker`'s id, unique in the process: what a scope records its holds under.

@@ -1,53 +1,57 @@
 //! Owner tokens: the random name a hold goes by in Redis, fresh for every acquisition.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
-/// A fresh owner token: the layout's `tag` (see `protocol::layout`), 32 hex digits, then
-/// `@label` if the `Locker` has a holder label.
+/// Where one `Locker`'s owner tokens come from: a count, a scrambling key and 64 random bits,
+/// the last two drawn from the operating system when the `Locker` is built.
 ///
-/// The first 64 bits are this process's count of tokens, scrambled with a random key by a
-/// bijection (so no two tokens of one process share them, and a token's short prefix still
-/// tells holds apart); the last 64 are random bits drawn once per process, which set its tokens
-/// apart from every other process's. A forked child would repeat its parent's tokens, so the
-/// bits are drawn again when the process id changes. One draw from the operating system per
-/// process rather than per acquisition: the draw is a system call, and a costly one. Should the
-/// system have no randomness to give, the process id and the time stand in for it.
-pub(crate) fn new_owner(tag: &str, label: Option<&str>) -> Arc<str> {
-    // The process id the bits below were drawn in (0: not drawn yet); written last, after them.
-    static DRAWN_IN: AtomicU32 = AtomicU32::new(0);
-    static KEY: AtomicU64 = AtomicU64::new(0);
-    static PROCESS: AtomicU64 = AtomicU64::new(0);
-    static COUNT: AtomicU64 = AtomicU64::new(0);
-    // Taken only to draw: once per process.
-    static DRAWING: Mutex<()> = Mutex::new(());
-    let pid = std::process::id();
-    if DRAWN_IN.load(Ordering::Acquire) != pid {
-        let _drawing = DRAWING
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if DRAWN_IN.load(Ordering::Acquire) != pid {
-            let (key, process) = draw_seed(pid);
-            KEY.store(key, Ordering::Relaxed);
-            PROCESS.store(process, Ordering::Relaxed);
-            DRAWN_IN.store(pid, Ordering::Release);
+/// A token's first 64 bits are the count, scrambled with the key by a bijection (so no two
+/// tokens of one `Locker` share them, and a token's short prefix still tells holds apart); its
+/// last 64 are the `Locker`'s random bits, which set its tokens apart from every other
+/// `Locker`'s, in this process or another. The draw is a system call, and a costly one: it is
+/// made once per `Locker`, not per acquisition, and nothing else on the way to a token asks the
+/// operating system anything. A process forked from this one builds its own `Locker`s (one
+/// carried across the fork is not usable: its connections and tasks are the parent's), so it
+/// draws its own bits. Should the system have no randomness to give, the process id and the
+/// time stand in for it.
+#[derive(Debug)]
+pub(crate) struct Owners {
+    key: u64,
+    bits: u64,
+    count: AtomicU64,
+}
+
+impl Owners {
+    /// A fresh source, with bits of its own.
+    pub(crate) fn draw() -> Self {
+        let (key, bits) = draw_seed(std::process::id());
+        Self {
+            key,
+            bits,
+            count: AtomicU64::new(0),
         }
     }
-    let n = COUNT.fetch_add(1, Ordering::Relaxed);
-    let mut hex = [0u8; 32];
-    write_hex(&mut hex[..16], scramble(n ^ KEY.load(Ordering::Relaxed)));
-    write_hex(&mut hex[16..], PROCESS.load(Ordering::Relaxed));
-    let hex = std::str::from_utf8(&hex).unwrap_or_default();
-    match label {
-        Some(label) => Arc::from(format!("{tag}{hex}@{label}")),
-        // On the stack, then one allocation: the usual case, once per acquisition.
-        None if tag.len() <= 8 => {
-            let mut token = [0u8; 40];
-            token[..tag.len()].copy_from_slice(tag.as_bytes());
-            token[tag.len()..tag.len() + 32].copy_from_slice(hex.as_bytes());
-            Arc::from(std::str::from_utf8(&token[..tag.len() + 32]).unwrap_or_default())
+
+    /// A fresh owner token: the layout's `tag` (see `protocol::layout`), 32 hex digits, then
+    /// `@label` if the `Locker` has a holder label.
+    pub(crate) fn next(&self, tag: &str, label: Option<&str>) -> Arc<str> {
+        let n = self.count.fetch_add(1, Ordering::Relaxed);
+        let mut hex = [0u8; 32];
+        write_hex(&mut hex[..16], scramble(n ^ self.key));
+        write_hex(&mut hex[16..], self.bits);
+        let hex = std::str::from_utf8(&hex).unwrap_or_default();
+        match label {
+            Some(label) => Arc::from(format!("{tag}{hex}@{label}")),
+            // On the stack, then one allocation: the usual case, once per acquisition.
+            None if tag.len() <= 8 => {
+                let mut token = [0u8; 40];
+                token[..tag.len()].copy_from_slice(tag.as_bytes());
+                token[tag.len()..tag.len() + 32].copy_from_slice(hex.as_bytes());
+                Arc::from(std::str::from_utf8(&token[..tag.len() + 32]).unwrap_or_default())
+            }
+            None => Arc::from(format!("{tag}{hex}")),
         }
-        None => Arc::from(format!("{tag}{hex}")),
     }
 }
 
@@ -92,7 +96,8 @@ mod tests {
 
     #[test]
     fn owner_tokens_are_unique_hex_with_the_label_after_them() {
-        let tokens: HashSet<Arc<str>> = (0..10_000).map(|_| new_owner("", None)).collect();
+        let owners = Owners::draw();
+        let tokens: HashSet<Arc<str>> = (0..10_000).map(|_| owners.next("", None)).collect();
         assert_eq!(tokens.len(), 10_000);
         assert!(tokens.iter().all(|t| {
             t.len() == 32
@@ -106,25 +111,33 @@ mod tests {
             "{} distinct prefixes",
             prefixes.len()
         );
-        let labelled = new_owner("", Some("host-1:42"));
+        let labelled = owners.next("", Some("host-1:42"));
         assert_eq!(labelled.len(), 32 + "@host-1:42".len());
         assert!(labelled.ends_with("@host-1:42"));
     }
 
     #[test]
     fn a_layouts_tag_comes_first() {
-        let tagged = new_owner("v2/", None);
+        let owners = Owners::draw();
+        let tagged = owners.next("v2/", None);
         assert_eq!((tagged.len(), &tagged[..3]), (35, "v2/"));
-        let labelled = new_owner("v2/", Some("host-1:42"));
+        let labelled = owners.next("v2/", Some("host-1:42"));
         assert!(labelled.starts_with("v2/") && labelled.ends_with("@host-1:42"));
         assert_eq!(labelled.len(), 35 + "@host-1:42".len());
     }
 
     #[test]
     fn owner_tokens_made_on_many_threads_at_once_are_unique() {
+        // Two `Locker`s' sources, each used by two threads at once.
+        let sources = [Arc::new(Owners::draw()), Arc::new(Owners::draw())];
         let threads: Vec<_> = (0..4)
-            .map(|_| {
-                std::thread::spawn(|| (0..5_000).map(|_| new_owner("", None)).collect::<Vec<_>>())
+            .map(|i| {
+                let owners = sources[i % 2].clone();
+                std::thread::spawn(move || {
+                    (0..5_000)
+                        .map(|_| owners.next("", None))
+                        .collect::<Vec<_>>()
+                })
             })
             .collect();
         let mut all = HashSet::new();
