@@ -49,6 +49,8 @@ struct Meter {
     per_node: Vec<u64>,
     work: RedisWork,
     redis_cpu: f64,
+    /// Server CPU seconds per data node, in the same order.
+    cpu_per_node: Vec<f64>,
     client_cpu: f64,
     allocations: u64,
 }
@@ -62,6 +64,8 @@ struct Spent {
     /// time includes its inner commands'), without the event loop and the network.
     redis_command_us_per_op: f64,
     redis_cpu_us_per_op: f64,
+    /// The masters' part of `redis_cpu_us_per_op`, on a mode of several servers.
+    master_cpu_us_per_op: Option<f64>,
     client_cpu_us_per_op: f64,
     /// Allocations this process made per op (the workload's own bookkeeping included, which
     /// is the same for every library).
@@ -80,6 +84,7 @@ impl Meter {
             per_node: infos.iter().map(|i| client_commands(i)).collect(),
             work: infos.iter().map(|i| redis_work(i)).sum(),
             redis_cpu: infos.iter().map(|i| redis_cpu(i)).sum(),
+            cpu_per_node: infos.iter().map(|i| redis_cpu(i)).collect(),
             client_cpu: client_cpu_s(),
             allocations: crate::allocations(),
         }
@@ -96,6 +101,14 @@ impl Meter {
             .filter(|(info, _)| info.lines().any(|l| l.trim() == "role:master"))
             .map(|(info, before)| client_commands(info).saturating_sub(*before) as f64)
             .collect();
+        // On a mode of several servers, the masters' share of the CPU (what is left is the
+        // replicas applying the masters' writes).
+        let master_cpu = (infos.len() > 1).then(|| {
+            (infos.iter().zip(&self.cpu_per_node))
+                .filter(|(info, _)| info.lines().any(|l| l.trim() == "role:master"))
+                .map(|(info, before)| redis_cpu(info) - before)
+                .sum::<f64>()
+        });
         let mean = masters.iter().sum::<f64>() / masters.len().max(1) as f64;
         let master_spread = (masters.len() > 1 && mean > 0.0).then(|| {
             let least = masters.iter().copied().fold(f64::INFINITY, f64::min);
@@ -108,6 +121,7 @@ impl Meter {
             redis_commands_per_op: work.commands.saturating_sub(self.work.commands) as f64 / ops,
             redis_command_us_per_op: work.usec.saturating_sub(self.work.usec) as f64 / ops,
             redis_cpu_us_per_op: (cpu - self.redis_cpu) * 1e6 / ops,
+            master_cpu_us_per_op: master_cpu.map(|cpu| cpu * 1e6 / ops),
             client_cpu_us_per_op: (client_cpu - self.client_cpu) * 1e6 / ops,
             allocs_per_op: allocations.saturating_sub(self.allocations) as f64 / ops,
             master_spread,
@@ -275,6 +289,9 @@ impl Acc {
         self.cmds.push(spent.commands_per_op);
         self.redis_work(spent);
         self.redis_cpu.push(spent.redis_cpu_us_per_op);
+        if let Some(cpu) = spent.master_cpu_us_per_op {
+            self.extra.entry("master_cpu_us_per_op").or_default().push(cpu);
+        }
         self.client_cpu.push(spent.client_cpu_us_per_op);
         self.allocs.push(spent.allocs_per_op);
     }
