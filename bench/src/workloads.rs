@@ -290,7 +290,10 @@ impl Acc {
         self.redis_work(spent);
         self.redis_cpu.push(spent.redis_cpu_us_per_op);
         if let Some(cpu) = spent.master_cpu_us_per_op {
-            self.extra.entry("master_cpu_us_per_op").or_default().push(cpu);
+            self.extra
+                .entry("master_cpu_us_per_op")
+                .or_default()
+                .push(cpu);
         }
         self.client_cpu.push(spent.client_cpu_us_per_op);
         self.allocs.push(spent.allocs_per_op);
