@@ -123,7 +123,9 @@ impl Engine {
     /// A fresh owner token for one acquisition, with this `Locker`'s holder label.
     pub(crate) fn new_owner(&self) -> Arc<str> {
         let config = &self.inner.config;
-        (self.inner.owners).next(config.token_tag, config.holder_label.as_deref())
+        self.inner
+            .owners
+            .next(config.token_tag, config.holder_label.as_deref())
     }
 
     /// This `Locker`'s id, unique in the process: what a scope records its holds under.
