@@ -34,6 +34,11 @@ pub(super) fn tls_ready(at: &str) -> Result<(), LockError> {
 /// `WAITAOF` is there (Redis / Valkey 7.2 or newer), asked with `COMMAND INFO`; a server that
 /// can't be asked now is left to answer the first write.
 pub(super) async fn waitaof_supported(locker: &Locker) -> Result<(), LockError> {
+    // Without the `postgres` feature the match has one arm.
+    #[cfg_attr(
+        not(feature = "postgres"),
+        allow(clippy::infallible_destructuring_match)
+    )]
     let backend = match &locker.engine.inner.backend {
         Backend::Redis(backend) => backend,
         #[cfg(feature = "postgres")]
