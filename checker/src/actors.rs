@@ -104,6 +104,7 @@ impl RedisSetup {
             .command_timeout(command_timeout)
             .connect_timeout(self.command_timeout.max(Duration::from_millis(200)));
         let nth = self.built.fetch_add(1, Ordering::Relaxed);
+        let builder = builder.clock_apart(clock_apart(nth));
         with_layout(builder, self.mixed_layouts && nth.is_multiple_of(2))
     }
 
@@ -265,6 +266,17 @@ impl RedisSetup {
     }
 }
 
+/// How far the `nth` locker of a run has the clock of its claims to the next turn set apart
+/// from the machine's, ms (`LockerBuilder::clock_apart`), as on hosts whose clocks disagree:
+/// most agree, one is a little ahead and one a little behind, and two are seconds off either
+/// way. A release reads a claim's age against the locker's clock: the claims of one far behind
+/// always look old (the lock is kept for it, and its next attempt takes it), those of one far
+/// ahead always fresh (granted). Neither may change what any locker believes it holds.
+pub(crate) fn clock_apart(nth: usize) -> i64 {
+    const APART_MS: [i64; 6] = [0, 20, -20, 5_000, 0, -5_000];
+    APART_MS[nth % APART_MS.len()]
+}
+
 /// `builder`, on layout 1's frozen scripts if `layout_1`.
 fn with_layout(builder: LockerBuilder, layout_1: bool) -> LockerBuilder {
     match layout_1 {
@@ -291,7 +303,8 @@ pub(crate) async fn memory_actors(
             .memory(store.clone())
             .prefix(prefix)
             .default_lease(dlock_core::Lease::watchdog(watchdog_lease))
-            .dead_waiter_timeout(dead_waiter_timeout);
+            .dead_waiter_timeout(dead_waiter_timeout)
+            .clock_apart(clock_apart(usize::from(i)));
         let l = with_layout(builder, mixed_layouts && i.is_multiple_of(2))
             .build()
             .await

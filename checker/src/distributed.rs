@@ -269,8 +269,10 @@ struct Partitioned {
 
 /// A locker's builder; in an `acked` run, its writes wait for a replica — by default on a
 /// `scale_out` source (a cluster, Sentinel), as asked on another — and in other runs they don't.
-fn builder(prefix: &str, p: Params, acked: bool, scale_out: bool) -> LockerBuilder {
+/// The `nth` locker's builder (see `actors::clock_apart` for what `nth` sets).
+fn builder(prefix: &str, p: Params, acked: bool, scale_out: bool, nth: usize) -> LockerBuilder {
     let b = Locker::builder()
+        .clock_apart(crate::actors::clock_apart(nth))
         .prefix(prefix)
         .default_lease(dlock_core::Lease::watchdog(p.watchdog_lease))
         .dead_waiter_timeout(p.dead_waiter_timeout)
@@ -410,8 +412,8 @@ pub async fn run_cluster(config: Config, acked: bool) -> (Report, Figures) {
     };
     let prefix = format!("chk-{}-{}:", config.seed, unique_name("cluster"));
     let mut lockers = Vec::new();
-    for _ in 0..FOLLOWERS {
-        let l = builder(&prefix, p, acked, true)
+    for i in 0..FOLLOWERS {
+        let l = builder(&prefix, p, acked, true, i)
             .cluster(cluster.seed_urls())
             .build()
             .await
@@ -439,7 +441,7 @@ pub async fn run_cluster(config: Config, acked: bool) -> (Report, Figures) {
     let conn = (client.get_async_connection().await).expect("a cluster connection via proxies");
     // Over an application's cluster connection, the replicas are listed through it: its
     // writes wait for one by default too.
-    let l = builder(&prefix, p, acked, true)
+    let l = builder(&prefix, p, acked, true, FOLLOWERS)
         .cluster_connection(conn)
         .wake_by_polling()
         .build()
@@ -525,7 +527,7 @@ pub async fn run_sentinel(config: Config, acked: bool) -> (Report, Figures) {
         let mut urls = set.sentinel_urls();
         let first = i % urls.len();
         urls.rotate_left(first);
-        let l = builder(&prefix, p, acked, true)
+        let l = builder(&prefix, p, acked, true, i)
             .sentinel(urls, set.master_name())
             .build()
             .await
@@ -537,7 +539,7 @@ pub async fn run_sentinel(config: Config, acked: bool) -> (Report, Figures) {
         set.master_port(),
     )))
     .await;
-    let l = (builder(&prefix, p, acked, false)
+    let l = (builder(&prefix, p, acked, false, FOLLOWERS)
         .url(floating.url())
         .build())
     .await;

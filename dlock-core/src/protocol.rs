@@ -40,7 +40,7 @@
 //! Then fields, each one word after a space: ` f<token>` the hold's fencing token (once minted),
 //! ` s<n>` the sequence number of the last lease change, ` w<waiting since>:<ms>:<locker id>`
 //! the `Locker` next in turn (plain locks; a head waiter's claim goes on with
-//! `:<server ms>:<grant window ms>:<fence TTL ms>:<attempt>:<hand-over token>`), ` l` a waiter
+//! `:<sent ms>:<grant window ms>:<fence TTL ms>:<attempt>:<hand-over token>`), ` l` a waiter
 //! found the hold taken (so a release wakes the waiters; one nobody waits for publishes
 //! nothing). A plain lock taken at a first
 //! attempt is `SET NX PX` of its owner token: no script runs for an uncontended acquisition.
@@ -92,15 +92,21 @@
 //!
 //! A claim made by the head of a `Locker`'s local line carries that waiter's hand-over token,
 //! a grant window (its command timeout, at most a third of its lease, at least its claim's
-//! time, and a quarter of that more: the grace below), its fence TTL, the server's clock and
-//! the attempt's number. A release that finds such
-//! a claim no older than its window grants the lock to the token in the same step, for the
-//! claim's age plus the window (its fencing token minted with the grant), and says so in the
+//! time, and a quarter of that more: the grace below), its fence TTL, when the attempt was sent
+//! (on the clock that orders claims: the attempt reads no server clock) and the attempt's
+//! number. A release that finds such
+//! a claim no older than its window grants the lock to the token in the same step, for twice
+//! the window (its fencing token minted with the grant), and says so in the
 //! wake-up (`g<attempt>:<ms>:<fencing token>:<token>`): the waiter has the lock without a round
-//! trip of its own, counts that lease from when it sent the attempt (before the grant), and
-//! extends it to its own lease after the grace (the rest of the window gives that extension the
+//! trip of its own, counts that lease from when it sent the attempt (before the grant, so its
+//! belief ends before the server's grant does, whatever the clocks say), and
+//! extends it to its own lease after the grace (a claim no older than the window leaves it at
+//! least the window, whose rest gives that extension the
 //! time any command has); a hold given back within the grace, as most are under contention,
-//! never sends that extension. A claimant that died delays the lock by twice its window at most; an older claim gets
+//! never sends that extension. The claim's age is the server's clock against the waiter's:
+//! clocks apart by some milliseconds only move which claims count as fresh. A grant heard of
+//! when half of its lease is gone (counted from the send) is taken over by the waiter's next
+//! attempt instead. A claimant that died delays the lock by twice its window at most; an older claim gets
 //! the kept key instead. A waiter that leaves lets a grant to its token go, as a release would;
 //! one whose wake-up was lost finds the grant at its next attempt and takes it over (its own
 //! lease and owner token).

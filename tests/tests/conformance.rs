@@ -182,11 +182,11 @@ const ROWS: &[Row] = &[
             "ACQUIRE",
             &["lk", "lk:fence"],
             &[
-                "o1", "30000", "300", "1000", "aa", "1", "0", "tk", "7", "40",
+                "o1", "30000", "300", "1000", "aa", "1", "0", "tk", "7", "40", "1234",
             ],
         ),
         reply: "[0, {~10000}, -1]",
-        after: &["lk string \"o0 laa w1000:300:aa:{n}:40:0:7:tk\" {~10000}"],
+        after: &["lk string \"o0 laa w1000:300:aa:1234:40:0:7:tk\" {~10000}"],
     },
     Row {
         what: "ACQUIRE: a waiter granted the lock takes the hold over with a token of its own",
@@ -344,6 +344,27 @@ const ROWS: &[Row] = &[
         op: Script("RELEASE", &["lk"], &["o1", "", "PUBLISH", "0", "0"]),
         reply: "0",
         after: &["lk string \"tk f{n} l\" {+}", "lk:fence hash {n={n}} none"],
+    },
+    Row {
+        what: "RELEASE grants a fresh claim (sent later than the server's clock) for twice its window",
+        before: &[Str(
+            "lk",
+            "o1 l w1000:300:aa:9999999999999:400:0:7:tk",
+            30000,
+        )],
+        op: Script("RELEASE", &["lk"], &["o1", "", "PUBLISH", "0", "0"]),
+        reply: "0",
+        after: &[
+            "lk string \"tk f{n} l\" {~800}",
+            "lk:fence hash {n={n}} none",
+        ],
+    },
+    Row {
+        what: "RELEASE keeps the lock for a head waiter whose claim is older than its window",
+        before: &[Str("lk", "o1 l w1000:300:aa:1000:400:0:7:tk", 30000)],
+        op: Script("RELEASE", &["lk"], &["o1", "", "PUBLISH", "0", "0"]),
+        reply: "0",
+        after: &["lk string \"#r:aa\" {~300}"],
     },
     Row {
         what: "RELEASE keeps the name taken after the release (at_least)",

@@ -613,8 +613,8 @@ async fn waiters_behind_a_local_line_send_no_attempt_of_their_own() {
     }
 }
 
-/// A hold that a release granted to a waiter of another process lasts its claim's age plus a
-/// window, and the waiter asks for its own lease only a grace after the grant came: given back
+/// A hold that a release granted to a waiter of another process lasts twice a window from the
+/// release, and the waiter asks for its own lease only a grace after the grant came: given back
 /// before, it never sends that extension. From the holder's release to the waiter's: the two
 /// releases' scripts, nothing else.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -654,7 +654,8 @@ async fn a_hold_granted_to_another_process_and_given_back_soon_is_not_extended()
         let before = server.script_calls();
         assert!(held.release().await.is_released());
         let left = granted_rx.await.expect("granted");
-        // Granted for the window (a quarter more than the command timeout), not the lease.
+        // Granted for twice the window (a quarter more than the command timeout), counted from
+        // the claim's send: under 5 s, not the lease.
         assert!(left < Duration::from_secs(5), "{left:?} left");
         tokio::time::sleep(Duration::from_millis(20)).await;
         let _ = release_tx.send(());
@@ -723,8 +724,9 @@ async fn a_turn_passed_to_another_process_is_granted_without_reading_the_counter
         if round == 1 {
             // The waiter: `SET NX PX`, found taken; `ACQUIRE`, which claims the next turn
             // (GET, PTTL, PSETEX); `SUBSCRIBE`; then `ACQUIRE` again as the head of its line,
-            // which offers its hand-over token: GET, TIME (the claim's time), PTTL, PSETEX.
-            assert_eq!(waited, cost_of(4, 4 + 3 + 4));
+            // which offers its hand-over token: GET, PTTL, PSETEX (the claim's time is its
+            // send time, from the client: the script reads no clock).
+            assert_eq!(waited, cost_of(4, 4 + 3 + 3));
             // The holder's release grants the lock in the same script: GET, TIME, HSET (the
             // new token: the hold's own was the counter's last, so the counter is not read),
             // PSETEX, PUBLISH; and the waiter, granted, unsubscribes once its subscription
@@ -767,6 +769,24 @@ async fn two_processes_taking_turns_send_one_script_each_per_turn() {
             "{side}'s turn: its attempt and the holder's release, nothing else ({after:?})"
         );
         assert_eq!(delta("set"), 0, "{side}'s turn sent a SET: {after:?}");
+        // The waiter's script claims the turn with PTTL and PSETEX (and a GET), reading no
+        // clock; the release grants with TIME (the claim's age and the token), HSET (the
+        // counter), PSETEX and PUBLISH (and a GET). The test's own look for the offer sends
+        // GETs too, so those are not counted.
+        let per_turn = [
+            ("time", 1),
+            ("pttl", 1),
+            ("psetex", 2),
+            ("hset", 1),
+            ("publish", 1),
+        ];
+        for (command, count) in per_turn {
+            assert_eq!(
+                delta(command),
+                count,
+                "{side}'s turn: {command} ({after:?})"
+            );
+        }
         assert_eq!(
             delta("subscribe"),
             0,

@@ -114,7 +114,8 @@ async fn a_marked_waiter_that_died_delays_the_lock_by_its_turn_only() {
     let holder = locker(server.url()).build().await.expect("connect");
     // The process that will die, reached through a proxy that can cut it off.
     let line = Proxy::start(server.addr()).await;
-    // A fresh claim is granted for its age plus the waiter's command timeout: that is the turn.
+    // A fresh claim is granted for twice its window (a quarter more than the waiter's command
+    // timeout): that is the turn.
     let gone = locker(line.url())
         .command_timeout(Duration::from_millis(300))
         .build()
@@ -152,7 +153,7 @@ async fn a_marked_waiter_that_died_delays_the_lock_by_its_turn_only() {
 
     assert!(held.release().await.is_released());
     // Kept for the one that left (or granted to its hand-over token, its claim being fresh),
-    // for a fraction of a second only (twice its command timeout at most).
+    // for a fraction of a second only (twice its grant window at most: 750 ms).
     let pttl: i64 = con.pttl(&key).await.expect("PTTL");
     assert!((1..=1_000).contains(&pttl), "kept for {pttl} ms");
     let passed_on = HoldValue::read(&mut con, &key).await.expect("GET");

@@ -69,6 +69,14 @@ impl Engine {
         self.inner.round_trip_us.store(us, Ordering::Relaxed);
     }
 
+    /// Milliseconds since 1970 on the clock that orders this `Locker`'s claims to the next turn
+    /// and dates their attempts: the backend's wall clock (see `RedisBackend::wall_ms`), set
+    /// apart in tests of clocks that disagree (`LockerBuilder::clock_apart`).
+    pub(crate) fn wall_ms(&self) -> u64 {
+        let ms = self.inner.backend.wall_ms();
+        ms.saturating_add_signed(self.inner.config.clock_apart_ms)
+    }
+
     /// A claim to be next in turn for a request waiting since `since` (wall-clock ms). A release
     /// keeps the lock for this `Locker` long enough for the wake-up, a subscription and an
     /// attempt: four of its round trips and 2 ms (at least 5 ms, at most 1 s).
@@ -185,7 +193,7 @@ impl Engine {
             }
             // When this request began to wait, on the wall clock: claims to the next turn go to the
             // one that has waited longest, whichever process it is in.
-            let since = self.inner.backend.wall_ms();
+            let since = self.wall_ms();
             // A request that will wait for a lock that hands over takes its place in the local
             // queue at once. One that finds others there (waiting, or making their own first
             // attempt) waits its turn behind them without a first attempt of its own: the lock

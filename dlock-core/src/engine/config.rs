@@ -44,6 +44,9 @@ pub(crate) struct Config {
     pub(crate) span_level: tracing::Level,
     /// What every token this `Locker` mints starts with: its key layout's tag.
     pub(crate) token_tag: &'static str,
+    /// How far the clock of this `Locker`'s claims is set from the backend's wall clock, ms
+    /// (`LockerBuilder::clock_apart`, for tests; 0 otherwise).
+    pub(crate) clock_apart_ms: i64,
 }
 
 impl Default for Config {
@@ -61,6 +64,7 @@ impl Default for Config {
             holder_label: None,
             span_level: tracing::Level::INFO,
             token_tag: crate::protocol::layout::TAG,
+            clock_apart_ms: 0,
         }
     }
 }

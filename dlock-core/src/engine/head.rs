@@ -132,6 +132,7 @@ impl Engine {
                 token: &handoff_owner,
                 attempt: offers.next(),
                 window: self.grant_window(lease.duration()).0,
+                sent_ms: self.wall_ms(),
             });
             let sent_at = Instant::now();
             if let Some(grant) = grant {

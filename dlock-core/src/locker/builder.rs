@@ -40,6 +40,7 @@ pub struct LockerBuilder {
     holder_label: Option<String>,
     span_level: Option<tracing::Level>,
     frozen_layout: Option<&'static FrozenLayout>,
+    clock_apart_ms: i64,
     lazy: bool,
     polling: bool,
     replica_ack: AckChoice,
@@ -396,6 +397,15 @@ impl LockerBuilder {
         self
     }
 
+    /// Sets the clock this `Locker` reads for its claims to the next turn (their order, and the
+    /// send time a release reads a claim's age from) `ms` milliseconds apart from this
+    /// machine's: for tests of hosts whose clocks disagree. Not for applications.
+    #[doc(hidden)]
+    pub fn clock_apart(mut self, ms: i64) -> Self {
+        self.clock_apart_ms = ms;
+        self
+    }
+
     /// Keeps every lock name of this `Locker` out of dlock's logs, spans and metric labels
     /// (default off; see [`LockName::hidden`](crate::LockName::hidden) for one name at a time).
     pub fn hide_names(mut self, hide: bool) -> Self {
@@ -538,6 +548,7 @@ impl LockerBuilder {
             holder_label: check_holder_label(self.holder_label)?,
             span_level: self.span_level.unwrap_or(tracing::Level::INFO),
             token_tag: self.frozen_layout.map_or(layout::TAG, |l| l.tag()),
+            clock_apart_ms: self.clock_apart_ms,
         };
         let (client, display) = match self.source {
             Source::None => {

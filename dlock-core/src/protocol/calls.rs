@@ -72,8 +72,11 @@ pub(crate) struct Turn<'a> {
 pub(crate) struct GrantTo<'a> {
     pub(crate) token: &'a str,
     pub(crate) attempt: u64,
-    /// How old the claim may be when granted, and how long past that age the grant lasts.
+    /// How old the claim may be when granted; the grant lasts twice this from the release.
     pub(crate) window: Duration,
+    /// When the attempt is sent, on the clock that orders claims (`Backend::wall_ms`): a
+    /// release reads the claim's age from it.
+    pub(crate) sent_ms: u64,
 }
 
 /// A claim to be next in turn: how long a release keeps the lock for the claimant's `Locker`,
@@ -121,6 +124,7 @@ impl Call for Acquire<'_> {
             out.text(grant.token);
             out.number(grant.attempt);
             out.number(millis_up(grant.window));
+            out.number(grant.sent_ms);
         }
     }
 }

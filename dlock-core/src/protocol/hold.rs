@@ -43,7 +43,7 @@ pub struct HoldValue {
 }
 
 /// A claim to the next turn: `<since>:<ms>:<locker id>`, and for a head waiter's claim
-/// `:<server ms>:<grant window ms>:<fence TTL ms>:<attempt>:<hand-over token>` after it.
+/// `:<sent ms>:<grant window ms>:<fence TTL ms>:<attempt>:<hand-over token>` after it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClaimValue {
     /// Since when the claimant waits (wall-clock ms): the earlier claim wins.
@@ -59,9 +59,9 @@ pub struct ClaimValue {
 /// The part of a head waiter's claim that lets a release grant it the lock.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GrantValue {
-    /// The server's clock when the claim was made, ms.
+    /// When the claim's attempt was sent, on the clock that orders claims (wall-clock ms).
     pub at: u64,
-    /// How old the claim may be when granted, ms.
+    /// How old the claim may be when granted, ms; a grant lasts twice this.
     pub window: u64,
     /// The fence TTL of the grant's token, ms (`0`: none).
     pub fence_ttl: u64,

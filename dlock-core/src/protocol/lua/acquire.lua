@@ -18,10 +18,12 @@
 --           kept for its `Locker`), else `0`
 -- ARGV[7]   fence TTL, ms (`0`: none)
 -- ARGV[8]   optional: the head waiter's hand-over token, to which a release may grant the lock
---           (see `let_go`); the claim then also carries the server's clock, the grant window,
---           the fence TTL and the attempt's number
+--           (see `let_go`); the claim then also carries the attempt's send time, the grant
+--           window, the fence TTL and the attempt's number
 -- ARGV[9]   with ARGV[8]: the attempt's number
 -- ARGV[10]  with ARGV[8]: the grant window, ms
+-- ARGV[11]  with ARGV[8]: when the attempt was sent (wall-clock ms, on the clock of ARGV[4]):
+--           how old the claim is when a release comes, give or take the clocks' difference
 --
 -- Returns
 --   {1, token}  acquired: also when ARGV[1] holds it already (it was handed the lock, or this is
@@ -43,7 +45,6 @@
 -- uncontended acquisition costs no clock read and no write to the counter. An attempt from the
 -- head of a local line mints with the grant: its name is contended, and its holder's token is
 -- likely to be asked for while others wait.
---@include clock
 --@include hold
 local owner, locker, head, token = ARGV[1], ARGV[5], ARGV[6] == '1', ARGV[8] or ''
 local v = redis.call('GET', KEYS[1])
@@ -73,7 +74,7 @@ if v then
       if not since or claimant == locker or tonumber(since) > tonumber(ARGV[4]) then
         local grant
         if token ~= '' then
-          grant = {string.format('%d', now_ms()), ARGV[10], ARGV[7], ARGV[9], token}
+          grant = {ARGV[11], ARGV[10], ARGV[7], ARGV[9], token}
         end
         changed = set_field(changed, 'w', encode_claim(ARGV[4], ARGV[3], locker, grant))
       end

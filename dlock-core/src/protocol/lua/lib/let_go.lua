@@ -2,9 +2,13 @@
 -- the `Locker` that claimed the next turn, if `claim` (the hold's ` w` field) names one. A head
 -- waiter's claim made no longer ago than its grant window is granted: the lock is held for the
 -- claim's hand-over token (with `v`'s ` l` flag and a fencing token minted on the plain lock's
--- counter, `lock` and `:fence`) for the claim's age plus that window — the waiter counts its
--- hold from when it sent the claim, and extends it after a grace. Any other claim has the lock kept
--- for its `Locker` (`#r:`) for the time it asked, and its attempt takes it. Returns the wake-up
+-- counter, `lock` and `:fence`) for twice that window — the waiter counts its hold from when it
+-- sent the claim, so a claim no older than the window leaves it at least the window, and it
+-- extends the hold after a grace. The claim's age is read on the waiter's clock (its send time)
+-- against the server's: clocks apart by some milliseconds only move which claims count as
+-- fresh, never how long the waiter believes it holds the lock, which ends before the server's
+-- grant does whatever the clocks say. Any other claim has the lock kept for its `Locker` (`#r:`)
+-- for the time it asked, and its attempt takes it. Returns the wake-up
 -- message: `g<n>:<ms>:<fencing token>:<token>` for a grant (`n` the number of the attempt whose
 -- claim it was, `ms` the grant's lease), `1` otherwise. Needs `now_ms`, `next_fence` and the
 -- hold codec.
@@ -42,14 +46,14 @@ local function let_go(lock, claim, v, sharded)
     else
       last = field(v, 'f')
     end
-    if (last or not sharded) and age >= 0 and age <= tonumber(window) then
+    if (last or not sharded) and age <= tonumber(window) then
       local f = string.format('%d', next_fence(fence, fence_ttl, last, t))
       local held = with_field(token, 'f', f)
       local by = field(v, 'l')
       if by then
         held = with_field(held, 'l', by)
       end
-      local px = string.format('%d', age + tonumber(window))
+      local px = string.format('%d', 2 * tonumber(window))
       redis.call('PSETEX', lock, px, held)
       return 'g' .. n .. ':' .. px .. ':' .. f .. ':' .. token
     end
