@@ -388,7 +388,9 @@ pub enum ReleaseOutcome {
     /// acquired it. A safety incident worth logging; the fencing token is what protects the
     /// resource.
     TakenOver,
-    /// The backend could not be reached; the lock will expire at the end of its lease.
+    /// The backend could not be reached; the lock will expire at the end of its lease. A guard
+    /// whose hold was lost before it let go (as [`lost`](crate::LockGuard::lost) said) reports
+    /// that loss instead, `Expired` or `TakenOver`, whether Redis answered the release or not.
     Unreachable(LockError),
 }
 

@@ -470,6 +470,44 @@ async fn a_fair_lock_or_writer_released_during_a_slot_migration_answers_over_an_
     block_in_place(|| cluster.finish_migration(migration));
 }
 
+/// A permit whose lease ran out, released while its slot migrates over an application's cluster
+/// connection, says it expired. Its release can't name the claim key then (redis-rs retries the
+/// refusal until the half of the command timeout ends), and the permit's set alone then finds it
+/// gone: whether or not the first try ran, the hold was lost already, as `lost()` said.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_permit_released_during_a_slot_migration_over_an_applications_connection_says_expired()
+ {
+    let cluster = block_in_place(RedisCluster::start);
+    let client = redis::cluster::ClusterClient::new(cluster.seed_urls()).expect("a cluster client");
+    let conn = (client.get_async_connection().await).expect("a cluster connection");
+    let locker = (Locker::builder()
+        .cluster_connection(conn)
+        .wake_by_polling()
+        .command_timeout(Duration::from_millis(800))
+        .build())
+    .await
+    .expect("a locker over an application's cluster connection");
+    let name = unique_name("cluster-migrating-lost-permit");
+    let slot = key_slot(locker.key_of(name.as_str()).unwrap().as_bytes());
+    let (_, to) = move_from_to(&cluster, slot);
+    let semaphore = locker.semaphore(name.as_str(), 1);
+    let permit = (semaphore.acquire().lease(Duration::from_millis(200)))
+        .await
+        .expect("a permit");
+    tokio::time::timeout(Duration::from_secs(2), permit.lost())
+        .await
+        .expect("the permit is lost once its lease runs out");
+    let migration = block_in_place(|| cluster.begin_migration(slot, to.port));
+    let started = Instant::now();
+    let outcome = permit.release().await;
+    block_in_place(|| cluster.finish_migration(migration));
+    assert!(
+        matches!(outcome, dlock_core::ReleaseOutcome::Expired),
+        "{outcome:?} after {:?}",
+        started.elapsed()
+    );
+}
+
 /// With writes that wait for a replica and the replica paused, a fair lock's or a writer's
 /// release runs on the master, and only its wait for the replica is late: the release by the
 /// lock's key alone that follows then finds the hold gone. That is no loss — the first let it go

@@ -177,12 +177,21 @@ impl Engine {
 /// And the other way: a guard that let go after its hold was lost (its lease ran out as this
 /// process counts it, or a renewal found it gone) was told so already; Redis still finding the
 /// hold (a lease that Redis started a moment later than this process counts it) does not make
-/// it held all along, and the release says the loss.
+/// it held all along, and the release says the loss. So does a release that got no answer: the
+/// hold was over before it, and nothing is left for its lease to keep from others.
 fn judged_at_let_go(hold: &HoldState, outcome: ReleaseOutcome) -> ReleaseOutcome {
     let (let_go, deadline, lost) = hold.let_go();
     let gone = matches!(outcome, ReleaseOutcome::Expired | ReleaseOutcome::TakenOver);
     if gone && !lost && let_go < deadline && Instant::now() >= deadline {
         ReleaseOutcome::Released
+    } else if lost && let ReleaseOutcome::Unreachable(err) = &outcome {
+        metrics::backend_error("release");
+        tracing::debug!(
+            name = hold.name.for_logs(),
+            error = %err,
+            "dlock: the release of a lost hold got no answer"
+        );
+        loss_outcome(hold)
     } else if lost && matches!(outcome, ReleaseOutcome::Released) {
         loss_outcome(hold)
     } else {
