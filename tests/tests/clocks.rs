@@ -6,30 +6,18 @@
 use std::time::{Duration, Instant};
 
 use dlock_core::Locker;
-use dlock_core::redis::{self, AsyncCommands as _};
+use dlock_core::redis::AsyncCommands as _;
+use dlock_tests::handover::offered_token;
 use dlock_tests::hold::HoldValue;
 use dlock_tests::{RedisServer, unique_name};
-
-/// Until `key`'s hold has a head waiter's claim that offers its hand-over token (or two seconds
-/// passed).
-async fn wait_for_offer(con: &mut redis::aio::MultiplexedConnection, key: &str) {
-    let until = Instant::now() + Duration::from_secs(2);
-    loop {
-        let hold = HoldValue::read(con, key).await.expect("GET");
-        if hold.as_ref().and_then(|h| h.claim_token()).is_some() {
-            return;
-        }
-        assert!(Instant::now() < until, "no claim offered a hand-over token");
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-}
 
 /// A release reads a head waiter's claim's age as the server's clock against the send time the
 /// waiter wrote from its own. A waiter whose clock is 30 s behind makes every claim look old:
 /// the release keeps the lock for the waiter's `Locker`, whose next attempt takes it with its
 /// own lease. One 30 s ahead makes every claim look fresh: the release grants it the lock, for
-/// twice its grant window. Either way the waiter has the lock at its turn, and believes it holds it for no
-/// longer than Redis keeps it: the waiter counts a grant from its own send, before the release.
+/// twice its grant window. Either way the waiter has the lock at its turn, and believes it holds
+/// it for no longer than Redis keeps it: the waiter counts a grant from its own send, before the
+/// release.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_turn_passes_when_a_waiters_clock_is_apart_and_no_grant_outlasts_redis() {
     let server = RedisServer::start();
@@ -58,7 +46,7 @@ async fn a_turn_passes_when_a_waiters_clock_is_apart_and_no_grant_outlasts_redis
                 guard.release().await
             }
         });
-        wait_for_offer(&mut con, &key).await;
+        offered_token(&mut con, &key).await;
         let released = Instant::now();
         assert!(held.release().await.is_released());
         let (remaining, at) = got_rx.await.expect("acquired");

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use dlock_core::Locker;
+use dlock_tests::handover::offered_token;
 use dlock_tests::hold::HoldValue;
 use dlock_tests::{RedisServer, unique_name};
 
@@ -650,7 +651,7 @@ async fn a_hold_granted_to_another_process_and_given_back_soon_is_not_extended()
         });
         // The waiter's head offers its hand-over token with its claim.
         let mut con = server.connection().await;
-        wait_for_offer(&mut con, &key).await;
+        offered_token(&mut con, &key).await;
         let before = server.script_calls();
         assert!(held.release().await.is_released());
         let left = granted_rx.await.expect("granted");
@@ -815,7 +816,7 @@ async fn take_turn(
         }
     });
     let mut con = con.clone();
-    wait_for_offer(&mut con, &key).await;
+    offered_token(&mut con, &key).await;
     assert!(held.release().await.is_released());
     (waiting.await.expect("waiter task")).expect("the waiter's turn")
 }
@@ -846,7 +847,7 @@ async fn a_release_followed_at_once_by_a_wait_costs_two_scripts() {
             let (other, name) = (other.clone(), name.clone());
             async move { other.lock(name.as_str()).wait(Duration::from_secs(5)).await }
         });
-        wait_for_offer(&mut con, &key).await;
+        offered_token(&mut con, &key).await;
         let before = server.script_calls();
         assert!(held.release().await.is_released());
         // The holder asks again at once; once it has claimed the turn after, it sits still.
@@ -860,7 +861,7 @@ async fn a_release_followed_at_once_by_a_wait_costs_two_scripts() {
             }
         });
         let granted = (waiting.await.expect("waiter task")).expect("the other side's turn");
-        wait_for_offer(&mut con, &key).await;
+        offered_token(&mut con, &key).await;
         tokio::time::sleep(Duration::from_millis(50)).await;
         calls.push(server.script_calls() - before);
         assert!(granted.release().await.is_released());
@@ -871,19 +872,4 @@ async fn a_release_followed_at_once_by_a_wait_costs_two_scripts() {
         calls, [2; 10],
         "scripts per turn: the release and the new request's attempt, nothing else"
     );
-}
-
-/// Until `key`'s hold carries a head waiter's claim that offers its hand-over token.
-async fn wait_for_offer(con: &mut redis::aio::MultiplexedConnection, key: &str) {
-    let until = std::time::Instant::now() + Duration::from_secs(2);
-    while (HoldValue::read(con, key).await.expect("GET"))
-        .and_then(|h| h.claim_token())
-        .is_none()
-    {
-        assert!(
-            std::time::Instant::now() < until,
-            "no claim offered a token"
-        );
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
 }

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use dlock_core::redis::{self, AsyncCommands as _};
 use dlock_core::{Locker, LockerBuilder};
+use dlock_tests::handover::offered_token;
 use dlock_tests::hold::HoldValue;
 use dlock_tests::shares::contend;
 use dlock_tests::{Proxy, RedisServer, unique_name};
@@ -33,20 +34,6 @@ async fn marked(con: &mut redis::aio::MultiplexedConnection, key: &str) -> bool 
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     false
-}
-
-/// Until `key`'s hold has a head waiter's claim that offers its hand-over token (or two seconds
-/// passed): the token.
-async fn offered_token(con: &mut redis::aio::MultiplexedConnection, key: &str) -> String {
-    let until = Instant::now() + Duration::from_secs(2);
-    loop {
-        let hold = HoldValue::read(con, key).await.expect("GET");
-        if let Some(token) = hold.as_ref().and_then(|h| h.claim_token()) {
-            return token;
-        }
-        assert!(Instant::now() < until, "no claim offered a hand-over token");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
 }
 
 fn locker(url: String) -> LockerBuilder {
