@@ -447,15 +447,7 @@ async fn a_fair_lock_or_writer_released_during_a_slot_migration_answers() {
 async fn a_fair_lock_or_writer_released_during_a_slot_migration_answers_over_an_applications_connection()
  {
     let cluster = block_in_place(RedisCluster::start);
-    let client = redis::cluster::ClusterClient::new(cluster.seed_urls()).expect("a cluster client");
-    let conn = (client.get_async_connection().await).expect("a cluster connection");
-    let locker = (Locker::builder()
-        .cluster_connection(conn)
-        .wake_by_polling()
-        .command_timeout(Duration::from_millis(800))
-        .build())
-    .await
-    .expect("a locker over an application's cluster connection");
+    let locker = app_locker(&cluster).await;
     let rival = cluster.locker(Duration::from_secs(30)).await;
     let name = unique_name("cluster-migrating-lines-app");
     let lock_key = locker.key_of(name.as_str()).unwrap();
@@ -470,6 +462,20 @@ async fn a_fair_lock_or_writer_released_during_a_slot_migration_answers_over_an_
     block_in_place(|| cluster.finish_migration(migration));
 }
 
+/// A `Locker` over an application's own cluster connection, with redis-rs's default retries (and
+/// an 800 ms command timeout).
+async fn app_locker(cluster: &RedisCluster) -> Locker {
+    let client = redis::cluster::ClusterClient::new(cluster.seed_urls()).expect("a cluster client");
+    let conn = (client.get_async_connection().await).expect("a cluster connection");
+    (Locker::builder()
+        .cluster_connection(conn)
+        .wake_by_polling()
+        .command_timeout(Duration::from_millis(800))
+        .build())
+    .await
+    .expect("a locker over an application's cluster connection")
+}
+
 /// A permit whose lease ran out, released while its slot migrates over an application's cluster
 /// connection, says it expired. Its release can't name the claim key then (redis-rs retries the
 /// refusal until the half of the command timeout ends), and the permit's set alone then finds it
@@ -478,15 +484,7 @@ async fn a_fair_lock_or_writer_released_during_a_slot_migration_answers_over_an_
 async fn a_lost_permit_released_during_a_slot_migration_over_an_applications_connection_says_expired()
  {
     let cluster = block_in_place(RedisCluster::start);
-    let client = redis::cluster::ClusterClient::new(cluster.seed_urls()).expect("a cluster client");
-    let conn = (client.get_async_connection().await).expect("a cluster connection");
-    let locker = (Locker::builder()
-        .cluster_connection(conn)
-        .wake_by_polling()
-        .command_timeout(Duration::from_millis(800))
-        .build())
-    .await
-    .expect("a locker over an application's cluster connection");
+    let locker = app_locker(&cluster).await;
     let name = unique_name("cluster-migrating-lost-permit");
     let slot = key_slot(locker.key_of(name.as_str()).unwrap().as_bytes());
     let (_, to) = move_from_to(&cluster, slot);
