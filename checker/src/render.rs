@@ -100,9 +100,17 @@ impl History {
         // A fault just before the window may be what the window's events follow from (a key
         // deleted under a hold that goes on being believed).
         let faults_from = from.checked_sub(FAULTS_BEFORE).unwrap_or(from);
-        for f in faults {
-            if f.hits(name) && f.to >= faults_from && f.from <= to {
-                lines.push((f.from, self.fault_line(f)));
+        // Faults elsewhere are shown too, marked: a fault on another master can still reach
+        // the name through what its lockers share (a subscriber, a connection's slot map).
+        for f in faults
+            .iter()
+            .filter(|f| f.to >= faults_from && f.from <= to)
+        {
+            let line = self.fault_line(f);
+            if f.hits(name) {
+                lines.push((f.from, line));
+            } else {
+                lines.push((f.from, format!("{line} (elsewhere)")));
             }
         }
         lines.sort_by_key(|(at, _)| *at);

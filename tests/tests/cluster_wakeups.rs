@@ -293,3 +293,42 @@ async fn a_first_wait_just_after_a_failover_is_woken() {
         block_in_place(|| cluster.wait_ok());
     }
 }
+
+/// A master that dies while a waiting `Locker` watches channels on it holds back no wake-up on
+/// the live masters: the subscriber hears of the death, takes every channel for dropped and
+/// subscribes them again, the live masters' at once and the dead master's over and over (the
+/// node timeout is long: no failover ends those tries during the test), reading its pushes all
+/// along.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_master_holds_back_no_wake_up_on_the_live_masters() {
+    let mut cluster =
+        block_in_place(|| RedisCluster::start_with_node_timeout(Duration::from_secs(30)));
+    let masters = cluster.masters();
+    let (dying, live) = (masters[0].port, masters[1].port);
+    let holder = cluster.locker(Duration::from_secs(30)).await;
+    let rival = cluster.locker(Duration::from_secs(30)).await;
+    let on = |port: u16, prefix: &str| loop {
+        let name = unique_name(prefix);
+        let key = holder.key_of(name.as_str()).unwrap();
+        if cluster.node_for_key(&key).port == port {
+            break name;
+        }
+    };
+    // Several names on the dying master, each waited for: each is a channel to subscribe again.
+    let mut doomed = Vec::new();
+    for _ in 0..3 {
+        let name = on(dying, "dead-master-wake-doomed");
+        let guard = holder.lock(name.as_str()).await.expect("lock");
+        doomed.push((guard, waiter(&rival, &name)));
+        assert_eq!(until_waiting(&holder, &name, 1).await.waiting_lockers, 1);
+    }
+    let name = on(live, "dead-master-wake-live");
+    let guard = holder.lock(name.as_str()).await.expect("lock");
+    let waiting = waiter(&rival, &name);
+    assert_eq!(until_waiting(&holder, &name, 1).await.waiting_lockers, 1);
+    cluster.kill(dying);
+    // Long enough for the subscriber to hear of the death and be retrying the dead channels.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    release_wakes(guard, waiting, "a master dead elsewhere").await;
+    drop(doomed);
+}
