@@ -332,3 +332,47 @@ async fn a_dead_master_holds_back_no_wake_up_on_the_live_masters() {
     release_wakes(guard, waiting, "a master dead elsewhere").await;
     drop(doomed);
 }
+
+/// A waiter that subscribes on a hung master (`SIGSTOP`) holds back no wake-up on the live
+/// masters: its subscription waits up to the command timeout, and the subscriber reads its
+/// pushes meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_master_holds_back_no_wake_up_on_the_live_masters() {
+    let mut cluster =
+        block_in_place(|| RedisCluster::start_with_node_timeout(Duration::from_secs(30)));
+    let masters = cluster.masters();
+    let (hung, live) = (masters[0].port, masters[1].port);
+    let holder = cluster.locker(Duration::from_secs(30)).await;
+    let rival = cluster.locker(Duration::from_secs(30)).await;
+    let on = |port: u16, prefix: &str| loop {
+        let name = unique_name(prefix);
+        let key = holder.key_of(name.as_str()).unwrap();
+        if cluster.node_for_key(&key).port == port {
+            break name;
+        }
+    };
+    let stuck = on(hung, "hung-master-wake-stuck");
+    let name = on(live, "hung-master-wake-live");
+    let guard = holder.lock(name.as_str()).await.expect("lock");
+    let waiting = waiter(&rival, &name);
+    assert_eq!(until_waiting(&holder, &name, 1).await.waiting_lockers, 1);
+    cluster.pause(hung);
+    // Waits on the hung master's name, each a subscription there that gets no answer.
+    let stuck: Vec<_> = (0..3)
+        .map(|_| {
+            let (rival, stuck) = (rival.clone(), stuck.clone());
+            tokio::spawn(async move {
+                let _ = rival
+                    .lock(stuck.as_str())
+                    .wait(Duration::from_secs(5))
+                    .await;
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    release_wakes(guard, waiting, "a master hung elsewhere").await;
+    cluster.resume(hung);
+    for task in stuck {
+        let _ = task.await;
+    }
+}

@@ -14,13 +14,17 @@
 //! messages only to the replicas it has heard of. So each subscription is proved: an echo (see
 //! [`Echoes`]) published by the slot's master must come back within [`ECHO_WITHIN`], or the
 //! channel is treated as dropped (its waiters retry, and it is subscribed again).
+//!
+//! Subscribing a channel whose master is dead or hung takes up to the command timeout, and a
+//! master's death has every channel subscribed again, one after another. Wake-ups don't wait for
+//! that: a task of their own reads the pushes and wakes waiters as messages arrive.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use redis::{PushKind, Value};
+use redis::{PushInfo, PushKind, Value};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
@@ -44,7 +48,7 @@ pub(super) async fn run(
         Some(cmd) => Some(cmd),
         None => return,
     };
-    let (conn, mut pushes) = loop {
+    let (conn, pushes) = loop {
         let (tx, pushes) = mpsc::unbounded_channel();
         let connected = async {
             let client = (seeds.builder())
@@ -65,6 +69,7 @@ pub(super) async fn run(
         }
         backoff = (backoff * 2).min(MAX_BACKOFF);
     };
+    let mut pushes = read_pushes(pushes, slots.clone());
     let mut echoes = Echoes::new();
     // Channels watched before the connection came up (each alone: one slot per command).
     for channel in slots.channels() {
@@ -93,50 +98,7 @@ pub(super) async fn run(
                 push = pushes.recv() => match push {
                     None => return,
                     Some(push) => {
-                        match push.kind {
-                            PushKind::SMessage => {
-                                if let Some(Value::BulkString(channel)) = push.data.first() {
-                                    let channel = String::from_utf8_lossy(channel);
-                                    match push.data.get(1) {
-                                        // An echo (this subscriber's or another's) wakes nobody.
-                                        Some(Value::BulkString(m)) if Echoes::is_echo(m) => {
-                                            echoes.heard(&channel, m);
-                                        }
-                                        Some(Value::BulkString(m)) => {
-                                            let _ = slots.wake_with(&channel, Some(&m[..]));
-                                        }
-                                        _ => {
-                                            let _ = slots.wake_with(&channel, None);
-                                        }
-                                    }
-                                }
-                            }
-                            // The node dropped a channel we still watch: its slot moved away.
-                            PushKind::SUnsubscribe => {
-                                if let Some(Value::BulkString(channel)) = push.data.first() {
-                                    let channel = String::from_utf8_lossy(channel);
-                                    echoes.forget(&channel);
-                                    if slots.contains(&channel) {
-                                        slots.unconfirm(&channel);
-                                        slots.wake_with(&channel, None);
-                                        lapsed.add(channel.into_owned());
-                                    }
-                                }
-                            }
-                            PushKind::Disconnection => {
-                                // A node's connection dropped: its wake-ups may be lost, and its
-                                // channels' slots may have moved. Every waiter retries now, and
-                                // every channel is subscribed again.
-                                slots.set_all_confirmed(false);
-                                healthy.store(false, Ordering::Release);
-                                slots.wake_all();
-                                echoes.forget_all();
-                                for channel in slots.channels() {
-                                    lapsed.add(channel);
-                                }
-                            }
-                            _ => {}
-                        }
+                        on_push(&push, &slots, &healthy, (&mut echoes, &mut lapsed));
                         None
                     }
                 },
@@ -144,6 +106,10 @@ pub(super) async fn run(
                 // slot's master. Its waiters retry now (a release may have been missed), poll
                 // meanwhile, and the channel is subscribed again.
                 () = tokio::time::sleep_until(echoes.due()), if !echoes.is_empty() => {
+                    // Echoes that came back while the loop was busy count as back in time.
+                    while let Ok(push) = pushes.try_recv() {
+                        on_push(&push, &slots, &healthy, (&mut echoes, &mut lapsed));
+                    }
                     for channel in echoes.overdue() {
                         if slots.contains(&channel) {
                             tracing::debug!(
@@ -190,6 +156,83 @@ pub(super) async fn run(
             }
             Some(SubCmd::Unsubscribe(_)) => {}
         }
+    }
+}
+
+/// Reads the cluster's pushes as they arrive, in a task of its own: a wake-up wakes its waiters
+/// at once, while the subscriber's loop may be waiting on a node (subscribing a channel whose
+/// master is dead or hung takes up to the command timeout). Everything else (echoes, dropped
+/// channels, lost connections) goes on to the loop, in order. Ends with the connection.
+fn read_pushes(
+    mut pushes: mpsc::UnboundedReceiver<PushInfo>,
+    slots: Arc<Slots>,
+) -> mpsc::UnboundedReceiver<PushInfo> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(push) = pushes.recv().await {
+            if push.kind == PushKind::SMessage
+                && let Some(Value::BulkString(channel)) = push.data.first()
+            {
+                let channel = String::from_utf8_lossy(channel);
+                match push.data.get(1) {
+                    // An echo (this subscriber's or another's) wakes nobody: the loop checks it.
+                    Some(Value::BulkString(m)) if Echoes::is_echo(m) => {}
+                    Some(Value::BulkString(m)) => {
+                        slots.wake_with(&channel, Some(&m[..]));
+                        continue;
+                    }
+                    _ => {
+                        slots.wake_with(&channel, None);
+                        continue;
+                    }
+                }
+            }
+            if tx.send(push).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+/// What the subscriber's loop does with a push [`read_pushes`] passed on.
+fn on_push(
+    push: &PushInfo,
+    slots: &Slots,
+    healthy: &super::Health,
+    (echoes, lapsed): (&mut Echoes, &mut Lapsed),
+) {
+    let channel = match push.data.first() {
+        Some(Value::BulkString(channel)) => String::from_utf8_lossy(channel),
+        _ => std::borrow::Cow::Borrowed(""),
+    };
+    match push.kind {
+        PushKind::SMessage => {
+            if let Some(Value::BulkString(m)) = push.data.get(1) {
+                echoes.heard(&channel, m);
+            }
+        }
+        // The node dropped a channel we still watch: its slot moved away.
+        PushKind::SUnsubscribe => {
+            echoes.forget(&channel);
+            if slots.contains(&channel) {
+                slots.unconfirm(&channel);
+                slots.wake_with(&channel, None);
+                lapsed.add(channel.into_owned());
+            }
+        }
+        PushKind::Disconnection => {
+            // A node's connection dropped: its wake-ups may be lost, and its channels' slots may
+            // have moved. Every waiter retries now, and every channel is subscribed again.
+            slots.set_all_confirmed(false);
+            healthy.store(false, Ordering::Release);
+            slots.wake_all();
+            echoes.forget_all();
+            for channel in slots.channels() {
+                lapsed.add(channel);
+            }
+        }
+        _ => {}
     }
 }
 
