@@ -294,6 +294,39 @@ async fn a_first_wait_just_after_a_failover_is_woken() {
     }
 }
 
+/// A cluster whose node timeout is long (no failover ends a fault within a test), a holder and
+/// a rival `Locker`, and two masters' ports: one for the fault, one left alone.
+struct TwoMasters {
+    cluster: RedisCluster,
+    holder: Locker,
+    rival: Locker,
+    faulty: u16,
+    live: u16,
+}
+
+async fn two_masters() -> TwoMasters {
+    let cluster = block_in_place(|| RedisCluster::start_with_node_timeout(Duration::from_secs(30)));
+    let masters = cluster.masters();
+    TwoMasters {
+        holder: cluster.locker(Duration::from_secs(30)).await,
+        rival: cluster.locker(Duration::from_secs(30)).await,
+        faulty: masters[0].port,
+        live: masters[1].port,
+        cluster,
+    }
+}
+
+/// A fresh name whose lock lives on the master on `port`.
+fn name_on(cluster: &RedisCluster, locker: &Locker, port: u16, prefix: &str) -> String {
+    loop {
+        let name = unique_name(prefix);
+        let key = locker.key_of(name.as_str()).unwrap();
+        if cluster.node_for_key(&key).port == port {
+            return name;
+        }
+    }
+}
+
 /// A master that dies while a waiting `Locker` watches channels on it holds back no wake-up on
 /// the live masters: the subscriber hears of the death, takes every channel for dropped and
 /// subscribes them again, the live masters' at once and the dead master's over and over (the
@@ -301,19 +334,14 @@ async fn a_first_wait_just_after_a_failover_is_woken() {
 /// along.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_master_holds_back_no_wake_up_on_the_live_masters() {
-    let mut cluster =
-        block_in_place(|| RedisCluster::start_with_node_timeout(Duration::from_secs(30)));
-    let masters = cluster.masters();
-    let (dying, live) = (masters[0].port, masters[1].port);
-    let holder = cluster.locker(Duration::from_secs(30)).await;
-    let rival = cluster.locker(Duration::from_secs(30)).await;
-    let on = |port: u16, prefix: &str| loop {
-        let name = unique_name(prefix);
-        let key = holder.key_of(name.as_str()).unwrap();
-        if cluster.node_for_key(&key).port == port {
-            break name;
-        }
-    };
+    let TwoMasters {
+        mut cluster,
+        holder,
+        rival,
+        faulty: dying,
+        live,
+    } = two_masters().await;
+    let on = |port: u16, prefix: &str| name_on(&cluster, &holder, port, prefix);
     // Several names on the dying master, each waited for: each is a channel to subscribe again.
     let mut doomed = Vec::new();
     for _ in 0..3 {
@@ -338,19 +366,14 @@ async fn a_dead_master_holds_back_no_wake_up_on_the_live_masters() {
 /// pushes meanwhile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_master_holds_back_no_wake_up_on_the_live_masters() {
-    let mut cluster =
-        block_in_place(|| RedisCluster::start_with_node_timeout(Duration::from_secs(30)));
-    let masters = cluster.masters();
-    let (hung, live) = (masters[0].port, masters[1].port);
-    let holder = cluster.locker(Duration::from_secs(30)).await;
-    let rival = cluster.locker(Duration::from_secs(30)).await;
-    let on = |port: u16, prefix: &str| loop {
-        let name = unique_name(prefix);
-        let key = holder.key_of(name.as_str()).unwrap();
-        if cluster.node_for_key(&key).port == port {
-            break name;
-        }
-    };
+    let TwoMasters {
+        mut cluster,
+        holder,
+        rival,
+        faulty: hung,
+        live,
+    } = two_masters().await;
+    let on = |port: u16, prefix: &str| name_on(&cluster, &holder, port, prefix);
     let stuck = on(hung, "hung-master-wake-stuck");
     let name = on(live, "hung-master-wake-live");
     let guard = holder.lock(name.as_str()).await.expect("lock");
