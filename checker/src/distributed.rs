@@ -76,6 +76,9 @@ pub(super) const FOLLOW_WITHIN: Duration = Duration::from_secs(2);
 /// failover is not needed (that is what waits are for), but above the acknowledgement wait.
 const COMMAND_TIMEOUT: Duration = Duration::from_millis(800);
 
+/// How many lines of the violations' histories are printed before the server logs.
+const HISTORY_FIRST_LINES: usize = 60;
+
 /// The figures a distributed run reports besides its violations.
 #[derive(Debug, Clone, Default)]
 pub struct Figures {
@@ -377,6 +380,10 @@ async fn run(
             let short: String = lines.join(" / ").chars().take(600).collect();
             eprintln!("  {}: {short}", v.invariant);
         }
+        // The first histories too, cut short: an output that keeps only its beginning shows
+        // what led to the violation, not only that it happened.
+        let details: Vec<&str> = report.details().lines().take(HISTORY_FIRST_LINES).collect();
+        eprintln!("{}", details.join("\n"));
         print_logs(&targets.deployment, ctx.history.origin).await;
     }
     eprintln!("{}", report.summary());

@@ -61,6 +61,11 @@ pub enum FaultKind {
     AckedFailover,
     /// A replica paused (`SIGSTOP`) for a while: it lags.
     ReplicaPaused,
+    /// A master paused (`SIGSTOP`) for less than the cluster's node timeout: nobody fails it
+    /// over, and it loses nothing, but it answers nothing meanwhile — its names can't be taken,
+    /// given back or renewed, and their waiters hear nothing. The other masters' names must go
+    /// on as if nothing happened.
+    MasterHung,
     /// One client cut off from the servers for a while (the others not): nothing is lost, so
     /// it excuses nothing.
     Partition,
@@ -272,6 +277,8 @@ pub(crate) enum FaultSpec {
     KillMasterForGood(u8),
     /// The replica of a name's master paused for a while.
     PauseReplica(u8, Duration),
+    /// The master of a name's slot paused for a while, shorter than the node timeout.
+    HangMaster(u8, Duration),
     /// One client cut off from every node for a while: its connections stall (a partition that
     /// drops packets) or, if `cut`, are closed and refused.
     Partition {
@@ -316,7 +323,7 @@ pub(crate) struct FaultPlan {
 
 /// The kinds (by their pick number in [`FaultPlan::next_fault`]) of a deck: a cluster's, a
 /// sentinel set-up's, and a PostgreSQL server's.
-const CLUSTER_DECK: [usize; 9] = [1, 7, 8, 9, 10, 11, 13, 11, 14];
+const CLUSTER_DECK: [usize; 10] = [1, 7, 8, 9, 10, 11, 13, 11, 14, 15];
 const SENTINEL_DECK: [usize; 6] = [1, 7, 8, 9, 10, 12];
 /// PostgreSQL's: a pause, two session kills, a restart, a cut, a stall.
 const POSTGRES_DECK: [usize; 6] = [0, 1, 1, 2, 3, 6];
@@ -457,6 +464,9 @@ impl FaultPlan {
                 span: between(rng, 4_000, 12_000),
             },
             14 => FaultSpec::KillMasterForGood(target),
+            // Under the node timeout (1.5 s) by more than a loaded machine's hiccup: the
+            // master comes back as the master.
+            15 => FaultSpec::HangMaster(target, between(rng, 100, 900)),
             13 => FaultSpec::CutNode {
                 name: target,
                 span: between(rng, 100, 3_000),

@@ -260,6 +260,20 @@ impl DistributedTargets {
                 recs.extend(self.acknowledged_again(c, n).await);
                 recs
             }
+            (Deployment::Cluster(c), FaultSpec::HangMaster(n, pause)) => {
+                let master = self.master_of(c, n).await;
+                let reach = self.names_on(c, master).await;
+                let owned = c.clone();
+                blocking(move || {
+                    let mut cluster = locked(&owned);
+                    cluster.pause(master);
+                    std::thread::sleep(pause);
+                    cluster.resume(master);
+                })
+                .await;
+                // Nothing moved: the replica stays in sync, the slot map stays as it was.
+                vec![rec(FaultKind::MasterHung, reach)]
+            }
             (Deployment::Sentinel(s), FaultSpec::Failover(_)) => self.switch(s, None, from).await,
             (Deployment::Sentinel(s), FaultSpec::MuteSentinel { index, span }) => {
                 self.switch(s, Some((usize::from(index), span)), from).await
