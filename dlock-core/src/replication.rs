@@ -12,7 +12,8 @@ use std::time::Duration;
 ///
 /// - **Acquire**: a grant counts only once `replicas` replicas acknowledged it within `timeout`.
 ///   One that is not acknowledged in time is rolled back — an owner-checked release follows it
-///   down the same connection — and the attempt fails with a [`BackendError`](crate::BackendError) whose
+///   down the same connection, answered before the call returns, so the caller's next try finds
+///   the name as it was — and the attempt fails with a [`BackendError`](crate::BackendError) whose
 ///   [`is_not_replicated`](crate::BackendError::is_not_replicated) is true. A request with a
 ///   wait retries within it, like after any backend error; without one, the error is returned.
 /// - **Renewal** (the watchdog, [`extend`](crate::LockGuard::extend)): a lease change moves the

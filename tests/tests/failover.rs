@@ -178,6 +178,38 @@ async fn acknowledged_grants_are_on_the_replica_when_the_call_returns() {
     }
 }
 
+/// The roll-back of a grant no replica acknowledged is done when the call returns, so the
+/// caller's next try finds the name free. On one thread, and the key read at once over a
+/// blocking connection: a roll-back left to the background could not have run yet.
+#[tokio::test(flavor = "current_thread")]
+async fn a_grant_no_replica_acknowledges_is_rolled_back_before_the_call_returns() {
+    let set_up = acked(Duration::from_secs(30)).await;
+    set_up.link.cut();
+    replica_gone(&set_up.master).await;
+    let name = unique_name("unacked-at-once");
+    let key = set_up.locker.key_of(name.as_str()).unwrap();
+    let client = redis::Client::open(set_up.master.url()).expect("a client");
+    let mut blocking = client.get_connection().expect("a blocking connection");
+    for attempt in 0..2 {
+        match set_up.locker.lock(name.as_str()).try_lock().await {
+            Err(dlock_core::LockError::Backend(err)) => {
+                assert!(err.is_not_replicated(), "attempt {attempt}: {err}")
+            }
+            Ok(None) => panic!("attempt {attempt}: told the name is taken by nobody"),
+            Ok(Some(_)) => panic!("attempt {attempt}: granted without a replica"),
+            Err(err) => panic!("attempt {attempt}: {err}"),
+        }
+        let left: bool = redis::cmd("EXISTS")
+            .arg(&key)
+            .query(&mut blocking)
+            .expect("EXISTS");
+        assert!(
+            !left,
+            "attempt {attempt}: the grant is still there when the call returns"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grant_no_replica_acknowledges_fails_cleanly_and_is_rolled_back() {
     let set_up = acked(Duration::from_secs(30)).await;

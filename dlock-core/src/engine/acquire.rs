@@ -56,9 +56,7 @@ impl Engine {
             )
             .await;
         // Answered: the caller turns a grant into a guard before its next `.await`.
-        if res.is_ok() {
-            in_flight.disarm();
-        }
+        in_flight.settle(&res).await;
         res.map_err(LockError::Backend)
     }
 
@@ -337,10 +335,10 @@ impl Engine {
         let sent_at = Instant::now();
         let reply = session
             .acquire_all(&locks, lease.duration(), self.inner.config.fence_ttl)
-            .await
-            .map_err(LockError::Backend)?;
+            .await;
+        in_flight.settle(&reply).await;
         // Answered: no `.await` from here on.
-        in_flight.disarm();
+        let reply = reply.map_err(LockError::Backend)?;
         let fences = match reply {
             AcquireAllReply::Acquired { fences } => fences,
             AcquireAllReply::Busy { index, pttl } => {

@@ -32,9 +32,7 @@ impl Engine {
         in_flight.session = Some(session.clone());
         let fence_ttl = self.inner.config.fence_ttl;
         let res = (session.acquire_fair(keys, (owner, place), lease, fence_ttl, alive)).await;
-        if res.is_ok() {
-            in_flight.disarm();
-        }
+        in_flight.settle(&res).await;
         res.map_err(LockError::Backend)
     }
 

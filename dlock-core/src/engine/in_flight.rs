@@ -57,6 +57,54 @@ impl InFlight {
     pub(crate) fn disarm(&mut self) {
         self.armed = false;
     }
+
+    /// Takes the answer of the command: an answer disarms the guard. A grant that came back
+    /// [not replicated](crate::BackendError::is_not_replicated) is released before the caller
+    /// hears of it, awaited on the command's own connection (which just answered), so the
+    /// caller's next request finds the name as it was. Any other failure leaves the guard armed:
+    /// its release goes in the background once the guard is dropped.
+    pub(crate) async fn settle<T>(&mut self, res: &Result<T, crate::BackendError>) {
+        match res {
+            Ok(_) => self.disarm(),
+            Err(err) if err.is_not_replicated() && self.backend.is_remote() => {
+                // Dropped while this runs, the guard is still armed and sends it again.
+                clean_up(
+                    self.backend.clone(),
+                    self.session.clone(),
+                    self.one.clone(),
+                    self.many.clone(),
+                    self.keep_until,
+                )
+                .await;
+                self.disarm();
+            }
+            Err(_) => {}
+        }
+    }
+}
+
+/// Sends a release for each of `one` and `many` (kept taken until `keep_until`, for a
+/// release's), on `session` when there is one.
+async fn clean_up(
+    backend: Backend,
+    session: Option<Session>,
+    one: Option<(Arc<LockKeys>, Arc<str>)>,
+    many: Vec<(Arc<LockKeys>, Arc<str>)>,
+    keep_until: Option<Instant>,
+) {
+    let session = match session {
+        Some(session) => session,
+        None => match backend.session().await {
+            Ok(session) => session,
+            Err(_) => return,
+        },
+    };
+    let keep = keep_until
+        .map(|until| until.saturating_duration_since(Instant::now()))
+        .filter(|left| !left.is_zero());
+    for (keys, owner) in one.into_iter().chain(many) {
+        let _ = session.clean_up(&keys, &owner, keep).await;
+    }
 }
 
 impl Drop for InFlight {
@@ -68,21 +116,7 @@ impl Drop for InFlight {
         let (one, many) = (self.one.take(), std::mem::take(&mut self.many));
         let keep_until = self.keep_until;
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            handle.spawn(async move {
-                let session = match session {
-                    Some(session) => session,
-                    None => match backend.session().await {
-                        Ok(session) => session,
-                        Err(_) => return,
-                    },
-                };
-                let keep = keep_until
-                    .map(|until| until.saturating_duration_since(Instant::now()))
-                    .filter(|left| !left.is_zero());
-                for (keys, owner) in one.into_iter().chain(many) {
-                    let _ = session.clean_up(&keys, &owner, keep).await;
-                }
-            });
+            handle.spawn(clean_up(backend, session, one, many, keep_until));
         }
     }
 }
