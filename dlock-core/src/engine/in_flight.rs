@@ -21,6 +21,8 @@ pub(crate) struct InFlight {
     many: Vec<(Arc<LockKeys>, Arc<str>)>,
     /// For a release: until when it keeps the name taken (`at_least`).
     keep_until: Option<Instant>,
+    /// When the command went out: an awaited clean-up ends one command timeout after it.
+    since: Instant,
     armed: bool,
 }
 
@@ -32,6 +34,7 @@ impl InFlight {
             one: Some((keys.clone(), owner.clone())),
             many: Vec::new(),
             keep_until: None,
+            since: Instant::now(),
             armed: true,
         }
     }
@@ -44,6 +47,7 @@ impl InFlight {
             one: None,
             many: holds,
             keep_until: None,
+            since: Instant::now(),
             armed: true,
         }
     }
@@ -61,22 +65,27 @@ impl InFlight {
     /// Takes the answer of the command: an answer disarms the guard. A grant that came back
     /// [not replicated](crate::BackendError::is_not_replicated) is released before the caller
     /// hears of it, awaited on the command's own connection (which just answered), so the
-    /// caller's next request finds the name as it was. Any other failure leaves the guard armed:
+    /// caller's next request finds the name as it was — within one command timeout of when the
+    /// command went out, so that the call keeps its bound: a release that takes longer (a
+    /// failover under way) goes on in the background. Any other failure leaves the guard armed:
     /// its release goes in the background once the guard is dropped.
     pub(crate) async fn settle<T>(&mut self, res: &Result<T, crate::BackendError>) {
         match res {
             Ok(_) => self.disarm(),
             Err(err) if err.is_not_replicated() && self.backend.is_remote() => {
-                // Dropped while this runs, the guard is still armed and sends it again.
-                clean_up(
+                // Dropped while this runs, or out of time, the guard is still armed and sends
+                // it again.
+                let until = self.since + self.backend.command_timeout();
+                let done = clean_up(
                     self.backend.clone(),
                     self.session.clone(),
                     self.one.clone(),
                     self.many.clone(),
                     self.keep_until,
-                )
-                .await;
-                self.disarm();
+                );
+                if tokio::time::timeout_at(until, done).await == Ok(true) {
+                    self.disarm();
+                }
             }
             Err(_) => {}
         }
@@ -84,27 +93,29 @@ impl InFlight {
 }
 
 /// Sends a release for each of `one` and `many` (kept taken until `keep_until`, for a
-/// release's), on `session` when there is one.
+/// release's), on `session` when there is one, and says whether every one was answered.
 async fn clean_up(
     backend: Backend,
     session: Option<Session>,
     one: Option<(Arc<LockKeys>, Arc<str>)>,
     many: Vec<(Arc<LockKeys>, Arc<str>)>,
     keep_until: Option<Instant>,
-) {
+) -> bool {
     let session = match session {
         Some(session) => session,
         None => match backend.session().await {
             Ok(session) => session,
-            Err(_) => return,
+            Err(_) => return false,
         },
     };
     let keep = keep_until
         .map(|until| until.saturating_duration_since(Instant::now()))
         .filter(|left| !left.is_zero());
+    let mut answered = true;
     for (keys, owner) in one.into_iter().chain(many) {
-        let _ = session.clean_up(&keys, &owner, keep).await;
+        answered &= session.clean_up(&keys, &owner, keep).await.is_ok();
     }
+    answered
 }
 
 impl Drop for InFlight {
@@ -116,7 +127,9 @@ impl Drop for InFlight {
         let (one, many) = (self.one.take(), std::mem::take(&mut self.many));
         let keep_until = self.keep_until;
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            handle.spawn(clean_up(backend, session, one, many, keep_until));
+            handle.spawn(async move {
+                clean_up(backend, session, one, many, keep_until).await;
+            });
         }
     }
 }
