@@ -38,6 +38,7 @@ use super::faults::FaultKind;
 use super::history::{History, Share, locked};
 use super::invariants::{Invariant, Violation};
 use super::leftovers::{is_fair_line, locker_leftovers};
+use super::refusals::Probe;
 use super::run::{self, Params, Report, ctx_with_steady, drive, finish, settle, watchdog_probe};
 use super::{Config, FaultFamily};
 use crate::{Proxy, RedisCluster, RedisSentinel, unique_name};
@@ -294,7 +295,7 @@ async fn run(
     deployment: Deployment,
     lockers: Vec<Locker>,
     partitioned: Partitioned,
-    (prefix, steady): (String, Vec<String>),
+    (prefix, steady, probed): (String, Vec<String>, Vec<String>),
     acked: bool,
     p: Params,
 ) -> (Report, Figures) {
@@ -319,7 +320,19 @@ async fn run(
             (a, (a + 1) % PARTITIONED)
         })
         .collect();
-    let ctx = ctx_with_steady(actors, p, None, &steady, pairs);
+    // The probes' names come after the steady ones, with no pair: only their probe uses them.
+    let named: Vec<String> = steady.iter().chain(&probed).cloned().collect();
+    let ctx = ctx_with_steady(actors, p, None, &named, pairs);
+    let probes: Vec<_> = (probed.iter())
+        .map(|name| {
+            let index = (ctx.history.names.iter()).position(|n| n == name);
+            let index = index.and_then(|i| u8::try_from(i).ok());
+            Probe::new(name.clone(), index.expect("a probe's name"), 0)
+        })
+        .collect();
+    let probing: Vec<_> = (probes.iter())
+        .map(|probe| tokio::spawn(super::refusals::run(ctx.clone(), probe.clone())))
+        .collect();
     let crowd = match deployment {
         Deployment::Cluster(_) if !acked => hold_crowd(&followers, p).await,
         _ => Vec::new(),
@@ -335,6 +348,11 @@ async fn run(
     };
     let targets = super::faults::Targets::Distributed(targets);
     let faults = drive(&ctx, &targets, config, p).await;
+    for h in probing {
+        if let Err(err) = h.await {
+            ctx.history.panic(format!("a probe died: {err}"));
+        }
+    }
     let super::faults::Targets::Distributed(targets) = &targets else {
         unreachable!("a distributed run");
     };
@@ -364,6 +382,7 @@ async fn run(
         .unwrap_or_else(Instant::now);
     let span = (ctx.history.origin, stopped);
     super::steady::check(&ctx.history, &faults_seen, &ctx.steady, span, &mut found);
+    super::refusals::check(&probes, &faults_seen, ctx.history.origin, &mut found);
     locker_leftovers(&ctx.actors, &mut found);
     watchdog_probe(&ctx.actors, None, &mut found).await;
     let figures = figures(&ctx.history, Instant::now());
@@ -464,13 +483,18 @@ pub async fn run_cluster(config: Config, acked: bool) -> (Report, Figures) {
         let key = lockers[0].key_of(name).expect("a valid name");
         cluster_of(&deployment, &key)
     };
-    let steady = steady_names(node_of, 2);
+    let steady = names_on_nodes("steady", node_of, 2);
+    let probed = if acked {
+        names_on_nodes("refusal", node_of, 1)
+    } else {
+        Vec::new()
+    };
     run(
         config,
         deployment,
         lockers,
         partitioned,
-        (prefix, steady),
+        (prefix, steady, probed),
         acked,
         p,
     )
@@ -485,13 +509,13 @@ fn cluster_of(deployment: &Deployment, key: &str) -> u16 {
     }
 }
 
-/// `per_node` steady names on each node `node_of` tells of (`steady0`, `steady1`, …: the first
-/// that land on each), in the order found.
-fn steady_names(node_of: impl Fn(&str) -> u16, per_node: usize) -> Vec<String> {
+/// `per_node` names on each node `node_of` tells of (`{stem}0`, `{stem}1`, …: the first that
+/// land on each), in the order found.
+fn names_on_nodes(stem: &str, node_of: impl Fn(&str) -> u16, per_node: usize) -> Vec<String> {
     let mut found: Vec<(u16, String)> = Vec::new();
     let mut nodes = std::collections::BTreeMap::<u16, usize>::new();
     for i in 0..10_000 {
-        let name = format!("steady{i}");
+        let name = format!("{stem}{i}");
         let node = node_of(&name);
         let count = nodes.entry(node).or_insert(0);
         if *count < per_node {
@@ -558,12 +582,17 @@ pub async fn run_sentinel(config: Config, acked: bool) -> (Report, Figures) {
         polls: false,
     };
     let steady = (0..3).map(|i| format!("steady{i}")).collect();
+    let probed = if acked {
+        vec!["refusal0".to_owned()]
+    } else {
+        Vec::new()
+    };
     run(
         config,
         deployment,
         lockers,
         partitioned,
-        (prefix, steady),
+        (prefix, steady, probed),
         acked,
         p,
     )

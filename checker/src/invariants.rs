@@ -52,6 +52,9 @@ pub enum Invariant {
     ReleaseTruth,
     /// (c) `run(work)` is cancelled once the hold is over.
     RunTruth,
+    /// (c) A try that says busy finds the name taken by something that can be there: checked on
+    /// names only a probe uses, in runs with replica acknowledgement.
+    RefusalTruth,
     /// (f) The watchdog keeps a hold alive while nothing goes wrong.
     WatchdogKeeps,
     /// (d) Nothing is left behind.
@@ -87,6 +90,7 @@ impl fmt::Display for Invariant {
             Self::FencingOrder => "(b) fencing order",
             Self::ReleaseTruth => "(c) release outcomes tell the truth",
             Self::RunTruth => "(c) run() is cancelled when the hold ends",
+            Self::RefusalTruth => "(c) a try says busy only when the name is taken",
             Self::WatchdogKeeps => "(f) the watchdog keeps healthy holds",
             Self::LeftBehind => "(d) nothing left behind",
             Self::Bounded => "(e) bounded calls",

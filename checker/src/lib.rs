@@ -88,6 +88,7 @@ mod masters;
 mod on_postgres;
 mod ops;
 mod plan;
+mod refusals;
 mod remote;
 mod render;
 mod run;
