@@ -43,7 +43,9 @@ pub(crate) fn category(invariant: Invariant) -> &'static str {
         | Invariant::PermitBound
         | Invariant::ReadWrite
         | Invariant::FencingOrder => "overlaps",
-        Invariant::ReleaseTruth | Invariant::RunTruth => "untruthful outcomes",
+        Invariant::ReleaseTruth | Invariant::RunTruth | Invariant::RefusalTruth => {
+            "untruthful outcomes"
+        }
         Invariant::LeftBehind => "leaks",
         Invariant::WatchdogKeeps => "losses",
         Invariant::Bounded
