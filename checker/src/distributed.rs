@@ -290,12 +290,16 @@ fn builder(prefix: &str, p: Params, acked: bool, scale_out: bool, nth: usize) ->
     }
 }
 
+/// The names the refusal probes try, and the builders of their own two `Locker`s (see
+/// `refusals`).
+type Probed = (Vec<String>, [LockerBuilder; 2]);
+
 async fn run(
     config: Config,
     deployment: Deployment,
     lockers: Vec<Locker>,
     partitioned: Partitioned,
-    (prefix, steady, probed): (String, Vec<String>, Vec<String>),
+    (prefix, steady, probed): (String, Vec<String>, Option<Probed>),
     acked: bool,
     p: Params,
 ) -> (Report, Figures) {
@@ -321,6 +325,8 @@ async fn run(
         })
         .collect();
     // The probes' names come after the steady ones, with no pair: only their probe uses them.
+    let (probed, probe_locker) = probed.unzip();
+    let probed = probed.unwrap_or_default();
     let named: Vec<String> = steady.iter().chain(&probed).cloned().collect();
     let ctx = ctx_with_steady(actors, p, None, &named, pairs);
     let probes: Vec<_> = (probed.iter())
@@ -330,9 +336,7 @@ async fn run(
             Probe::new(name.clone(), index.expect("a probe's name"), 0)
         })
         .collect();
-    let probing: Vec<_> = (probes.iter())
-        .map(|probe| tokio::spawn(super::refusals::run(ctx.clone(), probe.clone())))
-        .collect();
+    let probing = probe_locker.map(|b| super::refusals::spawn(ctx.clone(), probes.clone(), b));
     let crowd = match deployment {
         Deployment::Cluster(_) if !acked => hold_crowd(&followers, p).await,
         _ => Vec::new(),
@@ -348,10 +352,10 @@ async fn run(
     };
     let targets = super::faults::Targets::Distributed(targets);
     let faults = drive(&ctx, &targets, config, p).await;
-    for h in probing {
-        if let Err(err) = h.await {
-            ctx.history.panic(format!("a probe died: {err}"));
-        }
+    if let Some(probing) = probing
+        && let Err(err) = probing.await
+    {
+        ctx.history.panic(format!("a probe died: {err}"));
     }
     let super::faults::Targets::Distributed(targets) = &targets else {
         unreachable!("a distributed run");
@@ -411,6 +415,12 @@ async fn run(
         config.family,
         if acked { " (replica-acknowledged)" } else { "" }
     );
+    if !probes.is_empty() {
+        eprintln!(
+            "checker refusal probes: {}",
+            super::refusals::tally(&probes)
+        );
+    }
     (report, figures)
 }
 
@@ -437,6 +447,7 @@ pub async fn run_cluster(config: Config, acked: bool) -> (Report, Figures) {
         cluster
     };
     let prefix = format!("chk-{}-{}:", config.seed, unique_name("cluster"));
+    let node_urls = cluster.seed_urls();
     let mut lockers = Vec::new();
     for i in 0..FOLLOWERS {
         let l = builder(&prefix, p, acked, true, i)
@@ -484,11 +495,14 @@ pub async fn run_cluster(config: Config, acked: bool) -> (Report, Figures) {
         cluster_of(&deployment, &key)
     };
     let steady = names_on_nodes("steady", node_of, 2);
-    let probed = if acked {
-        names_on_nodes("refusal", node_of, 1)
-    } else {
-        Vec::new()
-    };
+    // The probes' own two lockers, configured as locker 0 is (see `refusals`).
+    let probed = acked.then(|| {
+        let probe_locker = || builder(&prefix, p, acked, true, 0).cluster(node_urls.clone());
+        (
+            names_on_nodes("refusal", node_of, 1),
+            [probe_locker(), probe_locker()],
+        )
+    });
     run(
         config,
         deployment,
@@ -551,6 +565,7 @@ pub async fn run_sentinel(config: Config, acked: bool) -> (Report, Figures) {
         set
     };
     let prefix = format!("chk-{}-{}:", config.seed, unique_name("sentinel"));
+    let (sentinel_urls, master_name) = (set.sentinel_urls(), set.master_name().to_owned());
     let mut lockers = Vec::new();
     for i in 0..FOLLOWERS {
         // Each with the sentinels in another order, as instances configured apart would be: a
@@ -582,11 +597,15 @@ pub async fn run_sentinel(config: Config, acked: bool) -> (Report, Figures) {
         polls: false,
     };
     let steady = (0..3).map(|i| format!("steady{i}")).collect();
-    let probed = if acked {
-        vec!["refusal0".to_owned()]
-    } else {
-        Vec::new()
-    };
+    // The probes' own two lockers, configured as locker 0 is (see `refusals`).
+    let probed = acked.then(|| {
+        let probe_locker =
+            || builder(&prefix, p, acked, true, 0).sentinel(sentinel_urls.clone(), &master_name);
+        (
+            vec!["refusal0".to_owned()],
+            [probe_locker(), probe_locker()],
+        )
+    });
     run(
         config,
         deployment,

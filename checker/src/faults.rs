@@ -448,7 +448,10 @@ impl FaultPlan {
             5 => FaultSpec::Clobber(rng.random_range(0..self.names), between(rng, 200, 1500)),
             7 => FaultSpec::Failover(target),
             8 => FaultSpec::KillMaster(target, between(rng, 0, 300)),
-            9 => FaultSpec::PauseReplica(target, between(rng, 50, 800)),
+            // Often past several acknowledgement timeouts (grants go unacknowledged, and are
+            // rolled back), sometimes past the node timeout (the replica is listed down, and
+            // grants stop waiting for it).
+            9 => FaultSpec::PauseReplica(target, between(rng, 50, 2_000)),
             // Up to about three leases: the partitioned holder must let go by its own clock
             // while the others take over.
             10 => FaultSpec::Partition {

@@ -2,9 +2,11 @@
 //! that can be there.
 //!
 //! In a run with replica acknowledgement, one probe per master tries a name of its own, one no
-//! other task uses, with a short fixed lease: a grant is released at once, and a grant no replica
-//! acknowledged (the error says so) is tried again at once, since its roll-back is done when the
-//! call returns (see [`dlock_core::ReplicaAck`]). Only the probe's own tries can hold its name,
+//! other task uses, through two `Locker`s of the probes' own in turn (see [`spawn`]), with a
+//! short fixed lease: a grant is released at once, and a grant no replica acknowledged (the
+//! error says so) is looked at at once (`inspect`, through the same `Locker`) and tried again at
+//! once, by the other `Locker`, since its roll-back is done when the call returns (see
+//! [`dlock_core::ReplicaAck`]); a look that finds the name taken counts as a refusal. Only the probe's own tries can hold its name,
 //! so a try that finds it busy is a violation unless one of them could still be there:
 //!
 //! - an attempt that failed another way (a timeout, a lost connection): its grant may have been
@@ -20,7 +22,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use dlock_core::{LockError, Locker, ReleaseOutcome};
+use dlock_core::{LockError, Locker, LockerBuilder, ReleaseOutcome};
 use tokio::time::Instant;
 
 use super::faults::{FaultKind, FaultRec};
@@ -59,8 +61,8 @@ struct Try {
     tried: Tried,
 }
 
-/// One probe: its name (and the name's index in the history, which faults reach by), the
-/// locker it tries it with, and its tries.
+/// One probe: its name (and the name's index in the history, which faults reach by), the run's
+/// locker whose faults reach it (its own `Locker`s are configured as that one), and its tries.
 pub(crate) struct Probe {
     name: String,
     index: u8,
@@ -69,7 +71,8 @@ pub(crate) struct Probe {
 }
 
 impl Probe {
-    /// A probe of `name` (the history's name `index`) through the run's locker `locker`.
+    /// A probe of `name` (the history's name `index`), reached by the faults of the run's locker
+    /// `locker`.
     pub(crate) fn new(name: String, index: u8, locker: u8) -> Arc<Self> {
         Arc::new(Self {
             name,
@@ -80,10 +83,45 @@ impl Probe {
     }
 }
 
-/// Tries the probe's name until the run halts.
-pub(crate) async fn run(ctx: Arc<Ctx>, probe: Arc<Probe>) {
-    let locker: Locker = ctx.actors[usize::from(probe.locker)].locker();
-    while !ctx.halt.load(Ordering::Relaxed) {
+/// Runs `probes` until the run halts, through two `Locker`s of their own (built by `builders`,
+/// each configured as the run's locker the probes name), taken in turn: a try after a
+/// not-replicated grant comes from another instance, which a roll-back left to the background
+/// may not have reached yet. They run on a runtime of one thread of their own, as many services
+/// do: there, what a call leaves to the background runs only once its caller waits on
+/// something.
+pub(crate) fn spawn(
+    ctx: Arc<Ctx>,
+    probes: Vec<Arc<Probe>>,
+    builders: [LockerBuilder; 2],
+) -> tokio::task::JoinHandle<()> {
+    tokio::task::spawn_blocking(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("the probes' runtime");
+        runtime.block_on(async move {
+            let mut lockers = Vec::new();
+            for builder in builders {
+                lockers.push(builder.build().await.expect("a probes' locker"));
+            }
+            let tries: Vec<_> = (probes.into_iter())
+                .map(|probe| tokio::spawn(run(ctx.clone(), probe, lockers.clone())))
+                .collect();
+            for t in tries {
+                if let Err(err) = t.await {
+                    ctx.history.panic(format!("a probe died: {err}"));
+                }
+            }
+        });
+    })
+}
+
+/// Tries the probe's name until the run halts, through each of `lockers` in turn.
+async fn run(ctx: Arc<Ctx>, probe: Arc<Probe>, lockers: Vec<Locker>) {
+    for locker in lockers.iter().cycle() {
+        if ctx.halt.load(Ordering::Relaxed) {
+            break;
+        }
         let sent = Instant::now();
         let reply = locker
             .lock(probe.name.as_str())
@@ -111,8 +149,43 @@ pub(crate) async fn run(ctx: Arc<Ctx>, probe: Arc<Probe>) {
         });
         if tried != Tried::NotReplicated {
             tokio::time::sleep(REST).await;
+            continue;
+        }
+        // The roll-back is done when the call returns: a look at once, through the same
+        // `Locker`, finds the name free. A look that finds it taken counts as a refusal.
+        let sent = Instant::now();
+        let looked = locker.inspect(probe.name.as_str()).await;
+        let back = Instant::now();
+        if looked.is_ok_and(|info| !info.holders.is_empty() || info.kept) {
+            locked(&probe.tries).push(Try {
+                sent,
+                back,
+                done: back,
+                tried: Tried::Busy,
+            });
         }
     }
+}
+
+/// What the probes tried, for the run's report: how many tries, and what each came to.
+pub(crate) fn tally(probes: &[Arc<Probe>]) -> String {
+    let (mut granted, mut busy, mut unreplicated, mut failed) = (0, 0, 0, 0);
+    for probe in probes {
+        for t in locked(&probe.tries).iter() {
+            match t.tried {
+                Tried::Granted { .. } => granted += 1,
+                Tried::Busy => busy += 1,
+                Tried::NotReplicated => unreplicated += 1,
+                Tried::Failed => failed += 1,
+            }
+        }
+    }
+    let tries = granted + busy + unreplicated + failed;
+    format!(
+        "{} probes, {tries} tries: {granted} granted, {unreplicated} not replicated (rolled \
+         back), {busy} busy, {failed} failed",
+        probes.len()
+    )
 }
 
 /// Every refusal of a probe's name that none of its own tries can explain.
