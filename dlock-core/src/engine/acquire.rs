@@ -29,7 +29,8 @@ impl Engine {
     /// `head`: the attempt comes from the waiter at the head of the local queue (which may take
     /// a lock kept for this `Locker`); `claim`: a plain lock found taken is claimed as next in
     /// turn for this `Locker` (see the `protocol` module), and, with `grant`, offered to be granted
-    /// to the head waiter's hand-over token by the release.
+    /// to the head waiter's hand-over token by the release. `sent_at`: when the caller sent it
+    /// (read for its own timing): a roll-back awaited after it ends one command timeout later.
     pub(crate) async fn attempt(
         &self,
         keys: &Arc<LockKeys>,
@@ -37,9 +38,10 @@ impl Engine {
         lease: Duration,
         head: bool,
         (claim, grant): (Option<Claim>, Option<GrantTo<'_>>),
+        sent_at: Instant,
     ) -> Result<AcquireReply, LockError> {
         let session = self.session().await?;
-        let mut in_flight = InFlight::new(self, keys, owner);
+        let mut in_flight = InFlight::new(self, keys, owner).sent_at(sent_at);
         // The one session the command goes out on, kept where the in-flight guard needs it.
         let res = (in_flight.session.insert(session))
             .acquire(
@@ -228,6 +230,7 @@ impl Engine {
                     lease.duration(),
                     false,
                     (claim, None),
+                    sent_at,
                 );
                 let reply = Box::pin(attempt).await;
                 let back = Instant::now();
@@ -327,12 +330,12 @@ impl Engine {
         let owners: Vec<Arc<str>> = names.iter().map(|_| self.new_owner()).collect();
         let session = self.session().await?;
         let holds = keys.iter().cloned().zip(owners.iter().cloned()).collect();
-        let mut in_flight = InFlight::many(self, holds);
+        let sent_at = Instant::now();
+        let mut in_flight = InFlight::many(self, holds).sent_at(sent_at);
         in_flight.session = Some(session.clone());
         let locks: Vec<(&LockKeys, &str)> = (keys.iter().zip(&owners))
             .map(|(keys, owner)| (&**keys, &**owner))
             .collect();
-        let sent_at = Instant::now();
         let reply = session
             .acquire_all(&locks, lease.duration(), self.inner.config.fence_ttl)
             .await;

@@ -17,7 +17,7 @@ use crate::scope;
 
 impl Engine {
     /// One attempt at the fair lock for `owner`, joining (or staying in) the line at `place`
-    /// (`owner`'s own when `None`) when `alive` is set. Cancellation-safe like
+    /// (`owner`'s own when `None`) when `alive` is set, sent at `sent_at`. Cancellation-safe like
     /// [`attempt`](Self::attempt): a dropped or failed call is followed by a release for
     /// `owner`, which also takes `owner` (not a place of its own) out of the line.
     async fn attempt_fair(
@@ -26,9 +26,10 @@ impl Engine {
         (owner, place): (&Arc<str>, Option<&str>),
         lease: Duration,
         alive: Option<Duration>,
+        sent_at: Instant,
     ) -> Result<FairReply, LockError> {
         let session = self.session().await?;
-        let mut in_flight = InFlight::new(self, keys, owner);
+        let mut in_flight = InFlight::new(self, keys, owner).sent_at(sent_at);
         in_flight.session = Some(session.clone());
         let fence_ttl = self.inner.config.fence_ttl;
         let res = (session.acquire_fair(keys, (owner, place), lease, fence_ttl, alive)).await;
@@ -58,7 +59,7 @@ impl Engine {
 
         let sent_at = Instant::now();
         let first = (&waiter.owner, None);
-        let reply = (self.attempt_fair(&waiter.keys, first, lease.duration(), None)).await;
+        let reply = (self.attempt_fair(&waiter.keys, first, lease.duration(), None, sent_at)).await;
         match waiter.step(
             &self,
             reply.map(|r| r.reply),
@@ -98,7 +99,7 @@ impl Engine {
             let sent_at = Instant::now();
             let at = (&waiter.owner, keeps_place.then_some(&*place_id));
             let reply = self
-                .attempt_fair(&waiter.keys, at, lease.duration(), Some(alive))
+                .attempt_fair(&waiter.keys, at, lease.duration(), Some(alive), sent_at)
                 .await;
             let head = matches!(&reply, Ok(r) if r.place == Some(0));
             match waiter.step(&self, reply.map(|r| r.reply), Instant::now(), true) {

@@ -139,8 +139,15 @@ impl Engine {
                 offers.record(grant.attempt, sent_at);
             }
             let offer = (claim, grant);
-            let reply =
-                Box::pin(self.attempt(&keys, &waiter.owner, lease.duration(), true, offer)).await;
+            let reply = Box::pin(self.attempt(
+                &keys,
+                &waiter.owner,
+                lease.duration(),
+                true,
+                offer,
+                sent_at,
+            ))
+            .await;
             let back = Instant::now();
             if reply.is_ok() {
                 self.note_round_trip(sent_at, back);

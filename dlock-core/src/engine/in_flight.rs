@@ -21,8 +21,9 @@ pub(crate) struct InFlight {
     many: Vec<(Arc<LockKeys>, Arc<str>)>,
     /// For a release: until when it keeps the name taken (`at_least`).
     keep_until: Option<Instant>,
-    /// When the command went out: an awaited clean-up ends one command timeout after it.
-    since: Instant,
+    /// When the command went out (as its caller read it): an awaited clean-up ends one command
+    /// timeout after it.
+    since: Option<Instant>,
     armed: bool,
 }
 
@@ -34,7 +35,7 @@ impl InFlight {
             one: Some((keys.clone(), owner.clone())),
             many: Vec::new(),
             keep_until: None,
-            since: Instant::now(),
+            since: None,
             armed: true,
         }
     }
@@ -47,9 +48,16 @@ impl InFlight {
             one: None,
             many: holds,
             keep_until: None,
-            since: Instant::now(),
+            since: None,
             armed: true,
         }
+    }
+
+    /// For a command its caller sent at `sent_at` (read for its own timing anyway): a
+    /// [`settle`](Self::settle) after it is bounded from then.
+    pub(crate) fn sent_at(mut self, sent_at: Instant) -> Self {
+        self.since = Some(sent_at);
+        self
     }
 
     /// For a release that keeps the name taken until `until`.
@@ -75,7 +83,8 @@ impl InFlight {
             Err(err) if err.is_not_replicated() && self.backend.is_remote() => {
                 // Dropped while this runs, or out of time, the guard is still armed and sends
                 // it again.
-                let until = self.since + self.backend.command_timeout();
+                let since = self.since.unwrap_or_else(Instant::now);
+                let until = since + self.backend.command_timeout();
                 let done = clean_up(
                     self.backend.clone(),
                     self.session.clone(),
