@@ -20,8 +20,10 @@ use std::fmt;
 /// [`lock_all`]: crate::Locker::lock_all
 ///
 /// Tokens strictly increase per name on one Redis master (and in one memory store). On Redis they
-/// are the server's clock in microseconds when minted (or the last token + 1 when the clock is
-/// not past it), so they keep increasing when the last token is lost: after an idle counter
+/// are the server's clock in microseconds when minted (or the last token + 1: when the clock is
+/// not past it, and when a lock passes between two holders of one [`Locker`](crate::Locker):
+/// such hand-overs come more than a microsecond apart, so their tokens stay below the clock), so
+/// they keep increasing when the last token is lost: after an idle counter
 /// expired, and after a failover to a replica that had not received the latest grants. That
 /// second case holds as long as the new master's clock is not behind the old master's by more
 /// than the failover took (seconds, against the milliseconds NTP keeps clocks within). A

@@ -52,7 +52,9 @@
 //! after a wait, and the other kinds' holds (fair, writer, all-or-none, hand-over), get theirs
 //! with the grant. Minting takes the server's
 //! clock in microseconds (`TIME`), or the last token + 1 when that is not below it, and stores it
-//! as the last token. So tokens
+//! as the last token; a hand-over inside a `Locker`, which follows the hold that minted the last
+//! token, mints that + 1 without reading the clock (tokens raised by one per hand-over stay below
+//! the clock: hand-overs come more than a microsecond apart). So tokens
 //! strictly increase on one server, and they also keep increasing when the last token is gone:
 //! after the counter key expired, and after a failover to a replica that never received the
 //! latest tokens (asynchronous replication). The second needs only that the new master's clock

@@ -29,7 +29,8 @@
 -- The common case first, before any helper but the fencing counter's is defined: the hold is
 -- ARGV[1]'s, nobody of another `Locker` flagged it or claims the next turn, so it passes to
 -- ARGV[2] with the next token. The hold's own token, if it has one, is the counter's last (a
--- token is minted only for the holder of the lock), so the counter is not read again.
+-- token is minted only for the holder of the lock), so the counter is not read again, and the
+-- next token is that one + 1, so neither is the clock (see `next_fence`).
 -- (`take_fenced` needs the hold codec, defined after it here: it is not called.)
 --@flags allow-oom
 --@include fence
