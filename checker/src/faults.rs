@@ -449,9 +449,9 @@ impl FaultPlan {
             7 => FaultSpec::Failover(target),
             8 => FaultSpec::KillMaster(target, between(rng, 0, 300)),
             // Often past several acknowledgement timeouts (grants go unacknowledged, and are
-            // rolled back), sometimes past the node timeout (the replica is listed down, and
-            // grants stop waiting for it).
-            9 => FaultSpec::PauseReplica(target, between(rng, 50, 2_000)),
+            // rolled back), and under the node timeout and the sentinels' down-after (1.5 s):
+            // the replica stays listed, so grants keep waiting for it.
+            9 => FaultSpec::PauseReplica(target, between(rng, 50, 1_400)),
             // Up to about three leases: the partitioned holder must let go by its own clock
             // while the others take over.
             10 => FaultSpec::Partition {
