@@ -3,11 +3,12 @@
 //!
 //! In a run with replica acknowledgement, one probe per master tries a name of its own, one no
 //! other task uses, through two `Locker`s of the probes' own in turn (see [`spawn`]), with a
-//! short fixed lease: a grant is released at once, and a grant no replica acknowledged (the
-//! error says so) is looked at at once (`inspect`, through the same `Locker`) and tried again at
-//! once, by the other `Locker`, since its roll-back is done when the call returns (see
-//! [`dlock_core::ReplicaAck`]); a look that finds the name taken counts as a refusal. Only the probe's own tries can hold its name,
-//! so a try that finds it busy is a violation unless one of them could still be there:
+//! short fixed lease. A grant is released at once. A grant no replica acknowledged (the error
+//! says so) has been rolled back by the time the call returns (see [`dlock_core::ReplicaAck`]),
+//! so the probe looks at the name at once (`inspect`, through the same `Locker`) and tries it
+//! again at once from the other `Locker`; a look that finds the name taken counts as a refusal.
+//! Only the probe's own tries can hold its name, so a try that finds it busy is a violation
+//! unless one of them could still be there:
 //!
 //! - an attempt that failed another way (a timeout, a lost connection): its grant may have been
 //!   made and be left to its lease;
