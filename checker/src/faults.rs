@@ -448,10 +448,9 @@ impl FaultPlan {
             5 => FaultSpec::Clobber(rng.random_range(0..self.names), between(rng, 200, 1500)),
             7 => FaultSpec::Failover(target),
             8 => FaultSpec::KillMaster(target, between(rng, 0, 300)),
-            // Often past several acknowledgement timeouts (grants go unacknowledged, and are
-            // rolled back), and under the node timeout and the sentinels' down-after (1.5 s):
-            // the replica stays listed, so grants keep waiting for it.
-            9 => FaultSpec::PauseReplica(target, between(rng, 50, 1_400)),
+            // Often past an acknowledgement timeout or several (grants go unacknowledged, and
+            // are rolled back), well under the node timeout and the sentinels' down-after.
+            9 => FaultSpec::PauseReplica(target, between(rng, 50, 800)),
             // Up to about three leases: the partitioned holder must let go by its own clock
             // while the others take over.
             10 => FaultSpec::Partition {
