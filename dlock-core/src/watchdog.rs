@@ -23,6 +23,7 @@ pub(crate) struct Watchdog {
 impl Drop for Watchdog {
     fn drop(&mut self) {
         // Lets the task see that the watchdog is gone and end.
+        self.state.closed.store(true, Ordering::Release);
         self.state.wake.notify_one();
     }
 }
@@ -41,6 +42,9 @@ struct State {
     started: Arc<AtomicBool>,
     /// Renewal round trips made (for tests and benchmarks).
     round_trips: AtomicU64,
+    /// Set when the watchdog goes away: the task ends even while a tick in flight keeps the
+    /// state alive.
+    closed: AtomicBool,
 }
 
 impl Watchdog {
@@ -190,29 +194,52 @@ impl Drop for Running {
     }
 }
 
+/// How many ticks may wait for answers at once. A tick waits at most a third of the shortest
+/// lease it carries (a little more when it must read the slot map first), so this is only
+/// reached when nodes hang and leases are short.
+const TICKS_IN_FLIGHT: usize = 4;
+
+/// The watchdog's task. Ticks come a period apart, counted from when each tick started, and
+/// one still waiting on a slow or hung node does not hold back the next: a hold taken while a
+/// tick waits (perhaps with a shorter lease than that tick's) is renewed on time. Overlapping
+/// ticks are harmless: every change carries a sequence number, and Redis drops one older than
+/// a change it has applied.
 async fn run(state: Weak<State>, backend: WeakBackend, wake: Arc<Notify>, _running: Running) {
+    let mut ticks = futures_util::stream::FuturesUnordered::new();
+    // When the last tick started; `None` while idle.
+    let mut last: Option<Instant> = None;
     loop {
         let period = match state.upgrade() {
-            Some(state) => state.period(),
-            None => return,
+            Some(state) if !state.closed.load(Ordering::Acquire) => state.period(),
+            _ => return,
         };
-        match period {
-            None => wake.notified().await,
-            Some(period) => {
-                let due = Instant::now() + period;
-                tokio::select! {
-                    biased;
-                    () = tokio::time::sleep_until(due) => {
-                        crate::metrics::watchdog_lag(Instant::now().saturating_duration_since(due));
-                        let (Some(state), Some(backend)) = (state.upgrade(), backend.upgrade())
-                        else {
-                            return;
-                        };
-                        state.tick(&backend).await;
-                    }
-                    () = wake.notified() => {}
-                }
-            }
+        if period.is_none() {
+            last = None;
         }
+        let due = period.map(|p| last.unwrap_or_else(Instant::now) + p);
+        let room = ticks.len() < TICKS_IN_FLIGHT;
+        tokio::select! {
+            biased;
+            Some(()) = futures_util::StreamExt::next(&mut ticks), if !ticks.is_empty() => {}
+            () = sleep_until_some(due), if room => {
+                // Only a due tick ends this sleep.
+                let due = due.unwrap_or_else(Instant::now);
+                crate::metrics::watchdog_lag(Instant::now().saturating_duration_since(due));
+                let (Some(state), Some(backend)) = (state.upgrade(), backend.upgrade()) else {
+                    return;
+                };
+                last = Some(Instant::now());
+                ticks.push(async move { state.tick(&backend).await });
+            }
+            () = wake.notified() => {}
+        }
+    }
+}
+
+/// Sleeps until `due`, or for ever when there is nothing to renew.
+async fn sleep_until_some(due: Option<Instant>) {
+    match due {
+        Some(due) => tokio::time::sleep_until(due).await,
+        None => std::future::pending().await,
     }
 }

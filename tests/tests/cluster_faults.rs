@@ -234,6 +234,47 @@ async fn a_hung_master_costs_no_hold_on_the_other_masters() {
     live_guards_hold(&cluster, lease, &names, guards).await;
 }
 
+/// A renewal waiting on a hung master does not hold back a shorter hold taken meanwhile: the
+/// watchdog's next tick comes on time, whether or not the one before has had its answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_hold_taken_while_a_renewal_waits_on_a_hung_master_is_renewed() {
+    let mut cluster =
+        block_in_place(|| RedisCluster::start_with_node_timeout(Duration::from_secs(30)));
+    // A renewal of this lease waits up to a third of it (1 s) for a master's answer.
+    let lease = Duration::from_secs(3);
+    let locker = cluster.locker(lease).await;
+    let hung = cluster.masters()[1].port;
+    let healthy = cluster.masters()[0].port;
+    let long_name = name_on(&cluster, &locker, hung, "hung-long");
+    let long = locker.lock(long_name.as_str()).try_lock().await.unwrap();
+    let long = long.expect("a fresh name is free");
+    let before = locker.stats().renewal_round_trips;
+    cluster.pause(hung);
+    // The long hold's first renewal starts a third of its lease after it was taken, and waits.
+    let since = Instant::now();
+    while locker.stats().renewal_round_trips == before {
+        assert!(since.elapsed() < lease, "the watchdog never renewed");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let short = Duration::from_millis(300);
+    let short_name = name_on(&cluster, &locker, healthy, "hung-short");
+    let request = locker.lock(short_name.as_str()).watchdog_lease(short);
+    let guard = request
+        .try_lock()
+        .await
+        .unwrap()
+        .expect("a fresh name is free");
+    tokio::time::sleep(short * 3).await;
+    let lost = guard.is_lost();
+    cluster.resume(hung);
+    assert!(
+        !lost,
+        "a {short:?} hold on a healthy master was lost while a renewal waited on a hung master"
+    );
+    assert!(guard.release().await.is_released());
+    drop(long);
+}
+
 /// A fresh name whose lock lives on the master on `port`.
 fn name_on(cluster: &RedisCluster, locker: &Locker, port: u16, prefix: &str) -> String {
     let master = (cluster.masters().into_iter())
