@@ -399,3 +399,50 @@ async fn a_hung_master_holds_back_no_wake_up_on_the_live_masters() {
         let _ = task.await;
     }
 }
+
+/// A subscription waiting on a hung master holds up no other: the subscriber subscribes again
+/// a channel on the hung master (its connection there was dropped), and a new fair waiter on a
+/// live master, which stands in line only once its own channel is subscribed, is subscribed
+/// meanwhile: a release wakes it at once, not once the hung master's subscription timed out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscription_stuck_on_a_hung_master_holds_up_no_other() {
+    let TwoMasters {
+        mut cluster,
+        holder,
+        rival,
+        faulty: hung,
+        live,
+    } = two_masters().await;
+    let stuck = name_on(&cluster, &holder, hung, "hung-master-subscribe-stuck");
+    let name = name_on(&cluster, &holder, live, "hung-master-subscribe-live");
+    let stuck_guard = holder.lock(stuck.as_str()).await.expect("lock");
+    let stuck_waiting = waiter(&rival, &stuck);
+    assert_eq!(until_waiting(&holder, &stuck, 1).await.waiting_lockers, 1);
+    // The subscriber's connection to that master drops, and the master hangs: the subscriber
+    // subscribes every channel again (after a short pause), and the hung master's gets no
+    // answer.
+    let mut conn = cluster.node(hung).connection().await;
+    let killed: i64 = (redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("pubsub"))
+        .query_async(&mut conn)
+        .await
+        .expect("CLIENT KILL TYPE pubsub");
+    assert!(killed > 0, "the subscriber had a connection to the master");
+    cluster.pause(hung);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let guard = holder.fair_lock(name.as_str()).await.expect("lock");
+    let waiting = {
+        let (rival, name) = (rival.clone(), name.clone());
+        tokio::spawn(async move {
+            let guard = (rival.fair_lock(name.as_str()))
+                .wait(Duration::from_secs(20))
+                .await
+                .expect("the fair waiter gets the lock");
+            (Instant::now(), guard)
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    release_wakes(guard, waiting, "a subscription stuck elsewhere").await;
+    cluster.resume(hung);
+    assert!(stuck_guard.release().await.is_released());
+    let _ = tokio::time::timeout(Duration::from_secs(25), stuck_waiting).await;
+}

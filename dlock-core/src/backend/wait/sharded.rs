@@ -15,9 +15,11 @@
 //! [`Echoes`]) published by the slot's master must come back within [`ECHO_WITHIN`], or the
 //! channel is treated as dropped (its waiters retry, and it is subscribed again).
 //!
-//! Subscribing a channel whose master is dead or hung takes up to the command timeout, and a
-//! master's death has every channel subscribed again, one after another. Wake-ups don't wait for
-//! that: a task of their own reads the pushes and wakes waiters as messages arrive.
+//! Subscribing a channel whose master is dead or hung takes up to the command timeout, so
+//! subscriptions go out all at once and each is answered as it ends: one waiting on a hung
+//! master holds up no other (a fair waiter stands in line only once its channel is subscribed).
+//! Wake-ups don't wait for any of them: a task of their own reads the pushes and wakes waiters
+//! as messages arrive.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -25,7 +27,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use redis::{PushInfo, PushKind, Value};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use super::{MAX_BACKOFF, MIN_BACKOFF, Slots, SubCmd, refuse_for};
@@ -71,16 +73,13 @@ pub(super) async fn run(
     };
     let mut pushes = read_pushes(pushes, slots.clone());
     let mut echoes = Echoes::new();
+    // Subscriptions under way, all at once: one to a hung or dead master waits up to the
+    // command timeout, and must not hold up the others (a waiter stands in line only once its
+    // channel is subscribed).
+    let mut under_way = UnderWay::new(&conn, timeout);
     // Channels watched before the connection came up (each alone: one slot per command).
     for channel in slots.channels() {
-        let mut c = conn.clone();
-        if matches!(
-            tokio::time::timeout(timeout, c.ssubscribe(&channel)).await,
-            Ok(Ok(()))
-        ) {
-            slots.confirm(&channel);
-            echoes.send(&commands, &channel, timeout);
-        }
+        under_way.subscribe(channel, None);
     }
     healthy.store(true, Ordering::Release);
     slots.wake_all();
@@ -102,6 +101,51 @@ pub(super) async fn run(
                         None
                     }
                 },
+                Some(done) = futures_util::StreamExt::next(&mut under_way.calls),
+                    if !under_way.calls.is_empty() =>
+                {
+                    under_way.ended(&done);
+                    let watched = slots.contains(&done.channel);
+                    match done.kind {
+                        DoneKind::Subscribed { ok, ack } => {
+                            if ok && watched {
+                                slots.confirm(&done.channel);
+                                lapsed.channels.remove(&done.channel);
+                                echoes.send(&commands, &done.channel, timeout);
+                            }
+                            if ack.is_some() {
+                                healthy.store(ok, Ordering::Release);
+                            }
+                            if let Some(ack) = ack {
+                                let _ = ack.send(ok);
+                            }
+                            if !watched {
+                                // Nobody watches it any more: its unsubscription was skipped
+                                // while this was under way.
+                                under_way.unsubscribe(done.channel);
+                            }
+                        }
+                        DoneKind::SubscribedAgain { ok } => {
+                            if !watched {
+                                under_way.unsubscribe(done.channel);
+                            } else if ok {
+                                slots.confirm(&done.channel);
+                                echoes.send(&commands, &done.channel, timeout);
+                                // A release between the drop and now was published where
+                                // nobody listened: its waiters try again now, and hear every
+                                // release from here on.
+                                slots.wake_with(&done.channel, None);
+                            } else {
+                                lapsed.failed(done.channel);
+                            }
+                            if lapsed.is_empty() && !under_way.subscribing_again() {
+                                healthy.store(true, Ordering::Release);
+                            }
+                        }
+                        DoneKind::Unsubscribed => {}
+                    }
+                    None
+                }
                 // An echo that did not come back: the subscription hears no wake-up from the
                 // slot's master. Its waiters retry now (a release may have been missed), poll
                 // meanwhile, and the channel is subscribed again.
@@ -124,9 +168,10 @@ pub(super) async fn run(
                     None
                 }
                 () = tokio::time::sleep_until(lapsed.retry_at), if !lapsed.is_empty() => {
-                    lapsed.resubscribe(&conn, &slots, (&mut echoes, &commands), timeout).await;
-                    if lapsed.is_empty() {
-                        healthy.store(true, Ordering::Release);
+                    for channel in std::mem::take(&mut lapsed.channels) {
+                        if slots.contains(&channel) {
+                            under_way.subscribe_again(channel);
+                        }
                     }
                     None
                 }
@@ -134,27 +179,122 @@ pub(super) async fn run(
         };
         match cmd {
             None => {}
-            Some(SubCmd::Subscribe(channel, ack)) => {
-                let mut c = conn.clone();
-                let ok = matches!(
-                    tokio::time::timeout(timeout, c.ssubscribe(&channel)).await,
-                    Ok(Ok(()))
-                );
-                if ok {
-                    slots.confirm(&channel);
-                    lapsed.channels.remove(&channel);
-                    echoes.send(&commands, &channel, timeout);
-                }
-                healthy.store(ok, Ordering::Release);
-                let _ = ack.send(ok);
-            }
+            Some(SubCmd::Subscribe(channel, ack)) => under_way.subscribe(channel, Some(ack)),
             Some(SubCmd::Unsubscribe(channel)) if !slots.contains(&channel) => {
                 lapsed.channels.remove(&channel);
                 echoes.forget(&channel);
-                let mut c = conn.clone();
-                let _ = tokio::time::timeout(timeout, c.sunsubscribe(&channel)).await;
+                // One under way is undone when it ends (see above).
+                if !under_way.touches(&channel) {
+                    under_way.unsubscribe(channel);
+                }
             }
             Some(SubCmd::Unsubscribe(_)) => {}
+        }
+    }
+}
+
+/// The subscriber's calls under way: subscriptions, subscriptions again after a drop, and
+/// unsubscriptions, each bounded by the command timeout, all at once.
+struct UnderWay {
+    conn: redis::cluster_async::ClusterConnection,
+    timeout: Duration,
+    calls: futures_util::stream::FuturesUnordered<futures_util::future::BoxFuture<'static, Done>>,
+    /// How many calls under way name each channel.
+    channels: HashMap<String, usize>,
+    /// How many of the calls are subscriptions again after a drop.
+    again: usize,
+}
+
+/// A call of [`UnderWay`] that ended.
+struct Done {
+    channel: String,
+    kind: DoneKind,
+}
+
+enum DoneKind {
+    /// A first subscription, for a waiter (who gets `ack`) or for a channel watched before the
+    /// connection came up.
+    Subscribed {
+        ok: bool,
+        ack: Option<oneshot::Sender<bool>>,
+    },
+    /// A subscription again after the cluster dropped one (see [`subscribe_on_master`]).
+    SubscribedAgain {
+        ok: bool,
+    },
+    Unsubscribed,
+}
+
+impl UnderWay {
+    fn new(conn: &redis::cluster_async::ClusterConnection, timeout: Duration) -> Self {
+        Self {
+            conn: conn.clone(),
+            timeout,
+            calls: futures_util::stream::FuturesUnordered::new(),
+            channels: HashMap::new(),
+            again: 0,
+        }
+    }
+
+    fn subscribe(&mut self, channel: String, ack: Option<oneshot::Sender<bool>>) {
+        let (mut c, timeout) = (self.conn.clone(), self.timeout);
+        self.start(channel, move |channel| async move {
+            let ok = matches!(
+                tokio::time::timeout(timeout, c.ssubscribe(&channel)).await,
+                Ok(Ok(()))
+            );
+            let kind = DoneKind::Subscribed { ok, ack };
+            Done { channel, kind }
+        });
+    }
+
+    fn subscribe_again(&mut self, channel: String) {
+        let (c, timeout) = (self.conn.clone(), self.timeout);
+        self.again += 1;
+        self.start(channel, move |channel| async move {
+            let ok = subscribe_on_master(&c, &channel, timeout).await;
+            let kind = DoneKind::SubscribedAgain { ok };
+            Done { channel, kind }
+        });
+    }
+
+    fn unsubscribe(&mut self, channel: String) {
+        let (mut c, timeout) = (self.conn.clone(), self.timeout);
+        self.start(channel, move |channel| async move {
+            let _ = tokio::time::timeout(timeout, c.sunsubscribe(&channel)).await;
+            let kind = DoneKind::Unsubscribed;
+            Done { channel, kind }
+        });
+    }
+
+    /// Whether a call under way names `channel`.
+    fn touches(&self, channel: &str) -> bool {
+        self.channels.contains_key(channel)
+    }
+
+    /// Whether a subscription again after a drop is under way.
+    fn subscribing_again(&self) -> bool {
+        self.again > 0
+    }
+
+    fn start<F>(&mut self, channel: String, call: impl FnOnce(String) -> F)
+    where
+        F: Future<Output = Done> + Send + 'static,
+    {
+        *self.channels.entry(channel.clone()).or_default() += 1;
+        self.calls.push(Box::pin(call(channel)));
+    }
+
+    /// Books the end of `done`'s call.
+    fn ended(&mut self, done: &Done) {
+        if let Some(n) = self.channels.get_mut(&done.channel) {
+            *n -= 1;
+            if *n == 0 {
+                self.channels.remove(&done.channel);
+            }
+        }
+        if matches!(done.kind, DoneKind::SubscribedAgain { .. }) {
+            self.again -= 1;
         }
     }
 }
@@ -267,40 +407,15 @@ impl Lapsed {
         self.channels.insert(channel);
     }
 
-    /// Subscribes every lapsed channel still watched again; those that fail are retried after a
-    /// longer pause.
-    async fn resubscribe(
-        &mut self,
-        conn: &redis::cluster_async::ClusterConnection,
-        slots: &Slots,
-        (echoes, commands): (&mut Echoes, &LazyCluster),
-        timeout: Duration,
-    ) {
-        let channels = std::mem::take(&mut self.channels);
-        for channel in channels {
-            if !slots.contains(&channel) {
-                continue;
-            }
-            if subscribe_on_master(conn, &channel, timeout).await {
-                slots.confirm(&channel);
-                echoes.send(commands, &channel, timeout);
-                // A release between the drop and now was published where nobody listened:
-                // its waiters try again now, and hear every release from here on.
-                slots.wake_with(&channel, None);
-            } else {
-                self.channels.insert(channel);
-            }
-        }
+    /// A subscription again of `channel` failed: it is tried again after a pause, longer for
+    /// each round that fails.
+    fn failed(&mut self, channel: String) {
         if self.channels.is_empty() {
-            self.backoff = MIN_BACKOFF;
-        } else {
-            tracing::debug!(
-                channels = self.channels.len(),
-                "dlock subscriber: could not subscribe again yet"
-            );
-            self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+            tracing::debug!("dlock subscriber: could not subscribe again yet");
             self.retry_at = Instant::now() + self.backoff;
+            self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
         }
+        self.channels.insert(channel);
     }
 }
 
