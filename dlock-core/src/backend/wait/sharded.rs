@@ -107,16 +107,18 @@ pub(super) async fn run(
                     under_way.ended(&done);
                     let watched = slots.contains(&done.channel);
                     match done.kind {
-                        DoneKind::Subscribed { ok, ack } => {
+                        DoneKind::Subscribed { ok, ack, n } => {
                             if ok && watched {
                                 slots.confirm(&done.channel);
                                 lapsed.channels.remove(&done.channel);
                                 echoes.send(&commands, &done.channel, timeout);
                             }
-                            if ack.is_some() {
-                                healthy.store(ok, Ordering::Release);
-                            }
                             if let Some(ack) = ack {
+                                // A waiter's subscription says whether the connection is up,
+                                // unless one asked for later has said so already.
+                                if under_way.latest_told(n) {
+                                    healthy.store(ok, Ordering::Release);
+                                }
                                 let _ = ack.send(ok);
                             }
                             if !watched {
@@ -203,6 +205,10 @@ struct UnderWay {
     channels: HashMap<String, usize>,
     /// How many of the calls are subscriptions again after a drop.
     again: usize,
+    /// The number of the last subscription asked for, and of the latest whose answer was
+    /// taken for the connection's health.
+    asked: u64,
+    told: u64,
 }
 
 /// A call of [`UnderWay`] that ended.
@@ -217,6 +223,8 @@ enum DoneKind {
     Subscribed {
         ok: bool,
         ack: Option<oneshot::Sender<bool>>,
+        /// Its number, in the order subscriptions were asked for.
+        n: u64,
     },
     /// A subscription again after the cluster dropped one (see [`subscribe_on_master`]).
     SubscribedAgain {
@@ -233,17 +241,21 @@ impl UnderWay {
             calls: futures_util::stream::FuturesUnordered::new(),
             channels: HashMap::new(),
             again: 0,
+            asked: 0,
+            told: 0,
         }
     }
 
     fn subscribe(&mut self, channel: String, ack: Option<oneshot::Sender<bool>>) {
         let (mut c, timeout) = (self.conn.clone(), self.timeout);
+        self.asked += 1;
+        let n = self.asked;
         self.start(channel, move |channel| async move {
             let ok = matches!(
                 tokio::time::timeout(timeout, c.ssubscribe(&channel)).await,
                 Ok(Ok(()))
             );
-            let kind = DoneKind::Subscribed { ok, ack };
+            let kind = DoneKind::Subscribed { ok, ack, n };
             Done { channel, kind }
         });
     }
@@ -270,6 +282,16 @@ impl UnderWay {
     /// Whether a call under way names `channel`.
     fn touches(&self, channel: &str) -> bool {
         self.channels.contains_key(channel)
+    }
+
+    /// Whether subscription `n` is the latest asked for to have ended yet: a slow one that
+    /// fails after a later one succeeded says nothing of the connection now.
+    fn latest_told(&mut self, n: u64) -> bool {
+        if n < self.told {
+            return false;
+        }
+        self.told = n;
+        true
     }
 
     /// Whether a subscription again after a drop is under way.
