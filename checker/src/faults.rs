@@ -83,6 +83,10 @@ pub enum FaultKind {
     /// One sentinel of three paused (`SIGSTOP`): it hears and says nothing. It loses nothing by
     /// itself (the failover it spans is recorded on its own).
     SentinelMute,
+    /// The machine's wall clock stepped (forward or back), seen by the lag monitor, not injected:
+    /// Redis expires keys by that clock, so a step forward ends every lease at once. It reaches
+    /// every name, and excuses what a destroyed hold excuses.
+    ClockStep,
     /// The whole cluster refusing commands (`CLUSTERDOWN`) while a master was failing, as
     /// Redis does by default until its replica takes over: nothing is lost, but no hold on any
     /// master can be renewed meanwhile.
@@ -111,6 +115,7 @@ impl FaultKind {
                 | Self::Switch
                 | Self::MasterKilled
                 | Self::SessionEnded
+                | Self::ClockStep
         )
     }
 }

@@ -293,6 +293,9 @@ pub(super) async fn drive(
         let _ = stop_tx.send(true);
     };
     let (counts, (), ()) = tokio::join!(faults, work, lags);
+    for step in ctx.history.lags.clock_steps() {
+        ctx.history.fault(step);
+    }
     reset_permits(ctx, p).await;
     let settle = if ctx.steady.is_empty() {
         settle(p)
