@@ -202,8 +202,9 @@ const TICKS_IN_FLIGHT: usize = 4;
 /// The watchdog's task. Ticks come a period apart, counted from when each tick started, and
 /// one still waiting on a slow or hung node does not hold back the next: a hold taken while a
 /// tick waits (perhaps with a shorter lease than that tick's) is renewed on time. Overlapping
-/// ticks are harmless: every change carries a sequence number, and Redis drops one older than
-/// a change it has applied.
+/// ticks are harmless: every change carries a sequence number, Redis ignores a lock's change
+/// older than one it has applied, and the lease book counts only the latest answered (a
+/// permit's renewal sets its expiry from when it runs, never earlier than a later one would).
 async fn run(state: Weak<State>, backend: WeakBackend, wake: Arc<Notify>, _running: Running) {
     let mut ticks = futures_util::stream::FuturesUnordered::new();
     // When the last tick started; `None` while idle.
