@@ -422,11 +422,28 @@ async fn a_subscription_stuck_on_a_hung_master_holds_up_no_other() {
     // subscribes every channel again (after a short pause), and the hung master's gets no
     // answer.
     let mut conn = cluster.node(hung).connection().await;
+    let before = resp3_clients(&mut conn).await;
     let killed: i64 = (redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("pubsub"))
         .query_async(&mut conn)
         .await
         .expect("CLIENT KILL TYPE pubsub");
     assert!(killed > 0, "the subscriber had a connection to the master");
+    // The cluster client connects to the master again at once; the master hangs only once it
+    // has (a client connecting to a hung node would hold up every command it sends anywhere,
+    // which is the cluster client's doing, not the subscriber's).
+    let killed_at = Instant::now();
+    loop {
+        let now = resp3_clients(&mut conn).await;
+        if now.iter().any(|id| !before.contains(id)) {
+            break;
+        }
+        assert!(
+            killed_at.elapsed() < Duration::from_secs(2),
+            "the subscriber did not connect to the master again"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    eprintln!("connected again after {:?}", killed_at.elapsed());
     cluster.pause(hung);
     tokio::time::sleep(Duration::from_millis(200)).await;
     let guard = holder.fair_lock(name.as_str()).await.expect("lock");
@@ -445,4 +462,18 @@ async fn a_subscription_stuck_on_a_hung_master_holds_up_no_other() {
     cluster.resume(hung);
     assert!(stuck_guard.release().await.is_released());
     let _ = tokio::time::timeout(Duration::from_secs(25), stuck_waiting).await;
+}
+
+/// The ids of the clients of a node that speak RESP3 (the subscribers') and have said who they
+/// are (their handshake is done).
+async fn resp3_clients(conn: &mut redis::aio::MultiplexedConnection) -> Vec<String> {
+    let list: String = (redis::cmd("CLIENT").arg("LIST"))
+        .query_async(conn)
+        .await
+        .expect("CLIENT LIST");
+    (list.lines())
+        .filter(|l| l.contains(" resp=3") && !l.contains(" lib-name= "))
+        .filter_map(|l| l.split(' ').find_map(|f| f.strip_prefix("id=")))
+        .map(str::to_owned)
+        .collect()
 }
