@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use dlock_core::redis;
 use dlock_core::redis::AsyncCommands as _;
-use dlock_core::{LockGuard, Locker};
+use dlock_core::{LockGuard, LockRequest, Locker};
 use dlock_tests::cluster::key_slot;
 use dlock_tests::{RedisCluster, unique_name, until_waiting};
 use tokio::task::{JoinHandle, block_in_place};
@@ -21,12 +21,14 @@ const WOKEN_WITHIN: Duration = Duration::from_secs(1);
 
 /// A waiter for `name` (up to 20 s) in `locker`: when it got the lock, and the guard.
 fn waiter(locker: &Locker, name: &str) -> JoinHandle<(Instant, LockGuard)> {
-    let (locker, name) = (locker.clone(), name.to_owned());
+    waiting(locker.lock(name))
+}
+
+/// `request` waiting (up to 20 s) in a task of its own: when it got the lock, and the guard.
+fn waiting(request: LockRequest) -> JoinHandle<(Instant, LockGuard)> {
     tokio::spawn(async move {
-        let guard = (locker.lock(name.as_str()))
-            .wait(Duration::from_secs(20))
-            .await
-            .expect("the waiter gets the lock");
+        let guard =
+            (request.wait(Duration::from_secs(20)).await).expect("the waiter gets the lock");
         (Instant::now(), guard)
     })
 }
@@ -447,16 +449,7 @@ async fn a_subscription_stuck_on_a_hung_master_holds_up_no_other() {
     cluster.pause(hung);
     tokio::time::sleep(Duration::from_millis(200)).await;
     let guard = holder.fair_lock(name.as_str()).await.expect("lock");
-    let waiting = {
-        let (rival, name) = (rival.clone(), name.clone());
-        tokio::spawn(async move {
-            let guard = (rival.fair_lock(name.as_str()))
-                .wait(Duration::from_secs(20))
-                .await
-                .expect("the fair waiter gets the lock");
-            (Instant::now(), guard)
-        })
-    };
+    let waiting = waiting(rival.fair_lock(name.as_str()));
     tokio::time::sleep(Duration::from_millis(300)).await;
     release_wakes(guard, waiting, "a subscription stuck elsewhere").await;
     cluster.resume(hung);
