@@ -37,12 +37,12 @@ pub(crate) struct LagLog {
 
 /// A step of the machine's wall clock seen by the monitor.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct ClockStep {
+struct ClockStep {
     /// The wake-up before it, and the one that saw it.
-    pub(crate) from: Instant,
-    pub(crate) to: Instant,
+    from: Instant,
+    to: Instant,
     /// How far the wall clock went beyond the monotonic one (negative: back).
-    pub(crate) by_ms: i128,
+    by_ms: i128,
 }
 
 /// How far, in ms, the wall clock moved beyond the monotonic one, if that is a step: `elapsed`
